@@ -1,0 +1,426 @@
+//! Streaming decoder: reads one record at a time, so memory stays bounded by
+//! what the caller keeps, never by the length of the stream.
+
+use std::fmt;
+use std::io::{self, BufRead};
+
+use crate::record::{tag, EndReason, Family, Header, Module, Record, Segment};
+use crate::varint::unzigzag;
+use crate::{MAGIC, VERSION};
+
+// Bounds that no real producer reaches; a length beyond them means a corrupt
+// stream, and checking them keeps a corrupt length from allocating gigabytes.
+const MAX_STRING: u64 = 1 << 20;
+const MAX_FRAMES: u64 = 4096;
+const MAX_LIST: u64 = 1 << 20;
+
+/// What went wrong while reading a stream.
+#[derive(Debug)]
+pub enum ReadErrorKind {
+    /// The underlying reader failed.
+    Io(io::Error),
+    /// The stream ends inside a record (or inside the header): the producer
+    /// was cut short. Every record before `offset` was read.
+    Truncated,
+    /// The first bytes are not [`MAGIC`]: not an mtrace stream.
+    BadMagic,
+    /// Written by a newer mtrace than this reader.
+    UnsupportedVersion(u64),
+    /// A value no producer writes (unknown record tag, absurd length, …).
+    Corrupt(String),
+}
+
+/// A read error and the byte offset of the record (or header) where it happened.
+#[derive(Debug)]
+pub struct ReadError {
+    /// Offset from the start of the stream, bytes.
+    pub offset: u64,
+    pub kind: ReadErrorKind,
+}
+
+impl fmt::Display for ReadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            ReadErrorKind::Io(e) => write!(f, "read error at byte {}: {e}", self.offset),
+            ReadErrorKind::Truncated => {
+                write!(f, "truncated: the last complete record ends at byte {}", self.offset)
+            }
+            ReadErrorKind::BadMagic => write!(f, "not an mtrace trace (bad magic at byte 0)"),
+            ReadErrorKind::UnsupportedVersion(v) => write!(
+                f,
+                "trace format version {v} is newer than this mtrace understands ({VERSION})"
+            ),
+            ReadErrorKind::Corrupt(what) => write!(f, "corrupt record at byte {}: {what}", self.offset),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {}
+
+/// Reads a stream: first [`Reader::header`], then [`Reader::next_record`]
+/// until it returns `Ok(None)` (clean end) or an error.
+pub struct Reader<R> {
+    inner: R,
+    offset: u64,
+    record_start: u64,
+    tid: u32,
+    last_time: u64,
+}
+
+type Res<T> = Result<T, ReadErrorKind>;
+
+impl<R: BufRead> Reader<R> {
+    pub fn new(inner: R) -> Reader<R> {
+        Reader { inner, offset: 0, record_start: 0, tid: 0, last_time: 0 }
+    }
+
+    /// Bytes consumed so far: after a successful record, where the next one starts.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Thread of the records returned since the last [`Record::Thread`].
+    pub fn tid(&self) -> u32 {
+        self.tid
+    }
+
+    fn err(&self, kind: ReadErrorKind) -> ReadError {
+        ReadError { offset: self.record_start, kind }
+    }
+
+    fn u8(&mut self) -> Res<u8> {
+        let buf = self.inner.fill_buf().map_err(ReadErrorKind::Io)?;
+        let Some(&b) = buf.first() else { return Err(ReadErrorKind::Truncated) };
+        self.inner.consume(1);
+        self.offset += 1;
+        Ok(b)
+    }
+
+    fn varint(&mut self) -> Res<u64> {
+        let mut v = 0u64;
+        for shift in (0..70).step_by(7) {
+            let b = self.u8()?;
+            if shift == 63 && b > 1 {
+                return Err(ReadErrorKind::Corrupt("varint overflows 64 bits".into()));
+            }
+            v |= ((b & 0x7f) as u64) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(ReadErrorKind::Corrupt("varint longer than 10 bytes".into()))
+    }
+
+    fn len(&mut self, max: u64, what: &str) -> Res<usize> {
+        let n = self.varint()?;
+        if n > max {
+            return Err(ReadErrorKind::Corrupt(format!("{what} length {n} exceeds {max}")));
+        }
+        Ok(n as usize)
+    }
+
+    fn bytes(&mut self) -> Res<Vec<u8>> {
+        let n = self.len(MAX_STRING, "string")?;
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(self.u8()?);
+        }
+        Ok(v)
+    }
+
+    fn string(&mut self) -> Res<String> {
+        Ok(String::from_utf8_lossy(&self.bytes()?).into_owned())
+    }
+
+    fn u32(&mut self, what: &str) -> Res<u32> {
+        let v = self.varint()?;
+        u32::try_from(v).map_err(|_| ReadErrorKind::Corrupt(format!("{what} {v} exceeds 32 bits")))
+    }
+
+    fn time(&mut self) -> Res<u64> {
+        let d = unzigzag(self.varint()?);
+        self.last_time = self.last_time.wrapping_add(d as u64);
+        Ok(self.last_time)
+    }
+
+    /// Reads the header. Call once, before any record.
+    pub fn header(&mut self) -> Result<Header, ReadError> {
+        self.record_start = 0;
+        self.header_inner().map_err(|k| self.err(k))
+    }
+
+    fn header_inner(&mut self) -> Res<Header> {
+        let mut magic = [0u8; 8];
+        for b in magic.iter_mut() {
+            *b = match self.u8() {
+                Ok(b) => b,
+                Err(ReadErrorKind::Truncated) if self.offset == 0 => {
+                    return Err(ReadErrorKind::Corrupt("empty file".into()))
+                }
+                Err(e) => return Err(e),
+            };
+        }
+        if magic != MAGIC {
+            return Err(ReadErrorKind::BadMagic);
+        }
+        let version = self.varint()?;
+        if version > VERSION || version == 0 {
+            return Err(ReadErrorKind::UnsupportedVersion(version));
+        }
+        let pointer_size = self.u8()?;
+        let big_endian = self.u8()? != 0;
+        let arch = self.string()?;
+        let pid = self.u32("pid")?;
+        let ppid = self.u32("ppid")?;
+        let exe = self.string()?;
+        let argc = self.len(MAX_LIST, "argv")?;
+        let mut cmdline = Vec::with_capacity(argc.min(1024));
+        for _ in 0..argc {
+            cmdline.push(self.string()?);
+        }
+        let start_realtime_ns = self.varint()?;
+        let start_monotonic_ns = self.varint()?;
+        Ok(Header {
+            version,
+            pointer_size,
+            big_endian,
+            arch,
+            pid,
+            ppid,
+            exe,
+            cmdline,
+            start_realtime_ns,
+            start_monotonic_ns,
+        })
+    }
+
+    /// Reads the next record. `Ok(None)` at the end of a complete stream;
+    /// `Err` with [`ReadErrorKind::Truncated`] when it ends inside a record.
+    pub fn next_record(&mut self) -> Result<Option<Record>, ReadError> {
+        self.record_start = self.offset;
+        let t = match self.inner.fill_buf() {
+            Ok([]) => return Ok(None),
+            Ok(_) => self.u8().map_err(|k| self.err(k))?,
+            Err(e) => return Err(self.err(ReadErrorKind::Io(e))),
+        };
+        self.record(t).map(Some).map_err(|k| self.err(k))
+    }
+
+    fn family(&mut self) -> Res<Family> {
+        let v = self.u8()? as u64;
+        Family::from_u64(v).ok_or_else(|| ReadErrorKind::Corrupt(format!("unknown family {v}")))
+    }
+
+    fn record(&mut self, t: u8) -> Res<Record> {
+        Ok(match t {
+            tag::THREAD => {
+                let tid = self.u32("tid")?;
+                let time_ns = self.varint()?;
+                self.tid = tid;
+                self.last_time = time_ns;
+                Record::Thread { tid, time_ns }
+            }
+            tag::STACK => {
+                let id = self.u32("stack id")?;
+                let n = self.len(MAX_FRAMES, "backtrace")?;
+                let mut frames = Vec::with_capacity(n);
+                let mut prev = 0u64;
+                for _ in 0..n {
+                    prev = prev.wrapping_add(unzigzag(self.varint()?) as u64);
+                    frames.push(prev);
+                }
+                Record::Stack { id, frames }
+            }
+            tag::ALLOC => Record::Alloc {
+                time_ns: self.time()?,
+                family: self.family()?,
+                addr: self.varint()?,
+                size: self.varint()?,
+                stack: self.u32("stack id")?,
+            },
+            tag::FREE => Record::Free {
+                time_ns: self.time()?,
+                family: self.family()?,
+                addr: self.varint()?,
+            },
+            tag::REALLOC => Record::Realloc {
+                time_ns: self.time()?,
+                free_time_ns: self.last_time.wrapping_sub(unzigzag(self.varint()?) as u64),
+                old: self.varint()?,
+                new: self.varint()?,
+                size: self.varint()?,
+                stack: self.u32("stack id")?,
+            },
+            tag::MMAP => Record::Mmap {
+                time_ns: self.time()?,
+                addr: self.varint()?,
+                len: self.varint()?,
+                prot: self.u32("prot")?,
+                flags: self.u32("flags")?,
+                fd: unzigzag(self.varint()?) as i32,
+                stack: self.u32("stack id")?,
+            },
+            tag::MUNMAP => Record::Munmap {
+                time_ns: self.time()?,
+                addr: self.varint()?,
+                len: self.varint()?,
+            },
+            tag::MREMAP => Record::Mremap {
+                time_ns: self.time()?,
+                old: self.varint()?,
+                old_len: self.varint()?,
+                new: self.varint()?,
+                new_len: self.varint()?,
+                stack: self.u32("stack id")?,
+            },
+            tag::MODULES => {
+                let time_ns = self.time()?;
+                let n = self.len(MAX_LIST, "module list")?;
+                let mut modules = Vec::with_capacity(n.min(4096));
+                for _ in 0..n {
+                    modules.push(self.module()?);
+                }
+                Record::Modules { time_ns, modules }
+            }
+            tag::END => {
+                let time_ns = self.time()?;
+                let (code, arg) = (self.varint()?, self.varint()?);
+                let reason = EndReason::from_pair(code, arg)
+                    .ok_or_else(|| ReadErrorKind::Corrupt(format!("unknown end reason {code}")))?;
+                Record::End { time_ns, reason }
+            }
+            other => return Err(ReadErrorKind::Corrupt(format!("unknown record tag {other}"))),
+        })
+    }
+
+    fn module(&mut self) -> Res<Module> {
+        let path = self.string()?;
+        let bias = self.varint()?;
+        let build_id = self.bytes()?;
+        let n = self.len(256, "segment list")?;
+        let mut segments = Vec::with_capacity(n);
+        for _ in 0..n {
+            segments.push(Segment {
+                vaddr: self.varint()?,
+                memsz: self.varint()?,
+                flags: self.u32("segment flags")?,
+            });
+        }
+        Ok(Module { path, bias, build_id, segments })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{encode_header, Encoder};
+
+    fn sample() -> (Vec<u8>, Vec<Record>) {
+        let h = Header {
+            version: VERSION,
+            pointer_size: 8,
+            arch: "x86_64".into(),
+            pid: 42,
+            ppid: 1,
+            exe: "/bin/true".into(),
+            cmdline: vec!["true".into(), "x y".into()],
+            start_realtime_ns: 1_700_000_000_000_000_000,
+            start_monotonic_ns: 123,
+            ..Header::default()
+        };
+        let recs = vec![
+            Record::Thread { tid: 7, time_ns: 1000 },
+            Record::Stack { id: 1, frames: vec![0x401000, 0x400ff0, 0x7fff_0000_1234] },
+            Record::Alloc { time_ns: 1500, family: Family::New, addr: 0x5555_0000, size: 24, stack: 1 },
+            Record::Realloc { time_ns: 1400, free_time_ns: 1390, old: 0x5555_0000, new: 0x5555_1000, size: 48, stack: 1 },
+            Record::Free { time_ns: 2000, family: Family::Malloc, addr: 0x5555_1000 },
+            Record::Mmap { time_ns: 2100, addr: 0x7f00_0000_0000, len: 8192, prot: 3, flags: 0x22, fd: -1, stack: 1 },
+            Record::Munmap { time_ns: 2200, addr: 0x7f00_0000_1000, len: 4096 },
+            Record::Mremap { time_ns: 2300, old: 1, old_len: 2, new: 3, new_len: 4, stack: 1 },
+            Record::Modules {
+                time_ns: 2400,
+                modules: vec![Module {
+                    path: "/lib/x.so".into(),
+                    bias: 0x7f00_0000,
+                    build_id: vec![1, 2, 3],
+                    segments: vec![Segment { vaddr: 0, memsz: 4096, flags: 5 }],
+                }],
+            },
+            Record::End { time_ns: 2500, reason: EndReason::Signal(11) },
+        ];
+        let mut out = Vec::new();
+        encode_header(&mut out, &h);
+        let mut e = Encoder::new();
+        for r in &recs {
+            e.encode(&mut out, r);
+        }
+        (out, recs)
+    }
+
+    #[test]
+    fn round_trip() {
+        let (bytes, recs) = sample();
+        let mut r = Reader::new(&bytes[..]);
+        let h = r.header().unwrap();
+        assert_eq!(h.pid, 42);
+        assert_eq!(h.cmdline, vec!["true".to_string(), "x y".to_string()]);
+        for want in &recs {
+            assert_eq!(r.next_record().unwrap().as_ref(), Some(want));
+        }
+        assert_eq!(r.tid(), 7);
+        assert!(r.next_record().unwrap().is_none());
+    }
+
+    #[test]
+    fn truncation_reports_last_complete_record() {
+        let (bytes, _) = sample();
+        // Find where the last record starts by reading the whole stream.
+        let mut r = Reader::new(&bytes[..]);
+        r.header().unwrap();
+        let mut starts = vec![];
+        loop {
+            let at = r.offset();
+            if r.next_record().unwrap().is_none() {
+                break;
+            }
+            starts.push(at);
+        }
+        let last = *starts.last().unwrap();
+        let cut = &bytes[..last as usize + 2];
+        let mut r = Reader::new(cut);
+        r.header().unwrap();
+        let mut n = 0;
+        let err = loop {
+            match r.next_record() {
+                Ok(Some(_)) => n += 1,
+                Ok(None) => panic!("cut stream read as complete"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(n, starts.len() - 1);
+        assert!(matches!(err.kind, ReadErrorKind::Truncated));
+        assert_eq!(err.offset, last);
+    }
+
+    #[test]
+    fn bad_magic_and_empty() {
+        let e = Reader::new(&b"hello world"[..]).header().unwrap_err();
+        assert!(matches!(e.kind, ReadErrorKind::BadMagic));
+        let e = Reader::new(&b""[..]).header().unwrap_err();
+        assert!(e.to_string().contains("empty"));
+    }
+
+    #[test]
+    fn unknown_tag_is_corrupt_with_offset() {
+        let (mut bytes, _) = sample();
+        let mut r = Reader::new(&bytes[..]);
+        r.header().unwrap();
+        let at = r.offset() as usize;
+        bytes[at] = 200;
+        let mut r = Reader::new(&bytes[..]);
+        r.header().unwrap();
+        let e = r.next_record().unwrap_err();
+        assert_eq!(e.offset, at as u64);
+        assert!(e.to_string().contains("unknown record tag 200"), "{e}");
+    }
+}

@@ -1,0 +1,151 @@
+//! Encoding of the header and of records into byte buffers.
+
+use crate::record::{tag, Header, Module, Record};
+use crate::varint::{put_varint, zigzag};
+use crate::{MAGIC, VERSION};
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_varint(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+/// Appends the stream header (magic, then varint fields) to `out`.
+/// `h.version` is ignored: the current [`VERSION`] is written.
+pub fn encode_header(out: &mut Vec<u8>, h: &Header) {
+    out.extend_from_slice(&MAGIC);
+    put_varint(out, VERSION);
+    out.push(h.pointer_size);
+    out.push(h.big_endian as u8);
+    put_bytes(out, h.arch.as_bytes());
+    put_varint(out, h.pid as u64);
+    put_varint(out, h.ppid as u64);
+    put_bytes(out, h.exe.as_bytes());
+    put_varint(out, h.cmdline.len() as u64);
+    for a in &h.cmdline {
+        put_bytes(out, a.as_bytes());
+    }
+    put_varint(out, h.start_realtime_ns);
+    put_varint(out, h.start_monotonic_ns);
+}
+
+/// Encodes records of one thread's buffer. Times are stored as zigzag deltas
+/// from the previous record's time, so an encoder belongs to one buffer and
+/// starts each buffer with [`Record::Thread`], which resets the base.
+#[derive(Default, Debug, Clone)]
+pub struct Encoder {
+    last_time: u64,
+}
+
+impl Encoder {
+    pub fn new() -> Encoder {
+        Encoder::default()
+    }
+
+    #[inline]
+    fn time(&mut self, out: &mut Vec<u8>, t: u64) {
+        put_varint(out, zigzag(t.wrapping_sub(self.last_time) as i64));
+        self.last_time = t;
+    }
+
+    /// Appends a [`Record::Stack`] without building a `Vec` of frames: the
+    /// first frame as a varint, each further one as a zigzag delta from the
+    /// one before (frames of one stack are usually near each other).
+    pub fn stack(&mut self, out: &mut Vec<u8>, id: u32, frames: &[u64]) {
+        out.push(tag::STACK);
+        put_varint(out, id as u64);
+        put_varint(out, frames.len() as u64);
+        let mut prev = 0u64;
+        for &f in frames {
+            put_varint(out, zigzag(f.wrapping_sub(prev) as i64));
+            prev = f;
+        }
+    }
+
+    /// Appends `rec` to `out`.
+    pub fn encode(&mut self, out: &mut Vec<u8>, rec: &Record) {
+        match *rec {
+            Record::Thread { tid, time_ns } => {
+                out.push(tag::THREAD);
+                put_varint(out, tid as u64);
+                put_varint(out, time_ns);
+                self.last_time = time_ns;
+            }
+            Record::Stack { id, ref frames } => self.stack(out, id, frames),
+            Record::Alloc { time_ns, family, addr, size, stack } => {
+                out.push(tag::ALLOC);
+                self.time(out, time_ns);
+                out.push(family as u8);
+                put_varint(out, addr);
+                put_varint(out, size);
+                put_varint(out, stack as u64);
+            }
+            Record::Free { time_ns, family, addr } => {
+                out.push(tag::FREE);
+                self.time(out, time_ns);
+                out.push(family as u8);
+                put_varint(out, addr);
+            }
+            Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => {
+                out.push(tag::REALLOC);
+                self.time(out, time_ns);
+                put_varint(out, zigzag(time_ns.wrapping_sub(free_time_ns) as i64));
+                put_varint(out, old);
+                put_varint(out, new);
+                put_varint(out, size);
+                put_varint(out, stack as u64);
+            }
+            Record::Mmap { time_ns, addr, len, prot, flags, fd, stack } => {
+                out.push(tag::MMAP);
+                self.time(out, time_ns);
+                put_varint(out, addr);
+                put_varint(out, len);
+                put_varint(out, prot as u64);
+                put_varint(out, flags as u64);
+                put_varint(out, zigzag(fd as i64));
+                put_varint(out, stack as u64);
+            }
+            Record::Munmap { time_ns, addr, len } => {
+                out.push(tag::MUNMAP);
+                self.time(out, time_ns);
+                put_varint(out, addr);
+                put_varint(out, len);
+            }
+            Record::Mremap { time_ns, old, old_len, new, new_len, stack } => {
+                out.push(tag::MREMAP);
+                self.time(out, time_ns);
+                put_varint(out, old);
+                put_varint(out, old_len);
+                put_varint(out, new);
+                put_varint(out, new_len);
+                put_varint(out, stack as u64);
+            }
+            Record::Modules { time_ns, ref modules } => {
+                out.push(tag::MODULES);
+                self.time(out, time_ns);
+                put_varint(out, modules.len() as u64);
+                for m in modules {
+                    encode_module(out, m);
+                }
+            }
+            Record::End { time_ns, reason } => {
+                out.push(tag::END);
+                self.time(out, time_ns);
+                let (code, arg) = reason.to_pair();
+                put_varint(out, code);
+                put_varint(out, arg);
+            }
+        }
+    }
+}
+
+fn encode_module(out: &mut Vec<u8>, m: &Module) {
+    put_bytes(out, m.path.as_bytes());
+    put_varint(out, m.bias);
+    put_bytes(out, &m.build_id);
+    put_varint(out, m.segments.len() as u64);
+    for s in &m.segments {
+        put_varint(out, s.vaddr);
+        put_varint(out, s.memsz);
+        put_varint(out, s.flags as u64);
+    }
+}

@@ -1,0 +1,24 @@
+//! The mtrace stream format, defined once for every producer (the preload,
+//! later the ptrace tracer) and for the analyzer.
+//!
+//! A stream is a [`Header`] followed by [`Record`]s. Every integer after the
+//! 8-byte magic is an unsigned LEB128 varint, so the stream reads the same on
+//! hosts of either byte order. `docs/FORMAT.md` describes the bytes in prose
+//! for readers written in other languages.
+
+mod decode;
+mod encode;
+mod record;
+mod varint;
+
+pub use decode::{ReadError, ReadErrorKind, Reader};
+pub use encode::{encode_header, Encoder};
+pub use record::{EndReason, Family, Header, Module, Record, Segment};
+pub use varint::{put_varint, zigzag, unzigzag};
+
+/// First 8 bytes of every stream: `MTRACE`, a NUL, and 0x1a (the byte that
+/// stops a text `type` on some systems), so a text tool sees a binary file.
+pub const MAGIC: [u8; 8] = *b"MTRACE\0\x1a";
+
+/// Format version written in the header. Readers reject newer versions.
+pub const VERSION: u64 = 1;

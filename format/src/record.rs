@@ -1,0 +1,177 @@
+//! The values carried by a stream: its header and its records.
+
+/// The allocator family of an allocation or a free, so that the analyzer can
+/// say which API a leaked block came from (and, later, flag mismatches such
+/// as `new[]` freed with `free`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    /// malloc, calloc, realloc, reallocarray, free, cfree.
+    Malloc = 0,
+    /// C++ `operator new` / `operator delete` (scalar, any variant).
+    New = 1,
+    /// C++ `operator new[]` / `operator delete[]` (any variant).
+    NewArray = 2,
+    /// posix_memalign, aligned_alloc, memalign, valloc, pvalloc.
+    Aligned = 3,
+    /// mmap, mmap64, mremap, munmap.
+    Mmap = 4,
+}
+
+impl Family {
+    /// Decodes the on-disk number; `None` for a value this version does not know.
+    pub fn from_u64(v: u64) -> Option<Family> {
+        Some(match v {
+            0 => Family::Malloc,
+            1 => Family::New,
+            2 => Family::NewArray,
+            3 => Family::Aligned,
+            4 => Family::Mmap,
+            _ => return None,
+        })
+    }
+
+    /// The name used in reports: `malloc`, `new`, `new[]`, `aligned`, `mmap`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Malloc => "malloc",
+            Family::New => "new",
+            Family::NewArray => "new[]",
+            Family::Aligned => "aligned",
+            Family::Mmap => "mmap",
+        }
+    }
+}
+
+/// Why the producer wrote an [`Record::End`]: the point where every event
+/// before it is known to be in the stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndReason {
+    /// `exit()` or a return from `main` (the library's destructor ran).
+    Exit,
+    /// `_exit()` or `_Exit()` called by the program.
+    UnderscoreExit,
+    /// `abort()`.
+    Abort,
+    /// A fatal signal with this number.
+    Signal(u32),
+    /// A successful `exec*()` replaces the image; the new image writes a new stream.
+    Exec,
+}
+
+impl EndReason {
+    pub(crate) fn to_pair(self) -> (u64, u64) {
+        match self {
+            EndReason::Exit => (0, 0),
+            EndReason::UnderscoreExit => (1, 0),
+            EndReason::Abort => (2, 0),
+            EndReason::Signal(n) => (3, n as u64),
+            EndReason::Exec => (4, 0),
+        }
+    }
+
+    pub(crate) fn from_pair(code: u64, arg: u64) -> Option<EndReason> {
+        Some(match code {
+            0 => EndReason::Exit,
+            1 => EndReason::UnderscoreExit,
+            2 => EndReason::Abort,
+            3 => EndReason::Signal(arg as u32),
+            4 => EndReason::Exec,
+            _ => return None,
+        })
+    }
+}
+
+/// Everything a host needs to interpret a stream made elsewhere.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Header {
+    /// Format version (see [`crate::VERSION`]).
+    pub version: u64,
+    /// Size of a pointer in the target, bytes (8 on x86_64).
+    pub pointer_size: u8,
+    /// True when the target is big-endian.
+    pub big_endian: bool,
+    /// Target architecture as Rust names it (`x86_64`, `aarch64`, …).
+    pub arch: String,
+    pub pid: u32,
+    pub ppid: u32,
+    /// Path of the traced executable (`/proc/self/exe`).
+    pub exe: String,
+    /// argv of the traced process.
+    pub cmdline: Vec<String>,
+    /// CLOCK_REALTIME when the stream started, ns since the Unix epoch.
+    pub start_realtime_ns: u64,
+    /// CLOCK_MONOTONIC when the stream started, ns. Record times are ns since this.
+    pub start_monotonic_ns: u64,
+}
+
+/// One PT_LOAD segment of a module, relative to the module's load bias.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// p_vaddr: the segment's address in the file's own numbering.
+    pub vaddr: u64,
+    /// p_memsz, bytes.
+    pub memsz: u64,
+    /// p_flags (PF_X = 1, PF_W = 2, PF_R = 4).
+    pub flags: u32,
+}
+
+/// A loaded ELF object as `dl_iterate_phdr` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Module {
+    /// Path as the dynamic loader knows it; the main executable's real path.
+    pub path: String,
+    /// Load bias (dlpi_addr): runtime address = bias + file virtual address.
+    pub bias: u64,
+    /// Contents of the NT_GNU_BUILD_ID note, empty when there is none.
+    pub build_id: Vec<u8>,
+    pub segments: Vec<Segment>,
+}
+
+/// One record of the stream. `time_ns` is nanoseconds since the header's
+/// `start_monotonic_ns`; the encoder stores it as a delta.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    /// The records up to the next `Thread` come from thread `tid` (a Linux
+    /// TID); `time_ns` is the base for their times.
+    Thread { tid: u32, time_ns: u64 },
+    /// Defines backtrace `id`: return addresses, innermost first, the
+    /// tracer's own frames removed. Ids are unique within a stream; the same
+    /// frames may be defined under several ids.
+    Stack { id: u32, frames: Vec<u64> },
+    /// A block of `size` requested bytes at `addr` from `family`.
+    Alloc { time_ns: u64, family: Family, addr: u64, size: u64, stack: u32 },
+    /// The block at `addr` was freed (an unknown `addr` was allocated before
+    /// tracing). The time is taken before the real free, an `Alloc`'s after
+    /// the real malloc, so times order the events of one address.
+    Free { time_ns: u64, family: Family, addr: u64 },
+    /// A successful realloc: block `old` is gone and block `new` of `size`
+    /// bytes exists (glibc's realloc(NULL, n) is an `Alloc`, realloc(p, 0) a
+    /// `Free`; a failed realloc writes nothing because `old` survives).
+    /// `free_time_ns` is taken before the call and `time_ns` after it, so
+    /// that the analyzer can order them against other threads' events on the
+    /// same addresses.
+    Realloc { time_ns: u64, free_time_ns: u64, old: u64, new: u64, size: u64, stack: u32 },
+    /// A successful mmap of `len` bytes; `fd` is -1 for anonymous mappings.
+    Mmap { time_ns: u64, addr: u64, len: u64, prot: u32, flags: u32, fd: i32, stack: u32 },
+    /// A successful munmap of `[addr, addr+len)`, which may cover parts of mappings.
+    Munmap { time_ns: u64, addr: u64, len: u64 },
+    /// A successful mremap: `[old, old+old_len)` became `[new, new+new_len)`.
+    Mremap { time_ns: u64, old: u64, old_len: u64, new: u64, new_len: u64, stack: u32 },
+    /// The complete list of loaded modules at this point (start, dlopen, dlclose).
+    Modules { time_ns: u64, modules: Vec<Module> },
+    /// Everything the process did up to `time_ns` is in the stream.
+    End { time_ns: u64, reason: EndReason },
+}
+
+pub(crate) mod tag {
+    pub const THREAD: u8 = 1;
+    pub const STACK: u8 = 2;
+    pub const ALLOC: u8 = 3;
+    pub const FREE: u8 = 4;
+    pub const REALLOC: u8 = 5;
+    pub const MMAP: u8 = 6;
+    pub const MUNMAP: u8 = 7;
+    pub const MREMAP: u8 = 8;
+    pub const MODULES: u8 = 9;
+    pub const END: u8 = 10;
+}

@@ -1,0 +1,161 @@
+//! The C allocation functions: malloc, free, calloc, realloc, reallocarray,
+//! the aligned family, cfree and malloc_usable_size.
+
+use std::ffi::c_void;
+
+use mtrace_format::Family;
+
+use super::{traced, traced_free};
+use crate::real::{self, next, NextFn};
+use crate::recorder;
+
+#[no_mangle]
+pub extern "C" fn malloc(size: usize) -> *mut c_void {
+    traced(|| real::malloc(size), |&p| recorder::alloc(Family::Malloc, p, size))
+}
+
+/// # Safety
+/// `p` is null or a block from this allocator (the C contract of free).
+#[no_mangle]
+pub unsafe extern "C" fn free(p: *mut c_void) {
+    if p.is_null() || real::in_arena(p) {
+        return;
+    }
+    // SAFETY: forwarded under the caller's contract.
+    traced_free(Family::Malloc, p, || unsafe { real::free(p) })
+}
+
+/// glibc's old alias of free, still exported for old binaries.
+///
+/// # Safety
+/// As [`free`].
+#[no_mangle]
+pub unsafe extern "C" fn cfree(p: *mut c_void) {
+    // SAFETY: same contract.
+    unsafe { free(p) }
+}
+
+#[no_mangle]
+pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
+    traced(|| real::calloc(n, size), |&p| recorder::alloc(Family::Malloc, p, n.wrapping_mul(size)))
+}
+
+/// # Safety
+/// `p` is null or a live block from this allocator.
+#[no_mangle]
+pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    let t0 = std::cell::Cell::new(0);
+    traced(
+        || {
+            if !p.is_null() {
+                t0.set(recorder::now());
+            }
+            // SAFETY: forwarded under the caller's contract.
+            unsafe { real::realloc(p, size) }
+        },
+        |&r| {
+            // An arena block moving to real memory is a new allocation.
+            let old = if real::in_arena(p) { std::ptr::null_mut() } else { p };
+            recorder::realloc(old, r, size, t0.get())
+        },
+    )
+}
+
+/// # Safety
+/// As [`realloc`].
+#[no_mangle]
+pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
+    match n.checked_mul(size) {
+        // SAFETY: same contract; glibc's reallocarray is realloc after the overflow check.
+        Some(total) => unsafe { realloc(p, total) },
+        None => {
+            crate::sys::set_errno(libc::ENOMEM);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+static POSIX_MEMALIGN: NextFn = NextFn::new(c"posix_memalign");
+static ALIGNED_ALLOC: NextFn = NextFn::new(c"aligned_alloc");
+static MEMALIGN: NextFn = NextFn::new(c"memalign");
+static VALLOC: NextFn = NextFn::new(c"valloc");
+static PVALLOC: NextFn = NextFn::new(c"pvalloc");
+static USABLE_SIZE: NextFn = NextFn::new(c"malloc_usable_size");
+
+type AlignFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+type SizeFn = unsafe extern "C" fn(usize) -> *mut c_void;
+
+fn call_align(f: &NextFn, align: usize, size: usize) -> *mut c_void {
+    // SAFETY: aligned_alloc and memalign have the AlignFn signature.
+    match unsafe { next::<AlignFn>(f) } {
+        // SAFETY: plain call with value arguments.
+        Some(f) => unsafe { f(align, size) },
+        None => std::ptr::null_mut(),
+    }
+}
+
+fn call_size(f: &NextFn, size: usize) -> *mut c_void {
+    // SAFETY: valloc and pvalloc have the SizeFn signature.
+    match unsafe { next::<SizeFn>(f) } {
+        // SAFETY: plain call with a value argument.
+        Some(f) => unsafe { f(size) },
+        None => std::ptr::null_mut(),
+    }
+}
+
+/// # Safety
+/// `out` is a valid pointer to write the block's address to.
+#[no_mangle]
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
+    type F = unsafe extern "C" fn(*mut *mut c_void, usize, usize) -> i32;
+    traced(
+        // SAFETY: F is posix_memalign's signature; out is valid per contract.
+        || match unsafe { next::<F>(&POSIX_MEMALIGN) } {
+            Some(f) => unsafe { f(out, align, size) },
+            None => libc::ENOMEM,
+        },
+        // SAFETY: on success posix_memalign wrote *out.
+        |&rc| {
+            if rc == 0 {
+                recorder::alloc(Family::Aligned, unsafe { *out }, size)
+            }
+        },
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    traced(|| call_align(&ALIGNED_ALLOC, align, size), |&p| recorder::alloc(Family::Aligned, p, size))
+}
+
+#[no_mangle]
+pub extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
+    traced(|| call_align(&MEMALIGN, align, size), |&p| recorder::alloc(Family::Aligned, p, size))
+}
+
+#[no_mangle]
+pub extern "C" fn valloc(size: usize) -> *mut c_void {
+    traced(|| call_size(&VALLOC, size), |&p| recorder::alloc(Family::Aligned, p, size))
+}
+
+#[no_mangle]
+pub extern "C" fn pvalloc(size: usize) -> *mut c_void {
+    traced(|| call_size(&PVALLOC, size), |&p| recorder::alloc(Family::Aligned, p, size))
+}
+
+/// Passes through (arena blocks report their requested size).
+///
+/// # Safety
+/// `p` is null or a live block from this allocator.
+#[no_mangle]
+pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
+    if real::in_arena(p) {
+        return real::arena_size(p);
+    }
+    type F = unsafe extern "C" fn(*mut c_void) -> usize;
+    // SAFETY: F is malloc_usable_size's signature; p per contract.
+    match unsafe { next::<F>(&USABLE_SIZE) } {
+        Some(f) => unsafe { f(p) },
+        None => 0,
+    }
+}

@@ -1,0 +1,194 @@
+//! Process lifetime: the calls after which buffered events must already be
+//! in the trace (`_exit`, `_Exit`, `abort`, `exec*`), and `dlclose`, before
+//! which the module list is recorded so that the closed library's frames
+//! still symbolize. (`dlopen` is not interposed: glibc resolves a relative
+//! name against the *caller's* RUNPATH, which a wrapper would change; the
+//! writer thread notices new modules instead.)
+
+use std::ffi::{c_char, c_void};
+
+use mtrace_format::EndReason;
+
+use crate::guard::Guard;
+use crate::real::{next, NextFn};
+use crate::{recorder, session, sys};
+
+static EXIT: NextFn = NextFn::new(c"_exit");
+static ABORT: NextFn = NextFn::new(c"abort");
+static EXECVE: NextFn = NextFn::new(c"execve");
+static EXECV: NextFn = NextFn::new(c"execv");
+static EXECVP: NextFn = NextFn::new(c"execvp");
+static EXECVPE: NextFn = NextFn::new(c"execvpe");
+static FEXECVE: NextFn = NextFn::new(c"fexecve");
+static DLCLOSE: NextFn = NextFn::new(c"dlclose");
+
+fn flush(reason: EndReason) {
+    let _g = Guard::enter();
+    recorder::final_flush(reason, false);
+}
+
+fn real_exit(status: i32) -> ! {
+    type F = unsafe extern "C" fn(i32) -> !;
+    // SAFETY: F is _exit's signature.
+    match unsafe { next::<F>(&EXIT) } {
+        Some(f) => unsafe { f(status) },
+        // SAFETY: exit_group ends the process and does not return.
+        None => unsafe {
+            libc::syscall(libc::SYS_exit_group, status);
+            std::hint::unreachable_unchecked()
+        },
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn _exit(status: i32) -> ! {
+    flush(EndReason::UnderscoreExit);
+    real_exit(status)
+}
+
+#[no_mangle]
+pub extern "C" fn _Exit(status: i32) -> ! {
+    flush(EndReason::UnderscoreExit);
+    real_exit(status)
+}
+
+#[no_mangle]
+pub extern "C" fn abort() -> ! {
+    flush(EndReason::Abort);
+    type F = unsafe extern "C" fn() -> !;
+    // SAFETY: F is abort's signature.
+    match unsafe { next::<F>(&ABORT) } {
+        Some(f) => unsafe { f() },
+        // SAFETY: raising SIGABRT with its default action ends the process.
+        None => unsafe {
+            libc::signal(libc::SIGABRT, libc::SIG_DFL);
+            libc::raise(libc::SIGABRT);
+            libc::syscall(libc::SYS_exit_group, 127);
+            std::hint::unreachable_unchecked()
+        },
+    }
+}
+
+/// Flushes, runs `call` (an exec), and if it returns (the exec failed)
+/// resumes tracing. After vfork the child shares the parent's memory and
+/// has another pid: it must not touch the parent's session.
+fn around_exec(call: impl FnOnce() -> i32) -> i32 {
+    flush(EndReason::Exec);
+    let rc = call();
+    let errno = sys::errno();
+    if let Some(s) = session::current() {
+        if s.pid == sys::getpid() {
+            s.resume();
+        }
+    }
+    sys::set_errno(errno);
+    rc
+}
+
+type Argv = *const *const c_char;
+
+/// # Safety
+/// The C contract of execve.
+#[no_mangle]
+pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> i32 {
+    type F = unsafe extern "C" fn(*const c_char, Argv, Argv) -> i32;
+    // SAFETY: F is execve's signature; arguments per contract.
+    around_exec(|| match unsafe { next::<F>(&EXECVE) } {
+        Some(f) => unsafe { f(path, argv, envp) },
+        None => -1,
+    })
+}
+
+/// # Safety
+/// The C contract of execvpe.
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) -> i32 {
+    type F = unsafe extern "C" fn(*const c_char, Argv, Argv) -> i32;
+    // SAFETY: as execve.
+    around_exec(|| match unsafe { next::<F>(&EXECVPE) } {
+        Some(f) => unsafe { f(file, argv, envp) },
+        None => -1,
+    })
+}
+
+/// # Safety
+/// The C contract of execv.
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: Argv) -> i32 {
+    type F = unsafe extern "C" fn(*const c_char, Argv) -> i32;
+    // SAFETY: F is execv's signature.
+    around_exec(|| match unsafe { next::<F>(&EXECV) } {
+        Some(f) => unsafe { f(path, argv) },
+        None => -1,
+    })
+}
+
+/// # Safety
+/// The C contract of execvp.
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: Argv) -> i32 {
+    type F = unsafe extern "C" fn(*const c_char, Argv) -> i32;
+    // SAFETY: F is execvp's signature.
+    around_exec(|| match unsafe { next::<F>(&EXECVP) } {
+        Some(f) => unsafe { f(file, argv) },
+        None => -1,
+    })
+}
+
+/// # Safety
+/// The C contract of fexecve.
+#[no_mangle]
+pub unsafe extern "C" fn fexecve(fd: i32, argv: Argv, envp: Argv) -> i32 {
+    type F = unsafe extern "C" fn(i32, Argv, Argv) -> i32;
+    // SAFETY: F is fexecve's signature.
+    around_exec(|| match unsafe { next::<F>(&FEXECVE) } {
+        Some(f) => unsafe { f(fd, argv, envp) },
+        None => -1,
+    })
+}
+
+/// # Safety
+/// The C contract of dlclose.
+#[no_mangle]
+pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> i32 {
+    if let Some(_g) = Guard::enter() {
+        recorder::modules_changed();
+    }
+    type F = unsafe extern "C" fn(*mut c_void) -> i32;
+    // SAFETY: F is dlclose's signature; handle per contract.
+    match unsafe { next::<F>(&DLCLOSE) } {
+        Some(f) => unsafe { f(handle) },
+        None => -1,
+    }
+}
+
+// The variadic exec functions are written in C (src/exec_shim.c): stable
+// Rust cannot define variadic functions, and a cdylib exports only Rust
+// items. These naked exports jump to the C versions with every register and
+// stack slot as the caller left them.
+extern "C" {
+    fn mtrace_execl();
+    fn mtrace_execlp();
+    fn mtrace_execle();
+}
+
+macro_rules! jump_to {
+    ($sym:literal, $name:ident, $target:ident) => {
+        /// Variadic exec: a tail jump to the C implementation.
+        ///
+        /// # Safety
+        /// The C contract of the exec function of this name.
+        #[unsafe(naked)]
+        #[export_name = $sym]
+        pub unsafe extern "C" fn $name() {
+            #[cfg(target_arch = "x86_64")]
+            core::arch::naked_asm!("jmp {t}", t = sym $target);
+            #[cfg(target_arch = "aarch64")]
+            core::arch::naked_asm!("b {t}", t = sym $target);
+        }
+    };
+}
+
+jump_to!("execl", execl, mtrace_execl);
+jump_to!("execlp", execlp, mtrace_execlp);
+jump_to!("execle", execle, mtrace_execle);

@@ -1,0 +1,63 @@
+//! libmtrace.so: records every allocation of the program it is preloaded
+//! into, with its backtrace, to an mtrace stream (see the `mtrace-format`
+//! crate and docs/FORMAT.md).
+//!
+//! Layout: `hooks` are the exported entry points; `recorder` turns a call
+//! into a record; `thread` keeps per-thread buffers and interned
+//! backtraces; `session` owns the file, the writer thread and the final
+//! flush; `real` finds the functions the hooks forward to. `unsafe` lives in
+//! `real`, `sys`, `hooks`, `modules`, `signals` and `allocator`.
+
+mod allocator;
+mod config;
+mod guard;
+mod hooks;
+mod modules;
+mod real;
+mod recorder;
+mod session;
+mod signals;
+mod sys;
+mod thread;
+mod unwind;
+
+use guard::Guard;
+use mtrace_format::EndReason;
+
+#[global_allocator]
+static ALLOC: allocator::RealMalloc = allocator::RealMalloc;
+
+/// Library constructor. Events before it (other libraries' constructors)
+/// are already recorded: the session starts lazily on the first event; this
+/// adds the writer thread, fatal-signal handlers and fork handlers.
+extern "C" fn init() {
+    let _g = Guard::enter();
+    if session::get().is_none() {
+        return;
+    }
+    session::start_writer();
+    signals::install();
+    // SAFETY: the three handlers are plain extern "C" functions.
+    unsafe {
+        libc::pthread_atfork(
+            Some(session::before_fork),
+            Some(session::after_fork_parent),
+            Some(session::after_fork_child),
+        )
+    };
+}
+
+/// Library destructor: runs in `exit()` after the program's atexit handlers
+/// and static destructors; later events are written synchronously.
+extern "C" fn fini() {
+    let _g = Guard::enter();
+    recorder::final_flush(EndReason::Exit, false);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;
+
+#[used]
+#[link_section = ".fini_array"]
+static FINI: extern "C" fn() = fini;

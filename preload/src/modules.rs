@@ -1,0 +1,96 @@
+//! The module map: every loaded ELF object as `dl_iterate_phdr` reports it,
+//! with its PT_LOAD segments and GNU build-id.
+
+use mtrace_format::{Module, Segment};
+use std::ffi::CStr;
+
+const NT_GNU_BUILD_ID: u32 = 3;
+
+/// Lists the loaded modules. The main executable (empty name) gets the path
+/// of `/proc/self/exe`.
+pub fn list() -> Vec<Module> {
+    let mut out: Vec<Module> = Vec::new();
+    // SAFETY: the callback only reads the dl_phdr_info it is given, during the call.
+    unsafe { libc::dl_iterate_phdr(Some(callback), (&mut out as *mut Vec<Module>).cast()) };
+    if let Some(first) = out.first_mut() {
+        if first.path.is_empty() {
+            first.path = crate::sys::readlink(c"/proc/self/exe").unwrap_or_default();
+        }
+    }
+    out
+}
+
+unsafe extern "C" fn callback(info: *mut libc::dl_phdr_info, _size: usize, data: *mut libc::c_void) -> i32 {
+    // SAFETY: dl_iterate_phdr passes a valid info and our Vec as data.
+    let (info, out) = unsafe { (&*info, &mut *(data as *mut Vec<Module>)) };
+    let path = if info.dlpi_name.is_null() {
+        String::new()
+    } else {
+        // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
+        unsafe { CStr::from_ptr(info.dlpi_name) }.to_string_lossy().into_owned()
+    };
+    // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
+    let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+    let mut segments = Vec::new();
+    let mut build_id = Vec::new();
+    for ph in phdrs {
+        if ph.p_type == libc::PT_LOAD {
+            segments.push(Segment { vaddr: ph.p_vaddr, memsz: ph.p_memsz, flags: ph.p_flags });
+        } else if ph.p_type == libc::PT_NOTE && build_id.is_empty() {
+            let start = info.dlpi_addr.wrapping_add(ph.p_vaddr) as *const u8;
+            // SAFETY: PT_NOTE segments are mapped readable for the module's lifetime.
+            let notes = unsafe { std::slice::from_raw_parts(start, ph.p_memsz as usize) };
+            build_id = find_build_id(notes).unwrap_or_default();
+        }
+    }
+    // The vDSO has a name like "linux-vdso.so.1" and no file: keep it, the
+    // analyzer shows its frames as module+offset.
+    out.push(Module { path, bias: info.dlpi_addr, build_id, segments });
+    0
+}
+
+/// Finds the NT_GNU_BUILD_ID descriptor in a PT_NOTE segment (ELF notes:
+/// namesz, descsz, type, then name and descriptor each padded to 4 bytes).
+fn find_build_id(mut notes: &[u8]) -> Option<Vec<u8>> {
+    let word = |b: &[u8], i: usize| u32::from_ne_bytes(b[i..i + 4].try_into().unwrap());
+    while notes.len() >= 12 {
+        let (namesz, descsz, ty) = (word(notes, 0) as usize, word(notes, 4) as usize, word(notes, 8));
+        let name_end = 12 + namesz.next_multiple_of(4);
+        let desc_end = name_end + descsz.next_multiple_of(4);
+        if desc_end > notes.len() {
+            return None;
+        }
+        if ty == NT_GNU_BUILD_ID && &notes[12..12 + namesz] == b"GNU\0" {
+            return Some(notes[name_end..name_end + descsz].to_vec());
+        }
+        notes = &notes[desc_end..];
+    }
+    None
+}
+
+/// The address range `[start, end)` covered by the module that contains
+/// `addr` (used to drop the tracer's own frames from backtraces).
+pub fn range_of(addr: usize) -> Option<(usize, usize)> {
+    list().into_iter().find_map(|m| {
+        let lo = m.segments.iter().map(|s| m.bias + s.vaddr).min()?;
+        let hi = m.segments.iter().map(|s| m.bias + s.vaddr + s.memsz).max()?;
+        (lo as usize <= addr && addr < hi as usize).then_some((lo as usize, hi as usize))
+    })
+}
+
+/// `(dlpi_adds, dlpi_subs)`: how many objects were ever loaded and
+/// unloaded. A change means the module list changed.
+pub fn generation() -> (u64, u64) {
+    let mut g = (0u64, 0u64);
+    // SAFETY: the callback reads the counters of the first entry and stops.
+    unsafe { libc::dl_iterate_phdr(Some(gen_callback), (&mut g as *mut (u64, u64)).cast()) };
+    g
+}
+
+unsafe extern "C" fn gen_callback(info: *mut libc::dl_phdr_info, _size: usize, data: *mut libc::c_void) -> i32 {
+    // SAFETY: valid pointers from dl_iterate_phdr and generation().
+    unsafe {
+        *(data as *mut (u64, u64)) = ((*info).dlpi_adds, (*info).dlpi_subs);
+    }
+    1
+}

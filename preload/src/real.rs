@@ -1,0 +1,211 @@
+//! The real allocation functions, found with `dlsym(RTLD_NEXT, …)`, and the
+//! static bootstrap arena that serves the allocations made while they are
+//! being found (`dlsym` itself calls `calloc`).
+
+use std::cell::Cell;
+use std::ffi::{c_void, CStr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A function pointer resolved lazily by name from the next object in the
+/// lookup order. `0` means not resolved yet, `1` that it does not exist.
+pub struct NextFn {
+    name: &'static CStr,
+    addr: AtomicUsize,
+}
+
+impl NextFn {
+    pub const fn new(name: &'static CStr) -> NextFn {
+        NextFn { name, addr: AtomicUsize::new(0) }
+    }
+
+    /// The address of the next definition, or `None` when no later object defines it.
+    pub fn get(&self) -> Option<usize> {
+        let a = self.addr.load(Ordering::Acquire);
+        if a > 1 {
+            return Some(a);
+        }
+        if a == 1 {
+            return None;
+        }
+        // SAFETY: dlsym with a NUL-terminated name is always safe to call;
+        // RTLD_NEXT searches the objects loaded after this one.
+        let p = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()) } as usize;
+        self.addr.store(if p == 0 { 1 } else { p }, Ordering::Release);
+        (p != 0).then_some(p)
+    }
+}
+
+thread_local! {
+    // Set while this thread resolves the malloc family: allocations made by
+    // dlsym meanwhile come from the arena.
+    static RESOLVING: Cell<bool> = const { Cell::new(false) };
+}
+
+static MALLOC: NextFn = NextFn::new(c"malloc");
+static CALLOC: NextFn = NextFn::new(c"calloc");
+static REALLOC: NextFn = NextFn::new(c"realloc");
+static FREE: NextFn = NextFn::new(c"free");
+
+type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
+type CallocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
+type FreeFn = unsafe extern "C" fn(*mut c_void);
+
+/// Resolves one member of the malloc family, or returns `None` while this
+/// thread is already resolving (the caller then uses the arena).
+fn core_fn(f: &NextFn) -> Option<usize> {
+    if let Some(a) = f.addr_if_resolved() {
+        return Some(a);
+    }
+    if RESOLVING.with(|r| r.replace(true)) {
+        return None;
+    }
+    let a = f.get();
+    RESOLVING.with(|r| r.set(false));
+    a
+}
+
+impl NextFn {
+    fn addr_if_resolved(&self) -> Option<usize> {
+        let a = self.addr.load(Ordering::Acquire);
+        (a > 1).then_some(a)
+    }
+}
+
+// ---- bootstrap arena -------------------------------------------------------
+
+const ARENA_SIZE: usize = 256 * 1024;
+const ARENA_ALIGN: usize = 16;
+
+#[repr(C, align(16))]
+struct Arena(std::cell::UnsafeCell<[u8; ARENA_SIZE]>);
+// SAFETY: each byte range of the arena is handed out once (bump allocation
+// through an atomic offset) and then owned by whoever received it.
+unsafe impl Sync for Arena {}
+
+static ARENA: Arena = Arena(std::cell::UnsafeCell::new([0; ARENA_SIZE]));
+static ARENA_USED: AtomicUsize = AtomicUsize::new(0);
+
+fn arena_base() -> usize {
+    ARENA.0.get() as usize
+}
+
+/// True when `p` was served by the bootstrap arena (free ignores it).
+pub fn in_arena(p: *const c_void) -> bool {
+    let a = p as usize;
+    a >= arena_base() && a < arena_base() + ARENA_SIZE
+}
+
+/// Requested size of an arena block (stored in the 16 bytes before it).
+pub fn arena_size(p: *const c_void) -> usize {
+    // SAFETY: p came from arena_alloc, which wrote the size 16 bytes before it.
+    unsafe { *(p as *const usize).sub(2) }
+}
+
+fn arena_alloc(size: usize, align: usize) -> *mut c_void {
+    let align = align.max(ARENA_ALIGN);
+    loop {
+        let used = ARENA_USED.load(Ordering::Relaxed);
+        let start = (arena_base() + used + ARENA_ALIGN).next_multiple_of(align);
+        let end = start + size;
+        if end > arena_base() + ARENA_SIZE {
+            return std::ptr::null_mut();
+        }
+        if ARENA_USED
+            .compare_exchange(used, end - arena_base(), Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            // SAFETY: [start-16, end) lies inside the arena and was just
+            // reserved for this call alone; start is 16-aligned.
+            unsafe { *(start as *mut usize).sub(2) = size };
+            return start as *mut c_void;
+        }
+    }
+}
+
+// ---- the real functions ----------------------------------------------------
+
+/// Calls the real `malloc`, or the arena while it is being resolved.
+pub fn malloc(size: usize) -> *mut c_void {
+    match core_fn(&MALLOC) {
+        // SAFETY: the address is libc's malloc, which has this signature.
+        Some(f) => unsafe { std::mem::transmute::<usize, MallocFn>(f)(size) },
+        None => arena_alloc(size, ARENA_ALIGN),
+    }
+}
+
+/// Calls the real `calloc` (arena memory is zero: it is never reused).
+pub fn calloc(n: usize, size: usize) -> *mut c_void {
+    match core_fn(&CALLOC) {
+        // SAFETY: the address is libc's calloc.
+        Some(f) => unsafe { std::mem::transmute::<usize, CallocFn>(f)(n, size) },
+        None => match n.checked_mul(size) {
+            Some(total) => arena_alloc(total, ARENA_ALIGN),
+            None => std::ptr::null_mut(),
+        },
+    }
+}
+
+/// Calls the real `realloc`. Arena blocks move to real memory.
+///
+/// # Safety
+/// `p` is null or a live block of this allocator.
+pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    if in_arena(p) {
+        let n = malloc(size);
+        if !n.is_null() {
+            // SAFETY: both ranges are valid for the smaller of the two sizes.
+            unsafe { std::ptr::copy_nonoverlapping(p as *const u8, n as *mut u8, size.min(arena_size(p))) };
+        }
+        return n;
+    }
+    match core_fn(&REALLOC) {
+        // SAFETY: libc's realloc; p is one of its blocks or null.
+        Some(f) => unsafe { std::mem::transmute::<usize, ReallocFn>(f)(p, size) },
+        None => std::ptr::null_mut(),
+    }
+}
+
+/// Calls the real `free`; arena blocks are never reused and are ignored.
+///
+/// # Safety
+/// `p` is null or a live block of this allocator.
+pub unsafe fn free(p: *mut c_void) {
+    if p.is_null() || in_arena(p) {
+        return;
+    }
+    if let Some(f) = core_fn(&FREE) {
+        // SAFETY: libc's free; p is one of its blocks.
+        unsafe { std::mem::transmute::<usize, FreeFn>(f)(p) }
+    }
+}
+
+/// Calls the next definition of `f` with the signature `F`.
+///
+/// # Safety
+/// `F` must be the function pointer type of the symbol `f` names.
+pub unsafe fn next<F: Copy>(f: &NextFn) -> Option<F> {
+    debug_assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<usize>());
+    // SAFETY: per the contract, F is the symbol's function pointer type.
+    f.get().map(|a| unsafe { std::mem::transmute_copy::<usize, F>(&a) })
+}
+
+/// Serves allocations made with an alignment above malloc's own (16 bytes):
+/// the real `aligned_alloc`-style function, `posix_memalign`.
+pub fn memalign(align: usize, size: usize) -> *mut c_void {
+    static POSIX_MEMALIGN: NextFn = NextFn::new(c"posix_memalign");
+    type F = unsafe extern "C" fn(*mut *mut c_void, usize, usize) -> i32;
+    // SAFETY: F is posix_memalign's signature.
+    match unsafe { next::<F>(&POSIX_MEMALIGN) } {
+        Some(f) => {
+            let mut p = std::ptr::null_mut();
+            // SAFETY: p is a valid out-pointer.
+            if unsafe { f(&mut p, align.max(std::mem::size_of::<usize>()), size) } == 0 {
+                p
+            } else {
+                std::ptr::null_mut()
+            }
+        }
+        None => arena_alloc(size, align),
+    }
+}

@@ -1,0 +1,123 @@
+//! What the hooks call after the real function returned: one function per
+//! kind of event. Each captures the backtrace (for allocations), stamps the
+//! time and appends the record to the calling thread's buffer. The caller
+//! holds the reentrancy guard; errno is preserved for the program.
+
+use mtrace_format::{EndReason, Family, Record};
+
+use crate::config::MAX_DEPTH;
+use crate::{session, sys, thread, unwind};
+
+#[inline]
+fn with_stack(make: impl FnOnce(u64, u32) -> Record) {
+    let errno = sys::errno();
+    if let Some(s) = session::get() {
+        let mut frames = [0u64; MAX_DEPTH];
+        let n = unwind::capture(&mut frames, s.depth);
+        thread::push(s, Some(&frames[..n]), make);
+    }
+    sys::set_errno(errno);
+}
+
+#[inline]
+fn without_stack(make: impl FnOnce(u64) -> Record) {
+    let errno = sys::errno();
+    if let Some(s) = session::get() {
+        thread::push(s, None, |t, _| make(t));
+    }
+    sys::set_errno(errno);
+}
+
+pub fn alloc(family: Family, addr: *mut libc::c_void, size: usize) {
+    if addr.is_null() {
+        return;
+    }
+    with_stack(|time_ns, stack| Record::Alloc { time_ns, family, addr: addr as u64, size: size as u64, stack });
+}
+
+/// The session time for an event that must be stamped before the real call
+/// (free, munmap, the free half of realloc); 0 when not tracing.
+pub fn now() -> u64 {
+    session::get().map_or(0, |s| s.now())
+}
+
+/// Records a free whose time `t` was taken with [`now`] before the real free.
+pub fn free(family: Family, addr: *mut libc::c_void, t: u64) {
+    if addr.is_null() {
+        return;
+    }
+    without_stack(|_| Record::Free { time_ns: t, family, addr: addr as u64 });
+}
+
+/// Records the outcome of `realloc(old, size)` that returned `new`, by
+/// glibc's rules: realloc(NULL, n) allocates, realloc(p, 0) returning NULL
+/// freed p, any other NULL is a failure that leaves `old` live.
+/// `t0` is [`now`] before the call.
+pub fn realloc(old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: u64) {
+    if old.is_null() {
+        alloc(Family::Malloc, new, size);
+    } else if new.is_null() {
+        if size == 0 {
+            free(Family::Malloc, old, t0);
+        }
+    } else {
+        with_stack(|time_ns, stack| Record::Realloc {
+            time_ns,
+            free_time_ns: t0,
+            old: old as u64,
+            new: new as u64,
+            size: size as u64,
+            stack,
+        });
+    }
+}
+
+pub fn mmap(addr: *mut libc::c_void, len: usize, prot: i32, flags: i32, fd: i32) {
+    if addr == libc::MAP_FAILED {
+        return;
+    }
+    with_stack(|time_ns, stack| Record::Mmap {
+        time_ns,
+        addr: addr as u64,
+        len: len as u64,
+        prot: prot as u32,
+        flags: flags as u32,
+        fd,
+        stack,
+    });
+}
+
+/// `t` is [`now`] before the call.
+pub fn munmap(addr: *mut libc::c_void, len: usize, t: u64) {
+    without_stack(|_| Record::Munmap { time_ns: t, addr: addr as u64, len: len as u64 });
+}
+
+pub fn mremap(old: *mut libc::c_void, old_len: usize, new: *mut libc::c_void, new_len: usize) {
+    if new == libc::MAP_FAILED {
+        return;
+    }
+    with_stack(|time_ns, stack| Record::Mremap {
+        time_ns,
+        old: old as u64,
+        old_len: old_len as u64,
+        new: new as u64,
+        new_len: new_len as u64,
+        stack,
+    });
+}
+
+/// After dlopen/dlclose: the whole module list, so that the analyzer can
+/// symbolize frames of libraries that are gone by the end.
+pub fn modules_changed() {
+    let list = crate::modules::list();
+    without_stack(move |time_ns| Record::Modules { time_ns, modules: list });
+}
+
+/// Writes everything out before the process ends or execs.
+pub fn final_flush(reason: EndReason, in_signal: bool) {
+    if let Some(s) = session::current() {
+        if s.pid == sys::getpid() {
+            s.final_flush(reason, in_signal);
+        }
+    }
+}

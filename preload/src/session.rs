@@ -1,0 +1,401 @@
+//! One trace stream: its file, the registry of per-thread buffers, the
+//! writer thread, and the final flush. A process has one session; a forked
+//! child starts a new one.
+
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use mtrace_format::{encode_header, EndReason, Encoder, Header, Record};
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::{config, guard::Guard, modules, sys, unwind};
+
+/// A thread's buffer becomes "full" and goes to the writer at this size.
+pub const FLUSH_AT: usize = 60 * 1024;
+/// Capacity of a fresh buffer: FLUSH_AT plus room for one large record.
+pub const BUF_CAP: usize = 64 * 1024;
+/// How often the writer thread collects full buffers, ms.
+const WRITER_POLL_MS: u64 = 5;
+
+/// Encoded records of one thread that the writer has not written yet.
+pub struct BufInner {
+    /// The buffer being filled; starts with a Thread record once non-empty.
+    pub cur: Vec<u8>,
+    /// Full buffers, oldest first.
+    pub full: Vec<Vec<u8>>,
+    pub enc: Encoder,
+}
+
+/// A thread's buffer, shared between the thread and the writer.
+pub struct ThreadBuf {
+    pub inner: Mutex<BufInner>,
+    /// Set when the thread has exited: the writer may take `cur` as well.
+    pub exited: AtomicBool,
+}
+
+impl ThreadBuf {
+    fn new() -> ThreadBuf {
+        ThreadBuf {
+            inner: Mutex::new(BufInner { cur: Vec::with_capacity(BUF_CAP), full: Vec::new(), enc: Encoder::new() }),
+            exited: AtomicBool::new(false),
+        }
+    }
+}
+
+pub struct Session {
+    /// Bumped for every new session (fork): thread state of an older one is reset.
+    pub gen: u64,
+    pub pid: u32,
+    /// CLOCK_MONOTONIC at the start; record times are ns since this.
+    pub start_mono: u64,
+    /// Frames per backtrace.
+    pub depth: usize,
+    fd: i32,
+    /// Held while anything writes to `fd`, so that buffers never interleave.
+    file: Mutex<()>,
+    threads: Mutex<Vec<Arc<ThreadBuf>>>,
+    next_stack: AtomicU32,
+    /// Set by the final flush: from then on events are written synchronously.
+    finished: AtomicBool,
+    /// The End record has been written.
+    ended: AtomicBool,
+    /// Scratch for the End record, allocated up front so that the flush in a
+    /// signal handler does not allocate.
+    end_buf: Mutex<Vec<u8>>,
+    /// `modules::generation()` when the module list was last written.
+    modules_gen: Mutex<(u64, u64)>,
+}
+
+const UNINIT: u8 = 0;
+const INITIALIZING: u8 = 1;
+const READY: u8 = 2;
+const DISABLED: u8 = 3;
+
+static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+static SESSION: AtomicPtr<Session> = AtomicPtr::new(std::ptr::null_mut());
+static GEN: AtomicU64 = AtomicU64::new(0);
+
+/// The current session, created on first use; `None` when tracing is off
+/// (the trace file could not be created).
+pub fn get() -> Option<&'static Session> {
+    loop {
+        match STATE.load(Ordering::Acquire) {
+            READY => {
+                // SAFETY: SESSION is set before READY and sessions are never freed.
+                return Some(unsafe { &*SESSION.load(Ordering::Acquire) });
+            }
+            DISABLED => return None,
+            UNINIT => {
+                if STATE.compare_exchange(UNINIT, INITIALIZING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    install(Session::create());
+                }
+            }
+            _ => std::thread::yield_now(),
+        }
+    }
+}
+
+fn install(s: Option<Session>) {
+    match s {
+        Some(s) => {
+            SESSION.store(Box::into_raw(Box::new(s)), Ordering::Release);
+            STATE.store(READY, Ordering::Release);
+        }
+        None => STATE.store(DISABLED, Ordering::Release),
+    }
+}
+
+/// The session if one exists, without creating it.
+pub fn current() -> Option<&'static Session> {
+    if STATE.load(Ordering::Acquire) == READY {
+        // SAFETY: as in get().
+        Some(unsafe { &*SESSION.load(Ordering::Acquire) })
+    } else {
+        None
+    }
+}
+
+/// Program name for the default file name: argv[0]'s last component.
+fn program_name(cmdline: &[String]) -> String {
+    let a0 = cmdline.first().map(String::as_str).unwrap_or("program");
+    let base = a0.rsplit('/').next().unwrap_or(a0);
+    if base.is_empty() { "program".into() } else { base.into() }
+}
+
+fn open_output(cfg: &config::Config, pid: u32, prog: &str) -> Option<(i32, String)> {
+    let path = match &cfg.output {
+        Some(p) => config::expand(p, pid, prog),
+        None => format!("{prog}.{pid}.mtrace"),
+    };
+    // An exec keeps the pid: the new image must not overwrite the old
+    // image's trace, so a taken name gets a numeric suffix.
+    let mut last_err = 0;
+    for i in 0..1000 {
+        let candidate = if i == 0 { path.clone() } else { format!("{path}.{i}") };
+        match sys::create_exclusive(&candidate) {
+            Ok(fd) => return Some((fd, candidate)),
+            Err(libc::EEXIST) => continue,
+            Err(e) => {
+                last_err = e;
+                break;
+            }
+        }
+    }
+    let msg = std::io::Error::from_raw_os_error(last_err);
+    sys::warn(&format!("cannot create trace file {path}: {msg}; not tracing this process"));
+    None
+}
+
+impl Session {
+    fn create() -> Option<Session> {
+        let cfg = config::load();
+        let pid = sys::getpid();
+        let cmdline: Vec<String> = sys::read_file(c"/proc/self/cmdline")
+            .unwrap_or_default()
+            .split(|&b| b == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect();
+        let (fd, _path) = open_output(&cfg, pid, &program_name(&cmdline))?;
+        unwind::init();
+        let start_mono = sys::monotonic_ns();
+        let header = Header {
+            version: mtrace_format::VERSION,
+            pointer_size: std::mem::size_of::<usize>() as u8,
+            big_endian: cfg!(target_endian = "big"),
+            arch: std::env::consts::ARCH.into(),
+            pid,
+            ppid: sys::getppid(),
+            exe: sys::readlink(c"/proc/self/exe").unwrap_or_default(),
+            cmdline,
+            start_realtime_ns: sys::realtime_ns(),
+            start_monotonic_ns: start_mono,
+        };
+        let mut out = Vec::with_capacity(4096);
+        encode_header(&mut out, &header);
+        // Read the generation before listing so that a concurrent dlopen is
+        // noticed by the writer rather than missed.
+        let modules_gen = modules::generation();
+        let mut enc = Encoder::new();
+        enc.encode(&mut out, &Record::Thread { tid: sys::gettid(), time_ns: 0 });
+        enc.encode(&mut out, &Record::Modules { time_ns: 0, modules: modules::list() });
+        sys::write_all(fd, &out);
+        Some(Session {
+            gen: GEN.fetch_add(1, Ordering::Relaxed) + 1,
+            pid,
+            start_mono,
+            depth: cfg.depth,
+            fd,
+            file: Mutex::new(()),
+            threads: Mutex::new(Vec::new()),
+            next_stack: AtomicU32::new(1),
+            finished: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+            end_buf: Mutex::new(Vec::with_capacity(64)),
+            modules_gen: Mutex::new(modules_gen),
+        })
+    }
+
+    /// ns since the session started.
+    pub fn now(&self) -> u64 {
+        sys::monotonic_ns().saturating_sub(self.start_mono)
+    }
+
+    /// A new backtrace id, unique in this stream.
+    pub fn new_stack_id(&self) -> u32 {
+        self.next_stack.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// True once the final flush began: events then go through [`Session::write_sync`].
+    pub fn is_finished(&self) -> bool {
+        self.finished.load(Ordering::SeqCst)
+    }
+
+    /// Registers a new thread's buffer with the writer.
+    pub fn register(&self) -> Arc<ThreadBuf> {
+        let b = Arc::new(ThreadBuf::new());
+        self.threads.lock().push(b.clone());
+        b
+    }
+
+    /// Writes `bytes` (complete records starting with a Thread record)
+    /// straight to the file, after everything buffered by exited threads.
+    /// Used after the final flush and by threads whose state is gone.
+    pub fn write_sync(&self, bytes: &[u8]) {
+        let _f = self.file.lock();
+        if !self.is_finished() {
+            self.collect(true);
+        }
+        sys::write_all(self.fd, bytes);
+    }
+
+    /// Writes every thread's buffered records, the buffer being filled
+    /// included, so that no event waits in a quiet thread for long (the
+    /// analyzer orders events of different threads by time, and a crash or
+    /// SIGKILL loses at most one poll interval). The caller holds the file lock.
+    fn collect(&self, exited_only: bool) {
+        let threads: Vec<Arc<ThreadBuf>> = self.threads.lock().clone();
+        for t in &threads {
+            let exited = t.exited.load(Ordering::Acquire);
+            if exited_only && !exited {
+                continue;
+            }
+            let full = {
+                let mut b = t.inner.lock();
+                if !b.cur.is_empty() {
+                    let cur = std::mem::replace(&mut b.cur, Vec::with_capacity(BUF_CAP));
+                    b.full.push(cur);
+                }
+                std::mem::take(&mut b.full)
+            };
+            for buf in &full {
+                sys::write_all(self.fd, buf);
+            }
+        }
+        self.threads.lock().retain(|t| {
+            !(t.exited.load(Ordering::Acquire) && {
+                let b = t.inner.lock();
+                b.cur.is_empty() && b.full.is_empty()
+            })
+        });
+    }
+
+    fn writer_loop(&self) {
+        let gen = self.gen;
+        loop {
+            sys::sleep_ms(WRITER_POLL_MS);
+            if current().map(|s| s.gen) != Some(gen) {
+                return;
+            }
+            if self.is_finished() {
+                continue;
+            }
+            let _f = self.file.lock();
+            if !self.is_finished() {
+                self.write_modules_if_changed();
+                self.collect(false);
+            }
+        }
+    }
+
+    /// Writes the module list when a library was loaded or unloaded since it
+    /// was last written (dlopen is noticed here, not hooked: see
+    /// hooks/process.rs). The caller holds the file lock.
+    fn write_modules_if_changed(&self) {
+        let g = modules::generation();
+        let mut last = self.modules_gen.lock();
+        if *last == g {
+            return;
+        }
+        *last = g;
+        let now = self.now();
+        let mut out = Vec::with_capacity(4096);
+        let mut enc = Encoder::new();
+        enc.encode(&mut out, &Record::Thread { tid: sys::gettid(), time_ns: now });
+        enc.encode(&mut out, &Record::Modules { time_ns: now, modules: modules::list() });
+        sys::write_all(self.fd, &out);
+    }
+
+    /// Writes everything buffered and an End record; afterwards events are
+    /// written synchronously. In a signal handler (`in_signal`) it neither
+    /// allocates nor frees and gives up on a lock held for more than ~2 s.
+    pub fn final_flush(&self, reason: EndReason, in_signal: bool) {
+        self.finished.store(true, Ordering::SeqCst);
+        let Some(_f) = lock(&self.file, in_signal) else { return };
+        if !in_signal {
+            self.write_modules_if_changed();
+        }
+        if let Some(threads) = lock(&self.threads, in_signal) {
+            for t in threads.iter() {
+                let Some(mut b) = lock(&t.inner, in_signal) else { continue };
+                let full = std::mem::take(&mut b.full);
+                for buf in &full {
+                    sys::write_all(self.fd, buf);
+                }
+                // Freeing here could deadlock in a signal handler that
+                // interrupted malloc; the process is ending anyway.
+                std::mem::forget(full);
+                sys::write_all(self.fd, &b.cur);
+                b.cur.clear();
+            }
+        }
+        if !self.ended.swap(true, Ordering::SeqCst) {
+            if let Some(mut e) = lock(&self.end_buf, in_signal) {
+                e.clear();
+                let now = self.now();
+                let mut enc = Encoder::new();
+                enc.encode(&mut e, &Record::Thread { tid: sys::gettid(), time_ns: now });
+                enc.encode(&mut e, &Record::End { time_ns: now, reason });
+                sys::write_all(self.fd, &e);
+            }
+        }
+    }
+
+    /// Undoes [`Session::final_flush`] after an exec that failed.
+    pub fn resume(&self) {
+        self.ended.store(false, Ordering::SeqCst);
+        self.finished.store(false, Ordering::SeqCst);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>, in_signal: bool) -> Option<MutexGuard<'_, T>> {
+    if !in_signal {
+        return Some(m.lock());
+    }
+    for _ in 0..2000 {
+        if let Some(g) = m.try_lock() {
+            return Some(g);
+        }
+        sys::sleep_ms(1);
+    }
+    None
+}
+
+extern "C" fn writer_main(_: *mut libc::c_void) -> *mut libc::c_void {
+    Guard::hold_forever();
+    if let Some(s) = current() {
+        s.writer_loop();
+    }
+    std::ptr::null_mut()
+}
+
+/// Starts the writer thread of the current session (from the library's
+/// constructor, and in a forked child).
+pub fn start_writer() {
+    if current().is_some() && !sys::spawn_blocked(writer_main) {
+        sys::warn("cannot start the writer thread; events are written at exit");
+    }
+}
+
+// ---- fork ------------------------------------------------------------------
+
+/// pthread_atfork prepare: no write may be half done when the process is copied.
+pub extern "C" fn before_fork() {
+    if let Some(s) = current() {
+        // Same order as the writer (file, then registry).
+        std::mem::forget(s.file.lock());
+        std::mem::forget(s.threads.lock());
+    }
+}
+
+/// pthread_atfork parent: release what `before_fork` took.
+pub extern "C" fn after_fork_parent() {
+    if let Some(s) = current() {
+        // SAFETY: before_fork locked both and forgot the guards, in this thread.
+        unsafe {
+            s.file.force_unlock();
+            s.threads.force_unlock();
+        }
+    }
+}
+
+/// pthread_atfork child: the child is traced into a file of its own; the
+/// parent's buffers (copied into the child) are not written again.
+pub extern "C" fn after_fork_child() {
+    if current().is_none() {
+        return;
+    }
+    let _g = Guard::enter();
+    install(Session::create());
+    start_writer();
+}

@@ -1,0 +1,160 @@
+//! Thin wrappers over the system calls the recorder makes, so that the rest
+//! of the preload needs no `unsafe` for them.
+
+use std::ffi::CStr;
+
+/// CLOCK_MONOTONIC, ns.
+pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// CLOCK_REALTIME, ns since the Unix epoch.
+pub fn realtime_ns() -> u64 {
+    clock_ns(libc::CLOCK_REALTIME)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid out-pointer.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The calling thread's kernel thread id.
+pub fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+pub fn getpid() -> u32 {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() as u32 }
+}
+
+pub fn getppid() -> u32 {
+    // SAFETY: getppid has no preconditions.
+    unsafe { libc::getppid() as u32 }
+}
+
+/// Writes all of `buf` to `fd`, retrying on EINTR and short writes.
+/// Returns false on any other error (the trace is then incomplete).
+pub fn write_all(fd: i32, mut buf: &[u8]) -> bool {
+    while !buf.is_empty() {
+        // SAFETY: buf is a valid readable slice.
+        let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+        if n < 0 {
+            if errno() == libc::EINTR {
+                continue;
+            }
+            return false;
+        }
+        buf = &buf[n as usize..];
+    }
+    true
+}
+
+pub fn errno() -> i32 {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
+pub fn set_errno(v: i32) {
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = v }
+}
+
+/// `getenv` straight from libc: Rust's `std::env` takes a lock that the
+/// traced program (if it is a Rust program) may hold while it allocates.
+pub fn getenv(name: &CStr) -> Option<String> {
+    // SAFETY: name is NUL-terminated; the result is null or a C string that
+    // we copy at once.
+    unsafe {
+        let p = libc::getenv(name.as_ptr());
+        (!p.is_null()).then(|| CStr::from_ptr(p).to_string_lossy().into_owned())
+    }
+}
+
+/// Prints one line to the program's stderr, prefixed with `mtrace: `.
+pub fn warn(msg: &str) {
+    let mut line = Vec::with_capacity(msg.len() + 10);
+    line.extend_from_slice(b"mtrace: ");
+    line.extend_from_slice(msg.as_bytes());
+    line.push(b'\n');
+    write_all(2, &line);
+}
+
+/// Reads a whole small file such as `/proc/self/cmdline`.
+pub fn read_file(path: &CStr) -> Option<Vec<u8>> {
+    // SAFETY: path is NUL-terminated; fd is checked and closed.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        // SAFETY: chunk is a valid writable buffer.
+        let n = unsafe { libc::read(fd, chunk.as_mut_ptr().cast(), chunk.len()) };
+        if n < 0 && errno() == libc::EINTR {
+            continue;
+        }
+        if n <= 0 {
+            break;
+        }
+        out.extend_from_slice(&chunk[..n as usize]);
+    }
+    // SAFETY: fd is ours.
+    unsafe { libc::close(fd) };
+    Some(out)
+}
+
+/// `readlink` of a /proc path into a String.
+pub fn readlink(path: &CStr) -> Option<String> {
+    let mut buf = [0u8; 4096];
+    // SAFETY: buf is writable for its length.
+    let n = unsafe { libc::readlink(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (n > 0).then(|| String::from_utf8_lossy(&buf[..n as usize]).into_owned())
+}
+
+/// Creates `path` exclusively with mode 0600, close-on-exec. Returns the fd
+/// or the errno.
+pub fn create_exclusive(path: &str) -> Result<i32, i32> {
+    let Ok(c) = std::ffi::CString::new(path) else { return Err(libc::EINVAL) };
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC;
+    // SAFETY: c is NUL-terminated.
+    let fd = unsafe { libc::open(c.as_ptr(), flags, 0o600) };
+    if fd < 0 {
+        Err(errno())
+    } else {
+        Ok(fd)
+    }
+}
+
+/// Sleeps for `ms` milliseconds (the writer thread's poll interval).
+pub fn sleep_ms(ms: u64) {
+    let ts = libc::timespec { tv_sec: 0, tv_nsec: (ms * 1_000_000) as i64 };
+    // SAFETY: ts is valid; an early wake-up is harmless.
+    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+}
+
+/// Starts `f` on a new pthread with every signal blocked, so that the
+/// program's signals keep going to its own threads. Uses pthread_create
+/// directly: std's thread start would make calls (sigaltstack setup) before
+/// the thread could mark itself as the tracer's.
+pub fn spawn_blocked(f: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void) -> bool {
+    // SAFETY: plain pthread calls with valid out-pointers; the old signal
+    // mask is restored before returning.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let mut t: libc::pthread_t = 0;
+        let rc = libc::pthread_create(&mut t, std::ptr::null(), f, std::ptr::null_mut());
+        if rc == 0 {
+            libc::pthread_detach(t);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        rc == 0
+    }
+}

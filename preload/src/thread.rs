@@ -1,0 +1,147 @@
+//! Per-thread recorder state: the thread's buffer and its table of interned
+//! backtraces. Nothing here takes a lock another thread holds for long: the
+//! buffer's mutex is contended only when the writer collects full buffers.
+
+use std::cell::Cell;
+use std::sync::Arc;
+use std::sync::Once;
+
+use mtrace_format::{Encoder, Record};
+use rustc_hash::FxHashMap;
+
+use crate::session::{Session, ThreadBuf, BUF_CAP, FLUSH_AT};
+use crate::sys;
+
+struct ThreadState {
+    gen: u64,
+    tid: u32,
+    buf: Arc<ThreadBuf>,
+    /// Backtrace → id, for the backtraces this thread has defined in the stream.
+    stacks: FxHashMap<Box<[u64]>, u32>,
+}
+
+/// Marks a thread whose state was torn down at thread exit.
+const DEAD: usize = 1;
+
+thread_local! {
+    // Const-initialised raw pointer: no allocation and no destructor
+    // registration on first touch. Thread exit is handled by a pthread key.
+    static STATE: Cell<*mut ThreadState> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+static KEY_ONCE: Once = Once::new();
+static KEY: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
+
+/// pthread key destructor: runs after the thread's C++ thread_local
+/// destructors, so most of a thread's last frees are already buffered.
+extern "C" fn thread_exit(p: *mut libc::c_void) {
+    let _g = crate::guard::Guard::enter();
+    let st = p as *mut ThreadState;
+    if st.is_null() || st as usize == DEAD {
+        return;
+    }
+    // SAFETY: p is the Box pointer set with pthread_setspecific in state().
+    let st = unsafe { Box::from_raw(st) };
+    st.buf.exited.store(true, std::sync::atomic::Ordering::Release);
+    STATE.with(|s| s.set(DEAD as *mut ThreadState));
+}
+
+fn key() -> libc::pthread_key_t {
+    KEY_ONCE.call_once(|| {
+        let mut k: libc::pthread_key_t = 0;
+        // SAFETY: k is a valid out-pointer; thread_exit has the right signature.
+        if unsafe { libc::pthread_key_create(&mut k, Some(thread_exit)) } == 0 {
+            KEY.store(k, std::sync::atomic::Ordering::Release);
+        }
+    });
+    KEY.load(std::sync::atomic::Ordering::Acquire)
+}
+
+/// This thread's state for session `s`, created (or reset after a fork) on
+/// demand; `None` once the thread's state was torn down at thread exit.
+fn state(s: &Session) -> Option<&'static mut ThreadState> {
+    let p = STATE.with(|c| c.get());
+    if p as usize == DEAD {
+        return None;
+    }
+    if !p.is_null() {
+        // SAFETY: p is this thread's own Box, alive until thread_exit.
+        let st = unsafe { &mut *p };
+        if st.gen != s.gen {
+            // A forked child: start over in the child's stream.
+            st.gen = s.gen;
+            st.tid = sys::gettid();
+            st.buf = s.register();
+            st.stacks.clear();
+        }
+        return Some(st);
+    }
+    let st = Box::into_raw(Box::new(ThreadState {
+        gen: s.gen,
+        tid: sys::gettid(),
+        buf: s.register(),
+        stacks: FxHashMap::default(),
+    }));
+    STATE.with(|c| c.set(st));
+    let k = key();
+    if k != u32::MAX {
+        // SAFETY: k is a live key; st stays valid until thread_exit frees it.
+        unsafe { libc::pthread_setspecific(k, st.cast()) };
+    }
+    // SAFETY: just created, owned by this thread.
+    Some(unsafe { &mut *st })
+}
+
+/// Appends one event to this thread's buffer. `frames` is its backtrace
+/// (empty when the event has none); `make` builds the record from the time
+/// and the backtrace id.
+pub fn push(s: &Session, frames: Option<&[u64]>, make: impl FnOnce(u64, u32) -> Record) {
+    let now = s.now();
+    let Some(st) = state(s) else {
+        return write_sync(s, sys::gettid(), now, frames, make);
+    };
+    let mut b = st.buf.inner.lock();
+    if s.is_finished() {
+        drop(b);
+        return write_sync(s, st.tid, now, frames, make);
+    }
+    let b = &mut *b;
+    if b.cur.is_empty() {
+        b.enc.encode(&mut b.cur, &Record::Thread { tid: st.tid, time_ns: now });
+    }
+    let id = match frames {
+        None => 0,
+        Some(f) => match st.stacks.get(f) {
+            Some(&id) => id,
+            None => {
+                let id = s.new_stack_id();
+                st.stacks.insert(f.into(), id);
+                b.enc.stack(&mut b.cur, id, f);
+                id
+            }
+        },
+    };
+    b.enc.encode(&mut b.cur, &make(now, id));
+    if b.cur.len() >= FLUSH_AT {
+        let full = std::mem::replace(&mut b.cur, Vec::with_capacity(BUF_CAP));
+        b.full.push(full);
+    }
+}
+
+/// The slow path after the final flush or after this thread's exit: encode
+/// the event on its own (defining its backtrace again) and write it now.
+fn write_sync(s: &Session, tid: u32, now: u64, frames: Option<&[u64]>, make: impl FnOnce(u64, u32) -> Record) {
+    let mut out = Vec::with_capacity(256);
+    let mut enc = Encoder::new();
+    enc.encode(&mut out, &Record::Thread { tid, time_ns: now });
+    let id = match frames {
+        None => 0,
+        Some(f) => {
+            let id = s.new_stack_id();
+            enc.stack(&mut out, id, f);
+            id
+        }
+    };
+    enc.encode(&mut out, &make(now, id));
+    s.write_sync(&out);
+}
