@@ -1,1 +1,112 @@
-fn main() {}
+//! `mtrace`: reads traces written by libmtrace.so and reports what leaked.
+
+mod books;
+mod load;
+mod report;
+mod run;
+mod symbolize;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use report::SortKey;
+use symbolize::{SearchPaths, Symbolizer};
+
+#[derive(Parser)]
+#[command(name = "mtrace", version, about = "Memory tracer and leak finder for C and C++ programs")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Print the report of a trace file.
+    Report(ReportArgs),
+    /// Run a program under the tracer and print its report when it ends.
+    Run(run::RunArgs),
+}
+
+/// Options shared by `report` and `run`.
+#[derive(Args, Clone)]
+pub struct ReportOpts {
+    /// Print one JSON document instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Order of the "not freed" backtraces.
+    #[arg(long, value_enum, default_value = "bytes")]
+    sort: SortKey,
+    /// Show at most this many recorded frames per backtrace (`run` also records only this many).
+    #[arg(short = 'd', long = "depth")]
+    depth: Option<usize>,
+    /// Root folder holding the traced machine's files (for traces made elsewhere).
+    #[arg(long)]
+    sysroot: Option<PathBuf>,
+    /// Folder to search for binaries by file name; may be repeated.
+    #[arg(long)]
+    binpath: Vec<PathBuf>,
+}
+
+#[derive(Args)]
+struct ReportArgs {
+    /// The trace file (`<program>.<pid>.mtrace`).
+    trace: PathBuf,
+    /// Write the report to FILE instead of standard output.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    opts: ReportOpts,
+}
+
+impl ReportOpts {
+    fn symbolizer(&self) -> Symbolizer {
+        Symbolizer::new(SearchPaths { sysroot: self.sysroot.clone(), binpath: self.binpath.clone() })
+    }
+
+    /// Loads `trace` and writes its report to `out`. A trace that breaks off
+    /// is still reported (with its error named); returns whether it was whole.
+    pub fn report(&self, trace: &std::path::Path, out: &mut dyn Write) -> anyhow::Result<report::Report> {
+        let t = load::load(trace)?;
+        let r = report::build(&t, &mut self.symbolizer(), self.sort, self.depth);
+        if self.json {
+            serde_json::to_writer_pretty(&mut *out, &r)?;
+            writeln!(out)?;
+        } else {
+            report::write_text(&r, out)?;
+        }
+        Ok(r)
+    }
+}
+
+fn open_output(p: &Option<PathBuf>) -> anyhow::Result<Box<dyn Write>> {
+    Ok(match p {
+        Some(p) => Box::new(std::fs::File::create(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?),
+        None => Box::new(std::io::stdout().lock()),
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Report(a) => open_output(&a.output).and_then(|mut out| {
+            let r = a.opts.report(&a.trace, &mut *out)?;
+            out.flush()?;
+            if let Some(e) = &r.summary.error {
+                eprintln!("mtrace: {e}");
+                return Ok(ExitCode::from(1));
+            }
+            Ok(ExitCode::SUCCESS)
+        }),
+        Cmd::Run(a) => run::run(a),
+    };
+    match res {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("mtrace: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

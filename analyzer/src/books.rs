@@ -1,0 +1,241 @@
+//! The books: which blocks are live, what each backtrace allocated, and the
+//! peak. Memory is bounded by live blocks and distinct backtraces.
+//!
+//! Events of different threads reach the stream in the order their buffers
+//! were written, not in time order, so an address can be freed by one
+//! thread and reused by another before the free is read. Times settle it:
+//! a free (stamped before the real free) belongs to the block at its
+//! address with the latest allocation time not after it; a free read before
+//! its allocation waits in `pending_frees` for it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use mtrace_format::Family;
+
+/// A live heap block or mapping.
+#[derive(Clone, Debug)]
+pub struct Block {
+    /// Requested size, bytes.
+    pub size: u64,
+    /// Canonical backtrace index (see [`crate::load::Stacks`]).
+    pub stack: u32,
+    pub family: Family,
+    /// Allocation time, ns since the trace started.
+    pub time: u64,
+}
+
+/// Totals of one backtrace over the whole run.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StackTotals {
+    pub allocations: u64,
+    pub bytes: u64,
+}
+
+#[derive(Default)]
+pub struct Books {
+    live: HashMap<u64, Vec<Block>>,
+    pending_frees: HashMap<u64, Vec<u64>>,
+    /// Mappings by start address; `Block::size` is the length.
+    maps: BTreeMap<u64, Block>,
+    pub totals: HashMap<u32, StackTotals>,
+    /// Allocation calls (malloc family, new, realloc, mmap, mremap).
+    pub allocations: u64,
+    /// Deallocation calls (free family, delete, munmap); realloc's implied free is not counted.
+    pub frees: u64,
+    /// Bytes requested by all allocation calls.
+    pub bytes_allocated: u64,
+    pub cur_bytes: u64,
+    pub cur_blocks: u64,
+    pub peak_bytes: u64,
+    pub peak_blocks: u64,
+    pub peak_time: u64,
+}
+
+impl Books {
+    fn count_alloc(&mut self, stack: u32, size: u64) {
+        self.allocations += 1;
+        self.bytes_allocated += size;
+        let t = self.totals.entry(stack).or_default();
+        t.allocations += 1;
+        t.bytes += size;
+    }
+
+    fn grow(&mut self, size: u64, time: u64) {
+        self.cur_bytes += size;
+        self.cur_blocks += 1;
+        if self.cur_bytes > self.peak_bytes {
+            self.peak_bytes = self.cur_bytes;
+            self.peak_blocks = self.cur_blocks;
+            self.peak_time = time;
+        }
+    }
+
+    fn shrink(&mut self, size: u64) {
+        self.cur_bytes = self.cur_bytes.saturating_sub(size);
+        self.cur_blocks = self.cur_blocks.saturating_sub(1);
+    }
+
+    /// A block came into existence (malloc, new, the new half of realloc).
+    pub fn alloc(&mut self, addr: u64, b: Block) {
+        self.count_alloc(b.stack, b.size);
+        self.insert(addr, b);
+    }
+
+    fn insert(&mut self, addr: u64, b: Block) {
+        // A free of this block that was read before it: both are done.
+        if let Some(times) = self.pending_frees.get_mut(&addr) {
+            if let Some(i) = times.iter().enumerate().filter(|(_, &t)| t >= b.time).min_by_key(|(_, &t)| t).map(|(i, _)| i) {
+                times.swap_remove(i);
+                if times.is_empty() {
+                    self.pending_frees.remove(&addr);
+                }
+                return;
+            }
+        }
+        self.grow(b.size, b.time);
+        self.live.entry(addr).or_default().push(b);
+    }
+
+    /// A free call at `time`.
+    pub fn free(&mut self, addr: u64, time: u64) {
+        self.frees += 1;
+        self.remove(addr, time);
+    }
+
+    fn remove(&mut self, addr: u64, time: u64) {
+        if let Some(blocks) = self.live.get_mut(&addr) {
+            let pick = blocks.iter().enumerate().filter(|(_, b)| b.time <= time).max_by_key(|(_, b)| b.time).map(|(i, _)| i);
+            if let Some(i) = pick {
+                let b = blocks.swap_remove(i);
+                if blocks.is_empty() {
+                    self.live.remove(&addr);
+                }
+                self.shrink(b.size);
+                return;
+            }
+        }
+        self.pending_frees.entry(addr).or_default().push(time);
+    }
+
+    /// A successful realloc: `old` freed at `free_time`, `new` allocated.
+    pub fn realloc(&mut self, old: u64, free_time: u64, new: u64, b: Block) {
+        self.remove(old, free_time);
+        self.alloc(new, b);
+    }
+
+    /// A new mapping; it replaces whatever it overlaps (MAP_FIXED).
+    pub fn mmap(&mut self, addr: u64, b: Block) {
+        self.count_alloc(b.stack, b.size);
+        self.unmap_range(addr, b.size);
+        self.grow(b.size, b.time);
+        self.maps.insert(addr, b);
+    }
+
+    /// munmap of `[addr, addr+len)`, which may cut mappings in pieces.
+    pub fn munmap(&mut self, addr: u64, len: u64) {
+        self.frees += 1;
+        self.unmap_range(addr, len);
+    }
+
+    /// mremap: the old range goes, the new one is a new mapping.
+    pub fn mremap(&mut self, old: u64, old_len: u64, new: u64, b: Block) {
+        self.unmap_range(old, old_len);
+        self.mmap(new, b);
+    }
+
+    fn unmap_range(&mut self, addr: u64, len: u64) {
+        let end = addr.saturating_add(page_len(len));
+        // Mappings never overlap each other, so walking down from `end`
+        // stops at the first one that ends before `addr`.
+        let overlapping: Vec<u64> =
+            self.maps.range(..end).rev().take_while(|(&s, b)| s + page_len(b.size) > addr).map(|(&s, _)| s).collect();
+        for s in overlapping {
+            let b = self.maps.remove(&s).expect("listed above");
+            self.shrink(b.size);
+            let b_end = s + page_len(b.size);
+            if s < addr {
+                let head = Block { size: addr - s, ..b.clone() };
+                self.cur_blocks += 1;
+                self.cur_bytes += head.size;
+                self.maps.insert(s, head);
+            }
+            if b_end > end {
+                let tail = Block { size: b_end - end, ..b.clone() };
+                self.cur_blocks += 1;
+                self.cur_bytes += tail.size;
+                self.maps.insert(end, tail);
+            }
+        }
+    }
+
+    /// Everything still live: heap blocks and mappings, with their addresses.
+    pub fn live_blocks(&self) -> impl Iterator<Item = (u64, &Block)> {
+        self.live.iter().flat_map(|(&a, v)| v.iter().map(move |b| (a, b))).chain(self.maps.iter().map(|(&a, b)| (a, b)))
+    }
+
+    /// Frees whose block was never seen: allocated before tracing started.
+    pub fn unmatched_frees(&self) -> u64 {
+        self.pending_frees.values().map(|v| v.len() as u64).sum()
+    }
+}
+
+/// Length rounded up to whole pages, as the kernel maps and unmaps.
+fn page_len(len: u64) -> u64 {
+    len.max(1).next_multiple_of(4096)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blk(size: u64, time: u64) -> Block {
+        Block { size, stack: 1, family: Family::Malloc, time }
+    }
+
+    #[test]
+    fn free_read_before_reuse_frees_the_older_block() {
+        // Thread A frees 0x10 at t=5, thread B reuses it at t=6, but B's
+        // buffer is read first.
+        let mut b = Books::default();
+        b.alloc(0x10, blk(8, 1));
+        b.alloc(0x10, blk(16, 6));
+        b.free(0x10, 5);
+        let live: Vec<_> = b.live_blocks().map(|(_, b)| b.size).collect();
+        assert_eq!(live, vec![16]);
+        assert_eq!(b.cur_bytes, 16);
+    }
+
+    #[test]
+    fn free_read_before_its_alloc_cancels_it() {
+        let mut b = Books::default();
+        b.free(0x20, 9);
+        b.alloc(0x20, blk(8, 3));
+        assert_eq!(b.live_blocks().count(), 0);
+        assert_eq!(b.unmatched_frees(), 0);
+        assert_eq!((b.allocations, b.frees), (1, 1));
+    }
+
+    #[test]
+    fn partial_munmap_splits_a_mapping() {
+        let mut b = Books::default();
+        b.mmap(0x10000, blk(4 * 4096, 1));
+        b.munmap(0x11000, 4096);
+        let mut live: Vec<_> = b.live_blocks().map(|(a, b)| (a, b.size)).collect();
+        live.sort();
+        assert_eq!(live, vec![(0x10000, 4096), (0x12000, 2 * 4096)]);
+        assert_eq!(b.cur_bytes, 3 * 4096);
+        b.munmap(0x10000, 4 * 4096);
+        assert_eq!(b.live_blocks().count(), 0);
+        assert_eq!(b.cur_bytes, 0);
+    }
+
+    #[test]
+    fn peak_is_tracked() {
+        let mut b = Books::default();
+        b.alloc(1, blk(100, 1));
+        b.alloc(2, blk(50, 2));
+        b.free(1, 3);
+        b.alloc(3, blk(10, 4));
+        assert_eq!((b.peak_bytes, b.peak_blocks, b.peak_time), (150, 2, 2));
+    }
+}

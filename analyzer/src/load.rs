@@ -1,0 +1,149 @@
+//! Reading a trace file into the books: one pass over the stream, one
+//! record at a time.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use mtrace_format::{EndReason, Family, Header, Module, ReadError, Reader, Record};
+
+use crate::books::{Block, Books};
+
+/// Backtraces, deduplicated by content: producers may define the same frames
+/// under several ids (one per thread); reports group by content.
+#[derive(Default)]
+pub struct Stacks {
+    /// Canonical index → frames (return addresses, innermost first).
+    pub frames: Vec<Vec<u64>>,
+    /// Canonical index → time (ns) of the first definition, to pick the
+    /// module that was mapped at an address then.
+    pub def_time: Vec<u64>,
+    by_frames: HashMap<Vec<u64>, u32>,
+    by_id: HashMap<u32, u32>,
+}
+
+impl Stacks {
+    fn define(&mut self, id: u32, frames: Vec<u64>, time: u64) {
+        let next = self.frames.len() as u32;
+        let canon = *self.by_frames.entry(frames.clone()).or_insert_with(|| {
+            self.frames.push(frames);
+            self.def_time.push(time);
+            next
+        });
+        self.by_id.insert(id, canon);
+    }
+
+    /// Canonical index of stream id `id`; an id never defined (its
+    /// definition was lost) maps to an empty backtrace.
+    fn canon(&mut self, id: u32) -> u32 {
+        if let Some(&c) = self.by_id.get(&id) {
+            return c;
+        }
+        self.define(id, Vec::new(), 0);
+        self.by_id[&id]
+    }
+}
+
+/// A module as first seen in the stream.
+pub struct ModuleSeen {
+    pub module: Module,
+    /// ns since the start when the module list containing it was recorded.
+    pub time: u64,
+}
+
+/// Everything read from one trace.
+pub struct Trace {
+    pub path: PathBuf,
+    pub header: Header,
+    pub books: Books,
+    pub stacks: Stacks,
+    pub modules: Vec<ModuleSeen>,
+    /// The End record, if the producer wrote one.
+    pub end: Option<EndReason>,
+    /// Latest time seen, ns since the start.
+    pub last_time: u64,
+    /// Why reading stopped early (truncated or corrupt), if it did.
+    pub error: Option<ReadError>,
+    pub records: u64,
+}
+
+/// Reads the trace at `path`. Fails only when the file cannot be opened or
+/// its header cannot be read; a stream that breaks off later is returned
+/// with [`Trace::error`] set and everything before the break in the books.
+pub fn load(path: &Path) -> Result<Trace> {
+    let f = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+    let mut r = Reader::new(BufReader::with_capacity(1 << 20, f));
+    let header = r.header().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let mut t = Trace {
+        path: path.to_owned(),
+        header,
+        books: Books::default(),
+        stacks: Stacks::default(),
+        modules: Vec::new(),
+        end: None,
+        last_time: 0,
+        error: None,
+        records: 0,
+    };
+    let mut now = 0u64;
+    loop {
+        let rec = match r.next_record() {
+            Ok(Some(rec)) => rec,
+            Ok(None) => break,
+            Err(e) => {
+                t.error = Some(e);
+                break;
+            }
+        };
+        t.records += 1;
+        match rec {
+            Record::Thread { time_ns, .. } => now = time_ns,
+            Record::Stack { id, frames } => t.stacks.define(id, frames, now),
+            Record::Alloc { time_ns, family, addr, size, stack } => {
+                now = time_ns;
+                let stack = t.stacks.canon(stack);
+                t.books.alloc(addr, Block { size, stack, family, time: time_ns });
+            }
+            Record::Free { time_ns, addr, .. } => {
+                now = time_ns;
+                t.books.free(addr, time_ns);
+            }
+            Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => {
+                now = time_ns;
+                let stack = t.stacks.canon(stack);
+                t.books.realloc(old, free_time_ns, new, Block { size, stack, family: Family::Malloc, time: time_ns });
+            }
+            Record::Mmap { time_ns, addr, len, stack, .. } => {
+                now = time_ns;
+                let stack = t.stacks.canon(stack);
+                t.books.mmap(addr, Block { size: len, stack, family: Family::Mmap, time: time_ns });
+            }
+            Record::Munmap { time_ns, addr, len } => {
+                now = time_ns;
+                t.books.munmap(addr, len);
+            }
+            Record::Mremap { time_ns, old, old_len, new, new_len, stack } => {
+                now = time_ns;
+                let stack = t.stacks.canon(stack);
+                t.books.mremap(old, old_len, new, Block { size: new_len, stack, family: Family::Mmap, time: time_ns });
+            }
+            Record::Modules { time_ns, modules } => {
+                now = time_ns;
+                for m in modules {
+                    let known = t.modules.iter().any(|s| s.module.path == m.path && s.module.bias == m.bias && s.module.build_id == m.build_id);
+                    if !known {
+                        t.modules.push(ModuleSeen { module: m, time: time_ns });
+                    }
+                }
+            }
+            Record::End { time_ns, reason } => {
+                now = time_ns;
+                t.end = Some(reason);
+            }
+        }
+        t.last_time = t.last_time.max(now);
+    }
+    Ok(t)
+}

@@ -1,0 +1,145 @@
+//! The leak report: built once from a loaded trace, printed as text or JSON.
+
+pub mod text;
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::load::Trace;
+use crate::symbolize::{Frame, Symbolizer};
+
+pub use text::write_text;
+
+/// Order of the "not freed" entries (the keys of mtrace-ng).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SortKey {
+    /// Bytes not freed (default).
+    Bytes,
+    /// Blocks not freed.
+    Count,
+    /// All allocations made from the backtrace over the run.
+    Total,
+    /// Average size of the blocks not freed.
+    Average,
+}
+
+#[derive(Serialize, Debug)]
+pub struct Summary {
+    /// Allocation calls: malloc family, new, realloc, mmap, mremap.
+    pub allocations: u64,
+    /// Deallocation calls: free family, delete, munmap.
+    pub frees: u64,
+    /// Bytes requested by all allocation calls.
+    pub bytes_allocated: u64,
+    /// Most bytes live at once (heap blocks and mappings).
+    pub peak_bytes: u64,
+    pub peak_blocks: u64,
+    /// When the peak was reached, ns since the start.
+    pub peak_time_ns: u64,
+    /// Bytes still allocated when the trace ended.
+    pub leaked_bytes: u64,
+    pub leaked_blocks: u64,
+    /// Time of the last event, ns since the start.
+    pub duration_ns: u64,
+    /// The trace is incomplete: it breaks off inside a record, or the
+    /// process ended without writing its End record (SIGKILL, power loss).
+    pub truncated: bool,
+    /// Why reading stopped early, with the byte offset.
+    pub error: Option<String>,
+    /// How the process ended: exit, _exit, abort, signal N, exec.
+    pub ended_by: Option<String>,
+    /// Frees of blocks allocated before tracing started.
+    pub unmatched_frees: u64,
+}
+
+/// One backtrace's blocks that were not freed.
+#[derive(Serialize, Debug)]
+pub struct LeakEntry {
+    pub bytes: u64,
+    pub blocks: u64,
+    /// Allocations made from this backtrace over the whole run.
+    pub total_allocations: u64,
+    /// Allocator family of the blocks: malloc, new, new[], aligned, mmap.
+    pub family: &'static str,
+    pub frames: Vec<Frame>,
+}
+
+#[derive(Serialize, Debug)]
+pub struct Report {
+    pub trace: String,
+    pub program: String,
+    pub pid: u32,
+    pub ppid: u32,
+    pub cmdline: Vec<String>,
+    pub summary: Summary,
+    pub stacks: Vec<LeakEntry>,
+}
+
+fn end_text(r: mtrace_format::EndReason) -> String {
+    use mtrace_format::EndReason::*;
+    match r {
+        Exit => "exit".into(),
+        UnderscoreExit => "_exit".into(),
+        Abort => "abort".into(),
+        Signal(n) => format!("signal {n}"),
+        Exec => "exec".into(),
+    }
+}
+
+/// Builds the report: groups the blocks still live by backtrace, sorts by
+/// `sort`, and symbolizes up to `depth` recorded frames of each.
+pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize>) -> Report {
+    let mut groups: HashMap<u32, (u64, u64, mtrace_format::Family)> = HashMap::new();
+    for (_, b) in t.books.live_blocks() {
+        let g = groups.entry(b.stack).or_insert((0, 0, b.family));
+        g.0 += b.size;
+        g.1 += 1;
+    }
+    let mut entries: Vec<(u32, u64, u64, u64, mtrace_format::Family)> = groups
+        .into_iter()
+        .map(|(s, (bytes, blocks, fam))| (s, bytes, blocks, t.books.totals.get(&s).map_or(0, |x| x.allocations), fam))
+        .collect();
+    let key = |e: &(u32, u64, u64, u64, mtrace_format::Family)| match sort {
+        SortKey::Bytes => e.1,
+        SortKey::Count => e.2,
+        SortKey::Total => e.3,
+        SortKey::Average => e.1 / e.2.max(1),
+    };
+    entries.sort_by(|a, b| key(b).cmp(&key(a)).then(b.1.cmp(&a.1)).then(a.0.cmp(&b.0)));
+    let (leaked_bytes, leaked_blocks) = entries.iter().fold((0, 0), |acc, e| (acc.0 + e.1, acc.1 + e.2));
+    let stacks = entries
+        .into_iter()
+        .map(|(s, bytes, blocks, total, fam)| {
+            let raw = &t.stacks.frames[s as usize];
+            let time = t.stacks.def_time[s as usize];
+            let n = depth.unwrap_or(usize::MAX).min(raw.len());
+            let frames = raw[..n].iter().flat_map(|&a| sym.frames(&t.modules, a, time)).collect();
+            LeakEntry { bytes, blocks, total_allocations: total, family: fam.name(), frames }
+        })
+        .collect();
+    let h = &t.header;
+    Report {
+        trace: t.path.display().to_string(),
+        program: h.exe.clone(),
+        pid: h.pid,
+        ppid: h.ppid,
+        cmdline: h.cmdline.clone(),
+        summary: Summary {
+            allocations: t.books.allocations,
+            frees: t.books.frees,
+            bytes_allocated: t.books.bytes_allocated,
+            peak_bytes: t.books.peak_bytes,
+            peak_blocks: t.books.peak_blocks,
+            peak_time_ns: t.books.peak_time,
+            leaked_bytes,
+            leaked_blocks,
+            duration_ns: t.last_time,
+            truncated: t.error.is_some() || t.end.is_none(),
+            error: t.error.as_ref().map(|e| format!("{}: {e}", t.path.display())),
+            ended_by: t.end.map(end_text),
+            unmatched_frees: t.books.unmatched_frees(),
+        },
+        stacks,
+    }
+}

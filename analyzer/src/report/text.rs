@@ -1,0 +1,92 @@
+//! The human-readable report.
+
+use std::io::{self, Write};
+
+use super::Report;
+use crate::symbolize::Frame;
+
+/// 1234567 → "1,234,567".
+pub fn thousands(v: u64) -> String {
+    let s = v.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{} {}", thousands(n), if n == 1 { one } else { many })
+}
+
+fn secs(ns: u64) -> String {
+    format!("{:.3} s", ns as f64 / 1e9)
+}
+
+fn frame_line(f: &Frame, first: bool) -> String {
+    let lead = if first { "at" } else { "by" };
+    let func = f.function.as_deref().unwrap_or("???");
+    let loc = match (&f.file, f.line) {
+        (Some(file), Some(line)) => format!(" ({file}:{line})"),
+        (Some(file), None) => format!(" ({file})"),
+        _ => format!(" ({}+{:#x})", f.module, f.offset),
+    };
+    let module = if f.file.is_some() { format!(" [{}]", f.module) } else { String::new() };
+    let inl = if f.inlined { " (inlined)" } else { "" };
+    format!("    {lead} {:#x}: {func}{loc}{module}{inl}", f.address)
+}
+
+/// Writes the text report to `w`.
+pub fn write_text(r: &Report, w: &mut dyn Write) -> io::Result<()> {
+    let s = &r.summary;
+    writeln!(w, "mtrace report for {} (pid {})", r.program, r.pid)?;
+    writeln!(w, "  command:          {}", r.cmdline.join(" "))?;
+    writeln!(w, "  trace:            {}", r.trace)?;
+    writeln!(w, "  duration:         {}", secs(s.duration_ns))?;
+    writeln!(w, "  allocation calls: {} ({} in total)", thousands(s.allocations), plural(s.bytes_allocated, "byte", "bytes"))?;
+    writeln!(w, "  frees:            {}", thousands(s.frees))?;
+    writeln!(w, "  peak:             {} in {} at {}", plural(s.peak_bytes, "byte", "bytes"), plural(s.peak_blocks, "block", "blocks"), secs(s.peak_time_ns))?;
+    writeln!(w, "  not freed:        {} in {}", plural(s.leaked_bytes, "byte", "bytes"), plural(s.leaked_blocks, "block", "blocks"))?;
+    if s.unmatched_frees > 0 {
+        writeln!(w, "  frees of blocks allocated before tracing: {}", thousands(s.unmatched_frees))?;
+    }
+    match (&s.error, &s.ended_by) {
+        (Some(e), _) => writeln!(w, "  WARNING: {e}; the report covers what was read before it")?,
+        (None, None) => writeln!(w, "  WARNING: the trace has no end record (the process was killed?); the report covers what was written")?,
+        (None, Some(how)) => writeln!(w, "  ended by:         {how}")?,
+    }
+    if r.stacks.is_empty() {
+        writeln!(w, "\nAll blocks were freed.")?;
+        return Ok(());
+    }
+    writeln!(w, "\nNot freed at exit, by backtrace ({}):", plural(r.stacks.len() as u64, "backtrace", "backtraces"))?;
+    for (i, e) in r.stacks.iter().enumerate() {
+        writeln!(
+            w,
+            "\n#{}: {} in {} not freed ({}), {} from this backtrace",
+            i + 1,
+            plural(e.bytes, "byte", "bytes"),
+            plural(e.blocks, "block", "blocks"),
+            e.family,
+            plural(e.total_allocations, "allocation", "allocations"),
+        )?;
+        for (j, f) in e.frames.iter().enumerate() {
+            writeln!(w, "{}", frame_line(f, j == 0))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(super::thousands(0), "0");
+        assert_eq!(super::thousands(999), "999");
+        assert_eq!(super::thousands(1000), "1,000");
+        assert_eq!(super::thousands(1234567), "1,234,567");
+    }
+}

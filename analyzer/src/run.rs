@@ -1,0 +1,141 @@
+//! `mtrace run`: runs a program with libmtrace.so preloaded, like strace
+//! runs one under ptrace, and reports on it when it ends.
+
+use std::io::Write;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{load, report::text::thousands, ReportOpts};
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Write the report to FILE instead of standard error.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Folder for the trace files (default: a temporary folder, removed at the end).
+    #[arg(long, value_name = "DIR")]
+    trace_dir: Option<PathBuf>,
+    /// Keep the trace files (in --trace-dir, or the temporary folder).
+    #[arg(long)]
+    keep_traces: bool,
+    #[command(flatten)]
+    opts: ReportOpts,
+    /// The program and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROG")]
+    command: Vec<String>,
+}
+
+/// libmtrace.so: `MTRACE_LIB`, else next to this executable.
+fn find_lib() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("MTRACE_LIB") {
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            bail!("MTRACE_LIB={}: no such file", p.display());
+        }
+        return Ok(p);
+    }
+    let exe = std::env::current_exe().context("cannot find the mtrace executable")?;
+    let p = exe.with_file_name("libmtrace.so");
+    if !p.is_file() {
+        bail!("{} not found (build it with `cargo build`, or set MTRACE_LIB)", p.display());
+    }
+    Ok(p.canonicalize()?)
+}
+
+fn ignore_terminal_signals() {
+    for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM] {
+        // SAFETY: setting a disposition to SIG_IGN has no preconditions.
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
+}
+
+pub fn run(a: RunArgs) -> Result<ExitCode> {
+    let lib = find_lib()?;
+    let mut temp = None;
+    let dir: PathBuf = match &a.trace_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("{}: cannot create", d.display()))?;
+            d.clone()
+        }
+        None => {
+            let t = tempfile::Builder::new().prefix("mtrace-run.").tempdir()?;
+            let p = t.path().to_owned();
+            temp = Some(t);
+            p
+        }
+    };
+    let dir = dir.canonicalize()?;
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(old) if !old.is_empty() => format!("{}:{old}", lib.display()),
+        _ => lib.display().to_string(),
+    };
+    let mut cmd = Command::new(&a.command[0]);
+    cmd.args(&a.command[1..]).env("LD_PRELOAD", preload).env("MTRACE_OUTPUT", dir.join("%e.%p.mtrace"));
+    if let Some(d) = a.opts.depth {
+        cmd.env("MTRACE_DEPTH", d.to_string());
+    }
+    let mut child = cmd.spawn().with_context(|| format!("cannot run {}", a.command[0]))?;
+    // The program gets the terminal's signals; we stay to report.
+    ignore_terminal_signals();
+    let status = child.wait()?;
+    let pid = child.id();
+
+    let mut out: Box<dyn Write> = match &a.output {
+        Some(p) => Box::new(std::fs::File::create(p).with_context(|| format!("{}: cannot create", p.display()))?),
+        None => Box::new(std::io::stderr().lock()),
+    };
+    let traces = traces_in(&dir)?;
+    // The main process's last image (after any exec) is the one reported.
+    let main = traces.iter().filter(|(p, _, _)| *p == pid).max_by_key(|(_, start, _)| *start).map(|(_, _, path)| path.clone());
+    match &main {
+        Some(path) => {
+            a.opts.report(path, &mut *out)?;
+        }
+        None => writeln!(out, "mtrace: no trace was written for pid {pid} (static executable, or preloading failed)")?,
+    }
+    let others: Vec<_> = traces.iter().filter(|(_, _, p)| Some(p) != main.as_ref()).collect();
+    if !others.is_empty() && !a.opts.json {
+        writeln!(out, "\nOther processes traced ({}):", others.len())?;
+        for (p, _, path) in &others {
+            let line = match load::load(path) {
+                Ok(t) => {
+                    let (bytes, blocks) = t.books.live_blocks().fold((0, 0), |acc, (_, b)| (acc.0 + b.size, acc.1 + 1));
+                    format!("pid {p} {}: {} bytes in {} blocks not freed", t.header.exe, thousands(bytes), thousands(blocks))
+                }
+                Err(e) => format!("pid {p}: {e:#}"),
+            };
+            let kept = if a.keep_traces || a.trace_dir.is_some() { format!(" ({})", path.display()) } else { String::new() };
+            writeln!(out, "  {line}{kept}")?;
+        }
+    }
+    if a.keep_traces && a.trace_dir.is_none() {
+        writeln!(out, "\ntraces kept in {}", dir.display())?;
+        if let Some(t) = temp {
+            let _ = t.keep();
+        }
+    }
+    out.flush()?;
+    Ok(match (status.code(), status.signal()) {
+        (Some(c), _) => ExitCode::from(c as u8),
+        (None, Some(sig)) => ExitCode::from(128 + sig as u8),
+        _ => ExitCode::FAILURE,
+    })
+}
+
+/// The traces in `dir`: (pid, start time, path), oldest first.
+fn traces_in(dir: &Path) -> Result<Vec<(u32, u64, PathBuf)>> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let path = e?.path();
+        let Ok(f) = std::fs::File::open(&path) else { continue };
+        let mut r = mtrace_format::Reader::new(std::io::BufReader::new(f));
+        if let Ok(h) = r.header() {
+            v.push((h.pid, h.start_monotonic_ns, path));
+        }
+    }
+    v.sort_by_key(|t| t.1);
+    Ok(v)
+}

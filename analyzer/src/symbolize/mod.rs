@@ -1,0 +1,123 @@
+//! Symbolization: return address → module, function (demangled), file,
+//! line, with inlined frames, through the binaries the trace names.
+
+mod debugfile;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+pub use debugfile::SearchPaths;
+
+use crate::load::ModuleSeen;
+
+/// One symbolized frame. A return address yields one frame per level of
+/// inlining: the inlined functions first (`inlined: true`), then the
+/// function they were inlined into.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Frame {
+    /// The return address as recorded (hex in JSON).
+    #[serde(serialize_with = "hex")]
+    pub address: u64,
+    pub function: Option<String>,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    /// File name of the module, or `?` when no module covers the address.
+    pub module: String,
+    /// Offset of the address in the module's own numbering (file vaddr).
+    #[serde(serialize_with = "hex")]
+    pub offset: u64,
+    pub inlined: bool,
+}
+
+fn hex<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format!("{v:#x}"))
+}
+
+struct Loaded {
+    /// DWARF source: the binary or its separate debug file.
+    dwarf: Option<addr2line::Loader>,
+    /// The binary itself, for its symbol table.
+    binary: Option<addr2line::Loader>,
+}
+
+/// Resolves addresses, caching one parsed object per module.
+pub struct Symbolizer {
+    paths: SearchPaths,
+    cache: HashMap<(String, Vec<u8>), Loaded>,
+}
+
+impl Symbolizer {
+    pub fn new(paths: SearchPaths) -> Symbolizer {
+        Symbolizer { paths, cache: HashMap::new() }
+    }
+
+    fn loaded(&mut self, path: &str, build_id: &[u8]) -> &Loaded {
+        let paths = &self.paths;
+        self.cache.entry((path.to_owned(), build_id.to_vec())).or_insert_with(|| {
+            let bin = paths.binary(path, build_id);
+            let dwarf_path = match &bin {
+                Some(b) if debugfile::has_dwarf(b) => Some(b.clone()),
+                _ => paths.debug_file(bin.as_deref(), build_id),
+            };
+            let open = |p: &Path| addr2line::Loader::new(p).ok();
+            Loaded { dwarf: dwarf_path.as_deref().and_then(open), binary: bin.as_deref().and_then(open) }
+        })
+    }
+
+    /// Symbolizes return address `addr` of a backtrace defined at `time`
+    /// (ns), using the module mapped at that address then. Never fails: what
+    /// cannot be resolved is reported as module+offset.
+    pub fn frames(&mut self, modules: &[ModuleSeen], addr: u64, time: u64) -> Vec<Frame> {
+        let Some(m) = module_at(modules, addr, time) else {
+            return vec![Frame { address: addr, function: None, file: None, line: None, module: "?".into(), offset: addr, inlined: false }];
+        };
+        let offset = addr.wrapping_sub(m.bias);
+        let name = Path::new(&m.path).file_name().map_or_else(|| m.path.clone(), |n| n.to_string_lossy().into_owned());
+        let base = Frame { address: addr, function: None, file: None, line: None, module: name, offset, inlined: false };
+        // A return address points after the call; the call is one byte before.
+        let probe = offset.wrapping_sub(1);
+        let loaded = self.loaded(&m.path, &m.build_id);
+        let mut out = Vec::new();
+        if let Some(d) = &loaded.dwarf {
+            if let Ok(mut it) = d.find_frames(probe) {
+                while let Ok(Some(f)) = it.next() {
+                    let mut fr = base.clone();
+                    fr.function = f.function.as_ref().and_then(|n| n.demangle().ok()).map(|c| c.into_owned());
+                    if let Some(loc) = f.location {
+                        fr.file = loc.file.map(str::to_owned);
+                        fr.line = loc.line;
+                    }
+                    fr.inlined = true;
+                    out.push(fr);
+                }
+            }
+        }
+        if let Some(last) = out.last_mut() {
+            last.inlined = false;
+        } else {
+            out.push(base);
+        }
+        // No function from DWARF: fall back to the symbol tables.
+        if out.last().is_some_and(|f| f.function.is_none()) {
+            let sym = [&loaded.dwarf, &loaded.binary].into_iter().flatten().find_map(|l| l.find_symbol(probe));
+            if let Some(s) = sym {
+                out.last_mut().expect("non-empty").function = Some(addr2line::demangle_auto(s.into(), None).into_owned());
+            }
+        }
+        out
+    }
+}
+
+/// The module covering `addr`; when several did over time (a library
+/// unloaded and another loaded in its place), the latest one recorded no
+/// later than `time`, else the earliest.
+fn module_at(modules: &[ModuleSeen], addr: u64, time: u64) -> Option<&mtrace_format::Module> {
+    let covering = modules.iter().filter(|s| {
+        s.module.segments.iter().any(|seg| {
+            let lo = s.module.bias.wrapping_add(seg.vaddr);
+            addr >= lo && addr < lo.wrapping_add(seg.memsz)
+        })
+    });
+    let (before, after): (Vec<&ModuleSeen>, Vec<&ModuleSeen>) = covering.partition(|s| s.time <= time);
+    before.into_iter().max_by_key(|s| s.time).or_else(|| after.into_iter().min_by_key(|s| s.time)).map(|s| &s.module)
+}
