@@ -1,4 +1,7 @@
 fn main() {
     println!("cargo:rerun-if-changed=src/exec_shim.c");
+    // Resolve every symbol at load time: a lazy PLT fix-up in the writer
+    // thread would take the dynamic loader's locks at an arbitrary moment.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,now");
     cc::Build::new().file("src/exec_shim.c").warnings(true).compile("mtrace_exec_shim");
 }

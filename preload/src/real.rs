@@ -190,10 +190,21 @@ pub unsafe fn next<F: Copy>(f: &NextFn) -> Option<F> {
     f.get().map(|a| unsafe { std::mem::transmute_copy::<usize, F>(&a) })
 }
 
-/// Serves allocations made with an alignment above malloc's own (16 bytes):
-/// the real `aligned_alloc`-style function, `posix_memalign`.
+static POSIX_MEMALIGN: NextFn = NextFn::new(c"posix_memalign");
+
+/// Resolves every function the tracer itself allocates with. Called when the
+/// session starts: a lazy `dlsym` later could block on the loader's lock,
+/// held by a thread inside `dlopen` that waits for a lock of ours.
+pub fn init() {
+    for f in [&MALLOC, &CALLOC, &REALLOC, &FREE] {
+        core_fn(f);
+    }
+    POSIX_MEMALIGN.get();
+}
+
+/// Serves allocations made with an alignment above malloc's own (16 bytes)
+/// through the real `posix_memalign`.
 pub fn memalign(align: usize, size: usize) -> *mut c_void {
-    static POSIX_MEMALIGN: NextFn = NextFn::new(c"posix_memalign");
     type F = unsafe extern "C" fn(*mut *mut c_void, usize, usize) -> i32;
     // SAFETY: F is posix_memalign's signature.
     match unsafe { next::<F>(&POSIX_MEMALIGN) } {

@@ -148,6 +148,7 @@ fn open_output(cfg: &config::Config, pid: u32, prog: &str) -> Option<(i32, Strin
 
 impl Session {
     fn create() -> Option<Session> {
+        crate::real::init();
         let cfg = config::load();
         let pid = sys::getpid();
         let cmdline: Vec<String> = sys::read_file(c"/proc/self/cmdline")
