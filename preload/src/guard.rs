@@ -19,7 +19,9 @@ impl Guard {
     /// Enters the hook, or `None` when this thread already is inside one.
     #[inline]
     pub fn enter() -> Option<Guard> {
-        IN_HOOK.with(|g| (!g.replace(true)).then_some(Guard(())))
+        // Not `then_some(Guard(()))`: that would build (and drop, clearing
+        // the flag) a Guard even when the thread is already inside a hook.
+        IN_HOOK.with(|g| if g.replace(true) { None } else { Some(Guard(())) })
     }
 
     /// Marks the calling thread (the writer) as the tracer's for good.

@@ -1,0 +1,135 @@
+//! Helpers for the end-to-end tests: build a ctests program, run it under
+//! `mtrace run`, and read the JSON report.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+pub fn mtrace() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_mtrace"))
+}
+
+/// libmtrace.so, built by `cargo build --workspace` next to the binary.
+pub fn lib() -> PathBuf {
+    let p = mtrace().with_file_name("libmtrace.so");
+    assert!(p.is_file(), "{} missing: run `cargo build --workspace` before the tests", p.display());
+    p
+}
+
+pub fn ctests_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../ctests").canonicalize().unwrap()
+}
+
+/// A fresh folder for one test's files.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e").join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Compiles `ctests/<src>` into `out` (g++ for .cpp) with `flags`.
+pub fn build(src: &str, out: &Path, flags: &[&str]) -> PathBuf {
+    let path = ctests_dir().join(src);
+    let cxx = src.ends_with(".cpp");
+    let status = Command::new(if cxx { "g++" } else { "cc" })
+        .args(flags)
+        .arg("-pthread")
+        .arg(&path)
+        .arg("-o")
+        .arg(out)
+        .arg("-ldl")
+        .status()
+        .expect("a C compiler");
+    assert!(status.success(), "compiling {src} failed");
+    out.to_owned()
+}
+
+/// `@leak:NAME` markers of a ctests source: NAME → line number.
+pub fn markers(src: &str) -> HashMap<String, u32> {
+    let text = std::fs::read_to_string(ctests_dir().join(src)).unwrap();
+    let mut m = HashMap::new();
+    for (i, line) in text.lines().enumerate() {
+        if let Some(pos) = line.find("@leak:") {
+            let name: String = line[pos + 6..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            m.insert(name, i as u32 + 1);
+        }
+    }
+    m
+}
+
+/// Runs `mtrace run --json -o REPORT [extra] -- prog args` in `dir`.
+pub fn run_json(dir: &Path, extra: &[&str], prog: &Path, args: &[&str]) -> (Value, Output) {
+    let report = dir.join("report.json");
+    let out = Command::new(mtrace())
+        .current_dir(dir)
+        .arg("run")
+        .arg("--json")
+        .arg("-o")
+        .arg(&report)
+        .args(extra)
+        .arg("--")
+        .arg(prog)
+        .args(args)
+        .output()
+        .unwrap();
+    let text = std::fs::read_to_string(&report).unwrap_or_else(|e| panic!("no report ({e}); stderr: {}", String::from_utf8_lossy(&out.stderr)));
+    (serde_json::from_str(&text).unwrap(), out)
+}
+
+/// `mtrace report --json TRACE`.
+pub fn report_json(trace: &Path) -> Value {
+    let out = Command::new(mtrace()).arg("report").arg("--json").arg(trace).output().unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)))
+}
+
+/// A leak as the tests compare it: bytes, blocks, family, and the first
+/// frame inside the given source file (function, line).
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Clone)]
+pub struct Leak {
+    pub bytes: u64,
+    pub blocks: u64,
+    pub family: String,
+    pub function: String,
+    pub line: u32,
+}
+
+pub fn leak(bytes: u64, blocks: u64, family: &str, function: &str, line: u32) -> Leak {
+    Leak { bytes, blocks, family: family.into(), function: function.into(), line }
+}
+
+/// The report's leaks whose backtrace passes through `src` (a file name),
+/// sorted; leaks made wholly inside libraries (libstdc++'s pool, the
+/// loader's TLS blocks) are left out.
+pub fn leaks_in(report: &Value, src: &str) -> Vec<Leak> {
+    let mut v: Vec<Leak> = report["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| {
+            let f = e["frames"].as_array().unwrap().iter().find(|f| f["file"].as_str().is_some_and(|p| p.ends_with(&format!("/{src}"))))?;
+            Some(Leak {
+                bytes: e["bytes"].as_u64().unwrap(),
+                blocks: e["blocks"].as_u64().unwrap(),
+                family: e["family"].as_str().unwrap().into(),
+                function: f["function"].as_str().unwrap_or("?").into(),
+                line: f["line"].as_u64().unwrap() as u32,
+            })
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// The trace files in `dir`, reported: (pid, report), oldest first by name suffix.
+pub fn traces(dir: &Path) -> Vec<(PathBuf, Value)> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.to_string_lossy().contains(".mtrace")).collect();
+    v.sort();
+    v.into_iter().map(|p| {
+        let r = report_json(&p);
+        (p, r)
+    }).collect()
+}
