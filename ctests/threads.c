@@ -17,7 +17,7 @@ static void *producer(void *arg) {
 int main(void) {
     for (int round = 0; round < 5; round++) {
         pthread_t t;
-        pthread_create(&t, NULL, producer, NULL); // @leak:pthread_create
+        pthread_create(&t, NULL, producer, NULL);
         pthread_join(t, NULL);
         for (int i = 0; i < N; i++) free(blocks[i]);
         if (round < 4) free(kept);

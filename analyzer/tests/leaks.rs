@@ -102,22 +102,19 @@ fn blocks_freed_by_another_thread() {
     let prog = build("threads.c", &dir.join("threads"), &["-g", "-O0"]);
     let m = markers("threads.c");
     let (r, _) = run_json(&dir, &[], &prog, &[]);
-    let mut leaks = leaks_in(&r, "threads.c");
-    // glibc keeps a finished thread's TLS block (allocated by the loader
-    // inside pthread_create) for reuse; valgrind reports it too.
-    let tls = r["stacks"].as_array().unwrap().iter().find(|e| e["frames"][0]["module"] == "ld-linux-x86-64.so.2");
-    if let Some(tls) = tls {
-        let b = tls["bytes"].as_u64().unwrap();
-        assert!(leaks.contains(&leak(b, 1, "malloc", "main", m["pthread_create"])), "{leaks:?}");
-        leaks.retain(|l| l.line != m["pthread_create"]);
-    }
-    assert_eq!(leaks, vec![leak(301, 1, "malloc", "producer", m["worker"])]);
+    assert_eq!(leaks_in(&r, "threads.c"), vec![leak(301, 1, "malloc", "producer", m["worker"])]);
     let e = r["stacks"].as_array().unwrap().iter().find(|e| e["bytes"] == 301).unwrap();
     assert_eq!(e["total_allocations"], 5);
-    // 5 rounds of 20,000 frees plus 4 of the kept block; no free is lost
-    // or matched to the wrong block.
-    assert_eq!(r["summary"]["frees"], 100_004);
-    assert_eq!(r["summary"]["unmatched_frees"], 0);
+    // The program makes 100,005 allocations and 100,004 frees; glibc's
+    // thread start adds a TLS block or two, which it may free when it
+    // reuses a thread's stack. No free is lost or matched to the wrong
+    // block (that would show as a leak above or an unmatched free).
+    let s = &r["summary"];
+    let glibc = s["allocations"].as_u64().unwrap() - 100_005;
+    assert!(glibc <= 2, "{s}");
+    let frees = s["frees"].as_u64().unwrap();
+    assert!((100_004..=100_004 + glibc).contains(&frees), "{s}");
+    assert_eq!(s["unmatched_frees"], 0);
 }
 
 #[test]

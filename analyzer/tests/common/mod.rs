@@ -102,13 +102,15 @@ pub fn leak(bytes: u64, blocks: u64, family: &str, function: &str, line: u32) ->
 }
 
 /// The report's leaks whose backtrace passes through `src` (a file name),
-/// sorted; leaks made wholly inside libraries (libstdc++'s pool, the
-/// loader's TLS blocks) are left out.
+/// sorted. Leaks made wholly inside libraries (libstdc++'s pool) are left
+/// out, and so is the block the dynamic loader allocates in pthread_create
+/// for a thread's TLS, which glibc keeps for reuse (valgrind reports it too).
 pub fn leaks_in(report: &Value, src: &str) -> Vec<Leak> {
     let mut v: Vec<Leak> = report["stacks"]
         .as_array()
         .unwrap()
         .iter()
+        .filter(|e| !e["frames"][0]["module"].as_str().unwrap_or("").starts_with("ld-linux"))
         .filter_map(|e| {
             let f = e["frames"].as_array().unwrap().iter().find(|f| f["file"].as_str().is_some_and(|p| p.ends_with(&format!("/{src}"))))?;
             Some(Leak {

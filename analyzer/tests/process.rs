@@ -1,0 +1,147 @@
+//! Process lifetime: fork, exec, dlopen/dlclose, and every way a process
+//! ends. The trace must be complete and the program's exit status unchanged.
+
+mod common;
+use common::*;
+use std::os::unix::process::ExitStatusExt;
+use std::process::Command;
+
+#[test]
+fn fork_child_gets_its_own_trace() {
+    let dir = scratch("fork");
+    let prog = build("fork.c", &dir.join("fork"), &["-g", "-O0"]);
+    let m = markers("fork.c");
+    let tdir = dir.join("traces");
+    let (r, out) = run_json(&dir, &["--trace-dir", tdir.to_str().unwrap()], &prog, &[]);
+    assert!(out.status.success());
+    let mut want = vec![leak(401, 1, "malloc", "main", m["before_fork"]), leak(403, 1, "malloc", "main", m["after_fork"])];
+    want.sort();
+    assert_eq!(leaks_in(&r, "fork.c"), want);
+    let traces = traces(&tdir);
+    assert_eq!(traces.len(), 2, "{traces:?}");
+    let child = traces.iter().map(|(_, r)| r).find(|t| t["pid"] != r["pid"]).unwrap();
+    assert_eq!(child["ppid"], r["pid"]);
+    assert_eq!(leaks_in(child, "fork.c"), vec![leak(402, 1, "malloc", "main", m["in_child"])]);
+    // The child freed a block its parent allocated before the fork.
+    assert_eq!(child["summary"]["unmatched_frees"], 1);
+    assert_eq!(child["summary"]["ended_by"], "exit");
+}
+
+#[test]
+fn exec_writes_one_trace_per_image() {
+    let dir = scratch("exec");
+    let prog = build("exec.c", &dir.join("exec"), &["-g", "-O0"]);
+    let m = markers("exec.c");
+    let tdir = dir.join("traces");
+    let (r, out) = run_json(&dir, &["--trace-dir", tdir.to_str().unwrap()], &prog, &[]);
+    assert_eq!(out.status.code(), Some(7), "exit status is the program's");
+    // The report is of the last image of the main process.
+    assert_eq!(leaks_in(&r, "exec.c"), vec![leak(502, 1, "malloc", "main", m["after_exec"])]);
+    let traces = traces(&tdir);
+    assert_eq!(traces.len(), 2);
+    assert_eq!(traces[0].1["pid"], traces[1].1["pid"], "exec keeps the pid");
+    let first = traces.iter().map(|(_, r)| r).find(|t| t["summary"]["ended_by"] == "exec").expect("the first image ends with exec");
+    assert_eq!(leaks_in(first, "exec.c"), vec![leak(501, 1, "malloc", "main", m["before_exec"])]);
+    assert_eq!(first["summary"]["truncated"], false);
+}
+
+#[test]
+fn dlclosed_library_still_symbolizes() {
+    let dir = scratch("dlopen");
+    let so = dir.join("libdlleak.so");
+    let ok = Command::new("cc").args(["-g", "-O0", "-shared", "-fPIC", "-o"]).arg(&so).arg(ctests_dir().join("dlleak.c")).status().unwrap();
+    assert!(ok.success());
+    let prog = build("dlopen.c", &dir.join("dlopen"), &["-g", "-O0"]);
+    let (r, out) = run_json(&dir, &[], &prog, &[so.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lib_marks = markers("dlleak.c");
+    assert_eq!(leaks_in(&r, "dlleak.c"), vec![leak(601, 1, "malloc", "dl_leak", lib_marks["in_library"])]);
+    let e = r["stacks"].as_array().unwrap().iter().find(|e| e["bytes"] == 601).unwrap();
+    assert_eq!(e["frames"][0]["module"], "libdlleak.so");
+    assert_eq!(e["frames"][1]["function"], "main");
+    assert_eq!(e["frames"][1]["line"], markers("dlopen.c")["dl_caller"]);
+}
+
+/// Runs `exits HOW` natively and under mtrace; returns (native status,
+/// traced status, report).
+fn ending(how: &str) -> (std::process::ExitStatus, std::process::ExitStatus, serde_json::Value) {
+    let dir = scratch(&format!("exits-{how}"));
+    let prog = build("exits.c", &dir.join("exits"), &["-g", "-O0"]);
+    let native = Command::new(&prog).arg(how).status().unwrap();
+    let (r, out) = run_json(&dir, &[], &prog, &[how]);
+    assert_eq!(leaks_in(&r, "exits.c"), vec![leak(701, 1, "malloc", "main", markers("exits.c")["before_end"])], "{how}");
+    (native, out.status, r)
+}
+
+fn shell_status(s: std::process::ExitStatus) -> i32 {
+    s.code().unwrap_or_else(|| 128 + s.signal().unwrap())
+}
+
+#[test]
+fn every_way_to_end_leaves_a_complete_trace() {
+    // (how, ended by, exit status, allocations: 10,000 malloc/free pairs,
+    // the leak, and for "thread" the loader's TLS block of the new thread)
+    for (how, ended_by, status, allocations) in [
+        ("return", "exit", 0, 10_001),
+        ("_exit", "_exit", 3, 10_001),
+        ("thread", "exit", 5, 10_002),
+        ("abort", "signal 6", 128 + 6, 10_001),
+        ("segv", "signal 11", 128 + 11, 10_001),
+    ] {
+        let (native, traced, r) = ending(how);
+        assert_eq!(shell_status(native), status, "{how} natively");
+        assert_eq!(shell_status(traced), status, "{how} under mtrace");
+        let s = &r["summary"];
+        assert_eq!(s["truncated"], false, "{how}");
+        // abort() called through the PLT flushes first ("abort"); when the
+        // call is internal to libc only the signal handler sees it.
+        let got = s["ended_by"].as_str().unwrap();
+        assert!(got == ended_by || (how == "abort" && got == "abort"), "{how}: ended by {got}");
+        // None lost in a buffer.
+        assert_eq!(s["allocations"], allocations, "{how}");
+        assert_eq!(s["frees"], 10_000, "{how}");
+    }
+}
+
+#[test]
+fn sigkill_leaves_a_readable_trace_marked_truncated() {
+    let dir = scratch("exits-kill");
+    let prog = build("exits.c", &dir.join("exits"), &["-g", "-O0"]);
+    let (r, out) = run_json(&dir, &[], &prog, &["kill"]);
+    assert_eq!(out.status.code(), Some(128 + 9));
+    assert_eq!(r["summary"]["truncated"], true);
+    assert!(r["summary"]["ended_by"].is_null());
+}
+
+#[test]
+fn plain_ld_preload_writes_the_default_file() {
+    let dir = scratch("preload");
+    let prog = build("realloc.c", &dir.join("realloc"), &["-g", "-O0"]);
+    let child = Command::new(&prog).current_dir(&dir).env("LD_PRELOAD", lib()).env_remove("MTRACE_OUTPUT").spawn().unwrap();
+    let pid = child.id();
+    assert!(child.wait_with_output().unwrap().status.success());
+    let trace = dir.join(format!("realloc.{pid}.mtrace"));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&trace).expect("default trace name").permissions().mode() & 0o777, 0o600);
+    let r = report_json(&trace);
+    assert_eq!(r["summary"]["leaked_bytes"], 70);
+}
+
+#[test]
+fn bad_environment_values_warn_once_and_fall_back() {
+    let dir = scratch("badenv");
+    let prog = build("nofp.c", &dir.join("nofp"), &["-g", "-O0"]);
+    let out = Command::new(&prog)
+        .env("LD_PRELOAD", lib())
+        .env("MTRACE_OUTPUT", dir.join("t.%p.mtrace"))
+        .env("MTRACE_DEPTH", "lots")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("MTRACE_DEPTH=\"lots\"") && err.contains("using 64"), "{err}");
+    let t = traces(&dir);
+    assert_eq!(t.len(), 1);
+    assert_eq!(t[0].1["summary"]["leaked_bytes"], 803);
+}
