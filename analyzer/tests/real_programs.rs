@@ -1,0 +1,65 @@
+//! Real programs from the distribution: under mtrace their output and exit
+//! status equal the untraced run, and the report has sane totals.
+
+mod common;
+use common::*;
+use std::process::Command;
+
+fn sane(r: &serde_json::Value) {
+    let s = &r["summary"];
+    let n = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("{k} in {s}"));
+    assert_eq!(s["truncated"], false, "{s}");
+    assert_eq!(s["ended_by"], "exit", "{s}");
+    assert!(n("allocations") >= n("frees"), "{s}");
+    assert!(n("peak_bytes") >= n("leaked_bytes") && n("bytes_allocated") >= n("peak_bytes"), "{s}");
+    let by_stack: u64 = r["stacks"].as_array().unwrap().iter().map(|e| e["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(by_stack, n("leaked_bytes"));
+    // Every backtrace has frames, and some resolve to a function.
+    assert!(r["stacks"].as_array().unwrap().iter().all(|e| !e["frames"].as_array().unwrap().is_empty()));
+    assert!(r["stacks"].as_array().unwrap().iter().any(|e| e["frames"][0]["function"].is_string()));
+}
+
+#[test]
+fn python3_sorting_dicts() {
+    let dir = scratch("python3");
+    let script = "import json,sys\nd=[{'k': i, 'v': str(i)} for i in range(50000)]\nd.sort(key=lambda x: -x['k'])\nprint(len(json.dumps(d)), d[0]['v'])\nsys.exit(3)";
+    // PYTHONMALLOC=malloc: every object through malloc, not pymalloc's arenas.
+    std::env::set_var("PYTHONMALLOC", "malloc");
+    let native = Command::new("python3").args(["-c", script]).output().unwrap();
+    let (r, traced) = run_json(&dir, &[], "python3".as_ref(), &["-c", script]);
+    assert_eq!(traced.stdout, native.stdout);
+    assert_eq!(traced.status.code(), Some(3));
+    assert_eq!(native.status.code(), Some(3));
+    sane(&r);
+    let s = &r["summary"];
+    // 50,000 dicts and their strings: more than 100,000 allocation calls.
+    assert!(s["allocations"].as_u64().unwrap() > 100_000, "{s}");
+}
+
+#[test]
+fn gcc_compile_with_child_processes() {
+    let dir = scratch("gcc");
+    let src = ctests_dir().join("families.c");
+    let native_o = dir.join("native.o");
+    let traced_o = dir.join("traced.o");
+    let native = Command::new("gcc").args(["-O2", "-c"]).arg(&src).arg("-o").arg(&native_o).output().unwrap();
+    assert!(native.status.success());
+    let tdir = dir.join("traces");
+    let (r, traced) = run_json(
+        &dir,
+        &["--trace-dir", tdir.to_str().unwrap()],
+        "gcc".as_ref(),
+        &["-O2", "-c", src.to_str().unwrap(), "-o", traced_o.to_str().unwrap()],
+    );
+    assert!(traced.status.success(), "{}", String::from_utf8_lossy(&traced.stderr));
+    assert_eq!(traced.stdout, native.stdout);
+    assert_eq!(std::fs::read(&traced_o).unwrap(), std::fs::read(&native_o).unwrap(), "same object file");
+    sane(&r);
+    // The driver runs cc1 and as, each traced into its own file.
+    let all = traces(&tdir);
+    let exes: Vec<String> = all.iter().map(|(_, t)| t["program"].as_str().unwrap().rsplit('/').next().unwrap().to_owned()).collect();
+    assert!(exes.iter().any(|e| e == "cc1") && exes.iter().any(|e| e.ends_with("as")), "{exes:?}");
+    for (p, t) in &all {
+        assert_eq!(t["summary"]["truncated"], false, "{}", p.display());
+    }
+}
