@@ -84,7 +84,9 @@ impl Books {
     fn insert(&mut self, addr: u64, b: Block) {
         // A free of this block that was read before it: both are done.
         if let Some(times) = self.pending_frees.get_mut(&addr) {
-            if let Some(i) = times.iter().enumerate().filter(|(_, &t)| t >= b.time).min_by_key(|(_, &t)| t).map(|(i, _)| i) {
+            if let Some(i) =
+                times.iter().enumerate().filter(|(_, &t)| t >= b.time).min_by_key(|(_, &t)| t).map(|(i, _)| i)
+            {
                 times.swap_remove(i);
                 if times.is_empty() {
                     self.pending_frees.remove(&addr);
@@ -104,7 +106,8 @@ impl Books {
 
     fn remove(&mut self, addr: u64, time: u64) {
         if let Some(blocks) = self.live.get_mut(&addr) {
-            let pick = blocks.iter().enumerate().filter(|(_, b)| b.time <= time).max_by_key(|(_, b)| b.time).map(|(i, _)| i);
+            let pick =
+                blocks.iter().enumerate().filter(|(_, b)| b.time <= time).max_by_key(|(_, b)| b.time).map(|(i, _)| i);
             if let Some(i) = pick {
                 let b = blocks.swap_remove(i);
                 if blocks.is_empty() {

@@ -132,7 +132,10 @@ pub fn load(path: &Path) -> Result<Trace> {
             Record::Modules { time_ns, modules } => {
                 now = time_ns;
                 for m in modules {
-                    let known = t.modules.iter().any(|s| s.module.path == m.path && s.module.bias == m.bias && s.module.build_id == m.build_id);
+                    let known = t
+                        .modules
+                        .iter()
+                        .any(|s| s.module.path == m.path && s.module.bias == m.bias && s.module.build_id == m.build_id);
                     if !known {
                         t.modules.push(ModuleSeen { module: m, time: time_ns });
                     }

@@ -89,7 +89,8 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     };
     let traces = traces_in(&dir)?;
     // The main process's last image (after any exec) is the one reported.
-    let main = traces.iter().filter(|(p, _, _)| *p == pid).max_by_key(|(_, start, _)| *start).map(|(_, _, path)| path.clone());
+    let main =
+        traces.iter().filter(|(p, _, _)| *p == pid).max_by_key(|(_, start, _)| *start).map(|(_, _, path)| path.clone());
     match &main {
         Some(path) => {
             a.opts.report(path, &mut *out)?;
@@ -103,11 +104,17 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
             let line = match load::load(path) {
                 Ok(t) => {
                     let (bytes, blocks) = t.books.live_blocks().fold((0, 0), |acc, (_, b)| (acc.0 + b.size, acc.1 + 1));
-                    format!("pid {p} {}: {} bytes in {} blocks not freed", t.header.exe, thousands(bytes), thousands(blocks))
+                    format!(
+                        "pid {p} {}: {} bytes in {} blocks not freed",
+                        t.header.exe,
+                        thousands(bytes),
+                        thousands(blocks)
+                    )
                 }
                 Err(e) => format!("pid {p}: {e:#}"),
             };
-            let kept = if a.keep_traces || a.trace_dir.is_some() { format!(" ({})", path.display()) } else { String::new() };
+            let kept =
+                if a.keep_traces || a.trace_dir.is_some() { format!(" ({})", path.display()) } else { String::new() };
             writeln!(out, "  {line}{kept}")?;
         }
     }

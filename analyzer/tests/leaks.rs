@@ -124,7 +124,10 @@ fn dwarf_unwinding_without_frame_pointers() {
     let m = markers("nofp.c");
     let (r, _) = run_json(&dir, &[], &prog, &[]);
     let e = &r["stacks"].as_array().unwrap().iter().find(|e| e["bytes"] == 803).expect("the 803-byte leak")["frames"];
-    let got: Vec<(String, u64)> = e.as_array().unwrap()[..4].iter().map(|f| (f["function"].as_str().unwrap().to_owned(), f["line"].as_u64().unwrap())).collect();
+    let got: Vec<(String, u64)> = e.as_array().unwrap()[..4]
+        .iter()
+        .map(|f| (f["function"].as_str().unwrap().to_owned(), f["line"].as_u64().unwrap()))
+        .collect();
     let want: Vec<(String, u64)> = [("level3", "level3"), ("level2", "level2"), ("level1", "level1"), ("main", "main")]
         .iter()
         .map(|(f, k)| (f.to_string(), m[*k] as u64))

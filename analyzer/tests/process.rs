@@ -14,7 +14,8 @@ fn fork_child_gets_its_own_trace() {
     let tdir = dir.join("traces");
     let (r, out) = run_json(&dir, &["--trace-dir", tdir.to_str().unwrap()], &prog, &[]);
     assert!(out.status.success());
-    let mut want = vec![leak(401, 1, "malloc", "main", m["before_fork"]), leak(403, 1, "malloc", "main", m["after_fork"])];
+    let mut want =
+        vec![leak(401, 1, "malloc", "main", m["before_fork"]), leak(403, 1, "malloc", "main", m["after_fork"])];
     want.sort();
     assert_eq!(leaks_in(&r, "fork.c"), want);
     let traces = traces(&tdir);
@@ -40,7 +41,11 @@ fn exec_writes_one_trace_per_image() {
     let traces = traces(&tdir);
     assert_eq!(traces.len(), 2);
     assert_eq!(traces[0].1["pid"], traces[1].1["pid"], "exec keeps the pid");
-    let first = traces.iter().map(|(_, r)| r).find(|t| t["summary"]["ended_by"] == "exec").expect("the first image ends with exec");
+    let first = traces
+        .iter()
+        .map(|(_, r)| r)
+        .find(|t| t["summary"]["ended_by"] == "exec")
+        .expect("the first image ends with exec");
     assert_eq!(leaks_in(first, "exec.c"), vec![leak(501, 1, "malloc", "main", m["before_exec"])]);
     assert_eq!(first["summary"]["truncated"], false);
 }
@@ -49,7 +54,12 @@ fn exec_writes_one_trace_per_image() {
 fn dlclosed_library_still_symbolizes() {
     let dir = scratch("dlopen");
     let so = dir.join("libdlleak.so");
-    let ok = Command::new("cc").args(["-g", "-O0", "-shared", "-fPIC", "-o"]).arg(&so).arg(ctests_dir().join("dlleak.c")).status().unwrap();
+    let ok = Command::new("cc")
+        .args(["-g", "-O0", "-shared", "-fPIC", "-o"])
+        .arg(&so)
+        .arg(ctests_dir().join("dlleak.c"))
+        .status()
+        .unwrap();
     assert!(ok.success());
     let prog = build("dlopen.c", &dir.join("dlopen"), &["-g", "-O0"]);
     let (r, out) = run_json(&dir, &[], &prog, &[so.to_str().unwrap()]);
@@ -69,7 +79,11 @@ fn ending(how: &str) -> (std::process::ExitStatus, std::process::ExitStatus, ser
     let prog = build("exits.c", &dir.join("exits"), &["-g", "-O0"]);
     let native = Command::new(&prog).arg(how).status().unwrap();
     let (r, out) = run_json(&dir, &[], &prog, &[how]);
-    assert_eq!(leaks_in(&r, "exits.c"), vec![leak(701, 1, "malloc", "main", markers("exits.c")["before_end"])], "{how}");
+    assert_eq!(
+        leaks_in(&r, "exits.c"),
+        vec![leak(701, 1, "malloc", "main", markers("exits.c")["before_end"])],
+        "{how}"
+    );
     (native, out.status, r)
 }
 
@@ -117,7 +131,8 @@ fn sigkill_leaves_a_readable_trace_marked_truncated() {
 fn plain_ld_preload_writes_the_default_file() {
     let dir = scratch("preload");
     let prog = build("realloc.c", &dir.join("realloc"), &["-g", "-O0"]);
-    let child = Command::new(&prog).current_dir(&dir).env("LD_PRELOAD", lib()).env_remove("MTRACE_OUTPUT").spawn().unwrap();
+    let child =
+        Command::new(&prog).current_dir(&dir).env("LD_PRELOAD", lib()).env_remove("MTRACE_OUTPUT").spawn().unwrap();
     let pid = child.id();
     assert!(child.wait_with_output().unwrap().status.success());
     let trace = dir.join(format!("realloc.{pid}.mtrace"));

@@ -57,7 +57,8 @@ fn gcc_compile_with_child_processes() {
     sane(&r);
     // The driver runs cc1 and as, each traced into its own file.
     let all = traces(&tdir);
-    let exes: Vec<String> = all.iter().map(|(_, t)| t["program"].as_str().unwrap().rsplit('/').next().unwrap().to_owned()).collect();
+    let exes: Vec<String> =
+        all.iter().map(|(_, t)| t["program"].as_str().unwrap().rsplit('/').next().unwrap().to_owned()).collect();
     assert!(exes.iter().any(|e| e == "cc1") && exes.iter().any(|e| e.ends_with("as")), "{exes:?}");
     for (p, t) in &all {
         assert_eq!(t["summary"]["truncated"], false, "{}", p.display());

@@ -46,10 +46,9 @@ impl fmt::Display for ReadError {
                 write!(f, "truncated: the last complete record ends at byte {}", self.offset)
             }
             ReadErrorKind::BadMagic => write!(f, "not an mtrace trace (bad magic at byte 0)"),
-            ReadErrorKind::UnsupportedVersion(v) => write!(
-                f,
-                "trace format version {v} is newer than this mtrace understands ({VERSION})"
-            ),
+            ReadErrorKind::UnsupportedVersion(v) => {
+                write!(f, "trace format version {v} is newer than this mtrace understands ({VERSION})")
+            }
             ReadErrorKind::Corrupt(what) => write!(f, "corrupt record at byte {}: {what}", self.offset),
         }
     }
@@ -238,11 +237,7 @@ impl<R: BufRead> Reader<R> {
                 size: self.varint()?,
                 stack: self.u32("stack id")?,
             },
-            tag::FREE => Record::Free {
-                time_ns: self.time()?,
-                family: self.family()?,
-                addr: self.varint()?,
-            },
+            tag::FREE => Record::Free { time_ns: self.time()?, family: self.family()?, addr: self.varint()? },
             tag::REALLOC => Record::Realloc {
                 time_ns: self.time()?,
                 free_time_ns: self.last_time.wrapping_sub(unzigzag(self.varint()?) as u64),
@@ -260,11 +255,7 @@ impl<R: BufRead> Reader<R> {
                 fd: unzigzag(self.varint()?) as i32,
                 stack: self.u32("stack id")?,
             },
-            tag::MUNMAP => Record::Munmap {
-                time_ns: self.time()?,
-                addr: self.varint()?,
-                len: self.varint()?,
-            },
+            tag::MUNMAP => Record::Munmap { time_ns: self.time()?, addr: self.varint()?, len: self.varint()? },
             tag::MREMAP => Record::Mremap {
                 time_ns: self.time()?,
                 old: self.varint()?,
@@ -300,11 +291,7 @@ impl<R: BufRead> Reader<R> {
         let n = self.len(256, "segment list")?;
         let mut segments = Vec::with_capacity(n);
         for _ in 0..n {
-            segments.push(Segment {
-                vaddr: self.varint()?,
-                memsz: self.varint()?,
-                flags: self.u32("segment flags")?,
-            });
+            segments.push(Segment { vaddr: self.varint()?, memsz: self.varint()?, flags: self.u32("segment flags")? });
         }
         Ok(Module { path, bias, build_id, segments })
     }
@@ -332,7 +319,14 @@ mod tests {
             Record::Thread { tid: 7, time_ns: 1000 },
             Record::Stack { id: 1, frames: vec![0x401000, 0x400ff0, 0x7fff_0000_1234] },
             Record::Alloc { time_ns: 1500, family: Family::New, addr: 0x5555_0000, size: 24, stack: 1 },
-            Record::Realloc { time_ns: 1400, free_time_ns: 1390, old: 0x5555_0000, new: 0x5555_1000, size: 48, stack: 1 },
+            Record::Realloc {
+                time_ns: 1400,
+                free_time_ns: 1390,
+                old: 0x5555_0000,
+                new: 0x5555_1000,
+                size: 48,
+                stack: 1,
+            },
             Record::Free { time_ns: 2000, family: Family::Malloc, addr: 0x5555_1000 },
             Record::Mmap { time_ns: 2100, addr: 0x7f00_0000_0000, len: 8192, prot: 3, flags: 0x22, fd: -1, stack: 1 },
             Record::Munmap { time_ns: 2200, addr: 0x7f00_0000_1000, len: 4096 },

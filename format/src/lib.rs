@@ -14,7 +14,7 @@ mod varint;
 pub use decode::{ReadError, ReadErrorKind, Reader};
 pub use encode::{encode_header, Encoder};
 pub use record::{EndReason, Family, Header, Module, Record, Segment};
-pub use varint::{put_varint, zigzag, unzigzag};
+pub use varint::{put_varint, unzigzag, zigzag};
 
 /// First 8 bytes of every stream: `MTRACE`, a NUL, and 0x1a (the byte that
 /// stops a text `type` on some systems), so a text tool sees a binary file.

@@ -111,10 +111,7 @@ fn arena_alloc(size: usize, align: usize) -> *mut c_void {
         if end > arena_base() + ARENA_SIZE {
             return std::ptr::null_mut();
         }
-        if ARENA_USED
-            .compare_exchange(used, end - arena_base(), Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
+        if ARENA_USED.compare_exchange(used, end - arena_base(), Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             // SAFETY: [start-16, end) lies inside the arena and was just
             // reserved for this call alone; start is 16-aligned.
             unsafe { *(start as *mut usize).sub(2) = size };

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
-use mtrace_format::{encode_header, EndReason, Encoder, Header, Record};
+use mtrace_format::{encode_header, Encoder, EndReason, Header, Record};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::{config, guard::Guard, modules, sys, unwind};
@@ -119,7 +119,11 @@ pub fn current() -> Option<&'static Session> {
 fn program_name(cmdline: &[String]) -> String {
     let a0 = cmdline.first().map(String::as_str).unwrap_or("program");
     let base = a0.rsplit('/').next().unwrap_or(a0);
-    if base.is_empty() { "program".into() } else { base.into() }
+    if base.is_empty() {
+        "program".into()
+    } else {
+        base.into()
+    }
 }
 
 fn open_output(cfg: &config::Config, pid: u32, prog: &str) -> Option<(i32, String)> {

@@ -10,7 +10,7 @@ pub fn thousands(v: u64) -> String {
     let s = v.to_string();
     let mut out = String::with_capacity(s.len() + s.len() / 3);
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -46,16 +46,35 @@ pub fn write_text(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     writeln!(w, "  command:          {}", r.cmdline.join(" "))?;
     writeln!(w, "  trace:            {}", r.trace)?;
     writeln!(w, "  duration:         {}", secs(s.duration_ns))?;
-    writeln!(w, "  allocation calls: {} ({} in total)", thousands(s.allocations), plural(s.bytes_allocated, "byte", "bytes"))?;
+    writeln!(
+        w,
+        "  allocation calls: {} ({} in total)",
+        thousands(s.allocations),
+        plural(s.bytes_allocated, "byte", "bytes")
+    )?;
     writeln!(w, "  frees:            {}", thousands(s.frees))?;
-    writeln!(w, "  peak:             {} in {} at {}", plural(s.peak_bytes, "byte", "bytes"), plural(s.peak_blocks, "block", "blocks"), secs(s.peak_time_ns))?;
-    writeln!(w, "  not freed:        {} in {}", plural(s.leaked_bytes, "byte", "bytes"), plural(s.leaked_blocks, "block", "blocks"))?;
+    writeln!(
+        w,
+        "  peak:             {} in {} at {}",
+        plural(s.peak_bytes, "byte", "bytes"),
+        plural(s.peak_blocks, "block", "blocks"),
+        secs(s.peak_time_ns)
+    )?;
+    writeln!(
+        w,
+        "  not freed:        {} in {}",
+        plural(s.leaked_bytes, "byte", "bytes"),
+        plural(s.leaked_blocks, "block", "blocks")
+    )?;
     if s.unmatched_frees > 0 {
         writeln!(w, "  frees of blocks allocated before tracing: {}", thousands(s.unmatched_frees))?;
     }
     match (&s.error, &s.ended_by) {
         (Some(e), _) => writeln!(w, "  WARNING: {e}; the report covers what was read before it")?,
-        (None, None) => writeln!(w, "  WARNING: the trace has no end record (the process was killed?); the report covers what was written")?,
+        (None, None) => writeln!(
+            w,
+            "  WARNING: the trace has no end record (the process was killed?); the report covers what was written"
+        )?,
         (None, Some(how)) => writeln!(w, "  ended by:         {how}")?,
     }
     if r.stacks.is_empty() {

@@ -42,7 +42,9 @@ fn build_id_of(p: &Path) -> Option<Vec<u8>> {
 
 /// True when `p` holds DWARF line or function information.
 pub fn has_dwarf(p: &Path) -> bool {
-    Mapped::open(p).and_then(|m| m.object().map(|o| o.section_by_name(".debug_info").is_some_and(|s| s.size() > 0))).unwrap_or(false)
+    Mapped::open(p)
+        .and_then(|m| m.object().map(|o| o.section_by_name(".debug_info").is_some_and(|s| s.size() > 0)))
+        .unwrap_or(false)
 }
 
 impl SearchPaths {
@@ -60,7 +62,9 @@ impl SearchPaths {
             candidates.extend(self.binpath.iter().map(|d| d.join(name)));
         }
         candidates.push(PathBuf::from(path));
-        candidates.into_iter().find(|c| c.is_file() && (build_id.is_empty() || build_id_of(c).as_deref() == Some(build_id)))
+        candidates
+            .into_iter()
+            .find(|c| c.is_file() && (build_id.is_empty() || build_id_of(c).as_deref() == Some(build_id)))
     }
 
     /// A separate debug file for a module, if one is installed.

@@ -69,11 +69,20 @@ impl Symbolizer {
     /// cannot be resolved is reported as module+offset.
     pub fn frames(&mut self, modules: &[ModuleSeen], addr: u64, time: u64) -> Vec<Frame> {
         let Some(m) = module_at(modules, addr, time) else {
-            return vec![Frame { address: addr, function: None, file: None, line: None, module: "?".into(), offset: addr, inlined: false }];
+            return vec![Frame {
+                address: addr,
+                function: None,
+                file: None,
+                line: None,
+                module: "?".into(),
+                offset: addr,
+                inlined: false,
+            }];
         };
         let offset = addr.wrapping_sub(m.bias);
         let name = Path::new(&m.path).file_name().map_or_else(|| m.path.clone(), |n| n.to_string_lossy().into_owned());
-        let base = Frame { address: addr, function: None, file: None, line: None, module: name, offset, inlined: false };
+        let base =
+            Frame { address: addr, function: None, file: None, line: None, module: name, offset, inlined: false };
         // A return address points after the call; the call is one byte before.
         let probe = offset.wrapping_sub(1);
         let loaded = self.loaded(&m.path, &m.build_id);
@@ -101,7 +110,8 @@ impl Symbolizer {
         if out.last().is_some_and(|f| f.function.is_none()) {
             let sym = [&loaded.dwarf, &loaded.binary].into_iter().flatten().find_map(|l| l.find_symbol(probe));
             if let Some(s) = sym {
-                out.last_mut().expect("non-empty").function = Some(addr2line::demangle_auto(s.into(), None).into_owned());
+                out.last_mut().expect("non-empty").function =
+                    Some(addr2line::demangle_auto(s.into(), None).into_owned());
             }
         }
         out

@@ -76,7 +76,8 @@ pub fn run_json(dir: &Path, extra: &[&str], prog: &Path, args: &[&str]) -> (Valu
         .args(args)
         .output()
         .unwrap();
-    let text = std::fs::read_to_string(&report).unwrap_or_else(|e| panic!("no report ({e}); stderr: {}", String::from_utf8_lossy(&out.stderr)));
+    let text = std::fs::read_to_string(&report)
+        .unwrap_or_else(|e| panic!("no report ({e}); stderr: {}", String::from_utf8_lossy(&out.stderr)));
     (serde_json::from_str(&text).unwrap(), out)
 }
 
@@ -112,7 +113,11 @@ pub fn leaks_in(report: &Value, src: &str) -> Vec<Leak> {
         .iter()
         .filter(|e| !e["frames"][0]["module"].as_str().unwrap_or("").starts_with("ld-linux"))
         .filter_map(|e| {
-            let f = e["frames"].as_array().unwrap().iter().find(|f| f["file"].as_str().is_some_and(|p| p.ends_with(&format!("/{src}"))))?;
+            let f = e["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|f| f["file"].as_str().is_some_and(|p| p.ends_with(&format!("/{src}"))))?;
             Some(Leak {
                 bytes: e["bytes"].as_u64().unwrap(),
                 blocks: e["blocks"].as_u64().unwrap(),
@@ -128,10 +133,16 @@ pub fn leaks_in(report: &Value, src: &str) -> Vec<Leak> {
 
 /// The trace files in `dir`, reported: (pid, report), oldest first by name suffix.
 pub fn traces(dir: &Path) -> Vec<(PathBuf, Value)> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.to_string_lossy().contains(".mtrace")).collect();
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains(".mtrace"))
+        .collect();
     v.sort();
-    v.into_iter().map(|p| {
-        let r = report_json(&p);
-        (p, r)
-    }).collect()
+    v.into_iter()
+        .map(|p| {
+            let r = report_json(&p);
+            (p, r)
+        })
+        .collect()
 }

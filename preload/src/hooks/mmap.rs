@@ -32,7 +32,14 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i
 /// # Safety
 /// As [`mmap`].
 #[no_mangle]
-pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> *mut c_void {
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: usize,
+    prot: i32,
+    flags: i32,
+    fd: i32,
+    off: i64,
+) -> *mut c_void {
     // SAFETY: same contract.
     unsafe { mmap(addr, len, prot, flags, fd, off) }
 }
@@ -63,7 +70,13 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
 /// # Safety
 /// The C contract of mremap.
 #[no_mangle]
-pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: i32, new_addr: *mut c_void) -> *mut c_void {
+pub unsafe extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: usize,
+    new_len: usize,
+    flags: i32,
+    new_addr: *mut c_void,
+) -> *mut c_void {
     type F = unsafe extern "C" fn(*mut c_void, usize, usize, i32, *mut c_void) -> *mut c_void;
     traced(
         // SAFETY: F matches how mremap reads its arguments (see above).
