@@ -145,3 +145,53 @@ fn depth_limits_recorded_frames() {
         assert!(physical <= 2, "{e}");
     }
 }
+
+#[test]
+fn constructors_destructors_atexit_and_thread_exit() {
+    let dir = scratch("lifetime");
+    let prog = build("lifetime.cpp", &dir.join("lifetime"), &["-g", "-O0"]);
+    let m = markers("lifetime.cpp");
+    let (r, _) = run_json(&dir, &[], &prog, &[]);
+    let mut want = vec![
+        leak(114, 1, "malloc", "early", m["constructor"]),
+        leak(113, 1, "malloc", "at_exit_handler", m["in_atexit"]),
+    ];
+    want.sort();
+    // The static destructor's, the atexit handler's and the thread_local
+    // destructor's frees were all seen: 111, 115 and 112 are not listed.
+    assert_eq!(leaks_in(&r, "lifetime.cpp"), want);
+}
+
+#[test]
+fn binpath_finds_moved_binaries_and_unresolved_frames_print_as_offsets() {
+    let dir = scratch("binpath");
+    let built = dir.join("built");
+    std::fs::create_dir_all(&built).unwrap();
+    let prog = build("realloc.c", &built.join("realloc"), &["-g", "-O0"]);
+    let tdir = dir.join("t");
+    run_json(&dir, &["--trace-dir", tdir.to_str().unwrap()], &prog, &[]);
+    let moved = dir.join("moved");
+    std::fs::create_dir_all(&moved).unwrap();
+    std::fs::rename(&prog, moved.join("realloc")).unwrap();
+    let (trace, r) = traces(&tdir).pop().unwrap();
+    // The binary is gone: frames print as module+offset, not as an error.
+    let f = &r["stacks"][0]["frames"][0];
+    assert!(f["function"].is_null() && f["module"] == "realloc", "{f}");
+    let text = std::process::Command::new(mtrace()).arg("report").arg(&trace).output().unwrap();
+    assert!(text.status.success());
+    assert!(String::from_utf8_lossy(&text.stdout).contains(&format!("(realloc+{})", f["offset"].as_str().unwrap())));
+    // --binpath finds it by name (and checks its build-id).
+    let out = std::process::Command::new(mtrace())
+        .arg("report")
+        .arg("--json")
+        .arg("--binpath")
+        .arg(&moved)
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let m = markers("realloc.c");
+    let mut want = vec![leak(30, 1, "malloc", "main", m["chain"]), leak(40, 1, "malloc", "main", m["survivor"])];
+    want.sort();
+    assert_eq!(leaks_in(&r, "realloc.c"), want);
+}

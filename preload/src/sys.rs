@@ -124,11 +124,24 @@ pub fn create_exclusive(path: &str) -> Result<i32, i32> {
     // SAFETY: c is NUL-terminated.
     let fd = unsafe { libc::open(c.as_ptr(), flags, 0o600) };
     if fd < 0 {
-        Err(errno())
-    } else {
-        Ok(fd)
+        return Err(errno());
     }
+    // Move the descriptor out of the low numbers a program opens, dup2s
+    // onto and reuses: a program file that got our number would receive
+    // trace bytes. Keep the low one if no high one is free.
+    // SAFETY: fcntl/close on a descriptor we own.
+    unsafe {
+        let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, HIGH_FD);
+        if high >= 0 {
+            libc::close(fd);
+            return Ok(high);
+        }
+    }
+    Ok(fd)
 }
+
+/// Lowest descriptor number for the trace file (below the usual 1024 limit).
+const HIGH_FD: i32 = 900;
 
 /// Sleeps for `ms` milliseconds (the writer thread's poll interval).
 pub fn sleep_ms(ms: u64) {
