@@ -105,16 +105,18 @@ fn blocks_freed_by_another_thread() {
     assert_eq!(leaks_in(&r, "threads.c"), vec![leak(301, 1, "malloc", "producer", m["worker"])]);
     let e = r["stacks"].as_array().unwrap().iter().find(|e| e["bytes"] == 301).unwrap();
     assert_eq!(e["total_allocations"], 5);
-    // The program makes 100,005 allocations and 100,004 frees; glibc's
-    // thread start adds a TLS block or two, which it may free when it
-    // reuses a thread's stack. No free is lost or matched to the wrong
-    // block (that would show as a leak above or an unmatched free).
+    // The program makes 100,005 allocations and 100,004 frees. glibc's
+    // thread start adds a TLS block or two, which it may free on reuse, and
+    // in about half the runs frees one block allocated before tracing began
+    // (an unmatched free; glibc internals, not this program). None of the
+    // program's frees is lost or matched to the wrong block: that would
+    // show as a leak above or as more unmatched frees.
     let s = &r["summary"];
-    let glibc = s["allocations"].as_u64().unwrap() - 100_005;
-    assert!(glibc <= 2, "{s}");
-    let frees = s["frees"].as_u64().unwrap();
-    assert!((100_004..=100_004 + glibc).contains(&frees), "{s}");
-    assert_eq!(s["unmatched_frees"], 0);
+    let glibc_allocs = s["allocations"].as_u64().unwrap() - 100_005;
+    assert!(glibc_allocs <= 2, "{s}");
+    let glibc_frees = s["frees"].as_u64().unwrap() - 100_004;
+    assert!(glibc_frees <= glibc_allocs + 1, "{s}");
+    assert!(s["unmatched_frees"].as_u64().unwrap() <= glibc_frees.min(1), "{s}");
 }
 
 #[test]
