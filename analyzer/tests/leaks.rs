@@ -197,3 +197,35 @@ fn binpath_finds_moved_binaries_and_unresolved_frames_print_as_offsets() {
     want.sort();
     assert_eq!(leaks_in(&r, "realloc.c"), want);
 }
+
+#[test]
+fn inlined_frames_are_shown_as_such() {
+    let dir = scratch("inlined");
+    let prog = build("inlined.c", &dir.join("inlined"), &["-g", "-O2"]);
+    let m = markers("inlined.c");
+    let (r, _) = run_json(&dir, &[], &prog, &[]);
+    let e = r["stacks"].as_array().unwrap().iter().find(|e| e["bytes"] == 900).expect("the 900-byte leak");
+    let f = e["frames"].as_array().unwrap();
+    let got: Vec<(&str, u64, bool)> = f[..2]
+        .iter()
+        .map(|f| (f["function"].as_str().unwrap(), f["line"].as_u64().unwrap(), f["inlined"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(got, vec![("make_buffer", m["inlined"] as u64, true), ("fill", m["caller"] as u64, false)]);
+    assert_eq!(f[0]["address"], f[1]["address"], "one return address, two frames");
+}
+
+#[test]
+fn sort_keys_order_the_entries() {
+    let dir = scratch("sort");
+    let prog = build("inlined.c", &dir.join("inlined"), &["-g", "-O0"]);
+    let firsts = |key: &str| -> (u64, u64) {
+        let (r, _) = run_json(&dir, &["--sort", key], &prog, &[]);
+        let e = &r["stacks"][0];
+        (e["bytes"].as_u64().unwrap(), e["blocks"].as_u64().unwrap())
+    };
+    // One 900-byte block, and three 10-byte blocks from one backtrace.
+    assert_eq!(firsts("bytes"), (900, 1));
+    assert_eq!(firsts("count"), (30, 3));
+    assert_eq!(firsts("total"), (30, 3));
+    assert_eq!(firsts("average"), (900, 1));
+}
