@@ -229,3 +229,53 @@ fn sort_keys_order_the_entries() {
     assert_eq!(firsts("total"), (30, 3));
     assert_eq!(firsts("average"), (900, 1));
 }
+
+/// Builds realloc.c, traces it, and returns (binary, trace).
+fn traced_realloc(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let prog = build("realloc.c", &dir.join("realloc"), &["-g", "-O0"]);
+    let tdir = dir.join("t");
+    run_json(dir, &["--trace-dir", tdir.to_str().unwrap()], &prog, &[]);
+    (prog, traces(&tdir).pop().unwrap().0)
+}
+
+fn tool(args: &[&std::ffi::OsStr]) {
+    let ok = std::process::Command::new(args[0]).args(&args[1..]).status().unwrap();
+    assert!(ok.success(), "{args:?}");
+}
+
+fn realloc_leaks(trace: &std::path::Path, extra: &[&std::ffi::OsStr]) -> Vec<Leak> {
+    let out = std::process::Command::new(mtrace()).arg("report").arg("--json").args(extra).arg(trace).output().unwrap();
+    leaks_in(&serde_json::from_slice(&out.stdout).unwrap(), "realloc.c")
+}
+
+#[test]
+fn separate_debug_files_by_debuglink_and_by_build_id_under_sysroot() {
+    let dir = scratch("debugfiles");
+    let m = markers("realloc.c");
+    let mut want = vec![leak(30, 1, "malloc", "main", m["chain"]), leak(40, 1, "malloc", "main", m["survivor"])];
+    want.sort();
+    let (prog, trace) = traced_realloc(&dir);
+    let p = prog.as_os_str();
+    // Debug info moved to .debug/realloc.debug, linked from the stripped binary.
+    std::fs::create_dir_all(dir.join(".debug")).unwrap();
+    let dbg = dir.join(".debug/realloc.debug");
+    tool(&["objcopy".as_ref(), "--only-keep-debug".as_ref(), p, dbg.as_os_str()]);
+    tool(&["strip".as_ref(), "--strip-debug".as_ref(), p]);
+    tool(&["objcopy".as_ref(), format!("--add-gnu-debuglink={}", dbg.display()).as_ref(), p]);
+    assert_eq!(realloc_leaks(&trace, &[]), want, "found through .gnu_debuglink");
+    // The same file by build-id under a sysroot, the binary there too.
+    let sysroot = dir.join("root");
+    let hex: String = {
+        let out = std::process::Command::new("readelf").arg("-n").arg(&prog).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines().find_map(|l| l.trim().strip_prefix("Build ID: ").map(str::to_owned)).expect("a build-id")
+    };
+    let by_id = sysroot.join(format!("usr/lib/debug/.build-id/{}/{}.debug", &hex[..2], &hex[2..]));
+    std::fs::create_dir_all(by_id.parent().unwrap()).unwrap();
+    std::fs::rename(&dbg, &by_id).unwrap();
+    let in_root = sysroot.join(prog.strip_prefix("/").unwrap());
+    std::fs::create_dir_all(in_root.parent().unwrap()).unwrap();
+    std::fs::rename(&prog, &in_root).unwrap();
+    assert!(realloc_leaks(&trace, &[]).is_empty(), "nothing resolves without --sysroot");
+    assert_eq!(realloc_leaks(&trace, &["--sysroot".as_ref(), sysroot.as_os_str()]), want, "found by build-id");
+}
