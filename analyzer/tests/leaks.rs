@@ -279,3 +279,42 @@ fn separate_debug_files_by_debuglink_and_by_build_id_under_sysroot() {
     assert!(realloc_leaks(&trace, &[]).is_empty(), "nothing resolves without --sysroot");
     assert_eq!(realloc_leaks(&trace, &["--sysroot".as_ref(), sysroot.as_os_str()]), want, "found by build-id");
 }
+
+/// The report's backtraces as (bytes, [(module, offset)]), sorted: equal
+/// across runs despite address randomization.
+fn backtraces(r: &serde_json::Value) -> Vec<(u64, Vec<(String, String)>)> {
+    let mut v: Vec<_> = r["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let frames = e["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|f| f["inlined"] == false)
+                .map(|f| (f["module"].as_str().unwrap().to_owned(), f["offset"].as_str().unwrap().to_owned()))
+                .collect();
+            (e["bytes"].as_u64().unwrap(), frames)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn fast_unwinder_agrees_with_libgcc() {
+    for (src, flags) in [
+        ("nofp.c", &["-g", "-O2", "-fomit-frame-pointer"][..]),
+        ("cxx.cpp", &["-g", "-O2"][..]),
+        ("threads.c", &["-g", "-O2"][..]),
+        ("inlined.c", &["-g", "-O2"][..]),
+    ] {
+        let dir = scratch(&format!("unwinders-{src}"));
+        let prog = build(src, &dir.join("prog"), flags);
+        let (fast, _) = run_json(&dir, &[], &prog, &[]);
+        let (libgcc, _) = run_json_env(&dir, &[("MTRACE_UNWINDER", "libgcc")], &[], &prog, &[]);
+        assert_eq!(backtraces(&fast), backtraces(&libgcc), "{src}");
+        assert!(backtraces(&fast).iter().all(|(_, f)| f.len() >= 3), "{src}: {:?}", backtraces(&fast));
+    }
+}

@@ -24,9 +24,8 @@ fn python3_sorting_dicts() {
     let dir = scratch("python3");
     let script = "import json,sys\nd=[{'k': i, 'v': str(i)} for i in range(50000)]\nd.sort(key=lambda x: -x['k'])\nprint(len(json.dumps(d)), d[0]['v'])\nsys.exit(3)";
     // PYTHONMALLOC=malloc: every object through malloc, not pymalloc's arenas.
-    std::env::set_var("PYTHONMALLOC", "malloc");
-    let native = Command::new("python3").args(["-c", script]).output().unwrap();
-    let (r, traced) = run_json(&dir, &[], "python3".as_ref(), &["-c", script]);
+    let native = Command::new("python3").args(["-c", script]).env("PYTHONMALLOC", "malloc").output().unwrap();
+    let (r, traced) = run_json_env(&dir, &[("PYTHONMALLOC", "malloc")], &[], "python3".as_ref(), &["-c", script]);
     assert_eq!(traced.stdout, native.stdout);
     assert_eq!(traced.status.code(), Some(3));
     assert_eq!(native.status.code(), Some(3));

@@ -13,6 +13,8 @@ pub struct Config {
     pub depth: usize,
     /// `MTRACE_OUTPUT`, unexpanded; `None` for the default name.
     pub output: Option<String>,
+    /// `MTRACE_UNWINDER=libgcc`: use libgcc's unwinder instead of the fast one.
+    pub libgcc_unwinder: bool,
 }
 
 pub fn load() -> Config {
@@ -29,7 +31,15 @@ pub fn load() -> Config {
         },
     };
     let output = sys::getenv(c"MTRACE_OUTPUT").filter(|s| !s.is_empty());
-    Config { depth, output }
+    let libgcc_unwinder = match sys::getenv(c"MTRACE_UNWINDER").as_deref() {
+        None | Some("fast") => false,
+        Some("libgcc") => true,
+        Some(v) => {
+            sys::warn(&format!("MTRACE_UNWINDER={v:?} is neither \"fast\" nor \"libgcc\"; using fast"));
+            false
+        }
+    };
+    Config { depth, output, libgcc_unwinder }
 }
 
 /// Expands `%p` (pid), `%e` (program name) and `%%` in an output pattern.

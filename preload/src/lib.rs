@@ -8,9 +8,14 @@
 //! flush; `real` finds the functions the hooks forward to. `unsafe` lives in
 //! `real`, `sys`, `hooks`, `modules`, `signals` and `allocator`.
 
+// The unit tests run as an ordinary executable: without the hooks and the
+// constructor, so that the test binary does not trace itself.
+#![cfg_attr(test, allow(dead_code))]
+
 mod allocator;
 mod config;
 mod guard;
+#[cfg(not(test))]
 mod hooks;
 mod modules;
 mod real;
@@ -54,10 +59,12 @@ extern "C" fn fini() {
     recorder::final_flush(EndReason::Exit, false);
 }
 
+#[cfg(not(test))]
 #[used]
 #[link_section = ".init_array"]
 static INIT: extern "C" fn() = init;
 
+#[cfg(not(test))]
 #[used]
 #[link_section = ".fini_array"]
 static FINI: extern "C" fn() = fini;

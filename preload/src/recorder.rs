@@ -5,16 +5,13 @@
 
 use mtrace_format::{EndReason, Family, Record};
 
-use crate::config::MAX_DEPTH;
-use crate::{session, sys, thread, unwind};
+use crate::{session, sys, thread};
 
 #[inline]
 fn with_stack(make: impl FnOnce(u64, u32) -> Record) {
     let errno = sys::errno();
     if let Some(s) = session::get() {
-        let mut frames = [0u64; MAX_DEPTH];
-        let n = unwind::capture(&mut frames, s.depth);
-        thread::push(s, Some(&frames[..n]), make);
+        thread::push(s, true, make);
     }
     sys::set_errno(errno);
 }
@@ -23,7 +20,7 @@ fn with_stack(make: impl FnOnce(u64, u32) -> Record) {
 fn without_stack(make: impl FnOnce(u64) -> Record) {
     let errno = sys::errno();
     if let Some(s) = session::get() {
-        thread::push(s, None, |t, _| make(t));
+        thread::push(s, false, |t, _| make(t));
     }
     sys::set_errno(errno);
 }

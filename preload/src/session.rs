@@ -50,6 +50,8 @@ pub struct Session {
     pub start_mono: u64,
     /// Frames per backtrace.
     pub depth: usize,
+    /// Unwind with libgcc rather than the fast unwinder (`MTRACE_UNWINDER`).
+    pub libgcc_unwinder: bool,
     fd: i32,
     /// Held while anything writes to `fd`, so that buffers never interleave.
     file: Mutex<()>,
@@ -190,6 +192,7 @@ impl Session {
             pid,
             start_mono,
             depth: cfg.depth,
+            libgcc_unwinder: cfg.libgcc_unwinder,
             fd,
             file: Mutex::new(()),
             threads: Mutex::new(Vec::new()),
@@ -293,6 +296,8 @@ impl Session {
             return;
         }
         *last = g;
+        #[cfg(target_arch = "x86_64")]
+        crate::unwind::fast::refresh();
         let now = self.now();
         let mut out = Vec::with_capacity(4096);
         let mut enc = Encoder::new();

@@ -9,8 +9,9 @@ use std::sync::Once;
 use mtrace_format::{Encoder, Record};
 use rustc_hash::FxHashMap;
 
+use crate::config::MAX_DEPTH;
 use crate::session::{Session, ThreadBuf, BUF_CAP, FLUSH_AT};
-use crate::sys;
+use crate::{sys, unwind};
 
 struct ThreadState {
     gen: u64,
@@ -18,6 +19,25 @@ struct ThreadState {
     buf: Arc<ThreadBuf>,
     /// Backtrace → id, for the backtraces this thread has defined in the stream.
     stacks: FxHashMap<Box<[u64]>, u32>,
+    /// The fast unwinder, made on this thread's first backtrace.
+    #[cfg(target_arch = "x86_64")]
+    unwinder: Option<crate::unwind::fast::ThreadUnwinder>,
+}
+
+impl ThreadState {
+    /// This thread's backtrace into `out`, with the session's unwinder.
+    fn capture(&mut self, s: &Session, out: &mut [u64]) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        if !s.libgcc_unwinder {
+            if self.unwinder.is_none() {
+                self.unwinder = crate::unwind::fast::ThreadUnwinder::new();
+            }
+            if let Some(n) = self.unwinder.as_mut().and_then(|u| u.capture(out, s.depth)) {
+                return n;
+            }
+        }
+        unwind::libgcc::capture(out, s.depth)
+    }
 }
 
 /// Marks a thread whose state was torn down at thread exit.
@@ -81,6 +101,8 @@ fn state(s: &Session) -> Option<&'static mut ThreadState> {
         tid: sys::gettid(),
         buf: s.register(),
         stacks: FxHashMap::default(),
+        #[cfg(target_arch = "x86_64")]
+        unwinder: None,
     }));
     STATE.with(|c| c.set(st));
     let k = key();
@@ -92,13 +114,22 @@ fn state(s: &Session) -> Option<&'static mut ThreadState> {
     Some(unsafe { &mut *st })
 }
 
-/// Appends one event to this thread's buffer. `frames` is its backtrace
-/// (empty when the event has none); `make` builds the record from the time
-/// and the backtrace id.
-pub fn push(s: &Session, frames: Option<&[u64]>, make: impl FnOnce(u64, u32) -> Record) {
+/// Appends one event to this thread's buffer, with this thread's backtrace
+/// when `with_stack`; `make` builds the record from the time and the
+/// backtrace id.
+pub fn push(s: &Session, with_stack: bool, make: impl FnOnce(u64, u32) -> Record) {
     let now = s.now();
+    let mut buf = [0u64; MAX_DEPTH];
     let Some(st) = state(s) else {
-        return write_sync(s, sys::gettid(), now, frames, make);
+        let n = if with_stack { unwind::libgcc::capture(&mut buf, s.depth) } else { 0 };
+        return write_sync(s, sys::gettid(), now, with_stack.then_some(&buf[..n]), make);
+    };
+    // Unwind before taking the buffer's lock: the writer may want it.
+    let frames = if with_stack {
+        let n = st.capture(s, &mut buf);
+        Some(&buf[..n])
+    } else {
+        None
     };
     let mut b = st.buf.inner.lock();
     if s.is_finished() {

@@ -63,9 +63,15 @@ pub fn markers(src: &str) -> HashMap<String, u32> {
 
 /// Runs `mtrace run --json -o REPORT [extra] -- prog args` in `dir`.
 pub fn run_json(dir: &Path, extra: &[&str], prog: &Path, args: &[&str]) -> (Value, Output) {
+    run_json_env(dir, &[], extra, prog, args)
+}
+
+/// [`run_json`] with extra environment variables for mtrace and the program.
+pub fn run_json_env(dir: &Path, env: &[(&str, &str)], extra: &[&str], prog: &Path, args: &[&str]) -> (Value, Output) {
     let report = dir.join("report.json");
     let out = Command::new(mtrace())
         .current_dir(dir)
+        .envs(env.iter().copied())
         .arg("run")
         .arg("--json")
         .arg("-o")

@@ -156,10 +156,17 @@ pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> i32 {
     }
     type F = unsafe extern "C" fn(*mut c_void) -> i32;
     // SAFETY: F is dlclose's signature; handle per contract.
-    match unsafe { next::<F>(&DLCLOSE) } {
+    let rc = match unsafe { next::<F>(&DLCLOSE) } {
         Some(f) => unsafe { f(handle) },
         None => -1,
+    };
+    // The fast unwinder must not apply the closed library's unwind rules to
+    // whatever is mapped at its addresses next.
+    #[cfg(target_arch = "x86_64")]
+    if let Some(_g) = Guard::enter() {
+        crate::unwind::fast::refresh();
     }
+    rc
 }
 
 // The variadic exec functions are written in C (src/exec_shim.c): stable
