@@ -11,16 +11,18 @@ use crate::{session, sys, thread};
 fn with_stack(make: impl FnOnce(u64, u32) -> Record) {
     let errno = sys::errno();
     if let Some(s) = session::get() {
-        thread::push(s, true, make);
+        thread::push(s, s.now(), true, make);
     }
     sys::set_errno(errno);
 }
 
+/// Records an event without a backtrace, stamped `t` (taken before the real
+/// call) or now.
 #[inline]
-fn without_stack(make: impl FnOnce(u64) -> Record) {
+fn without_stack(t: Option<u64>, make: impl FnOnce(u64) -> Record) {
     let errno = sys::errno();
     if let Some(s) = session::get() {
-        thread::push(s, false, |t, _| make(t));
+        thread::push(s, t.unwrap_or_else(|| s.now()), false, |t, _| make(t));
     }
     sys::set_errno(errno);
 }
@@ -43,7 +45,7 @@ pub fn free(family: Family, addr: *mut libc::c_void, t: u64) {
     if addr.is_null() {
         return;
     }
-    without_stack(|_| Record::Free { time_ns: t, family, addr: addr as u64 });
+    without_stack(Some(t), |time_ns| Record::Free { time_ns, family, addr: addr as u64 });
 }
 
 /// Records the outcome of `realloc(old, size)` that returned `new`, by
@@ -86,7 +88,7 @@ pub fn mmap(addr: *mut libc::c_void, len: usize, prot: i32, flags: i32, fd: i32)
 
 /// `t` is [`now`] before the call.
 pub fn munmap(addr: *mut libc::c_void, len: usize, t: u64) {
-    without_stack(|_| Record::Munmap { time_ns: t, addr: addr as u64, len: len as u64 });
+    without_stack(Some(t), |time_ns| Record::Munmap { time_ns, addr: addr as u64, len: len as u64 });
 }
 
 pub fn mremap(old: *mut libc::c_void, old_len: usize, new: *mut libc::c_void, new_len: usize) {
@@ -107,7 +109,7 @@ pub fn mremap(old: *mut libc::c_void, old_len: usize, new: *mut libc::c_void, ne
 /// symbolize frames of libraries that are gone by the end.
 pub fn modules_changed() {
     let list = crate::modules::list();
-    without_stack(move |time_ns| Record::Modules { time_ns, modules: list });
+    without_stack(None, move |time_ns| Record::Modules { time_ns, modules: list });
 }
 
 /// Writes everything out before the process ends or execs.

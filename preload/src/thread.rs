@@ -114,11 +114,10 @@ fn state(s: &Session) -> Option<&'static mut ThreadState> {
     Some(unsafe { &mut *st })
 }
 
-/// Appends one event to this thread's buffer, with this thread's backtrace
-/// when `with_stack`; `make` builds the record from the time and the
-/// backtrace id.
-pub fn push(s: &Session, with_stack: bool, make: impl FnOnce(u64, u32) -> Record) {
-    let now = s.now();
+/// Appends one event at time `now` (ns since the start) to this thread's
+/// buffer, with this thread's backtrace when `with_stack`; `make` builds the
+/// record from the time and the backtrace id.
+pub fn push(s: &Session, now: u64, with_stack: bool, make: impl FnOnce(u64, u32) -> Record) {
     let mut buf = [0u64; MAX_DEPTH];
     let Some(st) = state(s) else {
         let n = if with_stack { unwind::libgcc::capture(&mut buf, s.depth) } else { 0 };

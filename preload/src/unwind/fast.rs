@@ -179,9 +179,10 @@ impl ThreadUnwinder {
     pub fn capture(&mut self, out: &mut [u64], depth: usize) -> Option<usize> {
         self.sync();
         let n = self.walk(out, depth)?;
-        // A frame outside every known module: a library may have been
-        // loaded since the module set was built. Rebuild it and walk again.
-        if out[..n].iter().any(|&a| !self.known(a)) {
+        // A walk that ends outside every known module: a library may have
+        // been loaded since the module set was built (a complete walk ends
+        // in _start or clone, which are known). Rebuild it and walk again.
+        if n > 0 && !self.known(out[n - 1]) {
             let before = GEN.load(Ordering::Acquire);
             refresh();
             if GEN.load(Ordering::Acquire) != before {
