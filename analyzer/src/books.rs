@@ -8,9 +8,12 @@
 //! address with the latest allocation time not after it; a free read before
 //! its allocation waits in `pending_frees` for it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use mtrace_format::Family;
+// FxHash: the keys are addresses and ids from our own producer, not
+// attacker-chosen, and SipHash was a fifth of the analyzer's time.
+use rustc_hash::FxHashMap as HashMap;
 
 /// A live heap block or mapping.
 #[derive(Clone, Debug)]
@@ -33,7 +36,11 @@ pub struct StackTotals {
 
 #[derive(Default)]
 pub struct Books {
-    live: HashMap<u64, Vec<Block>>,
+    /// One live block per address, the common case.
+    live: HashMap<u64, Block>,
+    /// Further live blocks at an address whose free has not been read yet
+    /// (another thread's reuse read first).
+    also_live: HashMap<u64, Vec<Block>>,
     pending_frees: HashMap<u64, Vec<u64>>,
     /// Mappings by start address; `Block::size` is the length.
     maps: BTreeMap<u64, Block>,
@@ -95,7 +102,9 @@ impl Books {
             }
         }
         self.grow(b.size, b.time);
-        self.live.entry(addr).or_default().push(b);
+        if let Some(old) = self.live.insert(addr, b) {
+            self.also_live.entry(addr).or_default().push(old);
+        }
     }
 
     /// A free call at `time`.
@@ -105,19 +114,44 @@ impl Books {
     }
 
     fn remove(&mut self, addr: u64, time: u64) {
-        if let Some(blocks) = self.live.get_mut(&addr) {
-            let pick =
-                blocks.iter().enumerate().filter(|(_, b)| b.time <= time).max_by_key(|(_, b)| b.time).map(|(i, _)| i);
-            if let Some(i) = pick {
-                let b = blocks.swap_remove(i);
-                if blocks.is_empty() {
-                    self.live.remove(&addr);
+        if let Some(b) = self.take_block(addr, time) {
+            self.shrink(b.size);
+        } else {
+            self.pending_frees.entry(addr).or_default().push(time);
+        }
+    }
+
+    /// Removes the block at `addr` that a free at `time` frees: the one with
+    /// the latest allocation time not after it.
+    fn take_block(&mut self, addr: u64, time: u64) -> Option<Block> {
+        let Some(extra) = self.also_live.get_mut(&addr) else {
+            return self.live.remove_entry(&addr).and_then(|(a, b)| {
+                if b.time <= time {
+                    Some(b)
+                } else {
+                    self.live.insert(a, b);
+                    None
                 }
-                self.shrink(b.size);
-                return;
+            });
+        };
+        let main_time = self.live.get(&addr).map(|b| b.time).filter(|&t| t <= time);
+        let extra_best = extra.iter().enumerate().filter(|(_, b)| b.time <= time).max_by_key(|(_, b)| b.time);
+        let taken = match (main_time, extra_best) {
+            (Some(mt), Some((_, eb))) if mt >= eb.time => self.live.remove(&addr),
+            (_, Some((i, _))) => Some(extra.swap_remove(i)),
+            (Some(_), None) => self.live.remove(&addr),
+            (None, None) => None,
+        };
+        // Keep one block in `live` while any remain.
+        if !self.live.contains_key(&addr) {
+            if let Some(b) = extra.pop() {
+                self.live.insert(addr, b);
             }
         }
-        self.pending_frees.entry(addr).or_default().push(time);
+        if extra.is_empty() {
+            self.also_live.remove(&addr);
+        }
+        taken
     }
 
     /// A successful realloc: `old` freed at `free_time`, `new` allocated.
@@ -173,7 +207,11 @@ impl Books {
 
     /// Everything still live: heap blocks and mappings, with their addresses.
     pub fn live_blocks(&self) -> impl Iterator<Item = (u64, &Block)> {
-        self.live.iter().flat_map(|(&a, v)| v.iter().map(move |b| (a, b))).chain(self.maps.iter().map(|(&a, b)| (a, b)))
+        self.live
+            .iter()
+            .map(|(&a, b)| (a, b))
+            .chain(self.also_live.iter().flat_map(|(&a, v)| v.iter().map(move |b| (a, b))))
+            .chain(self.maps.iter().map(|(&a, b)| (a, b)))
     }
 
     /// Frees whose block was never seen: allocated before tracing started.

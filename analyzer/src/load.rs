@@ -1,15 +1,15 @@
 //! Reading a trace file into the books: one pass over the stream, one
 //! record at a time.
 
-use std::collections::HashMap;
 use std::fs::File;
-use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use mtrace_format::{EndReason, Family, Header, Module, ReadError, Reader, Record};
 
 use crate::books::{Block, Books};
+// FxHash as in books.rs.
+use rustc_hash::FxHashMap as HashMap;
 
 /// Backtraces, deduplicated by content: producers may define the same frames
 /// under several ids (one per thread); reports group by content.
@@ -74,7 +74,7 @@ pub struct Trace {
 /// with [`Trace::error`] set and everything before the break in the books.
 pub fn load(path: &Path) -> Result<Trace> {
     let f = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
-    let mut r = Reader::new(BufReader::with_capacity(1 << 20, f));
+    let mut r = Reader::new(f);
     let header = r.header().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let mut t = Trace {
         path: path.to_owned(),

@@ -138,7 +138,7 @@ fn traces_in(dir: &Path) -> Result<Vec<(u32, u64, PathBuf)>> {
     for e in std::fs::read_dir(dir)? {
         let path = e?.path();
         let Ok(f) = std::fs::File::open(&path) else { continue };
-        let mut r = mtrace_format::Reader::new(std::io::BufReader::new(f));
+        let mut r = mtrace_format::Reader::new(f);
         if let Ok(h) = r.header() {
             v.push((h.pid, h.start_monotonic_ns, path));
         }

@@ -2,7 +2,7 @@
 //! what the caller keeps, never by the length of the stream.
 
 use std::fmt;
-use std::io::{self, BufRead};
+use std::io::{self, Read};
 
 use crate::record::{tag, EndReason, Family, Header, Module, Record, Segment};
 use crate::varint::unzigzag;
@@ -56,10 +56,18 @@ impl fmt::Display for ReadError {
 
 impl std::error::Error for ReadError {}
 
+/// Bytes read from the source at a time.
+const CHUNK: usize = 1 << 20;
+
 /// Reads a stream: first [`Reader::header`], then [`Reader::next_record`]
-/// until it returns `Ok(None)` (clean end) or an error.
+/// until it returns `Ok(None)` (clean end) or an error. Buffers the source
+/// itself (decoding works on a slice), so pass a plain `File`.
 pub struct Reader<R> {
     inner: R,
+    buf: Vec<u8>,
+    /// `buf[pos..end]` is read but not yet decoded.
+    pos: usize,
+    end: usize,
     offset: u64,
     record_start: u64,
     tid: u32,
@@ -68,9 +76,27 @@ pub struct Reader<R> {
 
 type Res<T> = Result<T, ReadErrorKind>;
 
-impl<R: BufRead> Reader<R> {
+impl<R: Read> Reader<R> {
     pub fn new(inner: R) -> Reader<R> {
-        Reader { inner, offset: 0, record_start: 0, tid: 0, last_time: 0 }
+        Reader { inner, buf: vec![0; CHUNK], pos: 0, end: 0, offset: 0, record_start: 0, tid: 0, last_time: 0 }
+    }
+
+    /// Reads more of the source after the undecoded bytes; false at its end.
+    fn refill(&mut self) -> Res<bool> {
+        self.buf.copy_within(self.pos..self.end, 0);
+        self.end -= self.pos;
+        self.pos = 0;
+        loop {
+            match self.inner.read(&mut self.buf[self.end..]) {
+                Ok(0) => return Ok(false),
+                Ok(n) => {
+                    self.end += n;
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(ReadErrorKind::Io(e)),
+            }
+        }
     }
 
     /// Bytes consumed so far: after a successful record, where the next one starts.
@@ -87,15 +113,38 @@ impl<R: BufRead> Reader<R> {
         ReadError { offset: self.record_start, kind }
     }
 
+    #[inline]
     fn u8(&mut self) -> Res<u8> {
-        let buf = self.inner.fill_buf().map_err(ReadErrorKind::Io)?;
-        let Some(&b) = buf.first() else { return Err(ReadErrorKind::Truncated) };
-        self.inner.consume(1);
+        if self.pos == self.end && !self.refill()? {
+            return Err(ReadErrorKind::Truncated);
+        }
+        let b = self.buf[self.pos];
+        self.pos += 1;
         self.offset += 1;
         Ok(b)
     }
 
+    #[inline]
     fn varint(&mut self) -> Res<u64> {
+        // Fast path: the whole varint is in the buffer.
+        if self.end - self.pos >= 10 {
+            let mut v = 0u64;
+            for (i, &b) in self.buf[self.pos..self.pos + 10].iter().enumerate() {
+                v |= ((b & 0x7f) as u64) << (7 * i);
+                if b & 0x80 == 0 {
+                    if i == 9 && b > 1 {
+                        break;
+                    }
+                    self.pos += i + 1;
+                    self.offset += i as u64 + 1;
+                    return Ok(v);
+                }
+            }
+        }
+        self.varint_slow()
+    }
+
+    fn varint_slow(&mut self) -> Res<u64> {
         let mut v = 0u64;
         for shift in (0..70).step_by(7) {
             let b = self.u8()?;
@@ -197,11 +246,10 @@ impl<R: BufRead> Reader<R> {
     /// `Err` with [`ReadErrorKind::Truncated`] when it ends inside a record.
     pub fn next_record(&mut self) -> Result<Option<Record>, ReadError> {
         self.record_start = self.offset;
-        let t = match self.inner.fill_buf() {
-            Ok([]) => return Ok(None),
-            Ok(_) => self.u8().map_err(|k| self.err(k))?,
-            Err(e) => return Err(self.err(ReadErrorKind::Io(e))),
-        };
+        if self.pos == self.end && !self.refill().map_err(|k| self.err(k))? {
+            return Ok(None);
+        }
+        let t = self.u8().map_err(|k| self.err(k))?;
         self.record(t).map(Some).map_err(|k| self.err(k))
     }
 
