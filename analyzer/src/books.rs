@@ -143,9 +143,9 @@ impl Books {
             (None, None) => None,
         };
         // Keep one block in `live` while any remain.
-        if !self.live.contains_key(&addr) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.live.entry(addr) {
             if let Some(b) = extra.pop() {
-                self.live.insert(addr, b);
+                slot.insert(b);
             }
         }
         if extra.is_empty() {
