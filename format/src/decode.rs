@@ -13,6 +13,8 @@ use crate::{MAGIC, VERSION};
 const MAX_STRING: u64 = 1 << 20;
 const MAX_FRAMES: u64 = 4096;
 const MAX_LIST: u64 = 1 << 20;
+/// Largest compressed block, either size (the writer's are a few MiB).
+const MAX_BLOCK: u64 = 1 << 30;
 
 /// What went wrong while reading a stream.
 #[derive(Debug)]
@@ -68,7 +70,12 @@ pub struct Reader<R> {
     /// `buf[pos..end]` is read but not yet decoded.
     pos: usize,
     end: usize,
-    offset: u64,
+    /// `buf[..spliced_end]` is a decompressed block put in place of the
+    /// compressed record that held it, which started at `block_offset`.
+    spliced_end: usize,
+    block_offset: u64,
+    /// Stream offset of `buf[spliced_end]`.
+    file_base: u64,
     record_start: u64,
     tid: u32,
     last_time: u64,
@@ -78,11 +85,28 @@ type Res<T> = Result<T, ReadErrorKind>;
 
 impl<R: Read> Reader<R> {
     pub fn new(inner: R) -> Reader<R> {
-        Reader { inner, buf: vec![0; CHUNK], pos: 0, end: 0, offset: 0, record_start: 0, tid: 0, last_time: 0 }
+        Reader {
+            inner,
+            buf: vec![0; CHUNK],
+            pos: 0,
+            end: 0,
+            spliced_end: 0,
+            block_offset: 0,
+            file_base: 0,
+            record_start: 0,
+            tid: 0,
+            last_time: 0,
+        }
     }
 
     /// Reads more of the source after the undecoded bytes; false at its end.
     fn refill(&mut self) -> Res<bool> {
+        if self.pos >= self.spliced_end {
+            self.file_base += (self.pos - self.spliced_end) as u64;
+            self.spliced_end = 0;
+        } else {
+            self.spliced_end -= self.pos;
+        }
         self.buf.copy_within(self.pos..self.end, 0);
         self.end -= self.pos;
         self.pos = 0;
@@ -99,9 +123,15 @@ impl<R: Read> Reader<R> {
         }
     }
 
-    /// Bytes consumed so far: after a successful record, where the next one starts.
+    /// Bytes of the stream consumed so far: after a successful record,
+    /// where the next one starts (inside a compressed block: where the
+    /// block starts).
     pub fn offset(&self) -> u64 {
-        self.offset
+        if self.pos < self.spliced_end {
+            self.block_offset
+        } else {
+            self.file_base + (self.pos - self.spliced_end) as u64
+        }
     }
 
     /// Thread of the records returned since the last [`Record::Thread`].
@@ -120,7 +150,6 @@ impl<R: Read> Reader<R> {
         }
         let b = self.buf[self.pos];
         self.pos += 1;
-        self.offset += 1;
         Ok(b)
     }
 
@@ -136,7 +165,6 @@ impl<R: Read> Reader<R> {
                         break;
                     }
                     self.pos += i + 1;
-                    self.offset += i as u64 + 1;
                     return Ok(v);
                 }
             }
@@ -202,7 +230,7 @@ impl<R: Read> Reader<R> {
         for b in magic.iter_mut() {
             *b = match self.u8() {
                 Ok(b) => b,
-                Err(ReadErrorKind::Truncated) if self.offset == 0 => {
+                Err(ReadErrorKind::Truncated) if self.offset() == 0 => {
                     return Err(ReadErrorKind::Corrupt("empty file".into()))
                 }
                 Err(e) => return Err(e),
@@ -245,12 +273,55 @@ impl<R: Read> Reader<R> {
     /// Reads the next record. `Ok(None)` at the end of a complete stream;
     /// `Err` with [`ReadErrorKind::Truncated`] when it ends inside a record.
     pub fn next_record(&mut self) -> Result<Option<Record>, ReadError> {
-        self.record_start = self.offset;
-        if self.pos == self.end && !self.refill().map_err(|k| self.err(k))? {
-            return Ok(None);
+        loop {
+            self.record_start = self.offset();
+            if self.pos == self.end && !self.refill().map_err(|k| self.err(k))? {
+                return Ok(None);
+            }
+            let t = self.u8().map_err(|k| self.err(k))?;
+            if t == tag::COMPRESSED {
+                self.splice_block().map_err(|k| self.err(k))?;
+                continue;
+            }
+            return self.record(t).map(Some).map_err(|k| self.err(k));
         }
-        let t = self.u8().map_err(|k| self.err(k))?;
-        self.record(t).map(Some).map_err(|k| self.err(k))
+    }
+
+    /// Replaces the compressed block record just started by its contents,
+    /// which are then read like any other records.
+    fn splice_block(&mut self) -> Res<()> {
+        if self.pos <= self.spliced_end {
+            return Err(ReadErrorKind::Corrupt("compressed block inside a compressed block".into()));
+        }
+        let raw_len = self.len(MAX_BLOCK, "block")?;
+        let comp_len = self.len(MAX_BLOCK, "compressed block")?;
+        while self.end - self.pos < comp_len {
+            if self.buf.len() < comp_len + CHUNK {
+                self.buf.resize(comp_len + CHUNK, 0);
+            }
+            if !self.refill()? {
+                return Err(ReadErrorKind::Truncated);
+            }
+        }
+        let comp = &self.buf[self.pos..self.pos + comp_len];
+        let raw = zstd::bulk::decompress(comp, raw_len)
+            .map_err(|e| ReadErrorKind::Corrupt(format!("compressed block: {e}")))?;
+        if raw.len() != raw_len {
+            return Err(ReadErrorKind::Corrupt(format!("block of {} bytes, {raw_len} announced", raw.len())));
+        }
+        let after = self.file_base + (self.pos + comp_len - self.spliced_end) as u64;
+        let mut buf = Vec::with_capacity(raw.len() + (self.end - self.pos - comp_len) + CHUNK);
+        buf.extend_from_slice(&raw);
+        buf.extend_from_slice(&self.buf[self.pos + comp_len..self.end]);
+        let end = buf.len();
+        buf.resize(end + CHUNK, 0);
+        self.buf = buf;
+        self.block_offset = self.record_start;
+        self.file_base = after;
+        self.spliced_end = raw.len();
+        self.pos = 0;
+        self.end = end;
+        Ok(())
     }
 
     fn family(&mut self) -> Res<Family> {
@@ -442,6 +513,40 @@ mod tests {
         assert_eq!(n, starts.len() - 1);
         assert!(matches!(err.kind, ReadErrorKind::Truncated));
         assert_eq!(err.offset, last);
+    }
+
+    #[test]
+    fn compressed_blocks_read_like_plain_records() {
+        let (plain, recs) = sample();
+        let mut r = Reader::new(&plain[..]);
+        r.header().unwrap();
+        let body = r.offset() as usize;
+        // Header, the first two records plain, the rest in one block.
+        let mut starts = vec![];
+        while r.next_record().unwrap().is_some() {
+            starts.push(r.offset() as usize);
+        }
+        let split = starts[1];
+        let mut mixed = plain[..split].to_vec();
+        let block_at = mixed.len() as u64;
+        crate::encode_compressed(&mut mixed, &plain[split..], 3).unwrap();
+        assert!(mixed.len() < plain.len() + 16);
+        let mut r = Reader::new(&mixed[..]);
+        r.header().unwrap();
+        assert_eq!(r.offset() as usize, body);
+        for want in &recs {
+            assert_eq!(r.next_record().unwrap().as_ref(), Some(want));
+        }
+        assert!(r.next_record().unwrap().is_none());
+        assert_eq!(r.offset(), mixed.len() as u64);
+        // Cut inside the block: truncated at the block's start.
+        let mut r = Reader::new(&mixed[..mixed.len() - 3]);
+        r.header().unwrap();
+        r.next_record().unwrap();
+        r.next_record().unwrap();
+        let e = r.next_record().unwrap_err();
+        assert!(matches!(e.kind, ReadErrorKind::Truncated));
+        assert_eq!(e.offset, block_at);
     }
 
     #[test]

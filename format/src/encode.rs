@@ -138,6 +138,18 @@ impl Encoder {
     }
 }
 
+/// Appends a compressed block: `raw` (whole records, each chunk starting
+/// with a Thread record) compressed with zstd at `level`. The reader expands
+/// it in place, so it may stand anywhere a record may.
+pub fn encode_compressed(out: &mut Vec<u8>, raw: &[u8], level: i32) -> std::io::Result<()> {
+    let comp = zstd::bulk::compress(raw, level)?;
+    out.push(tag::COMPRESSED);
+    put_varint(out, raw.len() as u64);
+    put_varint(out, comp.len() as u64);
+    out.extend_from_slice(&comp);
+    Ok(())
+}
+
 fn encode_module(out: &mut Vec<u8>, m: &Module) {
     put_bytes(out, m.path.as_bytes());
     put_varint(out, m.bias);

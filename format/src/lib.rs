@@ -12,7 +12,7 @@ mod record;
 mod varint;
 
 pub use decode::{ReadError, ReadErrorKind, Reader};
-pub use encode::{encode_header, Encoder};
+pub use encode::{encode_compressed, encode_header, Encoder};
 pub use record::{EndReason, Family, Header, Module, Record, Segment};
 pub use varint::{put_varint, unzigzag, zigzag};
 
@@ -21,4 +21,4 @@ pub use varint::{put_varint, unzigzag, zigzag};
 pub const MAGIC: [u8; 8] = *b"MTRACE\0\x1a";
 
 /// Format version written in the header. Readers reject newer versions.
-pub const VERSION: u64 = 1;
+pub const VERSION: u64 = 2;

@@ -174,4 +174,7 @@ pub(crate) mod tag {
     pub const MREMAP: u8 = 8;
     pub const MODULES: u8 = 9;
     pub const END: u8 = 10;
+    /// A zstd-compressed run of whole records (not a [`super::Record`]:
+    /// the reader expands it in place).
+    pub const COMPRESSED: u8 = 11;
 }

@@ -243,6 +243,7 @@ impl Session {
     /// SIGKILL loses at most one poll interval). The caller holds the file lock.
     fn collect(&self, exited_only: bool) {
         let threads: Vec<Arc<ThreadBuf>> = self.threads.lock().clone();
+        let mut batch = Vec::new();
         for t in &threads {
             let exited = t.exited.load(Ordering::Acquire);
             if exited_only && !exited {
@@ -257,15 +258,32 @@ impl Session {
                 std::mem::take(&mut b.full)
             };
             for buf in &full {
-                sys::write_all(self.fd, buf);
+                batch.extend_from_slice(buf);
             }
         }
+        self.write_compressed(&batch);
         self.threads.lock().retain(|t| {
             !(t.exited.load(Ordering::Acquire) && {
                 let b = t.inner.lock();
                 b.cur.is_empty() && b.full.is_empty()
             })
         });
+    }
+
+    /// Writes whole records as one zstd block (level 1: the writer must keep
+    /// up with the program), or as they are if compression fails. Runs in
+    /// the writer, so compression costs the program no time on its own
+    /// threads.
+    fn write_compressed(&self, raw: &[u8]) {
+        if raw.is_empty() {
+            return;
+        }
+        let mut out = Vec::with_capacity(raw.len() / 4 + 16);
+        if mtrace_format::encode_compressed(&mut out, raw, 1).is_ok() {
+            sys::write_all(self.fd, &out);
+        } else {
+            sys::write_all(self.fd, raw);
+        }
     }
 
     fn writer_loop(&self) {
