@@ -31,6 +31,8 @@ const DW_EH_PE_PCREL: u8 = 0x10;
 /// The module set every thread copies from.
 struct Master {
     unwinder: Unw,
+    /// The modules in `unwinder`, kept to reuse when the set is rebuilt.
+    modules: Vec<Loaded>,
     /// Address ranges of the modules in `unwinder`, sorted by start.
     ranges: Vec<(u64, u64)>,
     /// The loader's (adds, subs) when the set was built.
@@ -50,28 +52,32 @@ pub fn refresh() {
     if m.as_ref().is_some_and(|m| m.dl_gen == dl_gen) {
         return;
     }
+    let old = m.take().map(|m| m.modules).unwrap_or_default();
+    let modules = loaded_modules(old);
     let mut unwinder = Unw::new();
     let mut ranges = Vec::new();
-    for (module, range) in loaded_modules() {
-        unwinder.add_module(module);
-        ranges.push(range);
+    for (module, range) in &modules {
+        unwinder.add_module(module.clone());
+        ranges.push(*range);
     }
     ranges.sort_unstable();
-    *m = Some(Master { unwinder, ranges, dl_gen });
+    *m = Some(Master { unwinder, modules, ranges, dl_gen });
     GEN.fetch_add(1, Ordering::Release);
 }
 
-fn loaded_modules() -> Vec<Loaded> {
-    let mut out: Vec<Loaded> = Vec::new();
+/// The loaded modules; those of `old` still mapped at the same range are
+/// reused rather than copied again (a dlopen changes one module, not all).
+fn loaded_modules(old: Vec<Loaded>) -> Vec<Loaded> {
+    let mut acc: (Vec<Loaded>, Vec<Loaded>) = (old, Vec::new());
     // SAFETY: the callback reads only the dl_phdr_info and the memory of the
     // module it describes, during the call.
-    unsafe { libc::dl_iterate_phdr(Some(add_one), (&mut out as *mut Vec<Loaded>).cast()) };
-    out
+    unsafe { libc::dl_iterate_phdr(Some(add_one), (&mut acc as *mut (Vec<Loaded>, Vec<Loaded>)).cast()) };
+    acc.1
 }
 
 unsafe extern "C" fn add_one(info: *mut libc::dl_phdr_info, _size: usize, data: *mut libc::c_void) -> i32 {
-    // SAFETY: dl_iterate_phdr passes a valid info and our Vec as data.
-    let (info, out) = unsafe { (&*info, &mut *(data as *mut Vec<Loaded>)) };
+    // SAFETY: dl_iterate_phdr passes a valid info and our (old, new) pair as data.
+    let (info, (old, out)) = unsafe { (&*info, &mut *(data as *mut (Vec<Loaded>, Vec<Loaded>))) };
     // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
     let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
     let bias = info.dlpi_addr;
@@ -81,6 +87,17 @@ unsafe extern "C" fn add_one(info: *mut libc::dl_phdr_info, _size: usize, data: 
         .map(|p| (bias.wrapping_add(p.p_vaddr), bias.wrapping_add(p.p_vaddr + p.p_memsz)))
         .collect();
     let (Some(lo), Some(hi)) = (loads.iter().map(|r| r.0).min(), loads.iter().map(|r| r.1).max()) else { return 0 };
+    let name = if info.dlpi_name.is_null() {
+        String::new()
+    } else {
+        // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
+        unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }.to_string_lossy().into_owned()
+    };
+    // The same path, range and load bias as before: the same module.
+    if let Some(i) = old.iter().position(|(m, r)| *r == (lo, hi) && m.base_avma() == bias && m.name() == name) {
+        out.push(old.swap_remove(i));
+        return 0;
+    }
     let Some(hdr) = phdrs.iter().find(|p| p.p_type == PT_GNU_EH_FRAME) else { return 0 };
     let hdr_avma = bias.wrapping_add(hdr.p_vaddr);
     // SAFETY: PT_GNU_EH_FRAME lies in a loaded, readable segment.
@@ -99,7 +116,7 @@ unsafe extern "C" fn add_one(info: *mut libc::dl_phdr_info, _size: usize, data: 
         eh_frame: Some(eh_bytes.to_vec()),
         ..Default::default()
     };
-    out.push((Module::new(String::new(), lo..hi, bias, info), (lo, hi)));
+    out.push((Module::new(name, lo..hi, bias, info), (lo, hi)));
     0
 }
 
