@@ -6,47 +6,67 @@ use std::ffi::CStr;
 
 const NT_GNU_BUILD_ID: u32 = 3;
 
+/// Calls `f(path, bias, program headers)` for every loaded module, in
+/// `dl_iterate_phdr` order (the main executable first, with an empty path).
+pub fn each(mut f: impl FnMut(&str, u64, &[libc::Elf64_Phdr])) {
+    let mut f: &mut dyn FnMut(&str, u64, &[libc::Elf64_Phdr]) = &mut f;
+    // SAFETY: the callback reads the dl_phdr_info it is given during the
+    // call and passes it on to `f` by reference.
+    unsafe {
+        libc::dl_iterate_phdr(Some(trampoline), (&mut f as *mut &mut dyn FnMut(&str, u64, &[libc::Elf64_Phdr])).cast())
+    };
+}
+
+unsafe extern "C" fn trampoline(info: *mut libc::dl_phdr_info, _size: usize, data: *mut libc::c_void) -> i32 {
+    // SAFETY: dl_iterate_phdr passes a valid info and each()'s closure as data.
+    let (info, f) = unsafe { (&*info, &mut *(data as *mut &mut dyn FnMut(&str, u64, &[libc::Elf64_Phdr]))) };
+    let path = if info.dlpi_name.is_null() {
+        std::borrow::Cow::Borrowed("")
+    } else {
+        // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
+        unsafe { CStr::from_ptr(info.dlpi_name) }.to_string_lossy()
+    };
+    // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
+    let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+    f(&path, info.dlpi_addr, phdrs);
+    0
+}
+
+/// The bytes of a module's memory at file address `vaddr`.
+///
+/// # Safety
+/// `[bias + vaddr, + len)` lies in a loaded segment of a module that stays
+/// loaded while the slice is used (for instance during [`each`]).
+pub unsafe fn mapped<'a>(bias: u64, vaddr: u64, len: u64) -> &'a [u8] {
+    // SAFETY: per the contract.
+    unsafe { std::slice::from_raw_parts(bias.wrapping_add(vaddr) as *const u8, len as usize) }
+}
+
 /// Lists the loaded modules. The main executable (empty name) gets the path
 /// of `/proc/self/exe`.
 pub fn list() -> Vec<Module> {
     let mut out: Vec<Module> = Vec::new();
-    // SAFETY: the callback only reads the dl_phdr_info it is given, during the call.
-    unsafe { libc::dl_iterate_phdr(Some(callback), (&mut out as *mut Vec<Module>).cast()) };
+    each(|path, bias, phdrs| {
+        let mut segments = Vec::new();
+        let mut build_id = Vec::new();
+        for ph in phdrs {
+            if ph.p_type == libc::PT_LOAD {
+                segments.push(Segment { vaddr: ph.p_vaddr, memsz: ph.p_memsz, flags: ph.p_flags });
+            } else if ph.p_type == libc::PT_NOTE && build_id.is_empty() {
+                // SAFETY: PT_NOTE segments are mapped for the module's lifetime.
+                build_id = find_build_id(unsafe { mapped(bias, ph.p_vaddr, ph.p_memsz) }).unwrap_or_default();
+            }
+        }
+        // The vDSO has a name like "linux-vdso.so.1" and no file: keep it,
+        // the analyzer shows its frames as module+offset.
+        out.push(Module { path: path.to_owned(), bias, build_id, segments });
+    });
     if let Some(first) = out.first_mut() {
         if first.path.is_empty() {
             first.path = crate::sys::readlink(c"/proc/self/exe").unwrap_or_default();
         }
     }
     out
-}
-
-unsafe extern "C" fn callback(info: *mut libc::dl_phdr_info, _size: usize, data: *mut libc::c_void) -> i32 {
-    // SAFETY: dl_iterate_phdr passes a valid info and our Vec as data.
-    let (info, out) = unsafe { (&*info, &mut *(data as *mut Vec<Module>)) };
-    let path = if info.dlpi_name.is_null() {
-        String::new()
-    } else {
-        // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
-        unsafe { CStr::from_ptr(info.dlpi_name) }.to_string_lossy().into_owned()
-    };
-    // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
-    let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
-    let mut segments = Vec::new();
-    let mut build_id = Vec::new();
-    for ph in phdrs {
-        if ph.p_type == libc::PT_LOAD {
-            segments.push(Segment { vaddr: ph.p_vaddr, memsz: ph.p_memsz, flags: ph.p_flags });
-        } else if ph.p_type == libc::PT_NOTE && build_id.is_empty() {
-            let start = info.dlpi_addr.wrapping_add(ph.p_vaddr) as *const u8;
-            // SAFETY: PT_NOTE segments are mapped readable for the module's lifetime.
-            let notes = unsafe { std::slice::from_raw_parts(start, ph.p_memsz as usize) };
-            build_id = find_build_id(notes).unwrap_or_default();
-        }
-    }
-    // The vDSO has a name like "linux-vdso.so.1" and no file: keep it, the
-    // analyzer shows its frames as module+offset.
-    out.push(Module { path, bias: info.dlpi_addr, build_id, segments });
-    0
 }
 
 /// Finds the NT_GNU_BUILD_ID descriptor in a PT_NOTE segment (ELF notes:

@@ -67,57 +67,40 @@ pub fn refresh() {
 
 /// The loaded modules; those of `old` still mapped at the same range are
 /// reused rather than copied again (a dlopen changes one module, not all).
-fn loaded_modules(old: Vec<Loaded>) -> Vec<Loaded> {
-    let mut acc: (Vec<Loaded>, Vec<Loaded>) = (old, Vec::new());
-    // SAFETY: the callback reads only the dl_phdr_info and the memory of the
-    // module it describes, during the call.
-    unsafe { libc::dl_iterate_phdr(Some(add_one), (&mut acc as *mut (Vec<Loaded>, Vec<Loaded>)).cast()) };
-    acc.1
-}
-
-unsafe extern "C" fn add_one(info: *mut libc::dl_phdr_info, _size: usize, data: *mut libc::c_void) -> i32 {
-    // SAFETY: dl_iterate_phdr passes a valid info and our (old, new) pair as data.
-    let (info, (old, out)) = unsafe { (&*info, &mut *(data as *mut (Vec<Loaded>, Vec<Loaded>))) };
-    // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
-    let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
-    let bias = info.dlpi_addr;
-    let loads: Vec<(u64, u64)> = phdrs
-        .iter()
-        .filter(|p| p.p_type == libc::PT_LOAD)
-        .map(|p| (bias.wrapping_add(p.p_vaddr), bias.wrapping_add(p.p_vaddr + p.p_memsz)))
-        .collect();
-    let (Some(lo), Some(hi)) = (loads.iter().map(|r| r.0).min(), loads.iter().map(|r| r.1).max()) else { return 0 };
-    let name = if info.dlpi_name.is_null() {
-        String::new()
-    } else {
-        // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
-        unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }.to_string_lossy().into_owned()
-    };
-    // The same path, range and load bias as before: the same module.
-    if let Some(i) = old.iter().position(|(m, r)| *r == (lo, hi) && m.base_avma() == bias && m.name() == name) {
-        out.push(old.swap_remove(i));
-        return 0;
-    }
-    let Some(hdr) = phdrs.iter().find(|p| p.p_type == PT_GNU_EH_FRAME) else { return 0 };
-    let hdr_avma = bias.wrapping_add(hdr.p_vaddr);
-    // SAFETY: PT_GNU_EH_FRAME lies in a loaded, readable segment.
-    let hdr_bytes = unsafe { std::slice::from_raw_parts(hdr_avma as *const u8, hdr.p_memsz as usize) };
-    let Some(eh_avma) = eh_frame_address(hdr_bytes, hdr_avma) else { return 0 };
-    // .eh_frame ends with a zero terminator somewhere before the end of its
-    // segment; framehop finds entries through the header's table.
-    let Some(&(_, seg_end)) = loads.iter().find(|r| r.0 <= eh_avma && eh_avma < r.1) else { return 0 };
-    // SAFETY: [eh_avma, seg_end) is inside one loaded segment.
-    let eh_bytes = unsafe { std::slice::from_raw_parts(eh_avma as *const u8, (seg_end - eh_avma) as usize) };
-    let info = ExplicitModuleSectionInfo {
-        base_svma: 0,
-        eh_frame_hdr_svma: Some(hdr.p_vaddr..hdr.p_vaddr + hdr.p_memsz),
-        eh_frame_hdr: Some(hdr_bytes.to_vec()),
-        eh_frame_svma: Some(eh_avma - bias..seg_end - bias),
-        eh_frame: Some(eh_bytes.to_vec()),
-        ..Default::default()
-    };
-    out.push((Module::new(name, lo..hi, bias, info), (lo, hi)));
-    0
+fn loaded_modules(mut old: Vec<Loaded>) -> Vec<Loaded> {
+    let mut out = Vec::new();
+    crate::modules::each(|name, bias, phdrs| {
+        let loads: Vec<(u64, u64)> = phdrs
+            .iter()
+            .filter(|p| p.p_type == libc::PT_LOAD)
+            .map(|p| (bias.wrapping_add(p.p_vaddr), bias.wrapping_add(p.p_vaddr + p.p_memsz)))
+            .collect();
+        let (Some(lo), Some(hi)) = (loads.iter().map(|r| r.0).min(), loads.iter().map(|r| r.1).max()) else { return };
+        // The same path, range and load bias as before: the same module.
+        if let Some(i) = old.iter().position(|(m, r)| *r == (lo, hi) && m.base_avma() == bias && m.name() == name) {
+            out.push(old.swap_remove(i));
+            return;
+        }
+        let Some(hdr) = phdrs.iter().find(|p| p.p_type == PT_GNU_EH_FRAME) else { return };
+        // SAFETY: PT_GNU_EH_FRAME lies in a loaded segment of this module.
+        let hdr_bytes = unsafe { crate::modules::mapped(bias, hdr.p_vaddr, hdr.p_memsz) };
+        let Some(eh_avma) = eh_frame_address(hdr_bytes, bias.wrapping_add(hdr.p_vaddr)) else { return };
+        // .eh_frame ends with a zero terminator somewhere before the end of
+        // its segment; framehop finds entries through the header's table.
+        let Some(&(_, seg_end)) = loads.iter().find(|r| r.0 <= eh_avma && eh_avma < r.1) else { return };
+        // SAFETY: [eh_avma, seg_end) is inside one loaded segment.
+        let eh_bytes = unsafe { crate::modules::mapped(bias, eh_avma - bias, seg_end - eh_avma) };
+        let info = ExplicitModuleSectionInfo {
+            base_svma: 0,
+            eh_frame_hdr_svma: Some(hdr.p_vaddr..hdr.p_vaddr + hdr.p_memsz),
+            eh_frame_hdr: Some(hdr_bytes.to_vec()),
+            eh_frame_svma: Some(eh_avma - bias..seg_end - bias),
+            eh_frame: Some(eh_bytes.to_vec()),
+            ..Default::default()
+        };
+        out.push((Module::new(name.to_owned(), lo..hi, bias, info), (lo, hi)));
+    });
+    out
 }
 
 /// The address of `.eh_frame` from `.eh_frame_hdr` (version 1, then the
