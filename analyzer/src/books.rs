@@ -34,6 +34,14 @@ pub struct StackTotals {
     pub bytes: u64,
 }
 
+/// What one backtrace holds live at a moment.
+#[derive(Clone, Copy, Debug)]
+pub struct LiveTotals {
+    pub bytes: u64,
+    pub blocks: u64,
+    pub family: Family,
+}
+
 #[derive(Default)]
 pub struct Books {
     /// One live block per address, the common case.
@@ -212,6 +220,17 @@ impl Books {
             .map(|(&a, b)| (a, b))
             .chain(self.also_live.iter().flat_map(|(&a, v)| v.iter().map(move |b| (a, b))))
             .chain(self.maps.iter().map(|(&a, b)| (a, b)))
+    }
+
+    /// Live bytes and blocks per backtrace, with the family of its blocks.
+    pub fn live_by_stack(&self) -> HashMap<u32, LiveTotals> {
+        let mut m: HashMap<u32, LiveTotals> = HashMap::default();
+        for (_, b) in self.live_blocks() {
+            let e = m.entry(b.stack).or_insert(LiveTotals { bytes: 0, blocks: 0, family: b.family });
+            e.bytes += b.size;
+            e.blocks += 1;
+        }
+        m
     }
 
     /// Frees whose block was never seen: allocated before tracing started.

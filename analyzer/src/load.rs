@@ -53,6 +53,37 @@ pub struct ModuleSeen {
     pub time: u64,
 }
 
+/// Which marker `--since-marker`/`--until-marker` mean: a number selects
+/// incremental report `seq`, anything else a marker's name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MarkerSel(pub String);
+
+impl MarkerSel {
+    fn matches(&self, seq: u64, name: &str) -> bool {
+        match self.0.parse::<u64>() {
+            Ok(n) => n != 0 && n == seq,
+            Err(_) => self.0 == name,
+        }
+    }
+}
+
+/// Where reading starts counting and stops.
+#[derive(Clone, Debug, Default)]
+pub struct Window {
+    /// Report the change since this marker (live blocks there are the baseline).
+    pub since: Option<MarkerSel>,
+    /// Stop reading at this marker.
+    pub until: Option<MarkerSel>,
+}
+
+/// A marker as read: report number (0 for a named point), name, time (ns).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct MarkerSeen {
+    pub seq: u64,
+    pub name: String,
+    pub time_ns: u64,
+}
+
 /// Everything read from one trace.
 pub struct Trace {
     pub path: PathBuf,
@@ -67,12 +98,24 @@ pub struct Trace {
     /// Why reading stopped early (truncated or corrupt), if it did.
     pub error: Option<ReadError>,
     pub records: u64,
+    /// Every marker read, in stream order.
+    pub markers: Vec<MarkerSeen>,
+    /// Live bytes and blocks per canonical backtrace at the `since` marker.
+    pub baseline: Option<HashMap<u32, crate::books::LiveTotals>>,
+    /// The `until` marker was reached (reading stopped there).
+    pub reached_until: bool,
 }
 
 /// Reads the trace at `path`. Fails only when the file cannot be opened or
 /// its header cannot be read; a stream that breaks off later is returned
 /// with [`Trace::error`] set and everything before the break in the books.
 pub fn load(path: &Path) -> Result<Trace> {
+    load_window(path, &Window::default())
+}
+
+/// [`load`], counting from marker `w.since` and stopping at `w.until`.
+/// Fails when a named marker is not in the trace.
+pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
     let f = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
     let mut r = Reader::new(f);
     let header = r.header().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
@@ -86,6 +129,9 @@ pub fn load(path: &Path) -> Result<Trace> {
         last_time: 0,
         error: None,
         records: 0,
+        markers: Vec::new(),
+        baseline: None,
+        reached_until: false,
     };
     let mut now = 0u64;
     loop {
@@ -145,8 +191,28 @@ pub fn load(path: &Path) -> Result<Trace> {
                 now = time_ns;
                 t.end = Some(reason);
             }
+            Record::Marker { time_ns, seq, name } => {
+                now = time_ns;
+                let since = w.since.as_ref().is_some_and(|m| m.matches(seq, &name)) && t.baseline.is_none();
+                let until = w.until.as_ref().is_some_and(|m| m.matches(seq, &name));
+                t.markers.push(MarkerSeen { seq, name, time_ns });
+                if since {
+                    t.baseline = Some(t.books.live_by_stack());
+                }
+                if until {
+                    t.last_time = t.last_time.max(now);
+                    t.reached_until = true;
+                    break;
+                }
+            }
         }
         t.last_time = t.last_time.max(now);
+    }
+    if let Some(m) = &w.since {
+        anyhow::ensure!(t.baseline.is_some(), "{}: no marker {:?} in the trace", path.display(), m.0);
+    }
+    if let Some(m) = &w.until {
+        anyhow::ensure!(t.reached_until, "{}: no marker {:?} in the trace", path.display(), m.0);
     }
     Ok(t)
 }

@@ -48,6 +48,12 @@ pub struct ReportOpts {
     /// Folder to search for binaries by file name; may be repeated.
     #[arg(long)]
     binpath: Vec<PathBuf>,
+    /// Report the change in live blocks since this marker (a report number, or a marker's name).
+    #[arg(long, value_name = "MARKER")]
+    since_marker: Option<String>,
+    /// Stop at this marker (a report number, or a marker's name).
+    #[arg(long, value_name = "MARKER")]
+    until_marker: Option<String>,
 }
 
 #[derive(Args)]
@@ -57,6 +63,9 @@ struct ReportArgs {
     /// Write the report to FILE instead of standard output.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
+    /// List the trace's markers (report points and named points) instead.
+    #[arg(long)]
+    markers: bool,
     #[command(flatten)]
     opts: ReportOpts,
 }
@@ -69,8 +78,14 @@ impl ReportOpts {
     /// Loads `trace` and writes its report to `out`. A trace that breaks off
     /// is still reported (with its error named); returns whether it was whole.
     pub fn report(&self, trace: &std::path::Path, out: &mut dyn Write) -> anyhow::Result<report::Report> {
-        let t = load::load(trace)?;
-        let r = report::build(&t, &mut self.symbolizer(), self.sort, self.depth);
+        let window = load::Window {
+            since: self.since_marker.clone().map(load::MarkerSel),
+            until: self.until_marker.clone().map(load::MarkerSel),
+        };
+        let t = load::load_window(trace, &window)?;
+        let mut r = report::build(&t, &mut self.symbolizer(), self.sort, self.depth);
+        r.summary.since_marker = self.since_marker.clone();
+        r.summary.until_marker = self.until_marker.clone();
         if self.json {
             serde_json::to_writer_pretty(&mut *out, &r)?;
             writeln!(out)?;
@@ -79,6 +94,22 @@ impl ReportOpts {
         }
         Ok(r)
     }
+}
+
+/// `mtrace report --markers`: one line per marker (or a JSON array).
+fn list_markers(trace: &std::path::Path, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
+    let t = load::load(trace)?;
+    if json {
+        serde_json::to_writer_pretty(&mut *out, &t.markers)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    writeln!(out, "{:>6}  {:>12}  name", "report", "time")?;
+    for m in &t.markers {
+        let seq = if m.seq == 0 { "-".to_owned() } else { m.seq.to_string() };
+        writeln!(out, "{seq:>6}  {:>10.3} s  {}", m.time_ns as f64 / 1e9, m.name)?;
+    }
+    Ok(())
 }
 
 fn open_output(p: &Option<PathBuf>) -> anyhow::Result<Box<dyn Write>> {
@@ -92,6 +123,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Report(a) => open_output(&a.output).and_then(|mut out| {
+            if a.markers {
+                list_markers(&a.trace, a.opts.json, &mut *out)?;
+                return Ok(ExitCode::SUCCESS);
+            }
             let r = a.opts.report(&a.trace, &mut *out)?;
             out.flush()?;
             if let Some(e) = &r.summary.error {

@@ -399,6 +399,7 @@ impl<R: Read> Reader<R> {
                     .ok_or_else(|| ReadErrorKind::Corrupt(format!("unknown end reason {code}")))?;
                 Record::End { time_ns, reason }
             }
+            tag::MARKER => Record::Marker { time_ns: self.time()?, seq: self.varint()?, name: self.string()? },
             other => return Err(ReadErrorKind::Corrupt(format!("unknown record tag {other}"))),
         })
     }
@@ -459,6 +460,7 @@ mod tests {
                     segments: vec![Segment { vaddr: 0, memsz: 4096, flags: 5 }],
                 }],
             },
+            Record::Marker { time_ns: 2450, seq: 1, name: "signal".into() },
             Record::End { time_ns: 2500, reason: EndReason::Signal(11) },
         ];
         let mut out = Vec::new();

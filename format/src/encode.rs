@@ -127,6 +127,12 @@ impl Encoder {
                     encode_module(out, m);
                 }
             }
+            Record::Marker { time_ns, seq, ref name } => {
+                out.push(tag::MARKER);
+                self.time(out, time_ns);
+                put_varint(out, seq);
+                put_bytes(out, name.as_bytes());
+            }
             Record::End { time_ns, reason } => {
                 out.push(tag::END);
                 self.time(out, time_ns);

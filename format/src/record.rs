@@ -161,6 +161,11 @@ pub enum Record {
     Modules { time_ns: u64, modules: Vec<Module> },
     /// Everything the process did up to `time_ns` is in the stream.
     End { time_ns: u64, reason: EndReason },
+    /// A report point: incremental report `seq` (1, 2, …) was taken here
+    /// (signal, `mtrace_report()`), or the program named this moment
+    /// (`mtrace_marker()`). Records of other threads written before it may
+    /// be up to one writer round (5 ms) older or newer.
+    Marker { time_ns: u64, seq: u64, name: String },
 }
 
 pub(crate) mod tag {
@@ -177,4 +182,5 @@ pub(crate) mod tag {
     /// A zstd-compressed run of whole records (not a [`super::Record`]:
     /// the reader expands it in place).
     pub const COMPRESSED: u8 = 11;
+    pub const MARKER: u8 = 12;
 }

@@ -15,6 +15,34 @@ pub struct Config {
     pub output: Option<String>,
     /// `MTRACE_UNWINDER=libgcc`: use libgcc's unwinder instead of the fast one.
     pub libgcc_unwinder: bool,
+    /// `MTRACE_REPORT_SIGNAL`: the signal that asks for an incremental
+    /// report (default SIGUSR1); `None` when set to `off`.
+    pub report_signal: Option<i32>,
+    /// `MTRACE_REPORT_DIR`: where .memlog reports go (default: the
+    /// program's working directory at the time of the report).
+    pub report_dir: Option<String>,
+}
+
+/// Signal names accepted by `MTRACE_REPORT_SIGNAL`, with or without `SIG`.
+const SIGNALS: [(&str, i32); 6] = [
+    ("USR1", libc::SIGUSR1),
+    ("USR2", libc::SIGUSR2),
+    ("HUP", libc::SIGHUP),
+    ("PROF", libc::SIGPROF),
+    ("URG", libc::SIGURG),
+    ("WINCH", libc::SIGWINCH),
+];
+
+fn parse_signal(v: &str) -> Option<Option<i32>> {
+    let v = v.trim();
+    if v.eq_ignore_ascii_case("off") {
+        return Some(None);
+    }
+    if let Ok(n) = v.parse::<i32>() {
+        return (1..libc::SIGRTMAX()).contains(&n).then_some(Some(n));
+    }
+    let name = v.strip_prefix("SIG").unwrap_or(v);
+    SIGNALS.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|&(_, s)| Some(s))
 }
 
 pub fn load() -> Config {
@@ -39,7 +67,17 @@ pub fn load() -> Config {
             false
         }
     };
-    Config { depth, output, libgcc_unwinder }
+    let report_signal = match sys::getenv(c"MTRACE_REPORT_SIGNAL") {
+        None => Some(libc::SIGUSR1),
+        Some(v) => parse_signal(&v).unwrap_or_else(|| {
+            sys::warn(&format!(
+                "MTRACE_REPORT_SIGNAL={v:?} is not a signal (USR1, USR2, a number, or off); using USR1"
+            ));
+            Some(libc::SIGUSR1)
+        }),
+    };
+    let report_dir = sys::getenv(c"MTRACE_REPORT_DIR").filter(|s| !s.is_empty());
+    Config { depth, output, libgcc_unwinder, report_signal, report_dir }
 }
 
 /// Expands `%p` (pid), `%e` (program name) and `%%` in an output pattern.
@@ -67,6 +105,16 @@ pub fn expand(pattern: &str, pid: u32, prog: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn signal_names() {
+        assert_eq!(super::parse_signal("USR2"), Some(Some(libc::SIGUSR2)));
+        assert_eq!(super::parse_signal("SIGUSR1"), Some(Some(libc::SIGUSR1)));
+        assert_eq!(super::parse_signal("12"), Some(Some(12)));
+        assert_eq!(super::parse_signal("off"), Some(None));
+        assert_eq!(super::parse_signal("KILLME"), None);
+        assert_eq!(super::parse_signal("0"), None);
+    }
+
     #[test]
     fn expands_pid_and_name() {
         assert_eq!(super::expand("/t/%e.%p.mtrace", 42, "ls"), "/t/ls.42.mtrace");

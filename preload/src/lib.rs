@@ -20,6 +20,7 @@ mod hooks;
 mod modules;
 mod real;
 mod recorder;
+mod reports;
 mod session;
 mod signals;
 mod sys;
@@ -37,11 +38,12 @@ static ALLOC: allocator::RealMalloc = allocator::RealMalloc;
 /// adds the writer thread, fatal-signal handlers and fork handlers.
 extern "C" fn init() {
     let _g = Guard::enter();
-    if session::get().is_none() {
-        return;
-    }
+    let Some(s) = session::get() else { return };
     session::start_writer();
     signals::install();
+    if let Some(sig) = s.report_signal {
+        reports::install(sig);
+    }
     // SAFETY: the three handlers are plain extern "C" functions.
     unsafe {
         libc::pthread_atfork(

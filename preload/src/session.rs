@@ -14,6 +14,8 @@ use crate::{config, guard::Guard, modules, sys, unwind};
 pub const FLUSH_AT: usize = 60 * 1024;
 /// Capacity of a fresh buffer: FLUSH_AT plus room for one large record.
 pub const BUF_CAP: usize = 64 * 1024;
+/// Marker name of the reports the report signal asks for.
+const SIGNAL_REPORT: &str = "signal";
 /// How often the writer thread collects full buffers, ms.
 const WRITER_POLL_MS: u64 = 5;
 
@@ -52,6 +54,9 @@ pub struct Session {
     pub depth: usize,
     /// Unwind with libgcc rather than the fast unwinder (`MTRACE_UNWINDER`).
     pub libgcc_unwinder: bool,
+    /// The signal that asks for an incremental report, if any.
+    pub report_signal: Option<i32>,
+    pub reporter: crate::reports::Reporter,
     fd: i32,
     /// Held while anything writes to `fd`, so that buffers never interleave.
     file: Mutex<()>,
@@ -163,7 +168,14 @@ impl Session {
             .filter(|s| !s.is_empty())
             .map(|s| String::from_utf8_lossy(s).into_owned())
             .collect();
-        let (fd, _path) = open_output(&cfg, pid, &program_name(&cmdline))?;
+        let prog = program_name(&cmdline);
+        let (fd, path) = open_output(&cfg, pid, &prog)?;
+        // Absolute, for the analyzer that makes incremental reports: the
+        // program may change its working directory.
+        let path = match std::env::current_dir() {
+            Ok(cwd) if !path.starts_with('/') => cwd.join(&path).to_string_lossy().into_owned(),
+            _ => path,
+        };
         unwind::init();
         let start_mono = sys::monotonic_ns();
         let header = Header {
@@ -193,6 +205,8 @@ impl Session {
             start_mono,
             depth: cfg.depth,
             libgcc_unwinder: cfg.libgcc_unwinder,
+            report_signal: cfg.report_signal,
+            reporter: crate::reports::Reporter::new(path, &prog, pid, cfg.report_dir.clone()),
             fd,
             file: Mutex::new(()),
             threads: Mutex::new(Vec::new()),
@@ -296,11 +310,43 @@ impl Session {
             if self.is_finished() {
                 continue;
             }
-            let _f = self.file.lock();
-            if !self.is_finished() {
+            {
+                let _f = self.file.lock();
+                if self.is_finished() {
+                    continue;
+                }
                 self.write_modules_if_changed();
                 self.collect(false);
             }
+            if self.reporter.take_request() {
+                self.report_point(SIGNAL_REPORT, None, false);
+            }
+            self.reporter.reap();
+        }
+    }
+
+    /// An incremental report: every thread's buffer is written, then a
+    /// Marker, then the analyzer makes the .memlog (or `out`) from the file.
+    /// With `wait`, returns whether the report was written.
+    pub fn report_point(&self, name: &str, out: Option<&str>, wait: bool) -> bool {
+        let seq = self.reporter.next_seq();
+        {
+            let _f = self.file.lock();
+            self.collect(false);
+            let now = self.now();
+            let mut buf = Vec::with_capacity(64 + name.len());
+            let mut enc = Encoder::new();
+            enc.encode(&mut buf, &Record::Thread { tid: sys::gettid(), time_ns: now });
+            enc.encode(&mut buf, &Record::Marker { time_ns: now, seq, name: name.to_owned() });
+            sys::write_all(self.fd, &buf);
+        }
+        if name == SIGNAL_REPORT {
+            self.reporter.marked();
+        }
+        match self.reporter.start(seq, out) {
+            Some(pid) if wait => self.reporter.wait(pid),
+            Some(_) => true,
+            None => false,
         }
     }
 
@@ -328,6 +374,10 @@ impl Session {
     /// written synchronously. In a signal handler (`in_signal`) it neither
     /// allocates nor frees and gives up on a lock held for more than ~2 s.
     pub fn final_flush(&self, reason: EndReason, in_signal: bool) {
+        // A report asked for just before the end still gets made.
+        if !in_signal && !self.is_finished() && self.reporter.take_request() {
+            self.report_point(SIGNAL_REPORT, None, false);
+        }
         self.finished.store(true, Ordering::SeqCst);
         let Some(_f) = lock(&self.file, in_signal) else { return };
         if !in_signal {

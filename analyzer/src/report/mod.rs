@@ -2,7 +2,7 @@
 
 pub mod text;
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use serde::Serialize;
 
@@ -37,9 +37,10 @@ pub struct Summary {
     pub peak_blocks: u64,
     /// When the peak was reached, ns since the start.
     pub peak_time_ns: u64,
-    /// Bytes still allocated when the trace ended.
-    pub leaked_bytes: u64,
-    pub leaked_blocks: u64,
+    /// Bytes still allocated when the trace ended (with `since_marker`: the
+    /// change since that marker, which may be negative).
+    pub leaked_bytes: i64,
+    pub leaked_blocks: i64,
     /// Time of the last event, ns since the start.
     pub duration_ns: u64,
     /// The trace is incomplete: it breaks off inside a record, or the
@@ -51,13 +52,18 @@ pub struct Summary {
     pub ended_by: Option<String>,
     /// Frees of blocks allocated before tracing started.
     pub unmatched_frees: u64,
+    /// The report is the change since this marker ...
+    pub since_marker: Option<String>,
+    /// ... up to this one (else to the end of the trace).
+    pub until_marker: Option<String>,
 }
 
-/// One backtrace's blocks that were not freed.
+/// One backtrace's blocks that were not freed (or, in a report since a
+/// marker, the change in its live blocks: negative when more were freed).
 #[derive(Serialize, Debug)]
 pub struct LeakEntry {
-    pub bytes: u64,
-    pub blocks: u64,
+    pub bytes: i64,
+    pub blocks: i64,
     /// Allocations made from this backtrace over the whole run.
     pub total_allocations: u64,
     /// Allocator family of the blocks: malloc, new, new[], aligned, mmap.
@@ -87,23 +93,30 @@ fn end_text(r: mtrace_format::EndReason) -> String {
     }
 }
 
-/// Builds the report: groups the blocks still live by backtrace, sorts by
-/// `sort`, and symbolizes up to `depth` recorded frames of each.
+/// Builds the report: groups the blocks still live by backtrace (minus the
+/// baseline at the `since` marker, if any), sorts by `sort`, and symbolizes
+/// up to `depth` recorded frames of each.
 pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize>) -> Report {
-    let mut groups: HashMap<u32, (u64, u64, mtrace_format::Family)> = HashMap::new();
-    for (_, b) in t.books.live_blocks() {
-        let g = groups.entry(b.stack).or_insert((0, 0, b.family));
-        g.0 += b.size;
-        g.1 += 1;
+    let now = t.books.live_by_stack();
+    let mut groups: HashMap<u32, (i64, i64, mtrace_format::Family)> =
+        now.iter().map(|(&s, l)| (s, (l.bytes as i64, l.blocks as i64, l.family))).collect();
+    if let Some(base) = &t.baseline {
+        for (&s, l) in base {
+            let g = groups.entry(s).or_insert((0, 0, l.family));
+            g.0 -= l.bytes as i64;
+            g.1 -= l.blocks as i64;
+        }
+        groups.retain(|_, g| g.0 != 0 || g.1 != 0);
     }
-    let mut entries: Vec<(u32, u64, u64, u64, mtrace_format::Family)> = groups
+    type Row = (u32, i64, i64, u64, mtrace_format::Family);
+    let mut entries: Vec<Row> = groups
         .into_iter()
         .map(|(s, (bytes, blocks, fam))| (s, bytes, blocks, t.books.totals.get(&s).map_or(0, |x| x.allocations), fam))
         .collect();
-    let key = |e: &(u32, u64, u64, u64, mtrace_format::Family)| match sort {
+    let key = |e: &Row| match sort {
         SortKey::Bytes => e.1,
         SortKey::Count => e.2,
-        SortKey::Total => e.3,
+        SortKey::Total => e.3 as i64,
         SortKey::Average => e.1 / e.2.max(1),
     };
     entries.sort_by(|a, b| key(b).cmp(&key(a)).then(b.1.cmp(&a.1)).then(a.0.cmp(&b.0)));
@@ -139,6 +152,8 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
             error: t.error.as_ref().map(|e| format!("{}: {e}", t.path.display())),
             ended_by: t.end.map(end_text),
             unmatched_frees: t.books.unmatched_frees(),
+            since_marker: None,
+            until_marker: None,
         },
         stacks,
     }

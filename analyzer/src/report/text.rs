@@ -22,6 +22,17 @@ fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{} {}", thousands(n), if n == 1 { one } else { many })
 }
 
+/// A count that may be a change: "+1,024 bytes", "-1 block"; plain when
+/// `delta` is false.
+fn count(n: i64, one: &str, many: &str, delta: bool) -> String {
+    let sign = match (delta, n.signum()) {
+        (true, 1) => "+",
+        (_, -1) => "-",
+        _ => "",
+    };
+    format!("{sign}{}", plural(n.unsigned_abs(), one, many))
+}
+
 fn secs(ns: u64) -> String {
     format!("{:.3} s", ns as f64 / 1e9)
 }
@@ -60,11 +71,17 @@ pub fn write_text(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         plural(s.peak_blocks, "block", "blocks"),
         secs(s.peak_time_ns)
     )?;
+    let delta = s.since_marker.is_some();
+    if let Some(m) = &s.since_marker {
+        let until = s.until_marker.as_deref().map_or_else(|| "the end".to_owned(), |u| format!("marker {u}"));
+        writeln!(w, "  change:           since marker {m} until {until}")?;
+    }
+    let what = if delta { "  live change:      " } else { "  not freed:        " };
     writeln!(
         w,
-        "  not freed:        {} in {}",
-        plural(s.leaked_bytes, "byte", "bytes"),
-        plural(s.leaked_blocks, "block", "blocks")
+        "{what}{} in {}",
+        count(s.leaked_bytes, "byte", "bytes", delta),
+        count(s.leaked_blocks, "block", "blocks", delta)
     )?;
     if s.unmatched_frees > 0 {
         writeln!(w, "  frees of blocks allocated before tracing: {}", thousands(s.unmatched_frees))?;
@@ -78,17 +95,19 @@ pub fn write_text(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         (None, Some(how)) => writeln!(w, "  ended by:         {how}")?,
     }
     if r.stacks.is_empty() {
-        writeln!(w, "\nAll blocks were freed.")?;
+        writeln!(w, "\n{}", if delta { "No change in live blocks." } else { "All blocks were freed." })?;
         return Ok(());
     }
-    writeln!(w, "\nNot freed at exit, by backtrace ({}):", plural(r.stacks.len() as u64, "backtrace", "backtraces"))?;
+    let heading = if delta { "Change in live blocks" } else { "Not freed at exit" };
+    writeln!(w, "\n{heading}, by backtrace ({}):", plural(r.stacks.len() as u64, "backtrace", "backtraces"))?;
     for (i, e) in r.stacks.iter().enumerate() {
         writeln!(
             w,
-            "\n#{}: {} in {} not freed ({}), {} from this backtrace",
+            "\n#{}: {} in {} {} ({}), {} from this backtrace",
             i + 1,
-            plural(e.bytes, "byte", "bytes"),
-            plural(e.blocks, "block", "blocks"),
+            count(e.bytes, "byte", "bytes", delta),
+            count(e.blocks, "block", "blocks", delta),
+            if delta { "live" } else { "not freed" },
             e.family,
             plural(e.total_allocations, "allocation", "allocations"),
         )?;

@@ -97,14 +97,14 @@ pub fn report_json(trace: &Path) -> Value {
 /// frame inside the given source file (function, line).
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Clone)]
 pub struct Leak {
-    pub bytes: u64,
-    pub blocks: u64,
+    pub bytes: i64,
+    pub blocks: i64,
     pub family: String,
     pub function: String,
     pub line: u32,
 }
 
-pub fn leak(bytes: u64, blocks: u64, family: &str, function: &str, line: u32) -> Leak {
+pub fn leak(bytes: i64, blocks: i64, family: &str, function: &str, line: u32) -> Leak {
     Leak { bytes, blocks, family: family.into(), function: function.into(), line }
 }
 
@@ -125,8 +125,8 @@ pub fn leaks_in(report: &Value, src: &str) -> Vec<Leak> {
                 .iter()
                 .find(|f| f["file"].as_str().is_some_and(|p| p.ends_with(&format!("/{src}"))))?;
             Some(Leak {
-                bytes: e["bytes"].as_u64().unwrap(),
-                blocks: e["blocks"].as_u64().unwrap(),
+                bytes: e["bytes"].as_i64().unwrap(),
+                blocks: e["blocks"].as_i64().unwrap(),
                 family: e["family"].as_str().unwrap().into(),
                 function: f["function"].as_str().unwrap_or("?").into(),
                 line: f["line"].as_u64().unwrap() as u32,

@@ -3,6 +3,7 @@
 //! records what happened. Nothing here may panic: these are FFI entry points.
 
 pub mod alloc;
+pub mod api;
 pub mod cxx;
 pub mod mmap;
 pub mod process;

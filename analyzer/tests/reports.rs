@@ -1,0 +1,144 @@
+//! Incremental reports while the program runs: SIGUSR1 and mtrace_report()
+//! write .memlog files; the marker-delta command reproduces them offline.
+
+mod common;
+use common::*;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Waits until `p` exists and its size stopped changing.
+fn wait_for(p: &Path) -> String {
+    let start = Instant::now();
+    let mut last = None;
+    loop {
+        let len = std::fs::metadata(p).map(|m| m.len()).ok();
+        if len.is_some() && len == last && len != Some(0) {
+            return std::fs::read_to_string(p).unwrap();
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{} never appeared", p.display());
+        last = len;
+        std::thread::sleep(Duration::from_millis(150));
+    }
+}
+
+/// (bytes, blocks, line in steady.c) of each entry of a text report.
+fn entries(memlog: &str) -> Vec<(i64, i64, u32)> {
+    let num = |t: &str| t.replace([',', '+'], "").parse::<i64>().unwrap();
+    let mut out = vec![];
+    let mut lines = memlog.lines().peekable();
+    while let Some(l) = lines.next() {
+        let Some(rest) = l.strip_prefix('#').and_then(|r| r.split_once(": ")).map(|(_, r)| r) else { continue };
+        let words: Vec<&str> = rest.split_whitespace().collect();
+        let (bytes, blocks) = (num(words[0]), num(words[3]));
+        let mut line = 0;
+        while let Some(f) = lines.peek().filter(|f| f.starts_with("    ")) {
+            if line == 0 {
+                if let Some(i) = f.find("steady.c:") {
+                    line = f[i + 9..].trim_end_matches(|c: char| !c.is_ascii_digit()).parse().unwrap();
+                }
+            }
+            lines.next();
+        }
+        out.push((bytes, blocks, line));
+    }
+    out.sort();
+    out
+}
+
+fn setup(name: &str) -> (PathBuf, PathBuf) {
+    let dir = scratch(name);
+    let prog = build("steady.c", &dir.join("steady"), &["-g", "-O0"]);
+    (dir, prog)
+}
+
+fn traced(dir: &Path, prog: &Path) -> Command {
+    let mut c = Command::new(prog);
+    c.current_dir(dir)
+        .env("LD_PRELOAD", lib())
+        .env("MTRACE_OUTPUT", dir.join("steady.mtrace"))
+        .env("MTRACE_BIN", mtrace());
+    c
+}
+
+#[test]
+fn signal_reports_show_growth_and_frees() {
+    let (dir, prog) = setup("memlog-signal");
+    let m = markers("steady.c");
+    let mut child = traced(&dir, &prog).stdout(Stdio::piped()).spawn().unwrap();
+    let pid = child.id();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut logs = vec![];
+    for seq in 1..=3 {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        // SAFETY: kill on our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
+        logs.push(wait_for(&dir.join(format!("steady-{pid}-{seq}.memlog"))));
+    }
+    assert!(child.wait().unwrap().success());
+    // The first report lists everything live.
+    assert_eq!(entries(&logs[0]), vec![(320, 5, m["kept"]), (1000, 10, m["steady"])]);
+    // The second: exactly the growth at the leak, the freed blocks negative,
+    // nothing positive elsewhere.
+    assert_eq!(entries(&logs[1]), vec![(-320, -5, m["kept"]), (1000, 10, m["steady"])]);
+    assert!(
+        logs[1].contains("+1,000 bytes in +10 blocks") && logs[1].contains("-320 bytes in -5 blocks"),
+        "{}",
+        logs[1]
+    );
+    assert_eq!(entries(&logs[2]), vec![(1000, 10, m["steady"])]);
+    // The same delta offline, from the markers in the trace.
+    let trace = dir.join("steady.mtrace");
+    let out = Command::new(mtrace())
+        .args(["report", "--since-marker", "1", "--until-marker", "2"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(entries(&text), entries(&logs[1]));
+    let listed = Command::new(mtrace()).args(["report", "--markers"]).arg(&trace).output().unwrap();
+    let listed = String::from_utf8(listed.stdout).unwrap();
+    assert_eq!(listed.lines().filter(|l| l.ends_with("signal")).count(), 3, "{listed}");
+}
+
+#[test]
+fn api_reports_and_named_markers() {
+    let (dir, prog) = setup("memlog-api");
+    let m = markers("steady.c");
+    let child = traced(&dir, &prog).arg("api").output().unwrap();
+    assert!(child.status.success(), "{}", String::from_utf8_lossy(&child.stderr));
+    let memlogs: Vec<PathBuf> = {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "memlog"))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(memlogs.len(), 3, "mtrace_report() is synchronous: {memlogs:?}");
+    let second = std::fs::read_to_string(&memlogs[1]).unwrap();
+    assert_eq!(entries(&second), vec![(-320, -5, m["kept"]), (1000, 10, m["steady"])]);
+    // Named markers select a window too: from "first" to the end.
+    let r = Command::new(mtrace())
+        .args(["report", "--json", "--since-marker", "first"])
+        .arg(dir.join("steady.mtrace"))
+        .output()
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+    let mut got = leaks_in(&r, "steady.c");
+    got.sort();
+    assert_eq!(got[0].bytes, -320);
+    assert_eq!((got[1].bytes, got[1].blocks), (2000, 20));
+    // An unknown marker is an error, not an empty report.
+    let bad = Command::new(mtrace())
+        .args(["report", "--since-marker", "nope"])
+        .arg(dir.join("steady.mtrace"))
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("no marker \"nope\""));
+}

@@ -1,0 +1,34 @@
+/* mtrace's run-time API. Every function is declared weak: in a program run
+ * without libmtrace.so its address is NULL, so call it through MTRACE(),
+ * which does nothing then:
+ *
+ *     #include <mtrace.h>
+ *     MTRACE(mtrace_marker, "after warm-up");
+ *     MTRACE(mtrace_report, NULL);
+ *
+ * No library to link: the definitions come from the preloaded libmtrace.so.
+ */
+#ifndef MTRACE_H
+#define MTRACE_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Marks this moment in the trace as NAME (for `mtrace report
+   --since-marker NAME --until-marker NAME2`). */
+void mtrace_marker(const char *name) __attribute__((weak));
+
+/* Writes an incremental report now, to PATH or, when PATH is NULL, to
+   <program>-<pid>-<n>.memlog; the first lists everything live, each later one
+   the change since the one before. Returns 0 when the report was written. */
+int mtrace_report(const char *path) __attribute__((weak));
+
+#ifdef __cplusplus
+}
+#endif
+
+/* Calls FN(...) when the program runs under mtrace; nothing otherwise. */
+#define MTRACE(fn, ...) ((fn) ? (void)(fn)(__VA_ARGS__) : (void)0)
+
+#endif
