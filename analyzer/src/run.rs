@@ -74,6 +74,10 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     };
     let mut cmd = Command::new(&a.command[0]);
     cmd.args(&a.command[1..]).env("LD_PRELOAD", preload).env("MTRACE_OUTPUT", dir.join("%e.%p.mtrace"));
+    // The preload runs this binary to write incremental reports (SIGUSR1).
+    if let Ok(me) = std::env::current_exe() {
+        cmd.env("MTRACE_BIN", me);
+    }
     if let Some(d) = a.opts.depth {
         cmd.env("MTRACE_DEPTH", d.to_string());
     }

@@ -148,7 +148,8 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
             leaked_bytes,
             leaked_blocks,
             duration_ns: t.last_time,
-            truncated: t.error.is_some() || t.end.is_none(),
+            // Reading stopped at --until-marker: no End record is expected.
+            truncated: t.error.is_some() || (t.end.is_none() && !t.reached_until),
             error: t.error.as_ref().map(|e| format!("{}: {e}", t.path.display())),
             ended_by: t.end.map(end_text),
             unmatched_frees: t.books.unmatched_frees(),

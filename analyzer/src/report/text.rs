@@ -88,6 +88,8 @@ pub fn write_text(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     }
     match (&s.error, &s.ended_by) {
         (Some(e), _) => writeln!(w, "  WARNING: {e}; the report covers what was read before it")?,
+        // Stopped at --until-marker, before any end.
+        (None, None) if s.until_marker.is_some() => {}
         (None, None) => writeln!(
             w,
             "  WARNING: the trace has no end record (the process was killed?); the report covers what was written"
