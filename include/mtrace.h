@@ -15,6 +15,12 @@
 extern "C" {
 #endif
 
+/* Starts / stops recording allocations (frees are always recorded). With
+   MTRACE_START=off in the environment, nothing is recorded until
+   mtrace_start() or glibc's mtrace(). */
+void mtrace_start(void) __attribute__((weak));
+void mtrace_stop(void) __attribute__((weak));
+
 /* Marks this moment in the trace as NAME (for `mtrace report
    --since-marker NAME --until-marker NAME2`). */
 void mtrace_marker(const char *name) __attribute__((weak));

@@ -142,3 +142,46 @@ fn api_reports_and_named_markers() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("no marker \"nope\""));
 }
+
+#[test]
+fn start_stop_and_glibc_mtrace_calls() {
+    let dir = scratch("startstop");
+    let prog = build("startstop.c", &dir.join("startstop"), &["-g", "-O0"]);
+    let m = markers("startstop.c");
+    let out = Command::new(&prog)
+        .current_dir(&dir)
+        .env("LD_PRELOAD", lib())
+        .env("MTRACE_OUTPUT", dir.join("t.mtrace"))
+        .env("MTRACE_BIN", mtrace())
+        .env("MTRACE_START", "off")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = report_json(&dir.join("t.mtrace"));
+    let mut want =
+        vec![leak(902, 1, "malloc", "main", m["after_start"]), leak(904, 1, "malloc", "main", m["after_restart"])];
+    want.sort();
+    assert_eq!(leaks_in(&r, "startstop.c"), want);
+    assert_eq!(r["summary"]["unmatched_frees"], 1);
+    let pid = r["pid"].as_u64().unwrap();
+    let line = |name: &str| m[name];
+    let first = std::fs::read_to_string(dir.join(format!("startstop-{pid}-1.memlog"))).unwrap();
+    let second = std::fs::read_to_string(dir.join(format!("startstop-{pid}-2.memlog"))).unwrap();
+    let entries_in = |text: &str| {
+        let mut v: Vec<(i64, i64, u32)> = text
+            .split("\n#")
+            .skip(1)
+            .map(|e| {
+                let words: Vec<&str> = e.split_whitespace().collect();
+                let num = |t: &str| t.replace([',', '+'], "").parse::<i64>().unwrap();
+                let at = e.find("startstop.c:").unwrap() + 12;
+                let ln = e[at..].split(')').next().unwrap().parse().unwrap();
+                (num(words[1]), num(words[4]), ln)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(entries_in(&first), vec![(50, 1, line("temporary")), (902, 1, line("after_start"))]);
+    assert_eq!(entries_in(&second), vec![(-50, -1, line("temporary")), (904, 1, line("after_restart"))]);
+}

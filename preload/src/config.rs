@@ -18,6 +18,9 @@ pub struct Config {
     /// `MTRACE_REPORT_SIGNAL`: the signal that asks for an incremental
     /// report (default SIGUSR1); `None` when set to `off`.
     pub report_signal: Option<i32>,
+    /// `MTRACE_START=off`: record no allocations until `mtrace_start()` or
+    /// glibc's `mtrace()`.
+    pub start: bool,
     /// `MTRACE_REPORT_DIR`: where .memlog reports go (default: the
     /// program's working directory at the time of the report).
     pub report_dir: Option<String>,
@@ -77,7 +80,15 @@ pub fn load() -> Config {
         }),
     };
     let report_dir = sys::getenv(c"MTRACE_REPORT_DIR").filter(|s| !s.is_empty());
-    Config { depth, output, libgcc_unwinder, report_signal, report_dir }
+    let start = match sys::getenv(c"MTRACE_START").as_deref().map(str::trim) {
+        None | Some("on") | Some("1") => true,
+        Some("off") | Some("0") => false,
+        Some(v) => {
+            sys::warn(&format!("MTRACE_START={v:?} is neither \"on\" nor \"off\"; using on"));
+            true
+        }
+    };
+    Config { depth, output, libgcc_unwinder, report_signal, start, report_dir }
 }
 
 /// Expands `%p` (pid), `%e` (program name) and `%%` in an output pattern.

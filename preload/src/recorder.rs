@@ -3,12 +3,30 @@
 //! time and appends the record to the calling thread's buffer. The caller
 //! holds the reentrancy guard; errno is preserved for the program.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use mtrace_format::{EndReason, Family, Record};
 
 use crate::{session, sys, thread};
 
+/// Whether allocations are recorded (`MTRACE_START`, `mtrace_start()`,
+/// `mtrace_stop()`). Frees are recorded either way, so that blocks
+/// allocated while collecting and freed while not are not reported.
+static COLLECTING: AtomicBool = AtomicBool::new(true);
+
+pub fn set_collecting(on: bool) {
+    COLLECTING.store(on, Ordering::Release);
+}
+
+pub fn collecting() -> bool {
+    COLLECTING.load(Ordering::Relaxed)
+}
+
 #[inline]
 fn with_stack(make: impl FnOnce(u64, u32) -> Record) {
+    if !collecting() {
+        return;
+    }
     let errno = sys::errno();
     if let Some(s) = session::get() {
         thread::push(s, s.now(), true, make);
@@ -55,6 +73,11 @@ pub fn free(family: Family, addr: *mut libc::c_void, t: u64) {
 pub fn realloc(old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: u64) {
     if old.is_null() {
         alloc(Family::Malloc, new, size);
+    } else if !collecting() {
+        // The old block goes; the new one is not recorded.
+        if !new.is_null() || size == 0 {
+            free(Family::Malloc, old, t0);
+        }
     } else if new.is_null() {
         if size == 0 {
             free(Family::Malloc, old, t0);
@@ -94,6 +117,9 @@ pub fn munmap(addr: *mut libc::c_void, len: usize, t: u64) {
 pub fn mremap(old: *mut libc::c_void, old_len: usize, new: *mut libc::c_void, new_len: usize) {
     if new == libc::MAP_FAILED {
         return;
+    }
+    if !collecting() {
+        return munmap(old, old_len, now());
     }
     with_stack(|time_ns, stack| Record::Mremap {
         time_ns,

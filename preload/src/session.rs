@@ -168,6 +168,7 @@ impl Session {
             .filter(|s| !s.is_empty())
             .map(|s| String::from_utf8_lossy(s).into_owned())
             .collect();
+        crate::recorder::set_collecting(cfg.start);
         let prog = program_name(&cmdline);
         let (fd, path) = open_output(&cfg, pid, &prog)?;
         // Absolute, for the analyzer that makes incremental reports: the

@@ -2,11 +2,12 @@
 //! weak reference in the program, so it is a no-op without the preload.
 
 use std::ffi::{c_char, CStr};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use mtrace_format::Record;
 
 use crate::guard::Guard;
-use crate::{session, thread};
+use crate::{recorder, session, thread};
 
 fn text(p: *const c_char) -> Option<String> {
     // SAFETY: the caller passes NULL or a NUL-terminated string.
@@ -40,5 +41,43 @@ pub unsafe extern "C" fn mtrace_report(path: *const c_char) -> i32 {
     match session::get() {
         Some(s) if s.report_point("mtrace_report", out.as_deref(), true) => 0,
         _ => -1,
+    }
+}
+
+/// Starts recording allocations (after `MTRACE_START=off` or `mtrace_stop()`).
+#[no_mangle]
+pub extern "C" fn mtrace_start() {
+    recorder::set_collecting(true);
+}
+
+/// Stops recording allocations; frees are still recorded.
+#[no_mangle]
+pub extern "C" fn mtrace_stop() {
+    recorder::set_collecting(false);
+}
+
+static GLIBC_MTRACE_CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// glibc's `mtrace()`, as libmemleak gave it meaning under a preload: the
+/// first call starts collection (if `MTRACE_START=off` held it back), each
+/// later call writes an incremental report. glibc's MALLOC_TRACE log is
+/// not written.
+#[export_name = "mtrace"]
+pub extern "C" fn glibc_mtrace() {
+    let Some(_g) = Guard::enter() else { return };
+    if GLIBC_MTRACE_CALLS.fetch_add(1, Ordering::AcqRel) == 0 {
+        recorder::set_collecting(true);
+    } else if let Some(s) = session::get() {
+        s.report_point("mtrace()", None, true);
+    }
+}
+
+/// glibc's `muntrace()`: stops collection and writes a final incremental report.
+#[export_name = "muntrace"]
+pub extern "C" fn glibc_muntrace() {
+    let Some(_g) = Guard::enter() else { return };
+    recorder::set_collecting(false);
+    if let Some(s) = session::get() {
+        s.report_point("muntrace()", None, true);
     }
 }
