@@ -84,6 +84,17 @@ pub struct MarkerSeen {
     pub time_ns: u64,
 }
 
+/// Memory at one moment: the process's RSS sample and the books' live heap.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct TimePoint {
+    pub time_ns: u64,
+    /// Resident set size, bytes.
+    pub rss_bytes: u64,
+    /// Bytes and blocks live in the books (heap blocks and mappings).
+    pub heap_bytes: u64,
+    pub heap_blocks: u64,
+}
+
 /// Everything read from one trace.
 pub struct Trace {
     pub path: PathBuf,
@@ -104,6 +115,8 @@ pub struct Trace {
     pub baseline: Option<HashMap<u32, crate::books::LiveTotals>>,
     /// The `until` marker was reached (reading stopped there).
     pub reached_until: bool,
+    /// One point per RSS sample, in stream order.
+    pub timeline: Vec<TimePoint>,
 }
 
 /// Reads the trace at `path`. Fails only when the file cannot be opened or
@@ -132,6 +145,7 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
         markers: Vec::new(),
         baseline: None,
         reached_until: false,
+        timeline: Vec::new(),
     };
     let mut now = 0u64;
     loop {
@@ -190,6 +204,15 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
             Record::End { time_ns, reason } => {
                 now = time_ns;
                 t.end = Some(reason);
+            }
+            Record::Sample { time_ns, rss } => {
+                now = time_ns;
+                t.timeline.push(TimePoint {
+                    time_ns,
+                    rss_bytes: rss,
+                    heap_bytes: t.books.cur_bytes,
+                    heap_blocks: t.books.cur_blocks,
+                });
             }
             Record::Marker { time_ns, seq, name } => {
                 now = time_ns;

@@ -54,6 +54,9 @@ pub struct ReportOpts {
     /// Stop at this marker (a report number, or a marker's name).
     #[arg(long, value_name = "MARKER")]
     until_marker: Option<String>,
+    /// Also show RSS and live heap over time (sampled every 10 ms).
+    #[arg(long)]
+    timeline: bool,
 }
 
 #[derive(Args)]
@@ -86,6 +89,9 @@ impl ReportOpts {
         let mut r = report::build(&t, &mut self.symbolizer(), self.sort, self.depth);
         r.summary.since_marker = self.since_marker.clone();
         r.summary.until_marker = self.until_marker.clone();
+        if self.timeline {
+            r.timeline = Some(report::thin(&t.timeline, report::TIMELINE_ROWS));
+        }
         if self.json {
             serde_json::to_writer_pretty(&mut *out, &r)?;
             writeln!(out)?;

@@ -185,3 +185,20 @@ fn start_stop_and_glibc_mtrace_calls() {
     assert_eq!(entries_in(&first), vec![(50, 1, line("temporary")), (902, 1, line("after_start"))]);
     assert_eq!(entries_in(&second), vec![(-50, -1, line("temporary")), (904, 1, line("after_restart"))]);
 }
+
+#[test]
+fn timeline_samples_rss_and_heap() {
+    let dir = scratch("timeline");
+    let prog = build("timeline.c", &dir.join("timeline"), &["-g", "-O0"]);
+    let (r, _) = run_json(&dir, &["--timeline"], &prog, &[]);
+    let points = r["timeline"].as_array().expect("a timeline");
+    // Sampled every 10 ms over ~150 ms (bounds loose for a busy machine).
+    assert!(points.len() >= 5, "{points:?}");
+    let big = 30u64 << 20;
+    let during = points.iter().filter(|p| p["heap_bytes"] == big && p["heap_blocks"] == 1).count();
+    assert!(during >= 2, "{points:?}");
+    assert!(points.iter().any(|p| p["heap_bytes"] == big && p["rss_bytes"].as_u64().unwrap() >= big), "{points:?}");
+    let last = points.last().unwrap();
+    assert_eq!(last["heap_bytes"], 0);
+    assert!(last["rss_bytes"].as_u64().unwrap() < big, "freed memory left the RSS: {last}");
+}

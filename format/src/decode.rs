@@ -399,6 +399,7 @@ impl<R: Read> Reader<R> {
                     .ok_or_else(|| ReadErrorKind::Corrupt(format!("unknown end reason {code}")))?;
                 Record::End { time_ns, reason }
             }
+            tag::SAMPLE => Record::Sample { time_ns: self.time()?, rss: self.varint()? },
             tag::MARKER => Record::Marker { time_ns: self.time()?, seq: self.varint()?, name: self.string()? },
             other => return Err(ReadErrorKind::Corrupt(format!("unknown record tag {other}"))),
         })
@@ -461,6 +462,7 @@ mod tests {
                 }],
             },
             Record::Marker { time_ns: 2450, seq: 1, name: "signal".into() },
+            Record::Sample { time_ns: 2460, rss: 12 << 20 },
             Record::End { time_ns: 2500, reason: EndReason::Signal(11) },
         ];
         let mut out = Vec::new();

@@ -133,6 +133,11 @@ impl Encoder {
                 put_varint(out, seq);
                 put_bytes(out, name.as_bytes());
             }
+            Record::Sample { time_ns, rss } => {
+                out.push(tag::SAMPLE);
+                self.time(out, time_ns);
+                put_varint(out, rss);
+            }
             Record::End { time_ns, reason } => {
                 out.push(tag::END);
                 self.time(out, time_ns);

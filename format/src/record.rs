@@ -166,6 +166,9 @@ pub enum Record {
     /// (`mtrace_marker()`). Records of other threads written before it may
     /// be up to one writer round (5 ms) older or newer.
     Marker { time_ns: u64, seq: u64, name: String },
+    /// The process's resident set size, bytes (from /proc/self/statm),
+    /// sampled by the writer every 10 ms.
+    Sample { time_ns: u64, rss: u64 },
 }
 
 pub(crate) mod tag {
@@ -183,4 +186,5 @@ pub(crate) mod tag {
     /// the reader expands it in place).
     pub const COMPRESSED: u8 = 11;
     pub const MARKER: u8 = 12;
+    pub const SAMPLE: u8 = 13;
 }

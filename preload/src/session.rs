@@ -18,6 +18,8 @@ pub const BUF_CAP: usize = 64 * 1024;
 const SIGNAL_REPORT: &str = "signal";
 /// How often the writer thread collects full buffers, ms.
 const WRITER_POLL_MS: u64 = 5;
+/// RSS is sampled every this many writer rounds (10 ms).
+const SAMPLE_EVERY: u64 = 2;
 
 /// Encoded records of one thread that the writer has not written yet.
 pub struct BufInner {
@@ -303,7 +305,9 @@ impl Session {
 
     fn writer_loop(&self) {
         let gen = self.gen;
+        let mut round = 0u64;
         loop {
+            round += 1;
             sys::sleep_ms(WRITER_POLL_MS);
             if current().map(|s| s.gen) != Some(gen) {
                 return;
@@ -318,12 +322,27 @@ impl Session {
                 }
                 self.write_modules_if_changed();
                 self.collect(false);
+                if round.is_multiple_of(SAMPLE_EVERY) {
+                    self.write_sample();
+                }
             }
             if self.reporter.take_request() {
                 self.report_point(SIGNAL_REPORT, None, false);
             }
             self.reporter.reap();
         }
+    }
+
+    /// Writes the resident set size (the heap is known to the analyzer).
+    /// The caller holds the file lock.
+    fn write_sample(&self) {
+        let Some(rss) = sys::rss_bytes() else { return };
+        let now = self.now();
+        let mut buf = Vec::with_capacity(32);
+        let mut enc = Encoder::new();
+        enc.encode(&mut buf, &Record::Thread { tid: sys::gettid(), time_ns: now });
+        enc.encode(&mut buf, &Record::Sample { time_ns: now, rss });
+        sys::write_all(self.fd, &buf);
     }
 
     /// An incremental report: every thread's buffer is written, then a

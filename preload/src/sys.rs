@@ -171,3 +171,12 @@ pub fn spawn_blocked(f: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void) -
         rc == 0
     }
 }
+
+/// Resident set size in bytes: the second field of /proc/self/statm, in pages.
+pub fn rss_bytes() -> Option<u64> {
+    let statm = read_file(c"/proc/self/statm")?;
+    let pages: u64 = std::str::from_utf8(&statm).ok()?.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * page.max(1) as u64)
+}

@@ -71,6 +71,9 @@ pub struct LeakEntry {
     pub frames: Vec<Frame>,
 }
 
+/// Rows of `--timeline` at most: longer runs are shown at even steps.
+pub const TIMELINE_ROWS: usize = 60;
+
 #[derive(Serialize, Debug)]
 pub struct Report {
     pub trace: String,
@@ -80,6 +83,17 @@ pub struct Report {
     pub cmdline: Vec<String>,
     pub summary: Summary,
     pub stacks: Vec<LeakEntry>,
+    /// With `--timeline`: RSS and live heap over time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<Vec<crate::load::TimePoint>>,
+}
+
+/// At most `rows` points of `all`, evenly spaced, the last one included.
+pub fn thin(all: &[crate::load::TimePoint], rows: usize) -> Vec<crate::load::TimePoint> {
+    if all.len() <= rows {
+        return all.to_vec();
+    }
+    (0..rows).map(|i| all[(i + 1) * all.len() / rows - 1]).collect()
 }
 
 fn end_text(r: mtrace_format::EndReason) -> String {
@@ -157,5 +171,6 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
             until_marker: None,
         },
         stacks,
+        timeline: None,
     }
 }

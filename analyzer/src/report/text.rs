@@ -50,8 +50,35 @@ fn frame_line(f: &Frame, first: bool) -> String {
     format!("    {lead} {:#x}: {func}{loc}{module}{inl}", f.address)
 }
 
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
+}
+
+fn write_timeline(r: &Report, w: &mut dyn Write) -> io::Result<()> {
+    let Some(points) = &r.timeline else { return Ok(()) };
+    writeln!(w, "\nMemory over time ({} samples shown):", points.len())?;
+    writeln!(w, "  {:>10}  {:>12}  {:>12}  {:>10}", "time", "RSS", "heap", "blocks")?;
+    for p in points {
+        writeln!(
+            w,
+            "  {:>10}  {:>12}  {:>12}  {:>10}",
+            secs(p.time_ns),
+            mib(p.rss_bytes),
+            mib(p.heap_bytes),
+            thousands(p.heap_blocks)
+        )?;
+    }
+    Ok(())
+}
+
 /// Writes the text report to `w`.
 pub fn write_text(r: &Report, w: &mut dyn Write) -> io::Result<()> {
+    write_summary(r, w)?;
+    write_timeline(r, w)?;
+    write_entries(r, w)
+}
+
+fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     let s = &r.summary;
     writeln!(w, "mtrace report for {} (pid {})", r.program, r.pid)?;
     writeln!(w, "  command:          {}", r.cmdline.join(" "))?;
@@ -96,6 +123,11 @@ pub fn write_text(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         )?,
         (None, Some(how)) => writeln!(w, "  ended by:         {how}")?,
     }
+    Ok(())
+}
+
+fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
+    let delta = r.summary.since_marker.is_some();
     if r.stacks.is_empty() {
         writeln!(w, "\n{}", if delta { "No change in live blocks." } else { "All blocks were freed." })?;
         return Ok(());
