@@ -27,8 +27,21 @@ enum Cmd {
     /// Print the report of a trace file.
     Report(ReportArgs),
     /// Run a program under the tracer and print its report when it ends.
+    #[command(after_help = ENV_HELP)]
     Run(run::RunArgs),
 }
+
+/// The environment variables of libmtrace.so, for `mtrace run --help`.
+const ENV_HELP: &str = "\
+Environment (read by libmtrace.so; an invalid value warns once and the default is used):
+  MTRACE_OUTPUT=PATH          trace file (%p pid, %e program); `run` sets it
+  MTRACE_DEPTH=N              frames per backtrace, 1-256 (default 64; `run -d` sets it)
+  MTRACE_START=on|off         off: record no allocations until mtrace_start() or mtrace()
+  MTRACE_REPORT_SIGNAL=SIG    signal that writes an incremental report (default USR1; off)
+  MTRACE_REPORT_DIR=DIR       where <program>-<pid>-<n>.memlog reports go (default: cwd)
+  MTRACE_UNWINDER=fast|libgcc unwinder (default fast)
+  MTRACE_BIN=PATH             the mtrace binary that writes .memlog reports (`run` sets it)
+  MTRACE_LIB=PATH             the libmtrace.so that `run` preloads (default: next to mtrace)";
 
 /// Options shared by `report` and `run`.
 #[derive(Args, Clone)]

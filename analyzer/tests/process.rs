@@ -150,12 +150,19 @@ fn bad_environment_values_warn_once_and_fall_back() {
         .env("LD_PRELOAD", lib())
         .env("MTRACE_OUTPUT", dir.join("t.%p.mtrace"))
         .env("MTRACE_DEPTH", "lots")
+        .env("MTRACE_START", "maybe")
+        .env("MTRACE_REPORT_SIGNAL", "SIGNOPE")
+        .env("MTRACE_UNWINDER", "guess")
         .output()
         .unwrap();
     assert!(out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(err.lines().count(), 1, "{err}");
+    // One warning per variable, each naming it and the default used.
+    assert_eq!(err.lines().count(), 4, "{err}");
     assert!(err.contains("MTRACE_DEPTH=\"lots\"") && err.contains("using 64"), "{err}");
+    assert!(err.contains("MTRACE_START=\"maybe\"") && err.contains("using on"), "{err}");
+    assert!(err.contains("MTRACE_REPORT_SIGNAL=\"SIGNOPE\"") && err.contains("using USR1"), "{err}");
+    assert!(err.contains("MTRACE_UNWINDER=\"guess\"") && err.contains("using fast"), "{err}");
     let t = traces(&dir);
     assert_eq!(t.len(), 1);
     assert_eq!(t[0].1["summary"]["leaked_bytes"], 803);
