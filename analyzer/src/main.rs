@@ -37,6 +37,8 @@ Environment (read by libmtrace.so; an invalid value warns once and the default i
   MTRACE_OUTPUT=PATH          trace file (%p pid, %e program); `run` sets it
   MTRACE_DEPTH=N              frames per backtrace, 1-256 (default 64; `run -d` sets it)
   MTRACE_START=on|off         off: record no allocations until mtrace_start() or mtrace()
+  MTRACE_FOLLOW_FORK=on|off   off: forked children run untraced
+  MTRACE_FOLLOW_EXEC=on|off   off: programs this one execs run untraced
   MTRACE_REPORT_SIGNAL=SIG    signal that writes an incremental report (default USR1; off)
   MTRACE_REPORT_DIR=DIR       where <program>-<pid>-<n>.memlog reports go (default: cwd)
   MTRACE_UNWINDER=fast|libgcc unwinder (default fast)

@@ -167,3 +167,28 @@ fn bad_environment_values_warn_once_and_fall_back() {
     assert_eq!(t.len(), 1);
     assert_eq!(t[0].1["summary"]["leaked_bytes"], 803);
 }
+
+#[test]
+fn follow_fork_and_follow_exec_off() {
+    let dir = scratch("nofollow");
+    let fork = build("fork.c", &dir.join("fork"), &["-g", "-O0"]);
+    let exec = build("exec.c", &dir.join("exec"), &["-g", "-O0"]);
+    let m = markers("fork.c");
+    let t1 = dir.join("t1");
+    let (r, out) =
+        run_json_env(&dir, &[("MTRACE_FOLLOW_FORK", "off")], &["--trace-dir", t1.to_str().unwrap()], &fork, &[]);
+    assert!(out.status.success());
+    assert_eq!(traces(&t1).len(), 1, "the child is not traced");
+    let mut want =
+        vec![leak(401, 1, "malloc", "main", m["before_fork"]), leak(403, 1, "malloc", "main", m["after_fork"])];
+    want.sort();
+    assert_eq!(leaks_in(&r, "fork.c"), want);
+
+    let t2 = dir.join("t2");
+    let (r, out) =
+        run_json_env(&dir, &[("MTRACE_FOLLOW_EXEC", "off")], &["--trace-dir", t2.to_str().unwrap()], &exec, &[]);
+    assert_eq!(out.status.code(), Some(7));
+    assert_eq!(traces(&t2).len(), 1, "the new image is not traced");
+    assert_eq!(r["summary"]["ended_by"], "exec");
+    assert_eq!(leaks_in(&r, "exec.c"), vec![leak(501, 1, "malloc", "main", markers("exec.c")["before_exec"])]);
+}

@@ -21,6 +21,10 @@ pub struct Config {
     /// `MTRACE_START=off`: record no allocations until `mtrace_start()` or
     /// glibc's `mtrace()`.
     pub start: bool,
+    /// `MTRACE_FOLLOW_FORK=off`: a forked child runs untraced.
+    pub follow_fork: bool,
+    /// `MTRACE_FOLLOW_EXEC=off`: programs this one execs run untraced.
+    pub follow_exec: bool,
     /// `MTRACE_REPORT_DIR`: where .memlog reports go (default: the
     /// program's working directory at the time of the report).
     pub report_dir: Option<String>,
@@ -80,15 +84,23 @@ pub fn load() -> Config {
         }),
     };
     let report_dir = sys::getenv(c"MTRACE_REPORT_DIR").filter(|s| !s.is_empty());
-    let start = match sys::getenv(c"MTRACE_START").as_deref().map(str::trim) {
+    let start = on_off(c"MTRACE_START");
+    let follow_fork = on_off(c"MTRACE_FOLLOW_FORK");
+    let follow_exec = on_off(c"MTRACE_FOLLOW_EXEC");
+    Config { depth, output, libgcc_unwinder, report_signal, start, follow_fork, follow_exec, report_dir }
+}
+
+/// An on/off variable whose default is on.
+fn on_off(name: &std::ffi::CStr) -> bool {
+    match sys::getenv(name).as_deref().map(str::trim) {
         None | Some("on") | Some("1") => true,
         Some("off") | Some("0") => false,
         Some(v) => {
-            sys::warn(&format!("MTRACE_START={v:?} is neither \"on\" nor \"off\"; using on"));
+            let name = name.to_string_lossy();
+            sys::warn(&format!("{name}={v:?} is neither \"on\" nor \"off\"; using on"));
             true
         }
-    };
-    Config { depth, output, libgcc_unwinder, report_signal, start, report_dir }
+    }
 }
 
 /// Expands `%p` (pid), `%e` (program name) and `%%` in an output pattern.

@@ -44,6 +44,9 @@ extern "C" fn init() {
     if let Some(sig) = s.report_signal {
         reports::install(sig);
     }
+    if !s.follow_exec {
+        sys::drop_from_preload("libmtrace.so");
+    }
     // SAFETY: the three handlers are plain extern "C" functions.
     unsafe {
         libc::pthread_atfork(

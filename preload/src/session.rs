@@ -58,6 +58,10 @@ pub struct Session {
     pub libgcc_unwinder: bool,
     /// The signal that asks for an incremental report, if any.
     pub report_signal: Option<i32>,
+    /// Trace forked children (`MTRACE_FOLLOW_FORK`).
+    pub follow_fork: bool,
+    /// Trace programs this one execs (`MTRACE_FOLLOW_EXEC`).
+    pub follow_exec: bool,
     pub reporter: crate::reports::Reporter,
     fd: i32,
     /// Held while anything writes to `fd`, so that buffers never interleave.
@@ -209,6 +213,8 @@ impl Session {
             depth: cfg.depth,
             libgcc_unwinder: cfg.libgcc_unwinder,
             report_signal: cfg.report_signal,
+            follow_fork: cfg.follow_fork,
+            follow_exec: cfg.follow_exec,
             reporter: crate::reports::Reporter::new(path, &prog, pid, cfg.report_dir.clone()),
             fd,
             file: Mutex::new(()),
@@ -490,7 +496,9 @@ pub extern "C" fn after_fork_parent() {
 /// pthread_atfork child: the child is traced into a file of its own; the
 /// parent's buffers (copied into the child) are not written again.
 pub extern "C" fn after_fork_child() {
-    if current().is_none() {
+    let Some(parent) = current() else { return };
+    if !parent.follow_fork {
+        STATE.store(DISABLED, Ordering::Release);
         return;
     }
     let _g = Guard::enter();

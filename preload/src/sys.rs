@@ -180,3 +180,22 @@ pub fn rss_bytes() -> Option<u64> {
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     Some(pages * page.max(1) as u64)
 }
+
+/// Removes every `LD_PRELOAD` entry whose file name is `lib`, so that the
+/// programs this process execs are not traced (`MTRACE_FOLLOW_EXEC=off`).
+/// The program sees the shortened variable.
+pub fn drop_from_preload(lib: &str) {
+    let Some(v) = getenv(c"LD_PRELOAD") else { return };
+    let kept: Vec<&str> = v
+        .split([':', ' '])
+        .filter(|e| !e.is_empty() && std::path::Path::new(e).file_name().is_none_or(|n| n != lib))
+        .collect();
+    // SAFETY: NUL-terminated strings; runs in the library constructor.
+    unsafe {
+        if kept.is_empty() {
+            libc::unsetenv(c"LD_PRELOAD".as_ptr());
+        } else if let Ok(c) = std::ffi::CString::new(kept.join(":")) {
+            libc::setenv(c"LD_PRELOAD".as_ptr(), c.as_ptr(), 1);
+        }
+    }
+}
