@@ -25,7 +25,7 @@ __attribute__((noinline)) static void keep_some(int i) {
 }
 
 __attribute__((noinline)) static void balanced(void) {
-    for (int i = 0; i < 1000; i++) free(malloc(32 + i % 100));
+    for (int i = 0; i < 1000; i++) free(malloc(32 + i % 100)); // @leak:balanced
 }
 
 int main(int argc, char **argv) {

@@ -74,6 +74,8 @@ pub struct Window {
     pub since: Option<MarkerSel>,
     /// Stop reading at this marker.
     pub until: Option<MarkerSel>,
+    /// Stop after this many records (the second pass to the peak).
+    pub until_record: Option<u64>,
 }
 
 /// A marker as read: report number (0 for a named point), name, time (ns).
@@ -117,6 +119,9 @@ pub struct Trace {
     pub reached_until: bool,
     /// One point per RSS sample, in stream order.
     pub timeline: Vec<TimePoint>,
+    pub stats: crate::stats::RunStats,
+    /// Records read when the peak was reached (for a second pass to it).
+    pub peak_record: u64,
 }
 
 /// Reads the trace at `path`. Fails only when the file cannot be opened or
@@ -146,6 +151,8 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
         baseline: None,
         reached_until: false,
         timeline: Vec::new(),
+        stats: Default::default(),
+        peak_record: 0,
     };
     let mut now = 0u64;
     loop {
@@ -158,6 +165,11 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
             }
         };
         t.records += 1;
+        if w.until_record.is_some_and(|n| t.records > n) {
+            break;
+        }
+        let tid = r.tid();
+        let peak_before = t.books.peak_bytes;
         match rec {
             Record::Thread { time_ns, .. } => now = time_ns,
             Record::Stack { id, frames } => t.stacks.define(id, frames, now),
@@ -165,15 +177,18 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
                 now = time_ns;
                 let stack = t.stacks.canon(stack);
                 t.books.alloc(addr, Block { size, stack, family, time: time_ns });
+                t.stats.alloc(tid, addr, size, stack);
             }
             Record::Free { time_ns, addr, .. } => {
                 now = time_ns;
                 t.books.free(addr, time_ns);
+                t.stats.free(tid, addr);
             }
             Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => {
                 now = time_ns;
                 let stack = t.stacks.canon(stack);
                 t.books.realloc(old, free_time_ns, new, Block { size, stack, family: Family::Malloc, time: time_ns });
+                t.stats.alloc(tid, new, size, stack);
             }
             Record::Mmap { time_ns, addr, len, stack, .. } => {
                 now = time_ns;
@@ -230,6 +245,9 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
             }
         }
         t.last_time = t.last_time.max(now);
+        if t.books.peak_bytes != peak_before {
+            t.peak_record = t.records;
+        }
     }
     if let Some(m) = &w.since {
         anyhow::ensure!(t.baseline.is_some(), "{}: no marker {:?} in the trace", path.display(), m.0);

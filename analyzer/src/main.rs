@@ -4,6 +4,7 @@ mod books;
 mod load;
 mod report;
 mod run;
+mod stats;
 mod symbolize;
 
 use std::io::Write;
@@ -72,6 +73,10 @@ pub struct ReportOpts {
     /// Also show RSS and live heap over time (sampled every 10 ms).
     #[arg(long)]
     timeline: bool,
+    /// Also list blocks still live that were allocated more than DURATION
+    /// before the end (500ms, 10s, 2m, …).
+    #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
+    older_than: Option<u64>,
 }
 
 #[derive(Args)]
@@ -99,13 +104,26 @@ impl ReportOpts {
         let window = load::Window {
             since: self.since_marker.clone().map(load::MarkerSel),
             until: self.until_marker.clone().map(load::MarkerSel),
+            until_record: None,
         };
         let t = load::load_window(trace, &window)?;
-        let mut r = report::build(&t, &mut self.symbolizer(), self.sort, self.depth);
+        let mut sym = self.symbolizer();
+        let mut r = report::build(&t, &mut sym, self.sort, self.depth);
         r.summary.since_marker = self.since_marker.clone();
         r.summary.until_marker = self.until_marker.clone();
         if self.timeline {
             r.timeline = Some(report::thin(&t.timeline, report::TIMELINE_ROWS));
+        }
+        if self.since_marker.is_none() {
+            // A second pass, up to the peak, for what was live then.
+            let at_peak = if t.peak_record > 0 {
+                let w = load::Window { until_record: Some(t.peak_record), ..Default::default() };
+                load::load_window(trace, &w)?.books.live_by_stack()
+            } else {
+                Default::default()
+            };
+            let inp = report::sections::Inputs { at_peak: &at_peak, older_than_ns: self.older_than, depth: self.depth };
+            r.sections = Some(report::sections::build(&t, &mut sym, &inp));
         }
         if self.json {
             serde_json::to_writer_pretty(&mut *out, &r)?;

@@ -202,3 +202,48 @@ fn timeline_samples_rss_and_heap() {
     assert_eq!(last["heap_bytes"], 0);
     assert!(last["rss_bytes"].as_u64().unwrap() < big, "freed memory left the RSS: {last}");
 }
+
+/// The first frame of a section entry inside steady.c: its line.
+fn steady_line(e: &serde_json::Value) -> u64 {
+    e["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["file"].as_str().is_some_and(|p| p.ends_with("/steady.c")))
+        .unwrap()["line"]
+        .as_u64()
+        .unwrap()
+}
+
+#[test]
+fn heaptrack_sections_and_older_than() {
+    let (dir, prog) = setup("sections");
+    let m = markers("steady.c");
+    let (r, _) =
+        run_json_env(&dir, &[("MTRACE_BIN", mtrace().to_str().unwrap())], &["--older-than", "0s"], &prog, &["api"]);
+    let x = &r["sections"];
+    let calls: Vec<(u64, u64)> =
+        x["most_calls"].as_array().unwrap().iter().map(|e| (e["count"].as_u64().unwrap(), steady_line(e))).collect();
+    assert_eq!(calls, vec![(3000, m["balanced"] as u64), (30, m["steady"] as u64), (5, m["kept"] as u64)]);
+    // Every balanced block is freed before the next allocation.
+    assert_eq!(x["temporary_total"], 3000);
+    assert_eq!(
+        (x["temporary"][0]["count"].as_u64(), steady_line(&x["temporary"][0])),
+        (Some(3000), m["balanced"] as u64)
+    );
+    // At the peak the 30 leaked blocks are the largest holder.
+    let peak = &x["peak_consumers"][0];
+    assert_eq!(
+        (peak["bytes"].as_u64(), peak["count"].as_u64(), steady_line(peak)),
+        (Some(3000), Some(30), m["steady"] as u64)
+    );
+    // The histogram accounts for every call and byte.
+    let hist = x["histogram"].as_array().unwrap();
+    let sum = |k: &str| hist.iter().map(|b| b[k].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(sum("calls"), r["summary"]["allocations"].as_u64().unwrap());
+    assert_eq!(sum("bytes"), r["summary"]["bytes_allocated"].as_u64().unwrap());
+    // --older-than 0s: every live block.
+    let old = x["older_than"].as_array().unwrap();
+    assert_eq!(old.len(), 1);
+    assert_eq!((old[0]["bytes"].as_u64(), old[0]["count"].as_u64()), (Some(3000), Some(30)));
+}

@@ -1,5 +1,6 @@
 //! The leak report: built once from a loaded trace, printed as text or JSON.
 
+pub mod sections;
 pub mod text;
 
 use rustc_hash::FxHashMap as HashMap;
@@ -86,6 +87,29 @@ pub struct Report {
     /// With `--timeline`: RSS and live heap over time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Vec<crate::load::TimePoint>>,
+    /// Most calls, temporary allocations, peak consumers, size histogram
+    /// (not in a report since a marker).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sections: Option<sections::Sections>,
+}
+
+/// Parses a duration for `--older-than`: `500ms`, `10s`, `2m`, `1h`, or
+/// plain seconds (fractions allowed). Returns ns.
+pub fn parse_duration(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let v: f64 = num.parse().map_err(|_| format!("{s:?} is not a duration (like 500ms, 10s, 2m)"))?;
+    let scale = match unit {
+        "" | "s" => 1e9,
+        "ms" => 1e6,
+        "us" => 1e3,
+        "ns" => 1.0,
+        "m" | "min" => 60e9,
+        "h" => 3600e9,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ns, us, ms, s, m, h)")),
+    };
+    Ok((v * scale) as u64)
 }
 
 /// At most `rows` points of `all`, evenly spaced, the last one included.
@@ -172,5 +196,18 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
         },
         stacks,
         timeline: None,
+        sections: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn durations() {
+        assert_eq!(super::parse_duration("500ms"), Ok(500_000_000));
+        assert_eq!(super::parse_duration("2m"), Ok(120_000_000_000));
+        assert_eq!(super::parse_duration("1.5"), Ok(1_500_000_000));
+        assert!(super::parse_duration("soon").is_err());
+        assert!(super::parse_duration("3 weeks").is_err());
     }
 }

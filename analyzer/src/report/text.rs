@@ -75,7 +75,57 @@ fn write_timeline(r: &Report, w: &mut dyn Write) -> io::Result<()> {
 pub fn write_text(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     write_summary(r, w)?;
     write_timeline(r, w)?;
-    write_entries(r, w)
+    write_entries(r, w)?;
+    write_sections(r, w)
+}
+
+fn frames(f: &[Frame], w: &mut dyn Write) -> io::Result<()> {
+    for (j, fr) in f.iter().enumerate() {
+        writeln!(w, "{}", frame_line(fr, j == 0))?;
+    }
+    Ok(())
+}
+
+fn write_sections(r: &Report, w: &mut dyn Write) -> io::Result<()> {
+    let Some(x) = &r.sections else { return Ok(()) };
+    writeln!(w, "\nMost allocation calls:")?;
+    for (i, e) in x.most_calls.iter().enumerate() {
+        writeln!(w, "#{}: {} ({})", i + 1, plural(e.count, "call", "calls"), plural(e.bytes, "byte", "bytes"))?;
+        frames(&e.frames, w)?;
+    }
+    writeln!(
+        w,
+        "\nTemporary allocations (freed before the thread allocated again): {} of {}",
+        thousands(x.temporary_total),
+        thousands(r.summary.allocations)
+    )?;
+    for (i, e) in x.temporary.iter().enumerate() {
+        writeln!(w, "#{}: {}", i + 1, plural(e.count, "temporary allocation", "temporary allocations"))?;
+        frames(&e.frames, w)?;
+    }
+    writeln!(w, "\nPeak memory consumers (at {}):", secs(r.summary.peak_time_ns))?;
+    for (i, e) in x.peak_consumers.iter().enumerate() {
+        writeln!(w, "#{}: {} in {}", i + 1, plural(e.bytes, "byte", "bytes"), plural(e.count, "block", "blocks"))?;
+        frames(&e.frames, w)?;
+    }
+    if let Some(old) = &x.older_than {
+        writeln!(w, "\nStill live, allocated long before the end (--older-than):")?;
+        for (i, e) in old.iter().enumerate() {
+            writeln!(w, "#{}: {} in {}", i + 1, plural(e.bytes, "byte", "bytes"), plural(e.count, "block", "blocks"))?;
+            frames(&e.frames, w)?;
+        }
+    }
+    writeln!(w, "\nAllocation sizes:")?;
+    for b in &x.histogram {
+        let size = b.max_size.map_or_else(|| "larger".to_owned(), |m| format!("<= {}", plural(m, "byte", "bytes")));
+        writeln!(
+            w,
+            "  {size:>20}  {:>14}  {:>18}",
+            plural(b.calls, "call", "calls"),
+            plural(b.bytes, "byte", "bytes")
+        )?;
+    }
+    Ok(())
 }
 
 fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {

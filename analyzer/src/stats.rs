@@ -1,0 +1,73 @@
+//! Whole-run statistics beside the books, in the spirit of heaptrack's
+//! report sections: temporary allocations and the allocation-size
+//! histogram. (Most calls come from the books' per-backtrace totals, peak
+//! consumers from a second pass up to the peak.)
+
+use rustc_hash::FxHashMap as HashMap;
+
+/// Histogram buckets: sizes up to 2^0, 2^1, … 2^(BUCKETS-2) bytes, and larger.
+pub const BUCKETS: usize = 26;
+
+#[derive(Default)]
+pub struct RunStats {
+    /// Backtrace → allocations freed right after being made: heaptrack's
+    /// definition, no other allocation by the same thread in between.
+    pub temporary: HashMap<u32, u64>,
+    pub temporary_total: u64,
+    /// Per thread, the last allocation: (address, backtrace).
+    last: HashMap<u32, (u64, u32)>,
+    /// Per bucket: (allocation calls, bytes).
+    pub histogram: [(u64, u64); BUCKETS],
+}
+
+/// The bucket of an allocation of `size` bytes: the smallest k with size ≤ 2^k.
+pub fn bucket(size: u64) -> usize {
+    let k = if size <= 1 { 0 } else { 64 - (size - 1).leading_zeros() as usize };
+    k.min(BUCKETS - 1)
+}
+
+impl RunStats {
+    pub fn alloc(&mut self, tid: u32, addr: u64, size: u64, stack: u32) {
+        self.last.insert(tid, (addr, stack));
+        let b = &mut self.histogram[bucket(size)];
+        b.0 += 1;
+        b.1 += size;
+    }
+
+    pub fn free(&mut self, tid: u32, addr: u64) {
+        if let Some(&(a, stack)) = self.last.get(&tid) {
+            if a == addr {
+                *self.temporary.entry(stack).or_default() += 1;
+                self.temporary_total += 1;
+                self.last.remove(&tid);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_powers_of_two() {
+        assert_eq!([bucket(0), bucket(1), bucket(2), bucket(3), bucket(4), bucket(5)], [0, 0, 1, 2, 2, 3]);
+        assert_eq!(bucket(1 << 20), 20);
+        assert_eq!(bucket((1 << 20) + 1), 21);
+        assert_eq!(bucket(u64::MAX), BUCKETS - 1);
+    }
+
+    #[test]
+    fn temporary_means_no_allocation_in_between() {
+        let mut s = RunStats::default();
+        s.alloc(1, 0x10, 8, 7);
+        s.free(1, 0x10); // temporary
+        s.alloc(1, 0x20, 8, 7);
+        s.alloc(1, 0x30, 8, 9);
+        s.free(1, 0x20); // not: 0x30 came in between
+        s.alloc(2, 0x40, 8, 9);
+        s.free(1, 0x40); // not: another thread's block
+        assert_eq!(s.temporary_total, 1);
+        assert_eq!(s.temporary.get(&7), Some(&1));
+    }
+}
