@@ -114,7 +114,8 @@ impl ReportOpts {
         if self.timeline {
             r.timeline = Some(report::thin(&t.timeline, report::TIMELINE_ROWS));
         }
-        if self.since_marker.is_none() {
+        // Whole-run sections, not for a window (and so not in .memlog reports).
+        if self.since_marker.is_none() && self.until_marker.is_none() {
             // A second pass, up to the peak, for what was live then.
             let at_peak = if t.peak_record > 0 {
                 let w = load::Window { until_record: Some(t.peak_record), ..Default::default() };

@@ -88,7 +88,7 @@ pub struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Vec<crate::load::TimePoint>>,
     /// Most calls, temporary allocations, peak consumers, size histogram
-    /// (not in a report since a marker).
+    /// (not in a report of a window between markers).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sections: Option<sections::Sections>,
 }
