@@ -25,7 +25,7 @@ pub struct Stacks {
 }
 
 impl Stacks {
-    fn define(&mut self, id: u32, frames: Vec<u64>, time: u64) {
+    pub fn define(&mut self, id: u32, frames: Vec<u64>, time: u64) {
         let next = self.frames.len() as u32;
         let canon = *self.by_frames.entry(frames.clone()).or_insert_with(|| {
             self.frames.push(frames);
@@ -37,7 +37,7 @@ impl Stacks {
 
     /// Canonical index of stream id `id`; an id never defined (its
     /// definition was lost) maps to an empty backtrace.
-    fn canon(&mut self, id: u32) -> u32 {
+    pub fn canon(&mut self, id: u32) -> u32 {
         if let Some(&c) = self.by_id.get(&id) {
             return c;
         }
@@ -124,6 +124,29 @@ pub struct Trace {
     pub peak_record: u64,
 }
 
+impl Trace {
+    /// An empty trace of the process `header` describes.
+    pub fn new(path: &Path, header: Header) -> Trace {
+        Trace {
+            path: path.to_owned(),
+            header,
+            books: Books::default(),
+            stacks: Stacks::default(),
+            modules: Vec::new(),
+            end: None,
+            last_time: 0,
+            error: None,
+            records: 0,
+            markers: Vec::new(),
+            baseline: None,
+            reached_until: false,
+            timeline: Vec::new(),
+            stats: Default::default(),
+            peak_record: 0,
+        }
+    }
+}
+
 /// Reads the trace at `path`. Fails only when the file cannot be opened or
 /// its header cannot be read; a stream that breaks off later is returned
 /// with [`Trace::error`] set and everything before the break in the books.
@@ -135,25 +158,12 @@ pub fn load(path: &Path) -> Result<Trace> {
 /// Fails when a named marker is not in the trace.
 pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
     let f = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+    if crate::malloc_trace::is_log(path) {
+        return crate::malloc_trace::load(path, None);
+    }
     let mut r = Reader::new(f);
     let header = r.header().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    let mut t = Trace {
-        path: path.to_owned(),
-        header,
-        books: Books::default(),
-        stacks: Stacks::default(),
-        modules: Vec::new(),
-        end: None,
-        last_time: 0,
-        error: None,
-        records: 0,
-        markers: Vec::new(),
-        baseline: None,
-        reached_until: false,
-        timeline: Vec::new(),
-        stats: Default::default(),
-        peak_record: 0,
-    };
+    let mut t = Trace::new(path, header);
     let mut now = 0u64;
     loop {
         let rec = match r.next_record() {

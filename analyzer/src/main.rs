@@ -2,6 +2,7 @@
 
 mod books;
 mod load;
+mod malloc_trace;
 mod report;
 mod run;
 mod stats;
@@ -159,7 +160,32 @@ fn open_output(p: &Option<PathBuf>) -> anyhow::Result<Box<dyn Write>> {
     })
 }
 
+/// `mtrace [PROG] LOG` without a subcommand: glibc's mtrace script's usage.
+fn glibc_compat(args: &[String]) -> Option<ExitCode> {
+    let known = ["report", "run", "help", "-h", "--help", "-V", "--version"];
+    if args.len() < 2 || args.len() > 3 || known.contains(&args[1].as_str()) || args[1].starts_with('-') {
+        return None;
+    }
+    let (prog, log) = match args {
+        [_, log] => (None, PathBuf::from(log)),
+        [_, prog, log] => (Some(PathBuf::from(prog)), PathBuf::from(log)),
+        _ => return None,
+    };
+    let mut out = std::io::stdout().lock();
+    Some(match malloc_trace::print_compat(&log, prog.as_deref(), &mut out) {
+        Ok(anything) => ExitCode::from(anything as u8),
+        Err(e) => {
+            eprintln!("mtrace: {e:#}");
+            ExitCode::from(2)
+        }
+    })
+}
+
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(code) = glibc_compat(&args) {
+        return code;
+    }
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Report(a) => open_output(&a.output).and_then(|mut out| {

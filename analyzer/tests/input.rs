@@ -112,3 +112,56 @@ fn corrupt_record_names_its_offset() {
     assert!(err.contains(&format!("corrupt record at byte {at}")) && err.contains("unknown record tag 238"), "{err}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("mtrace report for"));
 }
+
+#[test]
+fn glibc_malloc_trace_logs() {
+    let debug_lib = "/lib/x86_64-linux-gnu/libc_malloc_debug.so.0";
+    assert!(std::path::Path::new(debug_lib).exists(), "glibc's libc_malloc_debug.so.0 writes MALLOC_TRACE logs");
+    let dir = scratch("malloc-trace");
+    let prog = build("glibc_mtrace.c", &dir.join("prog"), &["-g", "-O0"]);
+    let log = dir.join("trace.log");
+    let ok = Command::new(&prog).env("MALLOC_TRACE", &log).env("LD_PRELOAD", debug_lib).status().unwrap();
+    assert!(ok.success());
+    let m = markers("glibc_mtrace.c");
+    // `mtrace PROG LOG`, as with glibc's script: the table, exit status 1.
+    let out = Command::new(mtrace()).arg(&prog).arg(&log).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let rows: Vec<(u64, String)> = text
+        .lines()
+        .filter(|l| l.starts_with("0x"))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (
+                u64::from_str_radix(w[1].trim_start_matches("0x"), 16).unwrap(),
+                w[3].rsplit('/').next().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        vec![(300, format!("glibc_mtrace.c:{}", m["realloc"])), (40, format!("glibc_mtrace.c:{}", m["calloc"]))],
+        "{text}"
+    );
+    assert!(text.contains("(main)"));
+    // `mtrace report` reads the log like a trace.
+    let r = report_json(&log);
+    let mut want = vec![leak(300, 1, "malloc", "main", m["realloc"]), leak(40, 1, "malloc", "main", m["calloc"])];
+    want.sort();
+    assert_eq!(leaks_in(&r, "glibc_mtrace.c"), want);
+    assert_eq!(r["summary"]["allocations"], 4);
+    assert_eq!(r["summary"]["frees"], 1);
+    // The same addresses and sizes as glibc's own script, where installed.
+    if std::path::Path::new("/usr/bin/mtrace").exists() {
+        let glibc = Command::new("perl").arg("/usr/bin/mtrace").arg(&prog).arg(&log).output().unwrap();
+        let theirs: Vec<String> = String::from_utf8_lossy(&glibc.stdout)
+            .lines()
+            .filter(|l| l.starts_with("0x"))
+            .map(|l| l.split("  at ").next().unwrap().to_owned())
+            .collect();
+        let ours: Vec<String> =
+            text.lines().filter(|l| l.starts_with("0x")).map(|l| l.split("  at ").next().unwrap().to_owned()).collect();
+        assert_eq!(ours, theirs);
+        assert_eq!(glibc.status.code(), Some(1));
+    }
+}
