@@ -51,7 +51,7 @@ fn missing_empty_and_foreign_files() {
     assert!(err.contains("empty.mtrace") && err.contains("empty file"), "{err}");
 
     let foreign = dir.join("foreign.mtrace");
-    std::fs::write(&foreign, b"@ ./prog:[0x401136] + 0x4052a0 0x64\n").unwrap();
+    std::fs::write(&foreign, b"hello, not a trace\n").unwrap();
     let out = report(&foreign, false);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not an mtrace trace"));
