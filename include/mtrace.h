@@ -11,6 +11,8 @@
 #ifndef MTRACE_H
 #define MTRACE_H
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -29,6 +31,13 @@ void mtrace_marker(const char *name) __attribute__((weak));
    <program>-<pid>-<n>.memlog; the first lists everything live, each later one
    the change since the one before. Returns 0 when the report was written. */
 int mtrace_report(const char *path) __attribute__((weak));
+
+/* Records a block of a pool the program manages itself (an arena, a
+   cache, a free list, or a non-memory resource such as a connection): it is
+   reported under POOL's name like an allocation, with the caller's
+   backtrace. PTR only identifies the block within POOL. */
+void mtrace_alloc(const char *pool, const void *ptr, size_t size) __attribute__((weak));
+void mtrace_free(const char *pool, const void *ptr) __attribute__((weak));
 
 #ifdef __cplusplus
 }

@@ -22,6 +22,11 @@ pub struct Stacks {
     pub def_time: Vec<u64>,
     by_frames: HashMap<Vec<u64>, u32>,
     by_id: HashMap<u32, u32>,
+    /// (canonical backtrace, pool) → the canonical index used for that
+    /// pool's blocks, so that pools never share an entry with the heap.
+    by_pool: HashMap<(u32, u32), u32>,
+    /// Canonical index → pool id, for the indices made by [`Stacks::for_pool`].
+    pub pool_of: HashMap<u32, u32>,
 }
 
 impl Stacks {
@@ -33,6 +38,19 @@ impl Stacks {
             next
         });
         self.by_id.insert(id, canon);
+    }
+
+    /// The canonical index for blocks of `pool` allocated at backtrace `canon`.
+    pub fn for_pool(&mut self, canon: u32, pool: u32) -> u32 {
+        if let Some(&c) = self.by_pool.get(&(canon, pool)) {
+            return c;
+        }
+        let c = self.frames.len() as u32;
+        self.frames.push(self.frames[canon as usize].clone());
+        self.def_time.push(self.def_time[canon as usize]);
+        self.by_pool.insert((canon, pool), c);
+        self.pool_of.insert(c, pool);
+        c
     }
 
     /// Canonical index of stream id `id`; an id never defined (its
@@ -122,6 +140,14 @@ pub struct Trace {
     pub stats: crate::stats::RunStats,
     /// Records read when the peak was reached (for a second pass to it).
     pub peak_record: u64,
+    /// Pool names (`mtrace_alloc`), by id.
+    pub pools: HashMap<u32, String>,
+}
+
+/// A pool block's key in the books: its address in the pool's own space,
+/// apart from heap addresses (user space is below 2^47) and other pools.
+fn pool_key(pool: u32, addr: u64) -> u64 {
+    addr ^ ((pool as u64) << 48)
 }
 
 impl Trace {
@@ -143,6 +169,7 @@ impl Trace {
             timeline: Vec::new(),
             stats: Default::default(),
             peak_record: 0,
+            pools: HashMap::default(),
         }
     }
 }
@@ -229,6 +256,19 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
             Record::End { time_ns, reason } => {
                 now = time_ns;
                 t.end = Some(reason);
+            }
+            Record::PoolName { id, name } => {
+                t.pools.insert(id, name);
+            }
+            Record::PoolAlloc { time_ns, pool, addr, size, stack } => {
+                now = time_ns;
+                let canon = t.stacks.canon(stack);
+                let stack = t.stacks.for_pool(canon, pool);
+                t.books.alloc(pool_key(pool, addr), Block { size, stack, family: Family::Pool, time: time_ns });
+            }
+            Record::PoolFree { time_ns, pool, addr } => {
+                now = time_ns;
+                t.books.free(pool_key(pool, addr), time_ns);
             }
             Record::Sample { time_ns, rss } => {
                 now = time_ns;

@@ -318,3 +318,23 @@ fn fast_unwinder_agrees_with_libgcc() {
         assert!(backtraces(&fast).iter().all(|(_, f)| f.len() >= 3), "{src}: {:?}", backtraces(&fast));
     }
 }
+
+#[test]
+fn user_pools_are_reported_under_their_names() {
+    let dir = scratch("pools");
+    let prog = build("pools.c", &dir.join("pools"), &["-g", "-O0"]);
+    let m = markers("pools.c");
+    let (r, out) = run_json(&dir, &[], &prog, &[]);
+    assert!(out.status.success());
+    let mut want = vec![
+        leak(2, 2, "pool conn", "main", m["conn"]),
+        leak(256, 1, "pool arena", "main", m["arena"]),
+        leak(64, 1, "pool alias", "main", m["alias"]),
+    ];
+    want.sort();
+    assert_eq!(leaks_in(&r, "pools.c"), want);
+    let conn = r["stacks"].as_array().unwrap().iter().find(|e| e["family"] == "pool conn").unwrap();
+    assert_eq!(conn["total_allocations"], 8);
+    // Without the preload the calls are no-ops and the program runs.
+    assert!(std::process::Command::new(&prog).status().unwrap().success());
+}

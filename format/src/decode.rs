@@ -399,6 +399,17 @@ impl<R: Read> Reader<R> {
                     .ok_or_else(|| ReadErrorKind::Corrupt(format!("unknown end reason {code}")))?;
                 Record::End { time_ns, reason }
             }
+            tag::POOL_NAME => Record::PoolName { id: self.u32("pool id")?, name: self.string()? },
+            tag::POOL_ALLOC => Record::PoolAlloc {
+                time_ns: self.time()?,
+                pool: self.u32("pool id")?,
+                addr: self.varint()?,
+                size: self.varint()?,
+                stack: self.u32("stack id")?,
+            },
+            tag::POOL_FREE => {
+                Record::PoolFree { time_ns: self.time()?, pool: self.u32("pool id")?, addr: self.varint()? }
+            }
             tag::SAMPLE => Record::Sample { time_ns: self.time()?, rss: self.varint()? },
             tag::MARKER => Record::Marker { time_ns: self.time()?, seq: self.varint()?, name: self.string()? },
             other => return Err(ReadErrorKind::Corrupt(format!("unknown record tag {other}"))),
@@ -463,6 +474,9 @@ mod tests {
             },
             Record::Marker { time_ns: 2450, seq: 1, name: "signal".into() },
             Record::Sample { time_ns: 2460, rss: 12 << 20 },
+            Record::PoolName { id: 3, name: "conn".into() },
+            Record::PoolAlloc { time_ns: 2470, pool: 3, addr: 42, size: 1, stack: 1 },
+            Record::PoolFree { time_ns: 2480, pool: 3, addr: 42 },
             Record::End { time_ns: 2500, reason: EndReason::Signal(11) },
         ];
         let mut out = Vec::new();

@@ -138,6 +138,25 @@ impl Encoder {
                 self.time(out, time_ns);
                 put_varint(out, rss);
             }
+            Record::PoolName { id, ref name } => {
+                out.push(tag::POOL_NAME);
+                put_varint(out, id as u64);
+                put_bytes(out, name.as_bytes());
+            }
+            Record::PoolAlloc { time_ns, pool, addr, size, stack } => {
+                out.push(tag::POOL_ALLOC);
+                self.time(out, time_ns);
+                put_varint(out, pool as u64);
+                put_varint(out, addr);
+                put_varint(out, size);
+                put_varint(out, stack as u64);
+            }
+            Record::PoolFree { time_ns, pool, addr } => {
+                out.push(tag::POOL_FREE);
+                self.time(out, time_ns);
+                put_varint(out, pool as u64);
+                put_varint(out, addr);
+            }
             Record::End { time_ns, reason } => {
                 out.push(tag::END);
                 self.time(out, time_ns);

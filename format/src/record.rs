@@ -15,6 +15,9 @@ pub enum Family {
     Aligned = 3,
     /// mmap, mmap64, mremap, munmap.
     Mmap = 4,
+    /// Allocations the program records itself with `mtrace_alloc()` (pools,
+    /// caches, non-memory resources); see [`Record::PoolAlloc`].
+    Pool = 5,
 }
 
 impl Family {
@@ -26,6 +29,7 @@ impl Family {
             2 => Family::NewArray,
             3 => Family::Aligned,
             4 => Family::Mmap,
+            5 => Family::Pool,
             _ => return None,
         })
     }
@@ -38,6 +42,7 @@ impl Family {
             Family::NewArray => "new[]",
             Family::Aligned => "aligned",
             Family::Mmap => "mmap",
+            Family::Pool => "pool",
         }
     }
 }
@@ -169,6 +174,14 @@ pub enum Record {
     /// The process's resident set size, bytes (from /proc/self/statm),
     /// sampled by the writer every 10 ms.
     Sample { time_ns: u64, rss: u64 },
+    /// Names pool `id` (from `mtrace_alloc(name, …)`). May follow the first
+    /// records that use the id (they come from another thread's buffer).
+    PoolName { id: u32, name: String },
+    /// `mtrace_alloc(pool, ptr, size)`: a block of a user-defined pool. Its
+    /// address lives in the pool's own address space, apart from the heap.
+    PoolAlloc { time_ns: u64, pool: u32, addr: u64, size: u64, stack: u32 },
+    /// `mtrace_free(pool, ptr)`.
+    PoolFree { time_ns: u64, pool: u32, addr: u64 },
 }
 
 pub(crate) mod tag {
@@ -187,4 +200,7 @@ pub(crate) mod tag {
     pub const COMPRESSED: u8 = 11;
     pub const MARKER: u8 = 12;
     pub const SAMPLE: u8 = 13;
+    pub const POOL_NAME: u8 = 14;
+    pub const POOL_ALLOC: u8 = 15;
+    pub const POOL_FREE: u8 = 16;
 }

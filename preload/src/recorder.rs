@@ -131,6 +131,39 @@ pub fn mremap(old: *mut libc::c_void, old_len: usize, new: *mut libc::c_void, ne
     });
 }
 
+/// Pool names given to `mtrace_alloc()`; a pool's id is its index + 1.
+static POOLS: parking_lot::Mutex<Vec<String>> = parking_lot::Mutex::new(Vec::new());
+
+/// The id of pool `name`, defining it in the stream on first use.
+fn pool_id(name: &str) -> Option<u32> {
+    let mut pools = POOLS.lock();
+    if let Some(i) = pools.iter().position(|p| p == name) {
+        return Some(i as u32 + 1);
+    }
+    pools.push(name.to_owned());
+    let id = pools.len() as u32;
+    drop(pools);
+    let s = session::get()?;
+    let name = name.to_owned();
+    thread::push(s, s.now(), false, move |_, _| Record::PoolName { id, name });
+    Some(id)
+}
+
+/// `mtrace_alloc(pool, ptr, size)`.
+pub fn pool_alloc(pool: &str, addr: u64, size: u64) {
+    if !collecting() {
+        return;
+    }
+    let Some(pool) = pool_id(pool) else { return };
+    with_stack(|time_ns, stack| Record::PoolAlloc { time_ns, pool, addr, size, stack });
+}
+
+/// `mtrace_free(pool, ptr)`.
+pub fn pool_free(pool: &str, addr: u64) {
+    let Some(pool) = pool_id(pool) else { return };
+    without_stack(None, |time_ns| Record::PoolFree { time_ns, pool, addr });
+}
+
 /// After dlopen/dlclose: the whole module list, so that the analyzer can
 /// symbolize frames of libraries that are gone by the end.
 pub fn modules_changed() {

@@ -67,8 +67,9 @@ pub struct LeakEntry {
     pub blocks: i64,
     /// Allocations made from this backtrace over the whole run.
     pub total_allocations: u64,
-    /// Allocator family of the blocks: malloc, new, new[], aligned, mmap.
-    pub family: &'static str,
+    /// Allocator family of the blocks: malloc, new, new[], aligned, mmap,
+    /// or `pool NAME` for blocks recorded with `mtrace_alloc`.
+    pub family: String,
     pub frames: Vec<Frame>,
 }
 
@@ -166,7 +167,11 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
             let time = t.stacks.def_time[s as usize];
             let n = depth.unwrap_or(usize::MAX).min(raw.len());
             let frames = raw[..n].iter().flat_map(|&a| sym.frames(&t.modules, a, time)).collect();
-            LeakEntry { bytes, blocks, total_allocations: total, family: fam.name(), frames }
+            let family = match t.stacks.pool_of.get(&s) {
+                Some(p) => format!("pool {}", t.pools.get(p).map_or("?", String::as_str)),
+                None => fam.name().to_owned(),
+            };
+            LeakEntry { bytes, blocks, total_allocations: total, family, frames }
         })
         .collect();
     let h = &t.header;

@@ -81,3 +81,28 @@ pub extern "C" fn glibc_muntrace() {
         s.report_point("muntrace()", None, true);
     }
 }
+
+/// Records a block of a pool the program manages itself (or any resource):
+/// reported under the pool's name like an allocation, with this backtrace.
+///
+/// # Safety
+/// `pool` is NULL or a NUL-terminated string; `ptr` is only an identifier.
+#[no_mangle]
+pub unsafe extern "C" fn mtrace_alloc(pool: *const c_char, ptr: *const std::ffi::c_void, size: usize) {
+    let Some(_g) = Guard::enter() else { return };
+    let errno = crate::sys::errno();
+    recorder::pool_alloc(&text(pool).unwrap_or_default(), ptr as u64, size as u64);
+    crate::sys::set_errno(errno);
+}
+
+/// Records the release of a block recorded with `mtrace_alloc`.
+///
+/// # Safety
+/// `pool` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn mtrace_free(pool: *const c_char, ptr: *const std::ffi::c_void) {
+    let Some(_g) = Guard::enter() else { return };
+    let errno = crate::sys::errno();
+    recorder::pool_free(&text(pool).unwrap_or_default(), ptr as u64);
+    crate::sys::set_errno(errno);
+}
