@@ -78,6 +78,10 @@ pub struct ReportOpts {
     /// before the end (500ms, 10s, 2m, …).
     #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
     older_than: Option<u64>,
+    /// Also show, per time window of DURATION, the allocations still live at
+    /// the end, backtraces that leak in every window first.
+    #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
+    intervals: Option<u64>,
 }
 
 #[derive(Args)]
@@ -114,6 +118,9 @@ impl ReportOpts {
         r.summary.until_marker = self.until_marker.clone();
         if self.timeline {
             r.timeline = Some(report::thin(&t.timeline, report::TIMELINE_ROWS));
+        }
+        if let Some(d) = self.intervals {
+            r.intervals = Some(report::intervals::build(&t, &mut sym, d, self.depth));
         }
         // Whole-run sections, not for a window (and so not in .memlog reports).
         if self.since_marker.is_none() && self.until_marker.is_none() {

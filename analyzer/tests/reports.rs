@@ -247,3 +247,35 @@ fn heaptrack_sections_and_older_than() {
     assert_eq!(old.len(), 1);
     assert_eq!((old[0]["bytes"].as_u64(), old[0]["count"].as_u64()), (Some(3000), Some(30)));
 }
+
+#[test]
+fn intervals_rank_steady_growth_first() {
+    let dir = scratch("intervals");
+    let prog = build("grow.c", &dir.join("grow"), &["-g", "-O0"]);
+    let m = markers("grow.c");
+    let (r, _) = run_json(&dir, &["--intervals", "50ms"], &prog, &[]);
+    let x = &r["intervals"];
+    let windows = x["windows"].as_u64().unwrap();
+    // About 240 ms of run: 5 or more windows of 50 ms.
+    assert!(windows >= 5, "{x}");
+    let stacks = x["stacks"].as_array().unwrap();
+    let line = |e: &serde_json::Value| {
+        e["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["file"].as_str().is_some_and(|p| p.ends_with("/grow.c")))
+            .unwrap()["line"]
+            .as_u64()
+            .unwrap()
+    };
+    // The 100-byte leak, in (nearly) every window, comes before the larger
+    // one-time block.
+    assert_eq!(line(&stacks[0]), m["grow"] as u64);
+    // (Loose: a busy machine can stretch a 20 ms sleep past a window.)
+    assert!(stacks[0]["windows_with_growth"].as_u64().unwrap() >= windows / 2, "{x}");
+    let per: u64 = stacks[0]["per_window"].as_array().unwrap().iter().map(|w| w["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(per, 1200);
+    assert_eq!(line(&stacks[1]), m["once"] as u64);
+    assert_eq!(stacks[1]["windows_with_growth"], 1);
+}

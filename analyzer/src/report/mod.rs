@@ -1,5 +1,6 @@
 //! The leak report: built once from a loaded trace, printed as text or JSON.
 
+pub mod intervals;
 pub mod sections;
 pub mod text;
 
@@ -92,6 +93,9 @@ pub struct Report {
     /// (not in a report of a window between markers).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sections: Option<sections::Sections>,
+    /// With `--intervals`: unfreed allocations per time window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub intervals: Option<intervals::Intervals>,
 }
 
 /// Parses a duration for `--older-than`: `500ms`, `10s`, `2m`, `1h`, or
@@ -202,6 +206,7 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
         stacks,
         timeline: None,
         sections: None,
+        intervals: None,
     }
 }
 

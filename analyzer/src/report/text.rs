@@ -76,7 +76,33 @@ pub fn write_text(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     write_summary(r, w)?;
     write_timeline(r, w)?;
     write_entries(r, w)?;
+    write_intervals(r, w)?;
     write_sections(r, w)
+}
+
+fn write_intervals(r: &Report, w: &mut dyn Write) -> io::Result<()> {
+    let Some(x) = &r.intervals else { return Ok(()) };
+    writeln!(
+        w,
+        "\nUnfreed allocations per interval of {} ({} intervals), steadiest growth first:",
+        secs(x.duration_ns),
+        x.windows
+    )?;
+    for (i, g) in x.stacks.iter().enumerate() {
+        writeln!(
+            w,
+            "#{}: live memory left in {} of {} intervals, {:.0} bytes/s, {:.1} allocations/s",
+            i + 1,
+            g.windows_with_growth,
+            x.windows,
+            g.bytes_per_s,
+            g.allocations_per_s
+        )?;
+        let cells: Vec<String> = g.per_window.iter().map(|p| thousands(p.bytes)).collect();
+        writeln!(w, "    bytes per interval: {}", cells.join(" "))?;
+        frames(&g.frames, w)?;
+    }
+    Ok(())
 }
 
 fn frames(f: &[Frame], w: &mut dyn Write) -> io::Result<()> {

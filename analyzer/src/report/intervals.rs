@@ -1,0 +1,84 @@
+//! `--intervals DURATION`: unfreed allocations per time window, in the
+//! spirit of libmemleak. The run is cut into windows of DURATION; for each
+//! backtrace, the allocations made in each window that are still live at
+//! the end. A backtrace that leaves memory behind in every window is
+//! growing steadily, the signature of a leak in a long-running program, and
+//! is ranked first (then by bytes per second).
+
+use rustc_hash::FxHashMap as HashMap;
+use serde::Serialize;
+
+use crate::load::Trace;
+use crate::symbolize::{Frame, Symbolizer};
+
+/// Backtraces shown.
+pub const TOP: usize = 5;
+
+#[derive(Serialize, Debug, Clone, Copy, Default)]
+pub struct Window {
+    pub start_ns: u64,
+    /// Allocations made in this window and never freed.
+    pub allocations: u64,
+    pub bytes: u64,
+}
+
+#[derive(Serialize, Debug)]
+pub struct Grower {
+    /// Windows in which this backtrace left live memory.
+    pub windows_with_growth: u64,
+    /// Unfreed bytes per second over the run.
+    pub bytes_per_s: f64,
+    /// Unfreed allocations per second over the run.
+    pub allocations_per_s: f64,
+    pub per_window: Vec<Window>,
+    pub frames: Vec<Frame>,
+}
+
+#[derive(Serialize, Debug)]
+pub struct Intervals {
+    pub duration_ns: u64,
+    pub windows: u64,
+    pub stacks: Vec<Grower>,
+}
+
+pub fn build(t: &Trace, sym: &mut Symbolizer, duration_ns: u64, depth: Option<usize>) -> Intervals {
+    let d = duration_ns.max(1);
+    let windows = t.last_time / d + 1;
+    let mut per: HashMap<u32, Vec<Window>> = HashMap::default();
+    for (_, b) in t.books.live_blocks() {
+        let w = per
+            .entry(b.stack)
+            .or_insert_with(|| (0..windows).map(|i| Window { start_ns: i * d, ..Default::default() }).collect());
+        let slot = &mut w[((b.time / d) as usize).min(windows as usize - 1)];
+        slot.allocations += 1;
+        slot.bytes += b.size;
+    }
+    let run_s = (t.last_time.max(1)) as f64 / 1e9;
+    let mut rows: Vec<(u32, u64, u64, Vec<Window>)> = per
+        .into_iter()
+        .map(|(s, w)| {
+            let growing = w.iter().filter(|x| x.allocations > 0).count() as u64;
+            let bytes = w.iter().map(|x| x.bytes).sum();
+            (s, growing, bytes, w)
+        })
+        .collect();
+    rows.sort_by(|a, b| b.1.cmp(&a.1).then(b.2.cmp(&a.2)).then(a.0.cmp(&b.0)));
+    rows.truncate(TOP);
+    let stacks = rows
+        .into_iter()
+        .map(|(s, growing, bytes, per_window)| {
+            let raw = &t.stacks.frames[s as usize];
+            let n = depth.unwrap_or(usize::MAX).min(raw.len());
+            let time = t.stacks.def_time[s as usize];
+            let allocations: u64 = per_window.iter().map(|x| x.allocations).sum();
+            Grower {
+                windows_with_growth: growing,
+                bytes_per_s: bytes as f64 / run_s,
+                allocations_per_s: allocations as f64 / run_s,
+                per_window,
+                frames: raw[..n].iter().flat_map(|&a| sym.frames(&t.modules, a, time)).collect(),
+            }
+        })
+        .collect();
+    Intervals { duration_ns: d, windows, stacks }
+}
