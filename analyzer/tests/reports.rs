@@ -279,3 +279,16 @@ fn intervals_rank_steady_growth_first() {
     assert_eq!(line(&stacks[1]), m["once"] as u64);
     assert_eq!(stacks[1]["windows_with_growth"], 1);
 }
+
+#[test]
+fn report_dir_holds_the_memlogs() {
+    let (dir, prog) = setup("memlog-dir");
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let out = traced(&dir, &prog).env("MTRACE_REPORT_DIR", &logs).arg("api").output().unwrap();
+    assert!(out.status.success());
+    let names: Vec<String> =
+        std::fs::read_dir(&logs).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(names.iter().filter(|n| n.ends_with(".memlog")).count(), 3, "{names:?}");
+    assert!(!std::fs::read_dir(&dir).unwrap().any(|e| e.unwrap().path().extension().is_some_and(|x| x == "memlog")));
+}
