@@ -14,6 +14,7 @@
 
 mod allocator;
 mod config;
+mod fork;
 mod guard;
 #[cfg(not(test))]
 mod hooks;
@@ -49,11 +50,7 @@ extern "C" fn init() {
     }
     // SAFETY: the three handlers are plain extern "C" functions.
     unsafe {
-        libc::pthread_atfork(
-            Some(session::before_fork),
-            Some(session::after_fork_parent),
-            Some(session::after_fork_child),
-        )
+        libc::pthread_atfork(Some(fork::before_fork), Some(fork::after_fork_parent), Some(fork::after_fork_child))
     };
 }
 

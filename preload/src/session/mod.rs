@@ -8,7 +8,11 @@ use std::sync::Arc;
 use mtrace_format::{encode_header, Encoder, EndReason, Header, Record};
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::{config, guard::Guard, modules, sys, unwind};
+mod writer;
+
+pub use writer::start_writer;
+
+use crate::{config, modules, sys, unwind};
 
 /// A thread's buffer becomes "full" and goes to the writer at this size.
 pub const FLUSH_AT: usize = 60 * 1024;
@@ -260,97 +264,6 @@ impl Session {
         sys::write_all(self.fd, bytes);
     }
 
-    /// Writes every thread's buffered records, the buffer being filled
-    /// included, so that no event waits in a quiet thread for long (the
-    /// analyzer orders events of different threads by time, and a crash or
-    /// SIGKILL loses at most one poll interval). The caller holds the file lock.
-    fn collect(&self, exited_only: bool) {
-        let threads: Vec<Arc<ThreadBuf>> = self.threads.lock().clone();
-        let mut batch = Vec::new();
-        for t in &threads {
-            let exited = t.exited.load(Ordering::Acquire);
-            if exited_only && !exited {
-                continue;
-            }
-            let full = {
-                let mut b = t.inner.lock();
-                if !b.cur.is_empty() {
-                    let cur = std::mem::replace(&mut b.cur, Vec::with_capacity(BUF_CAP));
-                    b.full.push(cur);
-                }
-                std::mem::take(&mut b.full)
-            };
-            for buf in &full {
-                batch.extend_from_slice(buf);
-            }
-        }
-        self.write_compressed(&batch);
-        self.threads.lock().retain(|t| {
-            !(t.exited.load(Ordering::Acquire) && {
-                let b = t.inner.lock();
-                b.cur.is_empty() && b.full.is_empty()
-            })
-        });
-    }
-
-    /// Writes whole records as one zstd block (level 1: the writer must keep
-    /// up with the program), or as they are if compression fails. Runs in
-    /// the writer, so compression costs the program no time on its own
-    /// threads.
-    fn write_compressed(&self, raw: &[u8]) {
-        if raw.is_empty() {
-            return;
-        }
-        let mut out = Vec::with_capacity(raw.len() / 4 + 16);
-        if mtrace_format::encode_compressed(&mut out, raw, 1).is_ok() {
-            sys::write_all(self.fd, &out);
-        } else {
-            sys::write_all(self.fd, raw);
-        }
-    }
-
-    fn writer_loop(&self) {
-        let gen = self.gen;
-        let mut round = 0u64;
-        loop {
-            round += 1;
-            sys::sleep_ms(WRITER_POLL_MS);
-            if current().map(|s| s.gen) != Some(gen) {
-                return;
-            }
-            if self.is_finished() {
-                continue;
-            }
-            {
-                let _f = self.file.lock();
-                if self.is_finished() {
-                    continue;
-                }
-                self.write_modules_if_changed();
-                self.collect(false);
-                if round.is_multiple_of(SAMPLE_EVERY) {
-                    self.write_sample();
-                }
-            }
-            if self.reporter.take_request() {
-                self.report_point(SIGNAL_REPORT, None, false);
-            }
-            self.reporter.reap();
-        }
-    }
-
-    /// Writes the resident set size (the heap is known to the analyzer).
-    /// The caller holds the file lock.
-    fn write_sample(&self) {
-        let Some(rss) = sys::rss_bytes() else { return };
-        let now = self.now();
-        let mut buf = Vec::with_capacity(32);
-        let mut enc = Encoder::new();
-        enc.encode(&mut buf, &Record::Thread { tid: sys::gettid(), time_ns: now });
-        enc.encode(&mut buf, &Record::Sample { time_ns: now, rss });
-        sys::write_all(self.fd, &buf);
-    }
-
     /// An incremental report: every thread's buffer is written, then a
     /// Marker, then the analyzer makes the .memlog (or `out`) from the file.
     /// With `wait`, returns whether the report was written.
@@ -374,26 +287,6 @@ impl Session {
             Some(_) => true,
             None => false,
         }
-    }
-
-    /// Writes the module list when a library was loaded or unloaded since it
-    /// was last written (dlopen is noticed here, not hooked: see
-    /// hooks/process.rs). The caller holds the file lock.
-    fn write_modules_if_changed(&self) {
-        let g = modules::generation();
-        let mut last = self.modules_gen.lock();
-        if *last == g {
-            return;
-        }
-        *last = g;
-        #[cfg(target_arch = "x86_64")]
-        crate::unwind::fast::refresh();
-        let now = self.now();
-        let mut out = Vec::with_capacity(4096);
-        let mut enc = Encoder::new();
-        enc.encode(&mut out, &Record::Thread { tid: sys::gettid(), time_ns: now });
-        enc.encode(&mut out, &Record::Modules { time_ns: now, modules: modules::list() });
-        sys::write_all(self.fd, &out);
     }
 
     /// Writes everything buffered and an End record; afterwards events are
@@ -455,53 +348,33 @@ fn lock<T>(m: &Mutex<T>, in_signal: bool) -> Option<MutexGuard<'_, T>> {
     None
 }
 
-extern "C" fn writer_main(_: *mut libc::c_void) -> *mut libc::c_void {
-    Guard::hold_forever();
-    if let Some(s) = current() {
-        s.writer_loop();
+impl Session {
+    /// Takes the locks a fork must not copy held by another thread (same
+    /// order as the writer: file, then registry) and keeps them.
+    pub fn hold_for_fork(&self) {
+        std::mem::forget(self.file.lock());
+        std::mem::forget(self.threads.lock());
     }
-    std::ptr::null_mut()
-}
 
-/// Starts the writer thread of the current session (from the library's
-/// constructor, and in a forked child).
-pub fn start_writer() {
-    if current().is_some() && !sys::spawn_blocked(writer_main) {
-        sys::warn("cannot start the writer thread; events are written at exit");
-    }
-}
-
-// ---- fork ------------------------------------------------------------------
-
-/// pthread_atfork prepare: no write may be half done when the process is copied.
-pub extern "C" fn before_fork() {
-    if let Some(s) = current() {
-        // Same order as the writer (file, then registry).
-        std::mem::forget(s.file.lock());
-        std::mem::forget(s.threads.lock());
-    }
-}
-
-/// pthread_atfork parent: release what `before_fork` took.
-pub extern "C" fn after_fork_parent() {
-    if let Some(s) = current() {
-        // SAFETY: before_fork locked both and forgot the guards, in this thread.
+    /// Releases what [`Session::hold_for_fork`] took.
+    ///
+    /// # Safety
+    /// The calling thread called `hold_for_fork` and nothing released them since.
+    pub unsafe fn release_after_fork(&self) {
+        // SAFETY: per the contract, this thread holds both locks.
         unsafe {
-            s.file.force_unlock();
-            s.threads.force_unlock();
+            self.file.force_unlock();
+            self.threads.force_unlock();
         }
     }
 }
 
-/// pthread_atfork child: the child is traced into a file of its own; the
-/// parent's buffers (copied into the child) are not written again.
-pub extern "C" fn after_fork_child() {
-    let Some(parent) = current() else { return };
-    if !parent.follow_fork {
+/// In a forked child: a session of its own (its own file), or tracing off.
+pub fn restart_in_child(follow: bool) {
+    if !follow {
         STATE.store(DISABLED, Ordering::Release);
         return;
     }
-    let _g = Guard::enter();
     install(Session::create());
     start_writer();
 }

@@ -1,0 +1,152 @@
+//! Tests of the decoder (and of the encoder, through round trips).
+
+use super::*;
+use crate::{encode_header, Encoder};
+
+fn sample() -> (Vec<u8>, Vec<Record>) {
+    let h = Header {
+        version: VERSION,
+        pointer_size: 8,
+        arch: "x86_64".into(),
+        pid: 42,
+        ppid: 1,
+        exe: "/bin/true".into(),
+        cmdline: vec!["true".into(), "x y".into()],
+        start_realtime_ns: 1_700_000_000_000_000_000,
+        start_monotonic_ns: 123,
+        ..Header::default()
+    };
+    let recs = vec![
+        Record::Thread { tid: 7, time_ns: 1000 },
+        Record::Stack { id: 1, frames: vec![0x401000, 0x400ff0, 0x7fff_0000_1234] },
+        Record::Alloc { time_ns: 1500, family: Family::New, addr: 0x5555_0000, size: 24, stack: 1 },
+        Record::Realloc { time_ns: 1400, free_time_ns: 1390, old: 0x5555_0000, new: 0x5555_1000, size: 48, stack: 1 },
+        Record::Free { time_ns: 2000, family: Family::Malloc, addr: 0x5555_1000 },
+        Record::Mmap { time_ns: 2100, addr: 0x7f00_0000_0000, len: 8192, prot: 3, flags: 0x22, fd: -1, stack: 1 },
+        Record::Munmap { time_ns: 2200, addr: 0x7f00_0000_1000, len: 4096 },
+        Record::Mremap { time_ns: 2300, old: 1, old_len: 2, new: 3, new_len: 4, stack: 1 },
+        Record::Modules {
+            time_ns: 2400,
+            modules: vec![Module {
+                path: "/lib/x.so".into(),
+                bias: 0x7f00_0000,
+                build_id: vec![1, 2, 3],
+                segments: vec![Segment { vaddr: 0, memsz: 4096, flags: 5 }],
+            }],
+        },
+        Record::Marker { time_ns: 2450, seq: 1, name: "signal".into() },
+        Record::Sample { time_ns: 2460, rss: 12 << 20 },
+        Record::PoolName { id: 3, name: "conn".into() },
+        Record::PoolAlloc { time_ns: 2470, pool: 3, addr: 42, size: 1, stack: 1 },
+        Record::PoolFree { time_ns: 2480, pool: 3, addr: 42 },
+        Record::End { time_ns: 2500, reason: EndReason::Signal(11) },
+    ];
+    let mut out = Vec::new();
+    encode_header(&mut out, &h);
+    let mut e = Encoder::new();
+    for r in &recs {
+        e.encode(&mut out, r);
+    }
+    (out, recs)
+}
+
+#[test]
+fn round_trip() {
+    let (bytes, recs) = sample();
+    let mut r = Reader::new(&bytes[..]);
+    let h = r.header().unwrap();
+    assert_eq!(h.pid, 42);
+    assert_eq!(h.cmdline, vec!["true".to_string(), "x y".to_string()]);
+    for want in &recs {
+        assert_eq!(r.next_record().unwrap().as_ref(), Some(want));
+    }
+    assert_eq!(r.tid(), 7);
+    assert!(r.next_record().unwrap().is_none());
+}
+
+#[test]
+fn truncation_reports_last_complete_record() {
+    let (bytes, _) = sample();
+    // Find where the last record starts by reading the whole stream.
+    let mut r = Reader::new(&bytes[..]);
+    r.header().unwrap();
+    let mut starts = vec![];
+    loop {
+        let at = r.offset();
+        if r.next_record().unwrap().is_none() {
+            break;
+        }
+        starts.push(at);
+    }
+    let last = *starts.last().unwrap();
+    let cut = &bytes[..last as usize + 2];
+    let mut r = Reader::new(cut);
+    r.header().unwrap();
+    let mut n = 0;
+    let err = loop {
+        match r.next_record() {
+            Ok(Some(_)) => n += 1,
+            Ok(None) => panic!("cut stream read as complete"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(n, starts.len() - 1);
+    assert!(matches!(err.kind, ReadErrorKind::Truncated));
+    assert_eq!(err.offset, last);
+}
+
+#[test]
+fn compressed_blocks_read_like_plain_records() {
+    let (plain, recs) = sample();
+    let mut r = Reader::new(&plain[..]);
+    r.header().unwrap();
+    let body = r.offset() as usize;
+    // Header, the first two records plain, the rest in one block.
+    let mut starts = vec![];
+    while r.next_record().unwrap().is_some() {
+        starts.push(r.offset() as usize);
+    }
+    let split = starts[1];
+    let mut mixed = plain[..split].to_vec();
+    let block_at = mixed.len() as u64;
+    crate::encode_compressed(&mut mixed, &plain[split..], 3).unwrap();
+    assert!(mixed.len() < plain.len() + 16);
+    let mut r = Reader::new(&mixed[..]);
+    r.header().unwrap();
+    assert_eq!(r.offset() as usize, body);
+    for want in &recs {
+        assert_eq!(r.next_record().unwrap().as_ref(), Some(want));
+    }
+    assert!(r.next_record().unwrap().is_none());
+    assert_eq!(r.offset(), mixed.len() as u64);
+    // Cut inside the block: truncated at the block's start.
+    let mut r = Reader::new(&mixed[..mixed.len() - 3]);
+    r.header().unwrap();
+    r.next_record().unwrap();
+    r.next_record().unwrap();
+    let e = r.next_record().unwrap_err();
+    assert!(matches!(e.kind, ReadErrorKind::Truncated));
+    assert_eq!(e.offset, block_at);
+}
+
+#[test]
+fn bad_magic_and_empty() {
+    let e = Reader::new(&b"hello world"[..]).header().unwrap_err();
+    assert!(matches!(e.kind, ReadErrorKind::BadMagic));
+    let e = Reader::new(&b""[..]).header().unwrap_err();
+    assert!(e.to_string().contains("empty"));
+}
+
+#[test]
+fn unknown_tag_is_corrupt_with_offset() {
+    let (mut bytes, _) = sample();
+    let mut r = Reader::new(&bytes[..]);
+    r.header().unwrap();
+    let at = r.offset() as usize;
+    bytes[at] = 200;
+    let mut r = Reader::new(&bytes[..]);
+    r.header().unwrap();
+    let e = r.next_record().unwrap_err();
+    assert_eq!(e.offset, at as u64);
+    assert!(e.to_string().contains("unknown record tag 200"), "{e}");
+}

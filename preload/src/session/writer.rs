@@ -1,0 +1,141 @@
+//! The writer thread: every 5 ms it collects every thread's buffer,
+//! compresses the round and writes it, notices loaded and unloaded
+//! libraries, samples the RSS, and makes the incremental reports asked for.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use mtrace_format::{Encoder, Record};
+
+use super::{current, Session, ThreadBuf, BUF_CAP, SAMPLE_EVERY, SIGNAL_REPORT, WRITER_POLL_MS};
+use crate::guard::Guard;
+use crate::{modules, sys};
+
+impl Session {
+    /// Writes every thread's buffered records, the buffer being filled
+    /// included, so that no event waits in a quiet thread for long (the
+    /// analyzer orders events of different threads by time, and a crash or
+    /// SIGKILL loses at most one poll interval). The caller holds the file lock.
+    pub(super) fn collect(&self, exited_only: bool) {
+        let threads: Vec<Arc<ThreadBuf>> = self.threads.lock().clone();
+        let mut batch = Vec::new();
+        for t in &threads {
+            let exited = t.exited.load(Ordering::Acquire);
+            if exited_only && !exited {
+                continue;
+            }
+            let full = {
+                let mut b = t.inner.lock();
+                if !b.cur.is_empty() {
+                    let cur = std::mem::replace(&mut b.cur, Vec::with_capacity(BUF_CAP));
+                    b.full.push(cur);
+                }
+                std::mem::take(&mut b.full)
+            };
+            for buf in &full {
+                batch.extend_from_slice(buf);
+            }
+        }
+        self.write_compressed(&batch);
+        self.threads.lock().retain(|t| {
+            !(t.exited.load(Ordering::Acquire) && {
+                let b = t.inner.lock();
+                b.cur.is_empty() && b.full.is_empty()
+            })
+        });
+    }
+
+    /// Writes whole records as one zstd block (level 1: the writer must keep
+    /// up with the program), or as they are if compression fails. Runs in
+    /// the writer, so compression costs the program no time on its own
+    /// threads.
+    fn write_compressed(&self, raw: &[u8]) {
+        if raw.is_empty() {
+            return;
+        }
+        let mut out = Vec::with_capacity(raw.len() / 4 + 16);
+        if mtrace_format::encode_compressed(&mut out, raw, 1).is_ok() {
+            sys::write_all(self.fd, &out);
+        } else {
+            sys::write_all(self.fd, raw);
+        }
+    }
+
+    fn writer_loop(&self) {
+        let gen = self.gen;
+        let mut round = 0u64;
+        loop {
+            round += 1;
+            sys::sleep_ms(WRITER_POLL_MS);
+            if current().map(|s| s.gen) != Some(gen) {
+                return;
+            }
+            if self.is_finished() {
+                continue;
+            }
+            {
+                let _f = self.file.lock();
+                if self.is_finished() {
+                    continue;
+                }
+                self.write_modules_if_changed();
+                self.collect(false);
+                if round.is_multiple_of(SAMPLE_EVERY) {
+                    self.write_sample();
+                }
+            }
+            if self.reporter.take_request() {
+                self.report_point(SIGNAL_REPORT, None, false);
+            }
+            self.reporter.reap();
+        }
+    }
+
+    /// Writes the resident set size (the heap is known to the analyzer).
+    /// The caller holds the file lock.
+    fn write_sample(&self) {
+        let Some(rss) = sys::rss_bytes() else { return };
+        let now = self.now();
+        let mut buf = Vec::with_capacity(32);
+        let mut enc = Encoder::new();
+        enc.encode(&mut buf, &Record::Thread { tid: sys::gettid(), time_ns: now });
+        enc.encode(&mut buf, &Record::Sample { time_ns: now, rss });
+        sys::write_all(self.fd, &buf);
+    }
+
+    /// Writes the module list when a library was loaded or unloaded since it
+    /// was last written (dlopen is noticed here, not hooked: see
+    /// hooks/process.rs). The caller holds the file lock.
+    pub(super) fn write_modules_if_changed(&self) {
+        let g = modules::generation();
+        let mut last = self.modules_gen.lock();
+        if *last == g {
+            return;
+        }
+        *last = g;
+        #[cfg(target_arch = "x86_64")]
+        crate::unwind::fast::refresh();
+        let now = self.now();
+        let mut out = Vec::with_capacity(4096);
+        let mut enc = Encoder::new();
+        enc.encode(&mut out, &Record::Thread { tid: sys::gettid(), time_ns: now });
+        enc.encode(&mut out, &Record::Modules { time_ns: now, modules: modules::list() });
+        sys::write_all(self.fd, &out);
+    }
+}
+
+extern "C" fn writer_main(_: *mut libc::c_void) -> *mut libc::c_void {
+    Guard::hold_forever();
+    if let Some(s) = current() {
+        s.writer_loop();
+    }
+    std::ptr::null_mut()
+}
+
+/// Starts the writer thread of the current session (from the library's
+/// constructor, and in a forked child).
+pub fn start_writer() {
+    if current().is_some() && !sys::spawn_blocked(writer_main) {
+        sys::warn("cannot start the writer thread; events are written at exit");
+    }
+}
