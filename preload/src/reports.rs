@@ -27,6 +27,10 @@ static MARKED: AtomicU64 = AtomicU64::new(0);
 /// should the writer be held up (the interrupted code held a lock it
 /// needs), the timeout lets the program go on and the report follows.
 extern "C" fn on_report_signal(_: i32) {
+    // No session (tracing off in this process): nobody would answer.
+    if crate::session::current().is_none() {
+        return;
+    }
     let errno = sys::errno();
     let mine = REQUESTS.fetch_add(1, Ordering::AcqRel) + 1;
     for _ in 0..400 {
