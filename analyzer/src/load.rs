@@ -142,6 +142,8 @@ pub struct Trace {
     pub peak_record: u64,
     /// Pool names (`mtrace_alloc`), by id.
     pub pools: HashMap<u32, String>,
+    /// The memory snapshot for the leak scan (`MTRACE_SCAN=1`), if complete.
+    pub snapshot: Option<Vec<crate::scan::Region>>,
 }
 
 /// A pool block's key in the books: its address in the pool's own space,
@@ -170,6 +172,7 @@ impl Trace {
             stats: Default::default(),
             peak_record: 0,
             pools: HashMap::default(),
+            snapshot: None,
         }
     }
 }
@@ -192,6 +195,7 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
     let header = r.header().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let mut t = Trace::new(path, header);
     let mut now = 0u64;
+    let mut regions = Vec::new();
     loop {
         let rec = match r.next_record() {
             Ok(Some(rec)) => rec,
@@ -270,6 +274,8 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
                 now = time_ns;
                 t.books.free(pool_key(pool, addr), time_ns);
             }
+            Record::ScanRegion { kind, addr, bytes, .. } => regions.push(crate::scan::Region { kind, addr, bytes }),
+            Record::ScanEnd { .. } => t.snapshot = Some(std::mem::take(&mut regions)),
             Record::Sample { time_ns, rss } => {
                 now = time_ns;
                 t.timeline.push(TimePoint {

@@ -5,6 +5,7 @@ mod load;
 mod malloc_trace;
 mod report;
 mod run;
+mod scan;
 mod stats;
 mod symbolize;
 
@@ -39,6 +40,7 @@ Environment (read by libmtrace.so; an invalid value warns once and the default i
   MTRACE_OUTPUT=PATH          trace file (%p pid, %e program); `run` sets it
   MTRACE_DEPTH=N              frames per backtrace, 1-256 (default 64; `run -d` sets it)
   MTRACE_START=on|off         off: record no allocations until mtrace_start() or mtrace()
+  MTRACE_SCAN=0|1             1: memory snapshot at exit for the leak scan (`run --scan`)
   MTRACE_FOLLOW_FORK=on|off   off: forked children run untraced
   MTRACE_FOLLOW_EXEC=on|off   off: programs this one execs run untraced
   MTRACE_REPORT_SIGNAL=SIG    signal that writes an incremental report (default USR1; off)
@@ -78,6 +80,9 @@ pub struct ReportOpts {
     /// before the end (500ms, 10s, 2m, …).
     #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
     older_than: Option<u64>,
+    /// With a leak scan, also list the still reachable blocks.
+    #[arg(long)]
+    show_reachable: bool,
     /// Also show, per time window of DURATION, the allocations still live at
     /// the end, backtraces that leak in every window first.
     #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
@@ -113,7 +118,7 @@ impl ReportOpts {
         };
         let t = load::load_window(trace, &window)?;
         let mut sym = self.symbolizer();
-        let mut r = report::build(&t, &mut sym, self.sort, self.depth);
+        let mut r = report::build(&t, &mut sym, self.sort, self.depth, self.show_reachable);
         r.summary.since_marker = self.since_marker.clone();
         r.summary.until_marker = self.until_marker.clone();
         if self.timeline {

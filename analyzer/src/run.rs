@@ -21,6 +21,9 @@ pub struct RunArgs {
     /// Keep the trace files (in --trace-dir, or the temporary folder).
     #[arg(long)]
     keep_traces: bool,
+    /// Scan memory at exit and classify leaks as memcheck does (MTRACE_SCAN=1).
+    #[arg(long)]
+    scan: bool,
     #[command(flatten)]
     opts: ReportOpts,
     /// The program and its arguments.
@@ -80,6 +83,9 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     }
     if let Some(d) = a.opts.depth {
         cmd.env("MTRACE_DEPTH", d.to_string());
+    }
+    if a.scan {
+        cmd.env("MTRACE_SCAN", "1");
     }
     let mut child = cmd.spawn().with_context(|| format!("cannot run {}", a.command[0]))?;
     // The program gets the terminal's signals; we stay to report.

@@ -338,3 +338,77 @@ fn user_pools_are_reported_under_their_names() {
     // Without the preload the calls are no-ops and the program runs.
     assert!(std::process::Command::new(&prog).status().unwrap().success());
 }
+
+#[test]
+fn scan_classifies_memchecks_kinds() {
+    let dir = scratch("scan");
+    let prog = build("scan.c", &dir.join("scan"), &["-g", "-O0"]);
+    let m = markers("scan.c");
+    let (r, out) = run_json(&dir, &["--scan", "--show-reachable"], &prog, &[]);
+    assert!(out.status.success());
+    let k = &r["kinds"];
+    let t = |kind: &str| (k[kind]["bytes"].as_u64().unwrap(), k[kind]["blocks"].as_u64().unwrap());
+    assert_eq!(t("reachable"), (111, 1), "{k}");
+    assert_eq!(t("possible"), (112, 1), "{k}");
+    // unaligned 113 + tree root 24 + one of the cycle 24 + self 24
+    assert_eq!(t("definite"), (113 + 3 * 24, 4), "{k}");
+    // two tree children + the other of the cycle
+    assert_eq!(t("indirect"), (3 * 24, 3), "{k}");
+    let kind_at = |line: u32| -> String {
+        r["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| {
+                e["frames"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|f| f["line"] == line && f["file"].as_str().is_some_and(|p| p.ends_with("/scan.c")))
+            })
+            .map(|e| e["kind"].as_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    assert_eq!(kind_at(m["reachable"]), "reachable");
+    assert_eq!(kind_at(m["possible"]), "possible");
+    assert_eq!(kind_at(m["unaligned"]), "definite");
+    assert_eq!(kind_at(m["tree_root"]), "definite");
+    assert_eq!(kind_at(m["tree_child"]), "indirect");
+    assert_eq!(kind_at(m["tree_child2"]), "indirect");
+    assert_eq!(kind_at(m["self"]), "definite");
+    let mut cycle = [kind_at(m["cycle_a"]), kind_at(m["cycle_b"])];
+    cycle.sort();
+    assert_eq!(cycle, ["definite".to_owned(), "indirect".to_owned()]);
+    // The tree's root carries its children: 24 direct, 48 indirect.
+    let root = r["stacks"].as_array().unwrap().iter().find(|e| e["frames"][0]["line"] == m["tree_root"]).unwrap();
+    assert_eq!(root["indirect_bytes"], 48);
+}
+
+#[test]
+fn scan_equals_valgrind_memcheck() {
+    let dir = scratch("scan-valgrind");
+    let prog = build("scan.c", &dir.join("scan"), &["-g", "-O0"]);
+    let (r, _) = run_json(&dir, &["--scan"], &prog, &[]);
+    let vg = std::process::Command::new("valgrind")
+        .args(["--leak-check=full", "--show-leak-kinds=all"])
+        .arg(&prog)
+        .output()
+        .expect("valgrind");
+    let text = String::from_utf8_lossy(&vg.stderr).into_owned();
+    // "==N==    definitely lost: 185 bytes in 4 blocks"
+    let theirs = |what: &str| -> (u64, u64) {
+        let l = text.lines().find(|l| l.contains(&format!("{what}:"))).unwrap_or_else(|| panic!("{what} in {text}"));
+        let w: Vec<&str> = l.split_whitespace().collect();
+        let i = w.iter().position(|x| *x == "bytes").unwrap();
+        (w[i - 1].replace(',', "").parse().unwrap(), w[i + 2].replace(',', "").parse().unwrap())
+    };
+    let k = &r["kinds"];
+    for (ours, what) in [
+        ("definite", "definitely lost"),
+        ("indirect", "indirectly lost"),
+        ("possible", "possibly lost"),
+        ("reachable", "still reachable"),
+    ] {
+        assert_eq!((k[ours]["bytes"].as_u64().unwrap(), k[ours]["blocks"].as_u64().unwrap()), theirs(what), "{what}");
+    }
+}

@@ -198,8 +198,13 @@ impl<R: Read> Reader<R> {
     fn bytes(&mut self) -> Res<Vec<u8>> {
         let n = self.len(MAX_STRING, "string")?;
         let mut v = Vec::with_capacity(n);
-        for _ in 0..n {
-            v.push(self.u8()?);
+        while v.len() < n {
+            if self.pos == self.end && !self.refill()? {
+                return Err(ReadErrorKind::Truncated);
+            }
+            let take = (n - v.len()).min(self.end - self.pos);
+            v.extend_from_slice(&self.buf[self.pos..self.pos + take]);
+            self.pos += take;
         }
         Ok(v)
     }
@@ -410,6 +415,13 @@ impl<R: Read> Reader<R> {
             tag::POOL_FREE => {
                 Record::PoolFree { time_ns: self.time()?, pool: self.u32("pool id")?, addr: self.varint()? }
             }
+            tag::SCAN_REGION => Record::ScanRegion {
+                time_ns: self.time()?,
+                kind: self.u8()?,
+                addr: self.varint()?,
+                bytes: self.bytes()?,
+            },
+            tag::SCAN_END => Record::ScanEnd { time_ns: self.time()? },
             tag::SAMPLE => Record::Sample { time_ns: self.time()?, rss: self.varint()? },
             tag::MARKER => Record::Marker { time_ns: self.time()?, seq: self.varint()?, name: self.string()? },
             other => return Err(ReadErrorKind::Corrupt(format!("unknown record tag {other}"))),

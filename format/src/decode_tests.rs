@@ -39,6 +39,8 @@ fn sample() -> (Vec<u8>, Vec<Record>) {
         Record::PoolName { id: 3, name: "conn".into() },
         Record::PoolAlloc { time_ns: 2470, pool: 3, addr: 42, size: 1, stack: 1 },
         Record::PoolFree { time_ns: 2480, pool: 3, addr: 42 },
+        Record::ScanRegion { time_ns: 2490, kind: 2, addr: 0x1000, bytes: vec![7; 300] },
+        Record::ScanEnd { time_ns: 2491 },
         Record::End { time_ns: 2500, reason: EndReason::Signal(11) },
     ];
     let mut out = Vec::new();

@@ -157,6 +157,17 @@ impl Encoder {
                 put_varint(out, pool as u64);
                 put_varint(out, addr);
             }
+            Record::ScanRegion { time_ns, kind, addr, ref bytes } => {
+                out.push(tag::SCAN_REGION);
+                self.time(out, time_ns);
+                out.push(kind);
+                put_varint(out, addr);
+                put_bytes(out, bytes);
+            }
+            Record::ScanEnd { time_ns } => {
+                out.push(tag::SCAN_END);
+                self.time(out, time_ns);
+            }
             Record::End { time_ns, reason } => {
                 out.push(tag::END);
                 self.time(out, time_ns);

@@ -13,7 +13,7 @@ mod varint;
 
 pub use decode::{ReadError, ReadErrorKind, Reader};
 pub use encode::{encode_compressed, encode_header, Encoder};
-pub use record::{EndReason, Family, Header, Module, Record, Segment};
+pub use record::{region_kind, EndReason, Family, Header, Module, Record, Segment};
 pub use varint::{put_varint, unzigzag, zigzag};
 
 /// First 8 bytes of every stream: `MTRACE`, a NUL, and 0x1a (the byte that

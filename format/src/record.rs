@@ -182,6 +182,23 @@ pub enum Record {
     PoolAlloc { time_ns: u64, pool: u32, addr: u64, size: u64, stack: u32 },
     /// `mtrace_free(pool, ptr)`.
     PoolFree { time_ns: u64, pool: u32, addr: u64 },
+    /// Part of a memory snapshot for the leak scan (docs/SCAN.md): `bytes`
+    /// were at `addr`. `kind` is one of [`region_kind`]. At most 1 MiB per
+    /// record; a region is split over several.
+    ScanRegion { time_ns: u64, kind: u8, addr: u64, bytes: Vec<u8> },
+    /// The snapshot whose regions precede it is complete.
+    ScanEnd { time_ns: u64 },
+}
+
+/// The kinds of [`Record::ScanRegion`].
+pub mod region_kind {
+    /// A thread's stack from its stack pointer up.
+    pub const STACK: u8 = 0;
+    /// A thread's registers, as words.
+    pub const REGISTERS: u8 = 1;
+    /// A readable, writable mapping (module data and bss, anonymous
+    /// mappings, the heap); the analyzer tells heap blocks from roots.
+    pub const MAPPING: u8 = 2;
 }
 
 pub(crate) mod tag {
@@ -203,4 +220,6 @@ pub(crate) mod tag {
     pub const POOL_NAME: u8 = 14;
     pub const POOL_ALLOC: u8 = 15;
     pub const POOL_FREE: u8 = 16;
+    pub const SCAN_REGION: u8 = 17;
+    pub const SCAN_END: u8 = 18;
 }

@@ -21,6 +21,8 @@ pub struct Config {
     /// `MTRACE_START=off`: record no allocations until `mtrace_start()` or
     /// glibc's `mtrace()`.
     pub start: bool,
+    /// `MTRACE_SCAN=1`: a memory snapshot for the leak scan at exit.
+    pub scan: bool,
     /// `MTRACE_FOLLOW_FORK=off`: a forked child runs untraced.
     pub follow_fork: bool,
     /// `MTRACE_FOLLOW_EXEC=off`: programs this one execs run untraced.
@@ -85,9 +87,17 @@ pub fn load() -> Config {
     };
     let report_dir = sys::getenv(c"MTRACE_REPORT_DIR").filter(|s| !s.is_empty());
     let start = on_off(c"MTRACE_START");
+    let scan = match sys::getenv(c"MTRACE_SCAN").as_deref().map(str::trim) {
+        None | Some("0") | Some("off") => false,
+        Some("1") | Some("on") => true,
+        Some(v) => {
+            sys::warn(&format!("MTRACE_SCAN={v:?} is neither 1 nor 0; using 0"));
+            false
+        }
+    };
     let follow_fork = on_off(c"MTRACE_FOLLOW_FORK");
     let follow_exec = on_off(c"MTRACE_FOLLOW_EXEC");
-    Config { depth, output, libgcc_unwinder, report_signal, start, follow_fork, follow_exec, report_dir }
+    Config { depth, output, libgcc_unwinder, report_signal, start, scan, follow_fork, follow_exec, report_dir }
 }
 
 /// An on/off variable whose default is on.

@@ -24,6 +24,7 @@ mod recorder;
 mod reports;
 mod session;
 mod signals;
+mod snapshot;
 mod sys;
 mod thread;
 mod unwind;
@@ -58,6 +59,11 @@ extern "C" fn init() {
 /// and static destructors; later events are written synchronously.
 extern "C" fn fini() {
     let _g = Guard::enter();
+    if let Some(s) = session::current() {
+        if s.scan && s.pid == sys::getpid() && !s.is_finished() {
+            snapshot::take(s);
+        }
+    }
     recorder::final_flush(EndReason::Exit, false);
 }
 

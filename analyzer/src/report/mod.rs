@@ -6,6 +6,8 @@ pub mod text;
 
 use rustc_hash::FxHashMap as HashMap;
 
+use crate::scan::Kind;
+
 use serde::Serialize;
 
 use crate::load::Trace;
@@ -71,6 +73,13 @@ pub struct LeakEntry {
     /// Allocator family of the blocks: malloc, new, new[], aligned, mmap,
     /// or `pool NAME` for blocks recorded with `mtrace_alloc`.
     pub family: String,
+    /// With a leak scan: memcheck's kind of these blocks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<crate::scan::Kind>,
+    /// For definitely lost entries: bytes of the blocks lost through them
+    /// (memcheck's "(D direct, I indirect)").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub indirect_bytes: Option<u64>,
     pub frames: Vec<Frame>,
 }
 
@@ -93,6 +102,9 @@ pub struct Report {
     /// (not in a report of a window between markers).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sections: Option<sections::Sections>,
+    /// With a leak scan (`MTRACE_SCAN=1`): memcheck's four totals.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kinds: Option<crate::scan::Kinds>,
     /// With `--intervals`: unfreed allocations per time window.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub intervals: Option<intervals::Intervals>,
@@ -139,22 +151,66 @@ fn end_text(r: mtrace_format::EndReason) -> String {
 /// Builds the report: groups the blocks still live by backtrace (minus the
 /// baseline at the `since` marker, if any), sorts by `sort`, and symbolizes
 /// up to `depth` recorded frames of each.
-pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize>) -> Report {
-    let now = t.books.live_by_stack();
-    let mut groups: HashMap<u32, (i64, i64, mtrace_format::Family)> =
-        now.iter().map(|(&s, l)| (s, (l.bytes as i64, l.blocks as i64, l.family))).collect();
+pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize>, show_reachable: bool) -> Report {
+    // With a leak scan, entries are per (backtrace, kind).
+    let classes: Option<HashMap<u64, crate::scan::Classified>> = if t.baseline.is_none() {
+        crate::scan::classify(t).map(|v| v.into_iter().map(|c| (c.addr, c)).collect())
+    } else {
+        None
+    };
+    let mut groups: HashMap<(u32, Option<Kind>), (i64, i64, mtrace_format::Family)> = HashMap::default();
+    let mut kinds = classes.as_ref().map(|_| crate::scan::Kinds::default());
+    // Indirect bytes per owning definitely lost block.
+    let mut owned: HashMap<u64, u64> = HashMap::default();
+    let mut owner_group: HashMap<u64, u32> = HashMap::default();
+    let mut live_total = (0i64, 0i64);
+    for (addr, b) in t.books.live_blocks() {
+        live_total.0 += b.size as i64;
+        live_total.1 += 1;
+        let class = classes.as_ref().and_then(|c| c.get(&addr));
+        let kind = class.map(|c| c.kind);
+        if let (Some(k), Some(c)) = (kind.as_ref(), class) {
+            let tot = kinds.as_mut().expect("with classes");
+            let slot = match k {
+                Kind::Definite => &mut tot.definite,
+                Kind::Indirect => &mut tot.indirect,
+                Kind::Possible => &mut tot.possible,
+                Kind::Reachable => &mut tot.reachable,
+            };
+            slot.bytes += b.size;
+            slot.blocks += 1;
+            if let Some(o) = c.owner {
+                *owned.entry(o).or_default() += b.size;
+            }
+            if *k == Kind::Definite {
+                owner_group.insert(addr, b.stack);
+            }
+            if *k == Kind::Reachable && !show_reachable {
+                continue;
+            }
+        }
+        let g = groups.entry((b.stack, kind)).or_insert((0, 0, b.family));
+        g.0 += b.size as i64;
+        g.1 += 1;
+    }
+    let mut indirect_of: HashMap<u32, u64> = HashMap::default();
+    for (o, bytes) in owned {
+        if let Some(&st) = owner_group.get(&o) {
+            *indirect_of.entry(st).or_default() += bytes;
+        }
+    }
     if let Some(base) = &t.baseline {
         for (&s, l) in base {
-            let g = groups.entry(s).or_insert((0, 0, l.family));
+            let g = groups.entry((s, None)).or_insert((0, 0, l.family));
             g.0 -= l.bytes as i64;
             g.1 -= l.blocks as i64;
         }
         groups.retain(|_, g| g.0 != 0 || g.1 != 0);
     }
-    type Row = (u32, i64, i64, u64, mtrace_format::Family);
+    type Row = ((u32, Option<Kind>), i64, i64, u64, mtrace_format::Family);
     let mut entries: Vec<Row> = groups
         .into_iter()
-        .map(|(s, (bytes, blocks, fam))| (s, bytes, blocks, t.books.totals.get(&s).map_or(0, |x| x.allocations), fam))
+        .map(|(k, (bytes, blocks, fam))| (k, bytes, blocks, t.books.totals.get(&k.0).map_or(0, |x| x.allocations), fam))
         .collect();
     let key = |e: &Row| match sort {
         SortKey::Bytes => e.1,
@@ -162,11 +218,18 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
         SortKey::Total => e.3 as i64,
         SortKey::Average => e.1 / e.2.max(1),
     };
-    entries.sort_by(|a, b| key(b).cmp(&key(a)).then(b.1.cmp(&a.1)).then(a.0.cmp(&b.0)));
-    let (leaked_bytes, leaked_blocks) = entries.iter().fold((0, 0), |acc, e| (acc.0 + e.1, acc.1 + e.2));
+    // Kinds in memcheck's order (definite first), then by the sort key.
+    entries.sort_by(|a, b| a.0 .1.cmp(&b.0 .1).then(key(b).cmp(&key(a))).then(b.1.cmp(&a.1)).then(a.0 .0.cmp(&b.0 .0)));
+    // Not freed: every live block (also the reachable ones an entry list
+    // without --show-reachable leaves out); in a window, the net change.
+    let (leaked_bytes, leaked_blocks) = if t.baseline.is_some() {
+        entries.iter().fold((0, 0), |acc, e| (acc.0 + e.1, acc.1 + e.2))
+    } else {
+        live_total
+    };
     let stacks = entries
         .into_iter()
-        .map(|(s, bytes, blocks, total, fam)| {
+        .map(|((s, kind), bytes, blocks, total, fam)| {
             let raw = &t.stacks.frames[s as usize];
             let time = t.stacks.def_time[s as usize];
             let n = depth.unwrap_or(usize::MAX).min(raw.len());
@@ -175,7 +238,8 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
                 Some(p) => format!("pool {}", t.pools.get(p).map_or("?", String::as_str)),
                 None => fam.name().to_owned(),
             };
-            LeakEntry { bytes, blocks, total_allocations: total, family, frames }
+            let indirect_bytes = (kind == Some(Kind::Definite)).then(|| indirect_of.get(&s).copied().unwrap_or(0));
+            LeakEntry { bytes, blocks, total_allocations: total, family, kind, indirect_bytes, frames }
         })
         .collect();
     let h = &t.header;
@@ -207,6 +271,7 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
         timeline: None,
         sections: None,
         intervals: None,
+        kinds,
     }
 }
 

@@ -210,7 +210,43 @@ fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     }
     let heading = if delta { "Change in live blocks" } else { "Not freed at exit" };
     writeln!(w, "\n{heading}, by backtrace ({}):", plural(r.stacks.len() as u64, "backtrace", "backtraces"))?;
+    if let Some(k) = &r.kinds {
+        writeln!(w, "\nLeak summary (memcheck's kinds, from the scan at exit):")?;
+        for (what, t) in [
+            ("definitely lost", k.definite),
+            ("indirectly lost", k.indirect),
+            ("possibly lost", k.possible),
+            ("still reachable", k.reachable),
+        ] {
+            writeln!(w, "  {what}: {} in {}", plural(t.bytes, "byte", "bytes"), plural(t.blocks, "block", "blocks"))?;
+        }
+    }
     for (i, e) in r.stacks.iter().enumerate() {
+        if let Some(kind) = e.kind {
+            let bytes = match (kind, e.indirect_bytes) {
+                (crate::scan::Kind::Definite, Some(ind)) => {
+                    format!(
+                        "{} ({} direct, {} indirect) bytes",
+                        thousands(e.bytes as u64 + ind),
+                        thousands(e.bytes as u64),
+                        thousands(ind)
+                    )
+                }
+                _ => plural(e.bytes as u64, "byte", "bytes"),
+            };
+            let are = if e.blocks == 1 { "is" } else { "are" };
+            writeln!(
+                w,
+                "\n#{}: {bytes} in {} {are} {} ({}), {} from this backtrace",
+                i + 1,
+                plural(e.blocks as u64, "block", "blocks"),
+                kind.words(),
+                e.family,
+                plural(e.total_allocations, "allocation", "allocations")
+            )?;
+            frames(&e.frames, w)?;
+            continue;
+        }
         writeln!(
             w,
             "\n#{}: {} in {} {} ({}), {} from this backtrace",

@@ -62,6 +62,8 @@ pub struct Session {
     pub libgcc_unwinder: bool,
     /// The signal that asks for an incremental report, if any.
     pub report_signal: Option<i32>,
+    /// Snapshot memory for the leak scan at exit (`MTRACE_SCAN`).
+    pub scan: bool,
     /// Trace forked children (`MTRACE_FOLLOW_FORK`).
     pub follow_fork: bool,
     /// Trace programs this one execs (`MTRACE_FOLLOW_EXEC`).
@@ -217,6 +219,7 @@ impl Session {
             depth: cfg.depth,
             libgcc_unwinder: cfg.libgcc_unwinder,
             report_signal: cfg.report_signal,
+            scan: cfg.scan,
             follow_fork: cfg.follow_fork,
             follow_exec: cfg.follow_exec,
             reporter: crate::reports::Reporter::new(path, &prog, pid, cfg.report_dir.clone()),

@@ -12,6 +12,14 @@ use crate::guard::Guard;
 use crate::{modules, sys};
 
 impl Session {
+    /// Writes whole records (starting with a Thread record) compressed,
+    /// after everything the threads buffered so far.
+    pub fn write_records_compressed(&self, raw: &[u8]) {
+        let _f = self.file.lock();
+        self.collect(false);
+        self.write_compressed(raw);
+    }
+
     /// Writes every thread's buffered records, the buffer being filled
     /// included, so that no event waits in a quiet thread for long (the
     /// analyzer orders events of different threads by time, and a crash or
