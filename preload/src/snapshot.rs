@@ -16,7 +16,15 @@ use crate::sys;
 /// Bytes per ScanRegion record (the format allows up to 1 MiB).
 const PIECE: usize = 512 * 1024;
 
+/// Elsewhere: no registers, and the address of a local as the stack pointer.
+#[cfg(not(target_arch = "x86_64"))]
+fn registers() -> [u64; 7] {
+    let here = 0u64;
+    [0, 0, 0, 0, 0, 0, std::hint::black_box(&here) as *const u64 as u64]
+}
+
 /// Callee-saved registers and the stack pointer of the calling thread.
+#[cfg(target_arch = "x86_64")]
 fn registers() -> [u64; 7] {
     let (rbx, rbp, r12, r13, r14, r15, rsp): (u64, u64, u64, u64, u64, u64, u64);
     // SAFETY: copies registers; no memory access.
