@@ -83,6 +83,10 @@ pub struct ReportOpts {
     /// With a leak scan, also list the still reachable blocks.
     #[arg(long)]
     show_reachable: bool,
+    /// Leave out entries matched by this file's `leak:PATTERN` lines
+    /// (LeakSanitizer's format; PATTERN against function, file or module).
+    #[arg(long, value_name = "FILE")]
+    suppressions: Option<PathBuf>,
     /// Also show, per time window of DURATION, the allocations still live at
     /// the end, backtraces that leak in every window first.
     #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
@@ -119,6 +123,11 @@ impl ReportOpts {
         let t = load::load_window(trace, &window)?;
         let mut sym = self.symbolizer();
         let mut r = report::build(&t, &mut sym, self.sort, self.depth, self.show_reachable);
+        if let Some(f) = &self.suppressions {
+            let mut rules = report::suppress::read(f)?;
+            report::suppress::apply(&mut r, &mut rules);
+            r.suppressed = Some(rules);
+        }
         r.summary.since_marker = self.since_marker.clone();
         r.summary.until_marker = self.until_marker.clone();
         if self.timeline {

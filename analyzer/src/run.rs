@@ -8,6 +8,7 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{bail, Context, Result};
 
+use crate::scan::Kind;
 use crate::{load, report::text::thousands, ReportOpts};
 
 #[derive(clap::Args)]
@@ -24,6 +25,14 @@ pub struct RunArgs {
     /// Scan memory at exit and classify leaks as memcheck does (MTRACE_SCAN=1).
     #[arg(long)]
     scan: bool,
+    /// Exit with N when the scan finds blocks of the kinds in
+    /// --errors-for-leak-kinds (after suppressions); implies --scan.
+    #[arg(long, value_name = "N")]
+    error_exitcode: Option<u8>,
+    /// Kinds that count for --error-exitcode: definite, indirect, possible,
+    /// reachable, all (comma-separated).
+    #[arg(long, value_name = "KINDS", default_value = "definite,possible")]
+    errors_for_leak_kinds: String,
     #[command(flatten)]
     opts: ReportOpts,
     /// The program and its arguments.
@@ -84,9 +93,10 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     if let Some(d) = a.opts.depth {
         cmd.env("MTRACE_DEPTH", d.to_string());
     }
-    if a.scan {
+    if a.scan || a.error_exitcode.is_some() {
         cmd.env("MTRACE_SCAN", "1");
     }
+    let error_kinds = parse_kinds(&a.errors_for_leak_kinds)?;
     let mut child = cmd.spawn().with_context(|| format!("cannot run {}", a.command[0]))?;
     // The program gets the terminal's signals; we stay to report.
     ignore_terminal_signals();
@@ -101,9 +111,23 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     // The main process's last image (after any exec) is the one reported.
     let main =
         traces.iter().filter(|(p, _, _)| *p == pid).max_by_key(|(_, start, _)| *start).map(|(_, _, path)| path.clone());
+    let mut leak_error = false;
     match &main {
         Some(path) => {
-            a.opts.report(path, &mut *out)?;
+            let r = a.opts.report(path, &mut *out)?;
+            // From the kind totals (after suppressions): the entry list
+            // leaves out reachable blocks unless --show-reachable.
+            leak_error = r.kinds.is_some_and(|k| {
+                error_kinds.iter().any(|kind| {
+                    let t = match kind {
+                        Kind::Definite => k.definite,
+                        Kind::Indirect => k.indirect,
+                        Kind::Possible => k.possible,
+                        Kind::Reachable => k.reachable,
+                    };
+                    t.blocks > 0
+                })
+            });
         }
         None => writeln!(out, "mtrace: no trace was written for pid {pid} (static executable, or preloading failed)")?,
     }
@@ -135,11 +159,33 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         }
     }
     out.flush()?;
+    if let (Some(code), true) = (a.error_exitcode, leak_error) {
+        return Ok(ExitCode::from(code));
+    }
     Ok(match (status.code(), status.signal()) {
         (Some(c), _) => ExitCode::from(c as u8),
         (None, Some(sig)) => ExitCode::from(128 + sig as u8),
         _ => ExitCode::FAILURE,
     })
+}
+
+/// `--errors-for-leak-kinds`: a comma-separated list of kinds, or `all`.
+fn parse_kinds(s: &str) -> Result<Vec<Kind>> {
+    let mut v = Vec::new();
+    for k in s.split(',').map(str::trim).filter(|k| !k.is_empty()) {
+        match k {
+            "definite" => v.push(Kind::Definite),
+            "indirect" => v.push(Kind::Indirect),
+            "possible" => v.push(Kind::Possible),
+            "reachable" => v.push(Kind::Reachable),
+            "all" => v.extend([Kind::Definite, Kind::Indirect, Kind::Possible, Kind::Reachable]),
+            "none" => {}
+            _ => bail!(
+                "--errors-for-leak-kinds: unknown kind {k:?} (definite, indirect, possible, reachable, all, none)"
+            ),
+        }
+    }
+    Ok(v)
 }
 
 /// The traces in `dir`: (pid, start time, path), oldest first.

@@ -412,3 +412,37 @@ fn scan_equals_valgrind_memcheck() {
         assert_eq!((k[ours]["bytes"].as_u64().unwrap(), k[ours]["blocks"].as_u64().unwrap()), theirs(what), "{what}");
     }
 }
+
+#[test]
+fn error_exitcode_and_suppressions() {
+    let dir = scratch("suppress");
+    let prog = build("scan.c", &dir.join("scan"), &["-g", "-O0"]);
+    // Definitely and possibly lost blocks: exit 23 instead of the program's 0.
+    let (_, out) = run_json(&dir, &["--error-exitcode", "23"], &prog, &[]);
+    assert_eq!(out.status.code(), Some(23));
+    // Only reachable counts: there is a reachable block.
+    let (_, out) = run_json(&dir, &["--error-exitcode", "23", "--errors-for-leak-kinds", "reachable"], &prog, &[]);
+    assert_eq!(out.status.code(), Some(23));
+    // Suppress every lost block's backtrace (they all pass through make()
+    // in scan.c, and so does the reachable one): nothing left, exit 0.
+    let supp = dir.join("supp.txt");
+    std::fs::write(&supp, "# all of make()\nleak:^make$\nleak:never_matches\n").unwrap();
+    let (r, out) = run_json(&dir, &["--error-exitcode", "23", "--suppressions", supp.to_str().unwrap()], &prog, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", r["kinds"]);
+    assert_eq!(r["kinds"]["definite"]["blocks"], 0);
+    assert_eq!(r["kinds"]["possible"]["blocks"], 0);
+    let rules = r["suppressed"].as_array().unwrap();
+    assert_eq!(rules[0]["pattern"], "^make$");
+    // 4 definite + 1 possible + 3 indirect entries' blocks (reachable not listed).
+    assert_eq!(rules[0]["blocks"], 8);
+    assert_eq!(rules[1]["entries"], 0);
+    // A malformed suppressions file is an error naming the line.
+    std::fs::write(&supp, "leak:ok\nfun:bad\n").unwrap();
+    let bad = std::process::Command::new(mtrace())
+        .args(["report", "--suppressions"])
+        .arg(&supp)
+        .arg(dir.join("none"))
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+}

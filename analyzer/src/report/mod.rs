@@ -2,6 +2,7 @@
 
 pub mod intervals;
 pub mod sections;
+pub mod suppress;
 pub mod text;
 
 use rustc_hash::FxHashMap as HashMap;
@@ -102,6 +103,9 @@ pub struct Report {
     /// (not in a report of a window between markers).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sections: Option<sections::Sections>,
+    /// With `--suppressions`: each rule and what it suppressed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suppressed: Option<Vec<suppress::Rule>>,
     /// With a leak scan (`MTRACE_SCAN=1`): memcheck's four totals.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kinds: Option<crate::scan::Kinds>,
@@ -271,6 +275,7 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
         timeline: None,
         sections: None,
         intervals: None,
+        suppressed: None,
         kinds,
     }
 }

@@ -210,6 +210,19 @@ fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     }
     let heading = if delta { "Change in live blocks" } else { "Not freed at exit" };
     writeln!(w, "\n{heading}, by backtrace ({}):", plural(r.stacks.len() as u64, "backtrace", "backtraces"))?;
+    if let Some(rules) = &r.suppressed {
+        let used: Vec<_> = rules.iter().filter(|r| r.entries > 0).collect();
+        writeln!(w, "\nSuppressed: {} of {} suppressions used", used.len(), rules.len())?;
+        for u in used {
+            writeln!(
+                w,
+                "  {} in {} by leak:{}",
+                plural(u.bytes as u64, "byte", "bytes"),
+                plural(u.blocks as u64, "block", "blocks"),
+                u.pattern
+            )?;
+        }
+    }
     if let Some(k) = &r.kinds {
         writeln!(w, "\nLeak summary (memcheck's kinds, from the scan at exit):")?;
         for (what, t) in [
