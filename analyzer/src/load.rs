@@ -144,6 +144,8 @@ pub struct Trace {
     pub pools: HashMap<u32, String>,
     /// The memory snapshot for the leak scan (`MTRACE_SCAN=1`), if complete.
     pub snapshot: Option<Vec<crate::scan::Region>>,
+    /// When the snapshot was taken, ns: later blocks are not in it.
+    pub snapshot_time: u64,
 }
 
 /// A pool block's key in the books: its address in the pool's own space,
@@ -173,6 +175,7 @@ impl Trace {
             peak_record: 0,
             pools: HashMap::default(),
             snapshot: None,
+            snapshot_time: u64::MAX,
         }
     }
 }
@@ -275,7 +278,10 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
                 t.books.free(pool_key(pool, addr), time_ns);
             }
             Record::ScanRegion { kind, addr, bytes, .. } => regions.push(crate::scan::Region { kind, addr, bytes }),
-            Record::ScanEnd { .. } => t.snapshot = Some(std::mem::take(&mut regions)),
+            Record::ScanEnd { time_ns } => {
+                t.snapshot = Some(std::mem::take(&mut regions));
+                t.snapshot_time = time_ns;
+            }
             Record::Sample { time_ns, rss } => {
                 now = time_ns;
                 t.timeline.push(TimePoint {
