@@ -203,16 +203,9 @@ fn timeline_samples_rss_and_heap() {
     assert!(last["rss_bytes"].as_u64().unwrap() < big, "freed memory left the RSS: {last}");
 }
 
-/// The first frame of a section entry inside steady.c: its line.
+/// The line in steady.c of a section entry.
 fn steady_line(e: &serde_json::Value) -> u64 {
-    e["frames"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["file"].as_str().is_some_and(|p| p.ends_with("/steady.c")))
-        .unwrap()["line"]
-        .as_u64()
-        .unwrap()
+    line_in(e, "steady.c").unwrap()
 }
 
 #[test]
@@ -259,16 +252,7 @@ fn intervals_rank_steady_growth_first() {
     // About 240 ms of run: 5 or more windows of 50 ms.
     assert!(windows >= 5, "{x}");
     let stacks = x["stacks"].as_array().unwrap();
-    let line = |e: &serde_json::Value| {
-        e["frames"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["file"].as_str().is_some_and(|p| p.ends_with("/grow.c")))
-            .unwrap()["line"]
-            .as_u64()
-            .unwrap()
-    };
+    let line = |e: &serde_json::Value| line_in(e, "grow.c").unwrap();
     // The 100-byte leak, in (nearly) every window, comes before the larger
     // one-time block.
     assert_eq!(line(&stacks[0]), m["grow"] as u64);

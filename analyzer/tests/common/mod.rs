@@ -108,6 +108,14 @@ pub fn leak(bytes: i64, blocks: i64, family: &str, function: &str, line: u32) ->
     Leak { bytes, blocks, family: family.into(), function: function.into(), line }
 }
 
+/// The line of the first frame of a report entry (any object with
+/// `frames`) that lies in `src` (a ctests file name).
+pub fn line_in(entry: &Value, src: &str) -> Option<u64> {
+    entry["frames"].as_array()?.iter().find(|f| f["file"].as_str().is_some_and(|p| p.ends_with(&format!("/{src}"))))?
+        ["line"]
+        .as_u64()
+}
+
 /// The report's leaks whose backtrace passes through `src` (a file name),
 /// sorted. Leaks made wholly inside libraries (libstdc++'s pool) are left
 /// out, and so is the block the dynamic loader allocates in pthread_create
