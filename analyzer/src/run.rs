@@ -117,17 +117,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
             let r = a.opts.report(path, &mut *out)?;
             // From the kind totals (after suppressions): the entry list
             // leaves out reachable blocks unless --show-reachable.
-            leak_error = r.kinds.is_some_and(|k| {
-                error_kinds.iter().any(|kind| {
-                    let t = match kind {
-                        Kind::Definite => k.definite,
-                        Kind::Indirect => k.indirect,
-                        Kind::Possible => k.possible,
-                        Kind::Reachable => k.reachable,
-                    };
-                    t.blocks > 0
-                })
-            });
+            leak_error = r.kinds.is_some_and(|k| error_kinds.iter().any(|&kind| k.get(kind).blocks > 0));
         }
         None => writeln!(out, "mtrace: no trace was written for pid {pid} (static executable, or preloading failed)")?,
     }

@@ -62,6 +62,28 @@ pub struct Kinds {
     pub reachable: Total,
 }
 
+impl Kinds {
+    /// The total of `kind`.
+    pub fn get(&self, kind: Kind) -> Total {
+        match kind {
+            Kind::Definite => self.definite,
+            Kind::Indirect => self.indirect,
+            Kind::Possible => self.possible,
+            Kind::Reachable => self.reachable,
+        }
+    }
+
+    /// The total of `kind`, to change.
+    pub fn get_mut(&mut self, kind: Kind) -> &mut Total {
+        match kind {
+            Kind::Definite => &mut self.definite,
+            Kind::Indirect => &mut self.indirect,
+            Kind::Possible => &mut self.possible,
+            Kind::Reachable => &mut self.reachable,
+        }
+    }
+}
+
 /// A classified block: its address and kind; `owner` is the definitely
 /// lost block whose group an indirectly lost block belongs to.
 pub struct Classified {

@@ -67,16 +67,13 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, duration_ns: u64, depth: Option<us
     let stacks = rows
         .into_iter()
         .map(|(s, growing, bytes, per_window)| {
-            let raw = &t.stacks.frames[s as usize];
-            let n = depth.unwrap_or(usize::MAX).min(raw.len());
-            let time = t.stacks.def_time[s as usize];
             let allocations: u64 = per_window.iter().map(|x| x.allocations).sum();
             Grower {
                 windows_with_growth: growing,
                 bytes_per_s: bytes as f64 / run_s,
                 allocations_per_s: allocations as f64 / run_s,
                 per_window,
-                frames: raw[..n].iter().flat_map(|&a| sym.frames(&t.modules, a, time)).collect(),
+                frames: super::stack_frames(t, sym, s, depth),
             }
         })
         .collect();

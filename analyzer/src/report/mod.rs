@@ -152,6 +152,15 @@ fn end_text(r: mtrace_format::EndReason) -> String {
     }
 }
 
+/// The symbolized frames of canonical backtrace `stack`, at most `depth`
+/// recorded frames (each may expand into inlined frames).
+pub fn stack_frames(t: &Trace, sym: &mut Symbolizer, stack: u32, depth: Option<usize>) -> Vec<Frame> {
+    let raw = &t.stacks.frames[stack as usize];
+    let time = t.stacks.def_time[stack as usize];
+    let n = depth.unwrap_or(usize::MAX).min(raw.len());
+    raw[..n].iter().flat_map(|&a| sym.frames(&t.modules, a, time)).collect()
+}
+
 /// Builds the report: groups the blocks still live by backtrace (minus the
 /// baseline at the `since` marker, if any), sorts by `sort`, and symbolizes
 /// up to `depth` recorded frames of each.
@@ -174,13 +183,7 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
         let class = classes.as_ref().and_then(|c| c.get(&addr));
         let kind = class.map(|c| c.kind);
         if let (Some(k), Some(c)) = (kind.as_ref(), class) {
-            let tot = kinds.as_mut().expect("with classes");
-            let slot = match k {
-                Kind::Definite => &mut tot.definite,
-                Kind::Indirect => &mut tot.indirect,
-                Kind::Possible => &mut tot.possible,
-                Kind::Reachable => &mut tot.reachable,
-            };
+            let slot = kinds.as_mut().expect("with classes").get_mut(*k);
             slot.bytes += b.size;
             slot.blocks += 1;
             if let Some(o) = c.owner {
@@ -234,10 +237,7 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
     let stacks = entries
         .into_iter()
         .map(|((s, kind), bytes, blocks, total, fam)| {
-            let raw = &t.stacks.frames[s as usize];
-            let time = t.stacks.def_time[s as usize];
-            let n = depth.unwrap_or(usize::MAX).min(raw.len());
-            let frames = raw[..n].iter().flat_map(|&a| sym.frames(&t.modules, a, time)).collect();
+            let frames = stack_frames(t, sym, s, depth);
             let family = match t.stacks.pool_of.get(&s) {
                 Some(p) => format!("pool {}", t.pools.get(p).map_or("?", String::as_str)),
                 None => fam.name().to_owned(),

@@ -67,12 +67,7 @@ fn top(mut v: Vec<(u32, u64, u64)>, by_bytes: bool) -> Vec<(u32, u64, u64)> {
 pub fn build(t: &Trace, sym: &mut Symbolizer, inp: &Inputs) -> Sections {
     let mut entries = |rows: Vec<(u32, u64, u64)>| -> Vec<Entry> {
         rows.into_iter()
-            .map(|(s, count, bytes)| {
-                let raw = &t.stacks.frames[s as usize];
-                let n = inp.depth.unwrap_or(usize::MAX).min(raw.len());
-                let time = t.stacks.def_time[s as usize];
-                Entry { count, bytes, frames: raw[..n].iter().flat_map(|&a| sym.frames(&t.modules, a, time)).collect() }
-            })
+            .map(|(s, count, bytes)| Entry { count, bytes, frames: super::stack_frames(t, sym, s, inp.depth) })
             .collect()
     };
     let most_calls = entries(top(t.books.totals.iter().map(|(&s, x)| (s, x.allocations, x.bytes)).collect(), false));

@@ -80,12 +80,7 @@ pub fn apply(r: &mut Report, rules: &mut [Rule]) {
         rule.blocks += e.blocks;
         rule.bytes += e.bytes;
         if let (Some(k), Some(kinds)) = (e.kind, r.kinds.as_mut()) {
-            let t = match k {
-                crate::scan::Kind::Definite => &mut kinds.definite,
-                crate::scan::Kind::Indirect => &mut kinds.indirect,
-                crate::scan::Kind::Possible => &mut kinds.possible,
-                crate::scan::Kind::Reachable => &mut kinds.reachable,
-            };
+            let t = kinds.get_mut(k);
             t.bytes = t.bytes.saturating_sub(e.bytes as u64);
             t.blocks = t.blocks.saturating_sub(e.blocks as u64);
         }
