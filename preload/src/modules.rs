@@ -91,10 +91,15 @@ fn find_build_id(mut notes: &[u8]) -> Option<Vec<u8>> {
 /// The address range `[start, end)` covered by the module that contains
 /// `addr` (used to drop the tracer's own frames from backtraces).
 pub fn range_of(addr: usize) -> Option<(usize, usize)> {
+    containing(addr).map(|(_, lo, hi)| (lo as usize, hi as usize))
+}
+
+/// The loaded module whose segments span `addr`, with that span `[lo, hi)`.
+pub fn containing(addr: usize) -> Option<(Module, u64, u64)> {
     list().into_iter().find_map(|m| {
         let lo = m.segments.iter().map(|s| m.bias + s.vaddr).min()?;
         let hi = m.segments.iter().map(|s| m.bias + s.vaddr + s.memsz).max()?;
-        (lo as usize <= addr && addr < hi as usize).then_some((lo as usize, hi as usize))
+        (lo as usize <= addr && addr < hi as usize).then_some((m, lo, hi))
     })
 }
 

@@ -150,10 +150,7 @@ impl Reporter {
 
 /// `mtrace` in the folder of libmtrace.so.
 fn next_to_library() -> Option<String> {
-    let own = next_to_library as fn() -> Option<String> as usize as u64;
-    let lib = crate::modules::list()
-        .into_iter()
-        .find(|m| m.segments.iter().any(|s| own >= m.bias + s.vaddr && own < m.bias + s.vaddr + s.memsz))?;
+    let (lib, _, _) = crate::modules::containing(next_to_library as fn() -> Option<String> as usize)?;
     let dir = std::path::Path::new(&lib.path).parent()?;
     let bin = dir.join("mtrace");
     bin.is_file().then(|| bin.to_string_lossy().into_owned())
