@@ -4,10 +4,13 @@
    After each round it asks for a report: with argument "api" through
    mtrace_report(), otherwise by printing "ready" and waiting for the report
    signal (in sigsuspend, pause() without its race: the signal stays blocked
-   until the wait begins). */
+   until the wait begins). In api mode it also checks that the reports
+   leave no trace in the program: mtrace_report() returns 0, no SIGCHLD
+   arrives and waitpid(-1) finds no child (exit status 4 otherwise). */
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../include/mtrace.h"
@@ -28,8 +31,18 @@ __attribute__((noinline)) static void balanced(void) {
     for (int i = 0; i < 1000; i++) free(malloc(32 + i % 100)); // @leak:balanced
 }
 
+static volatile sig_atomic_t sigchld;
+
+static void on_sigchld(int sig) {
+    (void)sig;
+    sigchld = 1;
+}
+
 int main(int argc, char **argv) {
     int api = argc > 1 && strcmp(argv[1], "api") == 0;
+    int failed = 0;
+    if (api)
+        signal(SIGCHLD, on_sigchld);
     sigset_t usr1, waiting;
     sigemptyset(&usr1);
     sigaddset(&usr1, SIGUSR1);
@@ -44,11 +57,18 @@ int main(int argc, char **argv) {
             for (int i = 0; i < 5; i++) free(kept[i]);
         if (api) {
             MTRACE(mtrace_marker, round == 1 ? "first" : "later");
-            MTRACE(mtrace_report, NULL);
+            if (mtrace_report && mtrace_report(NULL) != 0)
+                failed = 1;
         } else {
             if (write(1, "ready\n", 6) != 6) return 1;
             sigsuspend(&waiting);
         }
+    }
+    if (api) {
+        usleep(100000);
+        int status;
+        if (failed || sigchld || waitpid(-1, &status, WNOHANG) != -1)
+            return 4;
     }
     return 0;
 }

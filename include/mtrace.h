@@ -32,6 +32,12 @@ void mtrace_marker(const char *name) __attribute__((weak));
    the change since the one before. Returns 0 when the report was written. */
 int mtrace_report(const char *path) __attribute__((weak));
 
+/* Scans memory for leaks now (the other threads are stopped meanwhile) and
+   writes a report of everything live, classified as definitely, indirectly
+   or possibly lost or still reachable, to PATH or, when PATH is NULL, to
+   <program>-<pid>-<n>.memlog. Returns 0 when the report was written. */
+int mtrace_scan(const char *path) __attribute__((weak));
+
 /* Records a block of a pool the program manages itself (an arena, a
    cache, a free list, or a non-memory resource such as a connection): it is
    reported under POOL's name like an allocation, with the caller's

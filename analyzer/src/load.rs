@@ -5,7 +5,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use mtrace_format::{EndReason, Family, Header, Module, ReadError, Reader, Record};
+use mtrace_format::{region_kind, EndReason, Family, Header, Module, ReadError, Reader, Record};
 
 use crate::books::{Block, Books};
 // FxHash as in books.rs.
@@ -146,7 +146,12 @@ pub struct Trace {
     pub snapshot: Option<Vec<crate::scan::Region>>,
     /// When the snapshot was taken, ns: later blocks are not in it.
     pub snapshot_time: u64,
+    /// The last snapshot was an on-demand scan (a "scan" marker follows it).
+    pub snapshot_on_demand: bool,
 }
+
+/// Name of the marker the preload writes after an on-demand leak scan.
+pub const SCAN_MARKER: &str = "scan";
 
 /// A pool block's key in the books: its address in the pool's own space,
 /// apart from heap addresses (user space is below 2^47) and other pools.
@@ -176,6 +181,7 @@ impl Trace {
             pools: HashMap::default(),
             snapshot: None,
             snapshot_time: u64::MAX,
+            snapshot_on_demand: false,
         }
     }
 }
@@ -277,10 +283,16 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
                 now = time_ns;
                 t.books.free(pool_key(pool, addr), time_ns);
             }
-            Record::ScanRegion { kind, addr, bytes, .. } => regions.push(crate::scan::Region { kind, addr, bytes }),
+            Record::ScanRegion { kind, addr, bytes, .. } => regions.push(crate::scan::Region {
+                kind: kind & !region_kind::SAME_MAPPING,
+                continues: kind & region_kind::SAME_MAPPING != 0,
+                addr,
+                bytes,
+            }),
             Record::ScanEnd { time_ns } => {
                 t.snapshot = Some(std::mem::take(&mut regions));
                 t.snapshot_time = time_ns;
+                t.snapshot_on_demand = false;
             }
             Record::Sample { time_ns, rss } => {
                 now = time_ns;
@@ -295,6 +307,7 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
                 now = time_ns;
                 let since = w.since.as_ref().is_some_and(|m| m.matches(seq, &name)) && t.baseline.is_none();
                 let until = w.until.as_ref().is_some_and(|m| m.matches(seq, &name));
+                t.snapshot_on_demand |= t.snapshot.is_some() && name == SCAN_MARKER;
                 t.markers.push(MarkerSeen { seq, name, time_ns });
                 if since {
                     t.baseline = Some(t.books.live_by_stack());
@@ -310,6 +323,12 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
         if t.books.peak_bytes != peak_before {
             t.peak_record = t.records;
         }
+    }
+    // An on-demand scan describes its own moment: a report that reads past
+    // it (the program went on) does not classify with it.
+    if t.snapshot_on_demand && !t.reached_until {
+        t.snapshot = None;
+        t.snapshot_time = u64::MAX;
     }
     if let Some(m) = &w.since {
         anyhow::ensure!(t.baseline.is_some(), "{}: no marker {:?} in the trace", path.display(), m.0);

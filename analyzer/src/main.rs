@@ -41,6 +41,7 @@ Environment (read by libmtrace.so; an invalid value warns once and the default i
   MTRACE_DEPTH=N              frames per backtrace, 1-256 (default 64; `run -d` sets it)
   MTRACE_START=on|off         off: record no allocations until mtrace_start() or mtrace()
   MTRACE_SCAN=0|1             1: memory snapshot at exit for the leak scan (`run --scan`)
+  MTRACE_SCAN_SIGNAL=SIG      signal that scans for leaks now and writes a .memlog (default off)
   MTRACE_FOLLOW_FORK=on|off   off: forked children run untraced
   MTRACE_FOLLOW_EXEC=on|off   off: programs this one execs run untraced
   MTRACE_REPORT_SIGNAL=SIG    signal that writes an incremental report (default USR1; off)

@@ -20,7 +20,10 @@ use mtrace_format::{region_kind, Family};
 
 /// One region of the snapshot.
 pub struct Region {
+    /// One of [`region_kind`]'s kinds (without the SAME_MAPPING flag).
     pub kind: u8,
+    /// The next piece of the same mapping as the region before it.
+    pub continues: bool,
     pub addr: u64,
     pub bytes: Vec<u8>,
 }
@@ -84,6 +87,36 @@ impl Kinds {
     }
 }
 
+/// When a scan was taken and how it saw the threads.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct ScanInfo {
+    /// Seconds since the program started.
+    pub time_s: f64,
+    /// Taken at exit (else on demand: `MTRACE_SCAN_SIGNAL`, `mtrace_scan()`).
+    pub at_exit: bool,
+    /// Threads whose registers and stack pointer were read.
+    pub threads_stopped: u64,
+    /// Threads that could not be stopped: their whole stacks count as roots
+    /// and their registers are unknown, so a leak can look reachable.
+    pub threads_not_stopped: u64,
+    /// Bytes of memory the snapshot holds (stacks and mappings).
+    pub bytes: u64,
+}
+
+/// The scan `t` classifies with, if any.
+pub fn info(t: &Trace) -> Option<ScanInfo> {
+    let snap = t.snapshot.as_ref()?;
+    let regs = snap.iter().filter(|r| r.kind == region_kind::REGISTERS);
+    let stopped = regs.clone().filter(|r| !r.bytes.is_empty()).count() as u64;
+    Some(ScanInfo {
+        time_s: t.snapshot_time as f64 / 1e9,
+        at_exit: !t.snapshot_on_demand,
+        threads_stopped: stopped,
+        threads_not_stopped: regs.count() as u64 - stopped,
+        bytes: snap.iter().filter(|r| r.kind != region_kind::REGISTERS).map(|r| r.bytes.len() as u64).sum(),
+    })
+}
+
 /// A classified block: its address and kind; `owner` is the definitely
 /// lost block whose group an indirectly lost block belongs to.
 pub struct Classified {
@@ -104,19 +137,60 @@ enum State {
 struct Heap {
     /// (start, size) sorted by start.
     blocks: Vec<(u64, u64)>,
+    /// The lowest start and the highest end: most words (small numbers,
+    /// code and stack addresses) fall outside and skip the search.
+    lo: u64,
+    hi: u64,
 }
 
 impl Heap {
+    fn new(blocks: Vec<(u64, u64)>) -> Heap {
+        let lo = blocks.first().map_or(u64::MAX, |b| b.0);
+        let hi = blocks.iter().map(|b| b.0 + b.1.max(1)).max().unwrap_or(0);
+        Heap { blocks, lo, hi }
+    }
+}
+
+impl Heap {
+    /// Whether a block overlaps `[lo, hi)` (blocks are disjoint: only the
+    /// last one starting before `hi` can).
+    fn overlaps(&self, lo: u64, hi: u64) -> bool {
+        let i = self.blocks.partition_point(|b| b.0 < hi);
+        i > 0 && {
+            let (start, size) = self.blocks[i - 1];
+            start + size.max(1) > lo
+        }
+    }
+
     /// The block holding `p`, and whether `p` is its start.
     fn find(&self, p: u64) -> Option<(usize, bool)> {
+        if p < self.lo || p >= self.hi {
+            return None;
+        }
         let i = self.blocks.partition_point(|b| b.0 <= p);
         if i == 0 {
             return None;
         }
         let (start, size) = self.blocks[i - 1];
+        if p != start && p == next_chunk(start, size) {
+            return None;
+        }
         // A zero-sized block still has a start.
         (p < start + size.max(1)).then_some((i - 1, p == start))
     }
+}
+
+/// Where glibc's malloc puts the header of the chunk after the block at
+/// `start` of `size` bytes (64-bit: 16-byte chunk alignment, 8-byte size
+/// field, 32-byte minimum chunk; glibc's malloc/malloc.c). When the size
+/// leaves no padding (24, 40, 56, … bytes) that header lies inside the
+/// block, and malloc's own pointers to it (the top chunk, free lists, all
+/// in memory the scan reads: libc's data, arena headers) would make the
+/// block look possibly lost. Such a word is not counted as a pointer;
+/// memcheck never sees those pointers, since its allocator is its own.
+fn next_chunk(start: u64, size: u64) -> u64 {
+    let chunk = (size + 8 + 15).max(32) & !15;
+    start - 16 + chunk
 }
 
 /// The snapshot's memory, sorted by address.
@@ -145,18 +219,18 @@ impl Memory<'_> {
 }
 
 /// Classifies the heap blocks (malloc family, new, aligned) live in `t`
-/// against `t.snapshot`. Mappings and pool blocks are not classified: like
+/// and allocated before the snapshot was taken against `t.snapshot`. Mappings and pool blocks are not classified: like
 /// memcheck, the scan covers heap blocks.
 pub fn classify(t: &Trace) -> Option<Vec<Classified>> {
     let snap = t.snapshot.as_ref()?;
     let mut blocks: Vec<(u64, u64)> = t
         .books
         .live_blocks()
-        .filter(|(_, b)| !matches!(b.family, Family::Mmap | Family::Pool))
+        .filter(|(_, b)| !matches!(b.family, Family::Mmap | Family::Pool) && b.time <= t.snapshot_time)
         .map(|(a, b)| (a, b.size))
         .collect();
     blocks.sort_unstable();
-    let heap = Heap { blocks };
+    let heap = Heap::new(blocks);
     let mut regions: Vec<&Region> = snap.iter().filter(|r| r.kind != region_kind::REGISTERS).collect();
     regions.sort_by_key(|r| r.addr);
     let mem = Memory { regions };
@@ -173,20 +247,31 @@ pub fn classify(t: &Trace) -> Option<Vec<Classified>> {
             }
         }
     };
-    // Roots: registers, the stack, and mappings that hold no heap block.
-    for r in snap {
+    // Roots: registers, the stacks, and mappings that hold no heap block
+    // (a mapping's pieces are decided together: the end of a heap with no
+    // block in it is not a root).
+    let mut i = 0;
+    while i < snap.len() {
+        let r = &snap[i];
         if r.kind == region_kind::REGISTERS {
             for w in r.bytes.chunks_exact(8) {
                 reach(u64::from_le_bytes(w.try_into().expect("8 bytes")), true, &mut state, &mut work);
             }
+            i += 1;
             continue;
         }
-        let end = r.addr + r.bytes.len() as u64;
-        let i = heap.blocks.partition_point(|b| b.0 < r.addr);
-        let holds_heap = i < n && heap.blocks[i].0 < end;
-        if r.kind == region_kind::STACK || !holds_heap {
-            mem.words(r.addr, end, |w| reach(w, true, &mut state, &mut work));
+        let mut j = i + 1;
+        while j < snap.len() && snap[j].continues && snap[j].kind == r.kind {
+            j += 1;
         }
+        let group = &snap[i..j];
+        let (lo, hi) = (r.addr, group.iter().map(|g| g.addr + g.bytes.len() as u64).max().unwrap_or(r.addr));
+        if r.kind == region_kind::STACK || !heap.overlaps(lo, hi) {
+            for g in group {
+                mem.words(g.addr, g.addr + g.bytes.len() as u64, |w| reach(w, true, &mut state, &mut work));
+            }
+        }
+        i = j;
     }
     // Through the blocks reached.
     while let Some(i) = work.pop() {
@@ -217,16 +302,22 @@ pub fn classify(t: &Trace) -> Option<Vec<Classified>> {
             });
         }
     }
-    // Members of a group whose leader joined another group follow it.
-    let root = |mut i: usize| {
-        while let Some(o) = owner[i] {
-            if o == i {
-                break;
-            }
-            i = o;
+    // Members of a group whose leader joined another group follow it, with
+    // path compression: a lost list joins one group per block, and walking
+    // those chains for each block would be quadratic.
+    let mut root = |i: usize| {
+        let mut r = i;
+        while let Some(o) = owner[r].filter(|&o| o != r) {
+            r = o;
         }
-        i
+        let mut j = i;
+        while let Some(o) = owner[j].filter(|&o| o != j) {
+            owner[j] = Some(r);
+            j = o;
+        }
+        r
     };
+    let roots: Vec<usize> = (0..n).map(&mut root).collect();
     Some(
         (0..n)
             .map(|i| {
@@ -236,7 +327,7 @@ pub fn classify(t: &Trace) -> Option<Vec<Classified>> {
                     State::Definite => Kind::Definite,
                     _ => Kind::Indirect,
                 };
-                let owner = (kind == Kind::Indirect).then(|| heap.blocks[root(i)].0);
+                let owner = (kind == Kind::Indirect).then(|| heap.blocks[roots[i]].0);
                 Classified { addr: heap.blocks[i].0, kind, owner }
             })
             .collect(),
@@ -248,7 +339,7 @@ mod tests {
     use super::*;
 
     fn region(addr: u64, words: &[u64], kind: u8) -> Region {
-        Region { kind, addr, bytes: words.iter().flat_map(|w| w.to_le_bytes()).collect() }
+        Region { kind, continues: false, addr, bytes: words.iter().flat_map(|w| w.to_le_bytes()).collect() }
     }
 
     fn run(blocks: &[(u64, u64)], regions: Vec<Region>) -> Vec<Kind> {
@@ -294,7 +385,8 @@ mod tests {
     fn unaligned_words_do_not_count() {
         let mut bytes = vec![0u8; 24];
         bytes[3..11].copy_from_slice(&(HEAP).to_le_bytes());
-        let kinds = run(&[(HEAP, 16)], vec![Region { kind: region_kind::MAPPING, addr: 0x1000, bytes }]);
+        let kinds =
+            run(&[(HEAP, 16)], vec![Region { kind: region_kind::MAPPING, continues: false, addr: 0x1000, bytes }]);
         assert_eq!(kinds, vec![Kind::Definite]);
     }
 
@@ -308,5 +400,58 @@ mod tests {
         let regs = region(0, &[b(2)], region_kind::REGISTERS);
         let kinds = run(&[(b(0), 16), (b(1), 16), (b(2), 16)], vec![regs, region(HEAP, &heap, region_kind::MAPPING)]);
         assert_eq!(kinds, vec![Kind::Indirect, Kind::Definite, Kind::Reachable]);
+    }
+
+    #[test]
+    fn pieces_of_a_heap_mapping_are_not_roots_even_without_a_block() {
+        // A mapping of two pieces: the first holds blocks 0 and 1, the
+        // second none, but a stale pointer to block 1. Decided together,
+        // the second piece is heap, not a root: block 1 stays lost.
+        let heap = region(HEAP, &[0; 8], region_kind::MAPPING);
+        let tail = |continues| Region {
+            kind: region_kind::MAPPING,
+            continues,
+            addr: HEAP + 64,
+            bytes: (HEAP + 32).to_le_bytes().to_vec(),
+        };
+        let roots = region(0x1000, &[HEAP], region_kind::MAPPING);
+        let blocks = [(HEAP, 16), (HEAP + 32, 16)];
+        let kinds = run(&blocks, vec![roots, heap, tail(true)]);
+        assert_eq!(kinds, vec![Kind::Reachable, Kind::Definite]);
+        // A separate mapping with the same word is a root.
+        let roots = region(0x1000, &[HEAP], region_kind::MAPPING);
+        let kinds = run(&blocks, vec![roots, region(HEAP, &[0; 8], region_kind::MAPPING), tail(false)]);
+        assert_eq!(kinds, vec![Kind::Reachable, Kind::Reachable]);
+    }
+
+    #[test]
+    fn mallocs_pointer_to_the_next_chunk_is_not_a_reference() {
+        // A 24-byte block: the next chunk's header is at start + 16, inside
+        // the block; glibc's top-chunk pointer holds that address.
+        let roots = region(0x1000, &[HEAP + 16, HEAP + 0x108], region_kind::MAPPING);
+        let kinds = run(&[(HEAP, 24), (HEAP + 0x100, 24)], vec![roots]);
+        assert_eq!(kinds, vec![Kind::Definite, Kind::Possible]);
+    }
+
+    #[test]
+    fn a_lost_list_is_one_definite_block_and_the_rest_indirect() {
+        // Block i points to block i-1; block 0 to nothing. Leaders are
+        // found from the lowest address: each joins the next group.
+        let n = 2000u64;
+        let b = |i: u64| HEAP + 0x20 * i;
+        let mut words = vec![0u64; (0x20 * n / 8) as usize];
+        for i in 1..n {
+            words[(0x20 * i / 8) as usize] = b(i - 1);
+        }
+        let blocks: Vec<(u64, u64)> = (0..n).map(|i| (b(i), 16)).collect();
+        let mut t = crate::load::Trace::new(std::path::Path::new("x"), Default::default());
+        for &(a, size) in &blocks {
+            t.books.alloc(a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0 });
+        }
+        t.snapshot = Some(vec![region(HEAP, &words, region_kind::MAPPING)]);
+        let c = classify(&t).unwrap();
+        let definite: Vec<u64> = c.iter().filter(|c| c.kind == Kind::Definite).map(|c| c.addr).collect();
+        assert_eq!(definite, vec![b(n - 1)]);
+        assert!(c.iter().filter(|c| c.kind == Kind::Indirect).all(|c| c.owner == Some(b(n - 1))));
     }
 }

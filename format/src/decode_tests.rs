@@ -1,7 +1,7 @@
 //! Tests of the decoder (and of the encoder, through round trips).
 
 use super::*;
-use crate::{encode_header, Encoder};
+use crate::{encode_header, region_kind, Encoder};
 
 fn sample() -> (Vec<u8>, Vec<Record>) {
     let h = Header {
@@ -151,4 +151,31 @@ fn unknown_tag_is_corrupt_with_offset() {
     let e = r.next_record().unwrap_err();
     assert_eq!(e.offset, at as u64);
     assert!(e.to_string().contains("unknown record tag 200"), "{e}");
+}
+
+#[test]
+fn scan_region_header_then_bytes_equals_the_record() {
+    let bytes: Vec<u8> = (0..40).collect();
+    let rec =
+        Record::ScanRegion { time_ns: 77, kind: region_kind::STACK, addr: 0x7ffd_0000_1000, bytes: bytes.clone() };
+    let mut whole = Vec::new();
+    Encoder::new().encode(&mut whole, &rec);
+    let mut split = Vec::new();
+    Encoder::new().scan_region_header(&mut split, 77, region_kind::STACK, 0x7ffd_0000_1000, bytes.len());
+    split.extend_from_slice(&bytes);
+    assert_eq!(whole, split);
+    // And a compressed block framed by compressed_header reads back.
+    let mut block = Vec::new();
+    let comp = zstd::bulk::compress(&whole, 1).unwrap();
+    crate::compressed_header(&mut block, whole.len(), comp.len());
+    block.extend_from_slice(&comp);
+    let mut with_header = Vec::new();
+    encode_header(&mut with_header, &Header { version: VERSION, pointer_size: 8, ..Header::default() });
+    let mut plain = with_header.clone();
+    Encoder::new().encode(&mut plain, &Record::Thread { tid: 1, time_ns: 0 });
+    plain.extend_from_slice(&block);
+    let mut r = Reader::new(&plain[..]);
+    r.header().unwrap();
+    assert!(matches!(r.next_record().unwrap(), Some(Record::Thread { .. })));
+    assert_eq!(r.next_record().unwrap(), Some(rec));
 }

@@ -47,6 +47,17 @@ impl Encoder {
         self.last_time = t;
     }
 
+    /// Appends a [`Record::ScanRegion`] of `len` bytes without its bytes,
+    /// which the caller appends next (the snapshot reads memory straight
+    /// into place, with no copy in between).
+    pub fn scan_region_header(&mut self, out: &mut Vec<u8>, time_ns: u64, kind: u8, addr: u64, len: usize) {
+        out.push(tag::SCAN_REGION);
+        self.time(out, time_ns);
+        out.push(kind);
+        put_varint(out, addr);
+        put_varint(out, len as u64);
+    }
+
     /// Appends a [`Record::Stack`] without building a `Vec` of frames: the
     /// first frame as a varint, each further one as a zigzag delta from the
     /// one before (frames of one stack are usually near each other).
@@ -184,11 +195,18 @@ impl Encoder {
 /// it in place, so it may stand anywhere a record may.
 pub fn encode_compressed(out: &mut Vec<u8>, raw: &[u8], level: i32) -> std::io::Result<()> {
     let comp = zstd::bulk::compress(raw, level)?;
-    out.push(tag::COMPRESSED);
-    put_varint(out, raw.len() as u64);
-    put_varint(out, comp.len() as u64);
+    compressed_header(out, raw.len(), comp.len());
     out.extend_from_slice(&comp);
     Ok(())
+}
+
+/// Appends the header of a compressed block whose zstd frame of
+/// `comp_len` bytes (decompressing to `raw_len` bytes) follows; for writers
+/// that compress elsewhere.
+pub fn compressed_header(out: &mut Vec<u8>, raw_len: usize, comp_len: usize) {
+    out.push(tag::COMPRESSED);
+    put_varint(out, raw_len as u64);
+    put_varint(out, comp_len as u64);
 }
 
 fn encode_module(out: &mut Vec<u8>, m: &Module) {

@@ -12,7 +12,7 @@ mod record;
 mod varint;
 
 pub use decode::{ReadError, ReadErrorKind, Reader};
-pub use encode::{encode_compressed, encode_header, Encoder};
+pub use encode::{compressed_header, encode_compressed, encode_header, Encoder};
 pub use record::{region_kind, EndReason, Family, Header, Module, Record, Segment};
 pub use varint::{put_varint, unzigzag, zigzag};
 

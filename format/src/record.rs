@@ -194,11 +194,15 @@ pub enum Record {
 pub mod region_kind {
     /// A thread's stack from its stack pointer up.
     pub const STACK: u8 = 0;
-    /// A thread's registers, as words.
+    /// A thread's registers, as words; `addr` is its thread id. Empty when
+    /// the thread could not be stopped (its registers are unknown).
     pub const REGISTERS: u8 = 1;
     /// A readable, writable mapping (module data and bss, anonymous
     /// mappings, the heap); the analyzer tells heap blocks from roots.
     pub const MAPPING: u8 = 2;
+    /// Flag added to a kind: this region is the next piece of the same
+    /// mapping (or stack) as the ScanRegion before it.
+    pub const SAME_MAPPING: u8 = 0x80;
 }
 
 pub(crate) mod tag {

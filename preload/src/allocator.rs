@@ -1,19 +1,188 @@
-//! The tracer's own Rust allocations go straight to the real malloc, never
-//! through the exported hooks: they are never recorded and cannot recurse.
+//! The tracer's own heap: every Rust allocation of the tracer comes from a
+//! dlmalloc heap inside one address range reserved for it, never from the
+//! program's malloc. Why not the real malloc:
+//! - Freed tracer memory would be reused for the program's blocks with the
+//!   tracer's stale pointers still in them, and the leak scan would take
+//!   those for references (seen: a freed event buffer list made 96,000
+//!   lost blocks look reachable).
+//! - The snapshot leaves the whole range out ([`range`]): the tracer's
+//!   memory is never a root.
+//! - The hooks are never entered: pages come from the mmap and mprotect
+//!   system calls, not through the exported `mmap`.
+//!
+//! If the range cannot be reserved (a tight RLIMIT_AS), allocations fall
+//! back to the real malloc, and [`range`] is empty.
 
 use std::alloc::{GlobalAlloc, Layout};
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::real;
 
-/// malloc's own alignment on 64-bit glibc.
+/// Address space to reserve, tried in order (only what dlmalloc asks for
+/// is made accessible; the rest costs no memory).
+const RESERVE: [usize; 3] = [64 << 30, 8 << 30, 1 << 30];
+const PAGE: usize = 4096;
+
+/// The reserved range: [BASE, END); BASE is 0 until reserved, 1 if that failed.
+static BASE: AtomicUsize = AtomicUsize::new(0);
+static END: AtomicUsize = AtomicUsize::new(0);
+/// The next unused address in the range.
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// The tracer's heap, [start, end), or `None` (the fallback is in use).
+pub fn range() -> Option<(u64, u64)> {
+    let b = BASE.load(Ordering::Acquire);
+    (b > 1).then(|| (b as u64, END.load(Ordering::Acquire) as u64))
+}
+
+/// Reserves the range once; false if that failed.
+fn reserved() -> bool {
+    match BASE.load(Ordering::Acquire) {
+        0 => {}
+        1 => return false,
+        _ => return true,
+    }
+    for len in RESERVE {
+        // SAFETY: a fresh PROT_NONE reservation; no existing memory is touched.
+        let p = unsafe {
+            libc::syscall(
+                libc::SYS_mmap,
+                0usize,
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1i64,
+                0usize,
+            )
+        };
+        if p <= 0 {
+            continue;
+        }
+        let p = p as usize;
+        if BASE.compare_exchange(0, p, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            NEXT.store(p, Ordering::Release);
+            END.store(p + len, Ordering::Release);
+            return true;
+        }
+        // Another thread reserved first.
+        // SAFETY: our own reservation, unused.
+        unsafe { libc::syscall(libc::SYS_munmap, p, len) };
+        while END.load(Ordering::Acquire) == 0 {
+            std::hint::spin_loop();
+        }
+        return true;
+    }
+    BASE.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire).is_err()
+}
+
+/// dlmalloc's source of pages: the reserved range, handed out in order and
+/// never given back (dlmalloc reuses what it frees).
+struct Pages;
+
+// SAFETY: `alloc` returns fresh, readable, writable, zeroed pages of at
+// least `size` bytes that nothing else uses; nothing is ever released.
+unsafe impl dlmalloc::Allocator for Pages {
+    fn alloc(&self, size: usize) -> (*mut u8, usize, u32) {
+        let size = size.next_multiple_of(PAGE);
+        let at = NEXT.fetch_add(size, Ordering::AcqRel);
+        if at + size > END.load(Ordering::Acquire) {
+            return (std::ptr::null_mut(), 0, 0);
+        }
+        // SAFETY: inside our reservation, not handed out before.
+        let rc = unsafe { libc::syscall(libc::SYS_mprotect, at, size, libc::PROT_READ | libc::PROT_WRITE) };
+        if rc != 0 {
+            return (std::ptr::null_mut(), 0, 0);
+        }
+        (at as *mut u8, size, 0)
+    }
+
+    fn remap(&self, _: *mut u8, _: usize, _: usize, _: bool) -> *mut u8 {
+        std::ptr::null_mut()
+    }
+
+    fn free_part(&self, _: *mut u8, _: usize, _: usize) -> bool {
+        false
+    }
+
+    fn free(&self, _: *mut u8, _: usize) -> bool {
+        false
+    }
+
+    fn can_release_part(&self, _: u32) -> bool {
+        false
+    }
+
+    fn allocates_zeros(&self) -> bool {
+        true
+    }
+
+    fn page_size(&self) -> usize {
+        PAGE
+    }
+}
+
+/// dlmalloc behind a spin lock: not a parking_lot mutex, whose contended
+/// path allocates (its table of parked threads) and would re-enter here.
+struct Heap {
+    locked: AtomicBool,
+    heap: UnsafeCell<dlmalloc::Dlmalloc<Pages>>,
+}
+
+// SAFETY: `heap` is only touched by the thread holding `locked`.
+unsafe impl Sync for Heap {}
+
+impl Heap {
+    fn lock(&self) {
+        let mut spins = 0u32;
+        while self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            spins += 1;
+            if spins < 100 {
+                std::hint::spin_loop();
+            } else {
+                // SAFETY: sched_yield has no preconditions.
+                unsafe { libc::sched_yield() };
+            }
+        }
+    }
+
+    fn unlock(&self) {
+        self.locked.store(false, Ordering::Release);
+    }
+
+    /// Runs `f` on the heap under the lock (dlmalloc does not panic).
+    fn with<R>(&self, f: impl FnOnce(&mut dlmalloc::Dlmalloc<Pages>) -> R) -> R {
+        self.lock();
+        // SAFETY: the lock is held: no other reference to the heap exists.
+        let r = f(unsafe { &mut *self.heap.get() });
+        self.unlock();
+        r
+    }
+}
+
+static HEAP: Heap =
+    Heap { locked: AtomicBool::new(false), heap: UnsafeCell::new(dlmalloc::Dlmalloc::new_with_allocator(Pages)) };
+
+fn ours(p: *mut u8) -> bool {
+    let p = p as usize;
+    let b = BASE.load(Ordering::Acquire);
+    b > 1 && p >= b && p < END.load(Ordering::Acquire)
+}
+
+/// malloc's own alignment on 64-bit glibc (for the fallback).
 const MALLOC_ALIGN: usize = 16;
 
-pub struct RealMalloc;
+pub struct TracerHeap;
 
-// SAFETY: blocks come from the real malloc/posix_memalign with at least the
-// requested size and alignment and go back to the real free.
-unsafe impl GlobalAlloc for RealMalloc {
+// SAFETY: blocks come from dlmalloc (which honours size and alignment) or,
+// without the reservation, from the real malloc/memalign; each goes back to
+// the allocator its address says it came from.
+unsafe impl GlobalAlloc for TracerHeap {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if reserved() {
+            // SAFETY: dlmalloc's contract: a non-zero size, a power-of-two align.
+            return HEAP.with(|h| unsafe { h.malloc(l.size().max(1), l.align()) });
+        }
         if l.align() <= MALLOC_ALIGN {
             real::malloc(l.size()).cast()
         } else {
@@ -21,12 +190,21 @@ unsafe impl GlobalAlloc for RealMalloc {
         }
     }
 
-    unsafe fn dealloc(&self, p: *mut u8, _l: Layout) {
-        // SAFETY: p came from alloc above.
-        unsafe { real::free(p.cast()) }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        if ours(p) {
+            // SAFETY: p came from HEAP with this layout.
+            HEAP.with(|h| unsafe { h.free(p, l.size().max(1), l.align()) })
+        } else {
+            // SAFETY: p came from the real malloc.
+            unsafe { real::free(p.cast()) }
+        }
     }
 
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new_size: usize) -> *mut u8 {
+        if ours(p) {
+            // SAFETY: p came from HEAP with this layout.
+            return HEAP.with(|h| unsafe { h.realloc(p, l.size().max(1), l.align(), new_size.max(1)) });
+        }
         if l.align() <= MALLOC_ALIGN {
             // SAFETY: p came from the real malloc.
             return unsafe { real::realloc(p.cast(), new_size) }.cast();
@@ -41,4 +219,21 @@ unsafe impl GlobalAlloc for RealMalloc {
             n
         }
     }
+}
+
+/// pthread_atfork prepare: no other thread may hold the heap's lock while
+/// the process is copied (taken last: holders of the tracer's other locks
+/// allocate).
+pub fn hold_for_fork() {
+    HEAP.lock();
+}
+
+/// Releases what [`hold_for_fork`] took.
+///
+/// # Safety
+/// The calling thread called `hold_for_fork` and nothing released it since.
+pub unsafe fn release_after_fork() {
+    // (Unsafe by contract: releasing a lock another thread holds would let
+    // two threads into dlmalloc.)
+    HEAP.unlock();
 }

@@ -23,6 +23,9 @@ pub struct Config {
     pub start: bool,
     /// `MTRACE_SCAN=1`: a memory snapshot for the leak scan at exit.
     pub scan: bool,
+    /// `MTRACE_SCAN_SIGNAL`: the signal that asks for a leak scan and its
+    /// report while the program runs (default off).
+    pub scan_signal: Option<i32>,
     /// `MTRACE_FOLLOW_FORK=off`: a forked child runs untraced.
     pub follow_fork: bool,
     /// `MTRACE_FOLLOW_EXEC=off`: programs this one execs run untraced.
@@ -95,9 +98,27 @@ pub fn load() -> Config {
             false
         }
     };
+    let scan_signal = match sys::getenv(c"MTRACE_SCAN_SIGNAL") {
+        None => None,
+        Some(v) => parse_signal(&v).unwrap_or_else(|| {
+            sys::warn(&format!("MTRACE_SCAN_SIGNAL={v:?} is not a signal (USR1, USR2, a number, or off); using off"));
+            None
+        }),
+    };
     let follow_fork = on_off(c"MTRACE_FOLLOW_FORK");
     let follow_exec = on_off(c"MTRACE_FOLLOW_EXEC");
-    Config { depth, output, libgcc_unwinder, report_signal, start, scan, follow_fork, follow_exec, report_dir }
+    Config {
+        depth,
+        output,
+        libgcc_unwinder,
+        report_signal,
+        start,
+        scan,
+        scan_signal,
+        follow_fork,
+        follow_exec,
+        report_dir,
+    }
 }
 
 /// An on/off variable whose default is on.

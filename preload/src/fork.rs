@@ -2,27 +2,51 @@
 //! (or not at all with `MTRACE_FOLLOW_FORK=off`); no write may be half
 //! done when the process is copied. Registered with pthread_atfork.
 
-use crate::guard::Guard;
+use std::cell::Cell;
+
+use crate::guard::{self, Guard};
 use crate::session::{self, current};
+
+thread_local! {
+    /// The forking thread entered the hook guard in `before_fork`: it holds
+    /// the tracer's locks until the fork is done, and a leak scan's stop
+    /// must not park it there.
+    static HELD: Cell<bool> = const { Cell::new(false) };
+}
 
 /// pthread_atfork prepare.
 pub extern "C" fn before_fork() {
+    if let Some(g) = Guard::enter() {
+        std::mem::forget(g);
+        HELD.with(|h| h.set(true));
+    }
     if let Some(s) = current() {
         s.hold_for_fork();
     }
+    crate::allocator::hold_for_fork();
 }
 
 /// pthread_atfork parent: release what `before_fork` took.
 pub extern "C" fn after_fork_parent() {
+    // SAFETY: before_fork took the heap's lock, in this thread.
+    unsafe { crate::allocator::release_after_fork() };
     if let Some(s) = current() {
         // SAFETY: before_fork took the locks, in this thread.
         unsafe { s.release_after_fork() };
+    }
+    if HELD.with(|h| h.replace(false)) {
+        guard::leave_held();
     }
 }
 
 /// pthread_atfork child: a new session (the parent's buffers, copied into
 /// the child, are not written again), or none.
 pub extern "C" fn after_fork_child() {
+    // SAFETY: before_fork took the heap's lock, in the thread the child runs.
+    unsafe { crate::allocator::release_after_fork() };
+    crate::stop::reset_in_child();
+    guard::reset_in_child();
+    HELD.with(|h| h.set(false));
     let Some(parent) = current() else { return };
     let _g = Guard::enter();
     session::restart_in_child(parent.follow_fork);

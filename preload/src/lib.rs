@@ -6,7 +6,8 @@
 //! into a record; `thread` keeps per-thread buffers and interned
 //! backtraces; `session` owns the file, the writer thread and the final
 //! flush; `real` finds the functions the hooks forward to. `unsafe` lives in
-//! `real`, `sys`, `hooks`, `modules`, `signals` and `allocator`.
+//! `real`, `sys`, `hooks`, `modules`, `signals`, `stop`, `snapshot` and
+//! `allocator`.
 
 // The unit tests run as an ordinary executable: without the hooks and the
 // constructor, so that the test binary does not trace itself.
@@ -25,6 +26,7 @@ mod reports;
 mod session;
 mod signals;
 mod snapshot;
+mod stop;
 mod sys;
 mod thread;
 mod unwind;
@@ -33,7 +35,7 @@ use guard::Guard;
 use mtrace_format::EndReason;
 
 #[global_allocator]
-static ALLOC: allocator::RealMalloc = allocator::RealMalloc;
+static ALLOC: allocator::TracerHeap = allocator::TracerHeap;
 
 /// Library constructor. Events before it (other libraries' constructors)
 /// are already recorded: the session starts lazily on the first event; this
@@ -45,6 +47,9 @@ extern "C" fn init() {
     signals::install();
     if let Some(sig) = s.report_signal {
         reports::install(sig);
+    }
+    if let Some(sig) = s.scan_signal {
+        reports::install_scan(sig);
     }
     if !s.follow_exec {
         sys::drop_from_preload("libmtrace.so");
@@ -61,7 +66,7 @@ extern "C" fn fini() {
     let _g = Guard::enter();
     if let Some(s) = session::current() {
         if s.scan && s.pid == sys::getpid() && !s.is_finished() {
-            snapshot::take(s);
+            snapshot::take(s, snapshot::By::Program);
         }
     }
     recorder::final_flush(EndReason::Exit, false);

@@ -5,7 +5,8 @@
 //! made by the analyzer, not here (the recorder stays thin): the writer
 //! starts `mtrace report TRACE --since-marker N-1 --until-marker N -o
 //! <program>-<pid>-<N>.memlog` in a child process. The child is created with
-//! a raw `clone` whose exit signal is 0, so the program gets no SIGCHLD and
+//! a raw `clone` whose exit signal is 0 (the analyzer runs in a grandchild:
+//! see [`spawn`]), so the program gets no SIGCHLD and
 //! its `waitpid(-1, …)` never sees it; the writer reaps it with `__WCLONE`.
 
 use std::ffi::{c_char, CString};
@@ -42,8 +43,34 @@ extern "C" fn on_report_signal(_: i32) {
     sys::set_errno(errno);
 }
 
+/// Leak scan requests from the scan signal's handler, counted.
+static SCAN_REQUESTS: AtomicU64 = AtomicU64::new(0);
+static SCANS_HANDLED: AtomicU64 = AtomicU64::new(0);
+
+/// The scan signal's handler: counts the request for the writer. It does
+/// not wait: the scan stops this thread like every other.
+extern "C" fn on_scan_signal(_: i32) {
+    SCAN_REQUESTS.fetch_add(1, Ordering::AcqRel);
+}
+
+/// True once per scan signal received since the last call.
+pub fn take_scan_request() -> bool {
+    let done = SCANS_HANDLED.load(Ordering::Relaxed);
+    SCAN_REQUESTS.load(Ordering::Acquire) > done
+        && SCANS_HANDLED.compare_exchange(done, done + 1, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+}
+
+/// Installs the scan signal's handler, unless the program has its own.
+pub fn install_scan(sig: i32) {
+    set_handler(sig, on_scan_signal);
+}
+
 /// Installs the report signal's handler, unless the program has its own.
 pub fn install(sig: i32) {
+    set_handler(sig, on_report_signal);
+}
+
+fn set_handler(sig: i32, handler: extern "C" fn(i32)) {
     // SAFETY: sigaction with valid pointers; replaces only SIG_DFL.
     unsafe {
         let mut old: libc::sigaction = std::mem::zeroed();
@@ -51,7 +78,7 @@ pub fn install(sig: i32) {
             return;
         }
         let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_report_signal as extern "C" fn(i32) as usize;
+        sa.sa_sigaction = handler as usize;
         sa.sa_flags = libc::SA_RESTART;
         libc::sigemptyset(&mut sa.sa_mask);
         libc::sigaction(sig, &sa, std::ptr::null_mut());
@@ -111,7 +138,10 @@ impl Reporter {
 
     /// Starts the analyzer on report `seq` (its Marker is in the file).
     /// Writes to `out`, or the default .memlog name. Returns the child's pid.
-    pub fn start(&self, seq: u64, out: Option<&str>) -> Option<i32> {
+    /// With `since_previous`, the report is the change since report `seq - 1`.
+    /// With `waited`, the caller reaps the child with [`Reporter::wait`]
+    /// (the writer's [`Reporter::reap`] must not take it first).
+    pub fn start(&self, seq: u64, out: Option<&str>, since_previous: bool, waited: bool) -> Option<i32> {
         let Some(analyzer) = &self.analyzer else {
             if seq == 1 {
                 sys::warn("no mtrace binary next to libmtrace.so (set MTRACE_BIN); report points are only markers");
@@ -121,11 +151,13 @@ impl Reporter {
         let out = out.map_or_else(|| format!("{}{seq}.memlog", self.prefix), str::to_owned);
         let mut args = vec!["mtrace".to_owned(), "report".to_owned(), self.trace.clone()];
         args.extend(["--until-marker".to_owned(), seq.to_string(), "-o".to_owned(), out]);
-        if seq > 1 {
+        if seq > 1 && since_previous {
             args.extend(["--since-marker".to_owned(), (seq - 1).to_string()]);
         }
         let pid = spawn(analyzer, &args)?;
-        self.children.lock().push(pid);
+        if !waited {
+            self.children.lock().push(pid);
+        }
         Some(pid)
     }
 
@@ -143,7 +175,6 @@ impl Reporter {
         let mut status = 0;
         // SAFETY: waitpid on our own clone child.
         let rc = unsafe { libc::waitpid(pid, &mut status, WCLONE) };
-        self.children.lock().retain(|&p| p != pid);
         rc == pid && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
     }
 }
@@ -157,7 +188,10 @@ fn next_to_library() -> Option<String> {
 }
 
 /// Starts `path` with `args` and the environment minus LD_PRELOAD, as a
-/// clone child that sends no SIGCHLD. Everything the child needs is built
+/// clone child that sends no SIGCHLD. Exec makes a process's exit signal
+/// SIGCHLD again, so the analyzer is a grandchild: the clone child (exit
+/// signal 0, never execs) starts it, waits for it and exits with its status.
+/// Everything the children need is built
 /// before the clone: in a copy of a threaded process only raw system calls
 /// are safe.
 fn spawn(path: &CString, args: &[String]) -> Option<i32> {
@@ -175,15 +209,38 @@ fn spawn(path: &CString, args: &[String]) -> Option<i32> {
     argv.push(std::ptr::null());
     let mut envp: Vec<*const c_char> = env.iter().map(|e| e.as_ptr()).collect();
     envp.push(std::ptr::null());
-    // SAFETY: clone without CLONE_VM is a fork; the child makes only raw
-    // system calls on memory prepared above, then execs or exits.
+    // SAFETY: clone without CLONE_VM is a fork; the children make only raw
+    // system calls on memory prepared above, then exec or exit.
     unsafe {
         let pid = libc::syscall(libc::SYS_clone, 0 as libc::c_ulong, 0usize, 0usize, 0usize, 0usize);
         if pid == 0 {
-            let empty = [0u64; 16];
-            libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, empty.as_ptr(), 0usize, 8usize);
-            libc::syscall(libc::SYS_execve, path.as_ptr(), argv.as_ptr(), envp.as_ptr());
-            libc::syscall(libc::SYS_exit_group, 127);
+            // The go-between: every signal blocked (the program's handlers
+            // must never run in this copy), it waits for the analyzer and
+            // exits with its status.
+            let full = [u64::MAX; 16];
+            libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, full.as_ptr(), 0usize, 8usize);
+            let analyzer =
+                libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0usize, 0usize, 0usize, 0usize);
+            if analyzer == 0 {
+                let empty = [0u64; 16];
+                libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, empty.as_ptr(), 0usize, 8usize);
+                libc::syscall(libc::SYS_execve, path.as_ptr(), argv.as_ptr(), envp.as_ptr());
+                libc::syscall(libc::SYS_exit_group, 127);
+            }
+            let mut status = 0i32;
+            let code = loop {
+                if analyzer < 0 {
+                    break 127;
+                }
+                let r = libc::syscall(libc::SYS_wait4, analyzer, &mut status as *mut i32, 0usize, 0usize);
+                if r == analyzer {
+                    break if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 126 };
+                }
+                if r != -1 || sys::errno() != libc::EINTR {
+                    break 127;
+                }
+            };
+            libc::syscall(libc::SYS_exit_group, code);
         }
         (pid > 0).then_some(pid as i32)
     }

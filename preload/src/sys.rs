@@ -145,7 +145,12 @@ const HIGH_FD: i32 = 900;
 
 /// Sleeps for `ms` milliseconds (the writer thread's poll interval).
 pub fn sleep_ms(ms: u64) {
-    let ts = libc::timespec { tv_sec: 0, tv_nsec: (ms * 1_000_000) as i64 };
+    sleep_us(ms * 1000);
+}
+
+/// Sleeps for `us` microseconds (less than a second).
+pub fn sleep_us(us: u64) {
+    let ts = libc::timespec { tv_sec: 0, tv_nsec: (us * 1000) as i64 };
     // SAFETY: ts is valid; an early wake-up is harmless.
     unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
 }
@@ -170,6 +175,50 @@ pub fn spawn_blocked(f: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void) -
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         rc == 0
     }
+}
+
+/// The calling thread's stack: [low, high) addresses.
+pub fn own_stack() -> Option<(u64, u64)> {
+    // SAFETY: pthread_getattr_np fills `attr`, destroyed after use; the
+    // out-pointers are valid.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return None;
+        }
+        let mut addr = std::ptr::null_mut();
+        let mut size = 0usize;
+        let rc = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
+        libc::pthread_attr_destroy(&mut attr);
+        (rc == 0).then(|| (addr as u64, addr as u64 + size as u64))
+    }
+}
+
+/// A private anonymous read-write mapping of `len` bytes, made with the
+/// system call (not through the mmap hook), or `None`.
+pub fn map_anon(len: usize) -> Option<*mut u8> {
+    // SAFETY: a fresh anonymous mapping; no existing memory is touched.
+    let p = unsafe {
+        libc::syscall(
+            libc::SYS_mmap,
+            0usize,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1i64,
+            0usize,
+        )
+    };
+    (p > 0).then_some(p as *mut u8)
+}
+
+/// Unmaps what [`map_anon`] mapped.
+///
+/// # Safety
+/// `p`/`len` are a mapping from `map_anon` that nothing uses any more.
+pub unsafe fn unmap(p: *mut u8, len: usize) {
+    // SAFETY: per the contract.
+    unsafe { libc::syscall(libc::SYS_munmap, p, len) };
 }
 
 /// Resident set size in bytes: the second field of /proc/self/statm, in pages.

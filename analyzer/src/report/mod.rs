@@ -109,6 +109,9 @@ pub struct Report {
     /// With a leak scan (`MTRACE_SCAN=1`): memcheck's four totals.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kinds: Option<crate::scan::Kinds>,
+    /// With a leak scan: when it was taken and how many threads it stopped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scan: Option<crate::scan::ScanInfo>,
     /// With `--intervals`: unfreed allocations per time window.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub intervals: Option<intervals::Intervals>,
@@ -276,6 +279,7 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
         sections: None,
         intervals: None,
         suppressed: None,
+        scan: kinds.and(crate::scan::info(t)),
         kinds,
     }
 }

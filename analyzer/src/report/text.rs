@@ -224,7 +224,22 @@ fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         }
     }
     if let Some(k) = &r.kinds {
-        writeln!(w, "\nLeak summary (memcheck's kinds, from the scan at exit):")?;
+        match &r.scan {
+            Some(s) => {
+                let when = if s.at_exit { "at exit".to_owned() } else { format!("at {:.3} s", s.time_s) };
+                let threads = plural(s.threads_stopped, "thread", "threads");
+                let read = plural(s.bytes, "byte", "bytes");
+                writeln!(
+                    w,
+                    "\nLeak summary (memcheck's kinds, from the scan {when}; {threads} stopped, {read} read):"
+                )?;
+                if s.threads_not_stopped > 0 {
+                    let n = plural(s.threads_not_stopped, "thread", "threads");
+                    writeln!(w, "  ({n} could not be stopped: whole stacks counted as roots, registers unknown)")?;
+                }
+            }
+            None => writeln!(w, "\nLeak summary (memcheck's kinds):")?,
+        }
         for (what, t) in [
             ("definitely lost", k.definite),
             ("indirectly lost", k.indirect),

@@ -44,6 +44,24 @@ pub unsafe extern "C" fn mtrace_report(path: *const c_char) -> i32 {
     }
 }
 
+/// Scans memory for leaks now, classifying every live block as memcheck
+/// does (docs/SCAN.md; the program's other threads are stopped while memory
+/// is read), and writes the report: to `path`, or to
+/// `<program>-<pid>-<n>.memlog` when `path` is NULL. Returns when the report
+/// is written: 0 on success, -1 when no report could be made.
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn mtrace_scan(path: *const c_char) -> i32 {
+    let Some(_g) = Guard::enter() else { return -1 };
+    let out = text(path);
+    match session::get() {
+        Some(s) if s.scan_point(crate::snapshot::By::Program, out.as_deref(), true) => 0,
+        _ => -1,
+    }
+}
+
 /// Starts recording allocations (after `MTRACE_START=off` or `mtrace_stop()`).
 #[no_mangle]
 pub extern "C" fn mtrace_start() {

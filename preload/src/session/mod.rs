@@ -10,7 +10,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 mod writer;
 
-pub use writer::start_writer;
+pub use writer::{start_writer, FileHold};
 
 use crate::{config, modules, sys, unwind};
 
@@ -20,6 +20,9 @@ pub const FLUSH_AT: usize = 60 * 1024;
 pub const BUF_CAP: usize = 64 * 1024;
 /// Marker name of the reports the report signal asks for.
 const SIGNAL_REPORT: &str = "signal";
+/// Marker name that follows an on-demand leak scan: its report covers
+/// everything live, classified (not the change since the last report).
+pub const SCAN_REPORT: &str = "scan";
 /// How often the writer thread collects full buffers, ms.
 const WRITER_POLL_MS: u64 = 5;
 /// RSS is sampled every this many writer rounds (10 ms).
@@ -62,8 +65,15 @@ pub struct Session {
     pub libgcc_unwinder: bool,
     /// The signal that asks for an incremental report, if any.
     pub report_signal: Option<i32>,
+    /// The signal that asks for a leak scan and its report, if any.
+    pub scan_signal: Option<i32>,
     /// Snapshot memory for the leak scan at exit (`MTRACE_SCAN`).
     pub scan: bool,
+    /// Kernel thread id of the writer thread (0 until it runs): it is the
+    /// tracer's, never stopped or scanned.
+    pub writer_tid: AtomicU32,
+    /// The writer thread's stack, [low, high): the tracer's, never scanned.
+    pub writer_stack: [AtomicU64; 2],
     /// Trace forked children (`MTRACE_FOLLOW_FORK`).
     pub follow_fork: bool,
     /// Trace programs this one execs (`MTRACE_FOLLOW_EXEC`).
@@ -219,7 +229,10 @@ impl Session {
             depth: cfg.depth,
             libgcc_unwinder: cfg.libgcc_unwinder,
             report_signal: cfg.report_signal,
+            scan_signal: cfg.scan_signal,
             scan: cfg.scan,
+            writer_tid: AtomicU32::new(0),
+            writer_stack: [AtomicU64::new(0), AtomicU64::new(0)],
             follow_fork: cfg.follow_fork,
             follow_exec: cfg.follow_exec,
             reporter: crate::reports::Reporter::new(path, &prog, pid, cfg.report_dir.clone()),
@@ -285,11 +298,19 @@ impl Session {
         if name == SIGNAL_REPORT {
             self.reporter.marked();
         }
-        match self.reporter.start(seq, out) {
+        match self.reporter.start(seq, out, name != SCAN_REPORT, wait) {
             Some(pid) if wait => self.reporter.wait(pid),
             Some(_) => true,
             None => false,
         }
+    }
+
+    /// A leak scan now (the program's threads stopped while memory is
+    /// read), then its report like [`Session::report_point`]'s. `by` says
+    /// whether the calling thread is the program's (its stack is a root).
+    pub fn scan_point(&self, by: crate::snapshot::By, out: Option<&str>, wait: bool) -> bool {
+        crate::snapshot::take(self, by);
+        self.report_point(SCAN_REPORT, out, wait)
     }
 
     /// Writes everything buffered and an End record; afterwards events are

@@ -12,12 +12,13 @@ use crate::guard::Guard;
 use crate::{modules, sys};
 
 impl Session {
-    /// Writes whole records (starting with a Thread record) compressed,
-    /// after everything the threads buffered so far.
-    pub fn write_records_compressed(&self, raw: &[u8]) {
-        let _f = self.file.lock();
+    /// Holds the trace file for one writer of many pieces in a row (the
+    /// leak scan's snapshot), after writing everything the threads
+    /// buffered so far.
+    pub fn hold_file(&self) -> FileHold<'_> {
+        let g = self.file.lock();
         self.collect(false);
-        self.write_compressed(raw);
+        FileHold { s: self, _g: g }
     }
 
     /// Writes every thread's buffered records, the buffer being filled
@@ -92,6 +93,9 @@ impl Session {
                     self.write_sample();
                 }
             }
+            if crate::reports::take_scan_request() {
+                self.scan_point(crate::snapshot::By::Writer, None, false);
+            }
             if self.reporter.take_request() {
                 self.report_point(SIGNAL_REPORT, None, false);
             }
@@ -132,9 +136,28 @@ impl Session {
     }
 }
 
+/// The trace file, held (see [`Session::hold_file`]).
+pub struct FileHold<'a> {
+    s: &'a Session,
+    _g: parking_lot::MutexGuard<'a, ()>,
+}
+
+impl FileHold<'_> {
+    /// Writes bytes that are whole records (or the rest of a record begun
+    /// by the previous call).
+    pub fn write(&self, bytes: &[u8]) {
+        sys::write_all(self.s.fd, bytes);
+    }
+}
+
 extern "C" fn writer_main(_: *mut libc::c_void) -> *mut libc::c_void {
     Guard::hold_forever();
     if let Some(s) = current() {
+        if let Some((lo, hi)) = sys::own_stack() {
+            s.writer_stack[0].store(lo, Ordering::Relaxed);
+            s.writer_stack[1].store(hi, Ordering::Relaxed);
+        }
+        s.writer_tid.store(sys::gettid(), Ordering::Release);
         s.writer_loop();
     }
     std::ptr::null_mut()

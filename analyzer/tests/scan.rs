@@ -1,0 +1,269 @@
+//! The leak scan: memcheck's kinds for each place a pointer can hide (or
+//! must not count), at exit and on demand, checked against valgrind
+//! memcheck on the same programs.
+
+mod common;
+use common::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// valgrind --leak-check=full --show-leak-kinds=all on `prog`: its stderr.
+fn valgrind(dir: &Path, prog: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("valgrind")
+        .current_dir(dir)
+        .args(["--leak-check=full", "--show-leak-kinds=all"])
+        .arg(prog)
+        .args(args)
+        .output()
+        .expect("valgrind");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn num(s: &str) -> u64 {
+    s.trim_start_matches('(').replace(',', "").parse().unwrap()
+}
+
+/// (kind, direct bytes, blocks) per line of `src` that allocated, from
+/// valgrind's loss records: "==N== 24 (16 direct, 8 indirect) bytes in 1
+/// blocks are definitely lost in loss record …", then "at/by 0x…: f (src:LINE)".
+fn valgrind_by_line(text: &str, src: &str) -> BTreeMap<u32, (String, u64, u64)> {
+    let mut out = BTreeMap::new();
+    let mut lines = text.lines().map(|l| l.split_once("== ").map_or(l, |(_, r)| r).trim());
+    while let Some(l) = lines.next() {
+        let Some(head) = l.split(" in loss record").next().filter(|_| l.contains(" in loss record")) else { continue };
+        let w: Vec<&str> = head.split_whitespace().collect();
+        // Direct bytes: "24 (16 direct, 8 indirect) bytes" or "24 bytes".
+        let bytes = if head.contains("direct,") { num(w[1]) } else { num(w[0]) };
+        let blocks = num(w[w.iter().position(|x| *x == "blocks" || *x == "block").unwrap() - 1]);
+        let kind = ["definitely", "indirectly", "possibly", "reachable"]
+            .iter()
+            .zip(["definite", "indirect", "possible", "reachable"])
+            .find(|(k, _)| head.contains(*k))
+            .unwrap()
+            .1;
+        for f in lines.by_ref() {
+            if !(f.starts_with("at 0x") || f.starts_with("by 0x")) {
+                break;
+            }
+            let tag = format!("({src}:");
+            if let Some(i) = f.find(&tag) {
+                let line: u32 = f[i + tag.len()..].trim_end_matches(')').parse().unwrap();
+                out.entry(line).or_insert((kind.to_owned(), bytes, blocks));
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// (kind, bytes, blocks) per line of `src` that allocated, from mtrace's
+/// JSON report.
+fn mtrace_by_line(r: &serde_json::Value, src: &str) -> BTreeMap<u32, (String, u64, u64)> {
+    r["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| {
+            let kind = e["kind"].as_str()?.to_owned();
+            Some((line_in(e, src)? as u32, (kind, e["bytes"].as_u64()?, e["blocks"].as_u64()?)))
+        })
+        .collect()
+}
+
+#[test]
+fn scan_classifies_memchecks_kinds() {
+    let dir = scratch("scan");
+    let prog = build("scan.c", &dir.join("scan"), &["-g", "-O0"]);
+    let m = markers("scan.c");
+    let (r, out) = run_json(&dir, &["--scan", "--show-reachable"], &prog, &[]);
+    assert!(out.status.success());
+    let k = &r["kinds"];
+    let t = |kind: &str| (k[kind]["bytes"].as_u64().unwrap(), k[kind]["blocks"].as_u64().unwrap());
+    assert_eq!(t("reachable"), (111, 1), "{k}");
+    assert_eq!(t("possible"), (112, 1), "{k}");
+    // unaligned 113 + tree root 24 + one of the cycle 24 + self 24
+    assert_eq!(t("definite"), (113 + 3 * 24, 4), "{k}");
+    // two tree children + the other of the cycle
+    assert_eq!(t("indirect"), (3 * 24, 3), "{k}");
+    let kind_at = |line: u32| -> String {
+        r["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| {
+                e["frames"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|f| f["line"] == line && f["file"].as_str().is_some_and(|p| p.ends_with("/scan.c")))
+            })
+            .map(|e| e["kind"].as_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    assert_eq!(kind_at(m["reachable"]), "reachable");
+    assert_eq!(kind_at(m["possible"]), "possible");
+    assert_eq!(kind_at(m["unaligned"]), "definite");
+    assert_eq!(kind_at(m["tree_root"]), "definite");
+    assert_eq!(kind_at(m["tree_child"]), "indirect");
+    assert_eq!(kind_at(m["tree_child2"]), "indirect");
+    assert_eq!(kind_at(m["self"]), "definite");
+    let mut cycle = [kind_at(m["cycle_a"]), kind_at(m["cycle_b"])];
+    cycle.sort();
+    assert_eq!(cycle, ["definite".to_owned(), "indirect".to_owned()]);
+    // The tree's root carries its children: 24 direct, 48 indirect.
+    let root = r["stacks"].as_array().unwrap().iter().find(|e| e["frames"][0]["line"] == m["tree_root"]).unwrap();
+    assert_eq!(root["indirect_bytes"], 48);
+}
+
+#[test]
+fn scan_equals_valgrind_memcheck() {
+    let dir = scratch("scan-valgrind");
+    let prog = build("scan.c", &dir.join("scan"), &["-g", "-O0"]);
+    let (r, _) = run_json(&dir, &["--scan"], &prog, &[]);
+    let text = valgrind(&dir, &prog, &[]);
+    // "==N==    definitely lost: 185 bytes in 4 blocks"
+    let theirs = |what: &str| -> (u64, u64) {
+        let l = text.lines().find(|l| l.contains(&format!("{what}:"))).unwrap_or_else(|| panic!("{what} in {text}"));
+        let w: Vec<&str> = l.split_whitespace().collect();
+        let i = w.iter().position(|x| *x == "bytes").unwrap();
+        (num(w[i - 1]), num(w[i + 2]))
+    };
+    let k = &r["kinds"];
+    for (ours, what) in [
+        ("definite", "definitely lost"),
+        ("indirect", "indirectly lost"),
+        ("possible", "possibly lost"),
+        ("reachable", "still reachable"),
+    ] {
+        assert_eq!((k[ours]["bytes"].as_u64().unwrap(), k[ours]["blocks"].as_u64().unwrap()), theirs(what), "{what}");
+    }
+}
+
+#[test]
+fn error_exitcode_and_suppressions() {
+    let dir = scratch("suppress");
+    let prog = build("scan.c", &dir.join("scan"), &["-g", "-O0"]);
+    // Definitely and possibly lost blocks: exit 23 instead of the program's 0.
+    let (_, out) = run_json(&dir, &["--error-exitcode", "23"], &prog, &[]);
+    assert_eq!(out.status.code(), Some(23));
+    // Only reachable counts: there is a reachable block.
+    let (_, out) = run_json(&dir, &["--error-exitcode", "23", "--errors-for-leak-kinds", "reachable"], &prog, &[]);
+    assert_eq!(out.status.code(), Some(23));
+    // Suppress every lost block's backtrace (they all pass through make()
+    // in scan.c, and so does the reachable one): nothing left, exit 0.
+    let supp = dir.join("supp.txt");
+    std::fs::write(&supp, "# all of make()\nleak:^make$\nleak:never_matches\n").unwrap();
+    let (r, out) = run_json(&dir, &["--error-exitcode", "23", "--suppressions", supp.to_str().unwrap()], &prog, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", r["kinds"]);
+    assert_eq!(r["kinds"]["definite"]["blocks"], 0);
+    assert_eq!(r["kinds"]["possible"]["blocks"], 0);
+    let rules = r["suppressed"].as_array().unwrap();
+    assert_eq!(rules[0]["pattern"], "^make$");
+    // 4 definite + 1 possible + 3 indirect entries' blocks (reachable not listed).
+    assert_eq!(rules[0]["blocks"], 8);
+    assert_eq!(rules[1]["entries"], 0);
+    // A malformed suppressions file is an error naming the line.
+    std::fs::write(&supp, "leak:ok\nfun:bad\n").unwrap();
+    let bad = std::process::Command::new(mtrace())
+        .args(["report", "--suppressions"])
+        .arg(&supp)
+        .arg(dir.join("none"))
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+}
+
+/// Builds ctests/scan_roots.c and its library; returns (program, library).
+fn scan_roots(dir: &Path) -> (std::path::PathBuf, String) {
+    let lib = dir.join("libscan_lib.so");
+    build("scan_lib.c", &lib, &["-g", "-O0", "-shared", "-fPIC"]);
+    let prog = build("scan_roots.c", &dir.join("scan_roots"), &["-g", "-O0", "-pthread"]);
+    (prog, lib.to_str().unwrap().to_owned())
+}
+
+#[test]
+fn roots_of_every_kind_equal_valgrind_memcheck() {
+    let dir = scratch("scan-roots");
+    let (prog, lib) = scan_roots(&dir);
+    let (r, out) = run_json(&dir, &["--scan", "--show-reachable"], &prog, &[&lib]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Both worker threads and the exiting main thread were stopped.
+    assert_eq!(r["scan"]["threads_stopped"], 3, "{}", r["scan"]);
+    assert_eq!(r["scan"]["threads_not_stopped"], 0);
+    assert_eq!(r["scan"]["at_exit"], true);
+    let m = markers("scan_roots.c");
+    let ours = mtrace_by_line(&r, "scan_roots.c");
+    let expected = [
+        ("in_register", "reachable", 121),
+        ("other_stack", "reachable", 122),
+        ("dead_stack", "definite", 123),
+        ("tls", "reachable", 124),
+        ("setspecific", "reachable", 125),
+        ("setspecific_high", "reachable", 126),
+        ("dlopen_data", "reachable", 127),
+        ("anon_mmap", "reachable", 128),
+        ("behind_guard", "definite", 129),
+        ("after_guard", "reachable", 130),
+    ];
+    for (name, kind, bytes) in expected {
+        assert_eq!(ours.get(&m[name]), Some(&(kind.to_owned(), bytes, 1)), "{name}");
+    }
+    // valgrind agrees line by line on the program's own blocks.
+    let theirs = valgrind_by_line(&valgrind(&dir, &prog, &[&lib]), "scan_roots.c");
+    for (name, _, _) in expected {
+        assert_eq!(ours.get(&m[name]), theirs.get(&m[name]), "{name}: mtrace vs valgrind");
+    }
+}
+
+/// (kinds, scan info) of `mtrace report --json [window] TRACE`.
+fn kinds_of(trace: &Path, window: &[&str]) -> (serde_json::Value, serde_json::Value) {
+    let out =
+        std::process::Command::new(mtrace()).arg("report").arg("--json").args(window).arg(trace).output().unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    (r["kinds"].clone(), r["scan"].clone())
+}
+
+#[test]
+fn scans_on_demand_by_signal_and_api_show_their_moment() {
+    let dir = scratch("scan-live");
+    let prog = build("scan_live.c", &dir.join("scan_live"), &["-g", "-O0"]);
+    let trace = dir.join("scan_live.mtrace");
+    let out = std::process::Command::new(&prog)
+        .current_dir(&dir)
+        .env("LD_PRELOAD", lib())
+        .env("MTRACE_OUTPUT", &trace)
+        .env("MTRACE_BIN", mtrace())
+        .env("MTRACE_SCAN_SIGNAL", "USR2")
+        .env("MTRACE_SCAN", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
+    let total =
+        |k: &serde_json::Value, kind: &str| (k[kind]["bytes"].as_u64().unwrap(), k[kind]["blocks"].as_u64().unwrap());
+    // While the program ran (the signal's scan is report 1, mtrace_scan()'s
+    // report 2): "hidden" lost, "kept" reachable.
+    for marker in ["1", "2"] {
+        let (k, scan) = kinds_of(&trace, &["--until-marker", marker]);
+        assert_eq!(total(&k, "definite"), (201, 1), "scan {marker}: {k}");
+        assert_eq!(total(&k, "reachable"), (202, 1), "scan {marker}: {k}");
+        assert_eq!(scan["at_exit"], false);
+    }
+    // At exit the opposite.
+    let (k, scan) = kinds_of(&trace, &[]);
+    assert_eq!(total(&k, "definite"), (202, 1), "{k}");
+    assert_eq!(total(&k, "reachable"), (201, 1), "{k}");
+    assert_eq!(scan["at_exit"], true);
+    // The reports written while it ran say the same.
+    let pid = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().into_string().ok())
+        .find_map(|n| n.strip_prefix("scan_live-")?.strip_suffix("-1.memlog").map(str::to_owned))
+        .expect("the signal's scan report");
+    for memlog in [format!("scan_live-{pid}-1.memlog"), "api.memlog".to_owned()] {
+        let text = std::fs::read_to_string(dir.join(&memlog)).unwrap();
+        assert!(text.contains("201 (201 direct, 0 indirect) bytes in 1 block is definitely lost"), "{memlog}: {text}");
+        assert!(text.contains("still reachable: 202 bytes in 1 block"), "{memlog}: {text}");
+    }
+    // Without the preload the program runs and exits 0.
+    assert!(std::process::Command::new(&prog).current_dir(&dir).status().unwrap().success());
+}

@@ -1,0 +1,129 @@
+//! The memory snapshot the leak scan reads (docs/SCAN.md), written into
+//! the trace so that `mtrace report` can classify the blocks offline as
+//! memcheck does. Taken at exit by the exiting thread (`MTRACE_SCAN=1`), or
+//! on demand by the writer thread (`MTRACE_SCAN_SIGNAL`).
+//!
+//! The program's other threads are stopped first (stop.rs). Written: each
+//! stopped thread's registers and its stack from the stack pointer up, and
+//! every other readable, writable mapping except the tracer's own (this
+//! library's data, the writer's stack) and the kernel's ([vvar], [vdso]).
+//! Memory is read with process_vm_readv, which fails where a read would
+//! fault (guard pages, mappings whose file shrank) instead of crashing,
+//! into working memory the snapshot leaves out (scratch.rs).
+
+use std::sync::atomic::Ordering;
+
+use mtrace_format::region_kind;
+
+use crate::session::Session;
+use crate::sys;
+
+mod scratch;
+use scratch::Scratch;
+
+/// The readable, writable mappings: (start, end, name).
+fn writable_mappings() -> Vec<(u64, u64, String)> {
+    let Some(maps) = sys::read_file(c"/proc/self/maps") else { return Vec::new() };
+    String::from_utf8_lossy(&maps)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (range, perms) = (f.next()?, f.next()?);
+            let name = f.nth(3).unwrap_or("").to_owned();
+            let (lo, hi) = range.split_once('-')?;
+            let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
+            perms.starts_with("rw").then_some((lo, hi, name))
+        })
+        .collect()
+}
+
+/// Who takes the snapshot.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum By {
+    /// A thread of the program (at exit): its registers and stack are roots.
+    Program,
+    /// The writer thread (on demand): the tracer's own, not a root.
+    Writer,
+}
+
+/// `[lo, hi)` minus each of `out` (ranges that may overlap it or not).
+fn subtract(lo: u64, hi: u64, out: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut parts = vec![(lo, hi)];
+    for &(a, b) in out {
+        parts = parts
+            .into_iter()
+            .flat_map(|(l, h)| {
+                if b <= l || a >= h {
+                    vec![(l, h)]
+                } else {
+                    [(l, a), (b, h)].into_iter().filter(|(x, y)| x < y).collect()
+                }
+            })
+            .collect();
+    }
+    parts
+}
+
+/// Stops the program's other threads, then writes the snapshot and a
+/// ScanEnd into the trace; returns the ScanEnd's time, ns.
+pub fn take(s: &Session, by: By) -> u64 {
+    // Before stopping anybody: a stopped thread may hold the loader's lock.
+    let own = crate::modules::range_of(take as fn(&Session, By) -> u64 as usize).map(|(a, b)| (a as u64, b as u64));
+    let me = sys::gettid();
+    let writer = s.writer_tid.load(Ordering::Acquire);
+    let writer_stack = (s.writer_stack[0].load(Ordering::Relaxed), s.writer_stack[1].load(Ordering::Relaxed));
+    let stopped = crate::stop::others(&[me as i32, writer as i32]);
+    let now = s.now();
+    let Some(mut scratch) = Scratch::new(me, now) else {
+        sys::warn("no memory for the leak scan's snapshot; no scan");
+        return now;
+    };
+    let file = s.hold_file();
+    // Registers: the stopped threads', the calling thread's if it is the
+    // program's; threads not stopped get an empty (unknown) set.
+    let own_regs = (by == By::Program).then(crate::stop::own_registers);
+    let mut stacks: Vec<u64> = Vec::new();
+    if let Some(r) = &own_regs {
+        scratch.registers(&file, me, r);
+        stacks.push(r[r.len() - 1]);
+    }
+    for p in stopped.parked() {
+        scratch.registers(&file, p.tid as u32, p.regs());
+        stacks.push(p.live_from);
+    }
+    for &tid in &stopped.missed {
+        scratch.registers(&file, tid as u32, &[]);
+    }
+    // The tracer's own memory: this library, its heap, the writer's stack,
+    // the scratch.
+    let mut tracer = vec![writer_stack, scratch.range()];
+    tracer.extend(own);
+    tracer.extend(crate::allocator::range());
+    for (lo, hi, name) in writable_mappings() {
+        if name == "[vvar]" || name == "[vdso]" || name == "[vsyscall]" {
+            continue;
+        }
+        for (lo, hi) in subtract(lo, hi, &tracer) {
+            // A stopped thread's stack: only from its lowest live address
+            // up (which may be up to a red zone below the mapping).
+            match stacks.iter().find(|&&f| f < hi && f + 128 >= lo) {
+                Some(&f) => scratch.memory(&file, region_kind::STACK, f.max(lo) & !7, hi),
+                None => scratch.memory(&file, region_kind::MAPPING, lo, hi),
+            }
+        }
+    }
+    scratch.finish(&file);
+    drop(file);
+    drop(stopped);
+    now
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn subtract_cuts_holes_and_ends() {
+        assert_eq!(super::subtract(0, 100, &[(20, 30), (90, 200)]), vec![(0, 20), (30, 90)]);
+        assert_eq!(super::subtract(0, 100, &[(0, 100)]), vec![]);
+        assert_eq!(super::subtract(10, 20, &[(0, 5), (30, 40)]), vec![(10, 20)]);
+    }
+}

@@ -1,0 +1,216 @@
+//! The snapshot's working memory: one anonymous mapping of the tracer's
+//! own, made with the system call and left out of the snapshot. Memory is
+//! read straight into the record being built there, compressed there by a
+//! static zstd context whose workspace is there too (zstd then allocates
+//! nothing), and written to the trace. So no copy of the program's memory
+//! (which holds pointers to its blocks) lands anywhere the snapshot reads:
+//! the tracer's memory is never a root.
+
+use mtrace_format::{compressed_header, region_kind, Encoder, Record};
+
+use crate::session::FileHold;
+use crate::sys;
+
+/// Bytes per ScanRegion record (the format allows up to 1 MiB).
+pub const PIECE: usize = 512 * 1024;
+/// Records are compressed and written once this many bytes are built.
+const FLUSH_AT: usize = 8 << 20;
+/// zstd's level for the snapshot: a fast negative level. Memory is mostly
+/// zeros and pointers; level 1 spent 70% of the snapshot's time in zstd
+/// (`perf record` on scripts/bench_scan.c) and slowed the analyzer too.
+const LEVEL: i32 = -3;
+/// Room for records: a flush leaves at most one piece and a header over.
+const RAW_CAP: usize = FLUSH_AT + PIECE + 4096;
+
+pub struct Scratch {
+    base: *mut u8,
+    len: usize,
+    comp_cap: usize,
+    /// zstd's static context inside the mapping, or null (records are then
+    /// written uncompressed).
+    cctx: *mut zstd_sys::ZSTD_CCtx,
+    /// Bytes of records built in the mapping's first RAW_CAP bytes.
+    pos: usize,
+    enc: Encoder,
+    tid: u32,
+    now: u64,
+}
+
+impl Scratch {
+    /// Maps the working memory for a snapshot taken by thread `tid` at
+    /// `now` (ns), or `None` when there is no memory for it.
+    pub fn new(tid: u32, now: u64) -> Option<Scratch> {
+        // SAFETY: pure size computations.
+        let (comp_cap, ws) = unsafe { (zstd_sys::ZSTD_compressBound(RAW_CAP), zstd_sys::ZSTD_estimateCCtxSize(1)) };
+        // (The estimate for level 1 covers every level up to 1, the
+        // negative ones included.)
+        let comp_cap = comp_cap.next_multiple_of(64);
+        let len = (RAW_CAP + comp_cap + ws).next_multiple_of(4096);
+        let base = sys::map_anon(len)?;
+        // SAFETY: the workspace lies inside the fresh mapping, 64-aligned
+        // (zstd asks for 8), and is used by nothing else.
+        let cctx = unsafe { zstd_sys::ZSTD_initStaticCCtx(base.add(RAW_CAP + comp_cap).cast(), ws) };
+        let mut s = Scratch { base, len, comp_cap, cctx, pos: 0, enc: Encoder::new(), tid, now };
+        s.begin_chunk();
+        Some(s)
+    }
+
+    /// The mapping, [start, end).
+    pub fn range(&self) -> (u64, u64) {
+        (self.base as u64, self.base as u64 + self.len as u64)
+    }
+
+    fn raw(&mut self) -> &mut [u8] {
+        // SAFETY: the first RAW_CAP bytes of the mapping, used only here.
+        unsafe { std::slice::from_raw_parts_mut(self.base, RAW_CAP) }
+    }
+
+    /// Appends small bytes (a record's header) to the records being built.
+    fn put(&mut self, b: &[u8]) {
+        let at = self.pos;
+        self.raw()[at..at + b.len()].copy_from_slice(b);
+        self.pos += b.len();
+    }
+
+    /// Each chunk starts with a Thread record: it sets the time that the
+    /// next records' times are deltas from.
+    fn begin_chunk(&mut self) {
+        self.enc = Encoder::new();
+        let mut h = Vec::with_capacity(24);
+        self.enc.encode(&mut h, &Record::Thread { tid: self.tid, time_ns: self.now });
+        self.put(&h);
+    }
+
+    /// A thread's registers (empty: unknown, the thread was not stopped).
+    pub fn registers(&mut self, out: &FileHold, tid: u32, regs: &[u64]) {
+        let mut words = [0u8; 8 * 32];
+        let n = regs.len().min(32);
+        for (w, r) in words.chunks_exact_mut(8).zip(&regs[..n]) {
+            w.copy_from_slice(&r.to_le_bytes());
+        }
+        let mut h = Vec::with_capacity(24);
+        self.enc.scan_region_header(&mut h, self.now, region_kind::REGISTERS, tid as u64, n * 8);
+        self.put(&h);
+        self.put(&words[..n * 8]);
+        self.flush_if_full(out);
+    }
+
+    /// Reads `[lo, hi)` of this process (one mapping, or a stack) into
+    /// ScanRegion records of `kind`, the pieces after the first marked as
+    /// the same mapping; pieces that cannot be read (guard pages) are left
+    /// out.
+    pub fn memory(&mut self, out: &FileHold, kind: u8, lo: u64, hi: u64) {
+        let mut at = lo;
+        let mut first = true;
+        while at < hi {
+            let len = ((hi - at) as usize).min(PIECE);
+            let mut h = Vec::with_capacity(24);
+            let k = if first { kind } else { kind | region_kind::SAME_MAPPING };
+            self.enc.scan_region_header(&mut h, self.now, k, at, len);
+            let start = self.pos + h.len();
+            let local = libc::iovec { iov_base: self.raw()[start..start + len].as_mut_ptr().cast(), iov_len: len };
+            let remote = libc::iovec { iov_base: at as *mut libc::c_void, iov_len: len };
+            // SAFETY: `local` is inside the mapping; the kernel checks
+            // `remote` and fails instead of faulting.
+            let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+            // A piece of zeros holds no pointer: left out (untouched bss,
+            // fresh heap). A stack piece is kept, so a stack's region
+            // starts where its live part does.
+            if n == len as isize && (kind == region_kind::STACK || !self.zeros(start, len)) {
+                self.put(&h);
+                self.pos += len;
+                self.flush_if_full(out);
+                first = false;
+            }
+            at += len as u64;
+        }
+    }
+
+    fn zeros(&mut self, start: usize, len: usize) -> bool {
+        self.raw()[start..start + len].chunks_exact(8).all(|w| w == [0u8; 8])
+    }
+
+    /// Ends the snapshot: a ScanEnd, and everything written.
+    pub fn finish(mut self, out: &FileHold) {
+        let mut h = Vec::with_capacity(8);
+        self.enc.encode(&mut h, &Record::ScanEnd { time_ns: self.now });
+        self.put(&h);
+        self.flush(out);
+    }
+
+    fn flush_if_full(&mut self, out: &FileHold) {
+        if self.pos >= FLUSH_AT {
+            self.flush(out);
+            self.begin_chunk();
+        }
+    }
+
+    /// Compresses the records built so far into one block and writes it;
+    /// uncompressed if zstd fails or a sample shows the memory does not
+    /// compress (random data would cost zstd time and save nothing).
+    fn flush(&mut self, out: &FileHold) {
+        let n = if self.cctx.is_null() || !self.worth_compressing() {
+            0
+        } else {
+            // SAFETY: source and destination are disjoint parts of the
+            // mapping; the context was initialised in it.
+            unsafe {
+                let dst = self.base.add(RAW_CAP);
+                let n = zstd_sys::ZSTD_compressCCtx(
+                    self.cctx,
+                    dst.cast(),
+                    self.comp_cap,
+                    self.base.cast(),
+                    self.pos,
+                    LEVEL,
+                );
+                if zstd_sys::ZSTD_isError(n) != 0 {
+                    0
+                } else {
+                    n
+                }
+            }
+        };
+        if n > 0 {
+            let mut h = Vec::with_capacity(24);
+            compressed_header(&mut h, self.pos, n);
+            out.write(&h);
+            // SAFETY: the compressed bytes just written by zstd.
+            out.write(unsafe { std::slice::from_raw_parts(self.base.add(RAW_CAP), n) });
+        } else {
+            let pos = self.pos;
+            out.write(&self.raw()[..pos]);
+        }
+        self.pos = 0;
+    }
+}
+
+impl Scratch {
+    /// Whether the first SAMPLE bytes compress to under 80%.
+    fn worth_compressing(&mut self) -> bool {
+        const SAMPLE: usize = 128 * 1024;
+        if self.pos <= SAMPLE {
+            return true;
+        }
+        // SAFETY: as in `flush`: disjoint parts of the mapping.
+        let n = unsafe {
+            zstd_sys::ZSTD_compressCCtx(
+                self.cctx,
+                self.base.add(RAW_CAP).cast(),
+                self.comp_cap,
+                self.base.cast(),
+                SAMPLE,
+                LEVEL,
+            )
+        };
+        // SAFETY: a pure function of the returned code.
+        unsafe { zstd_sys::ZSTD_isError(n) == 0 && n < SAMPLE * 4 / 5 }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // SAFETY: the mapping from `new`, no longer used.
+        unsafe { sys::unmap(self.base, self.len) };
+    }
+}

@@ -1,0 +1,290 @@
+//! Stopping the program's other threads while the leak scan reads memory,
+//! and reading their registers (docs/SCAN.md).
+//!
+//! In-process, with a signal, so that plain `LD_PRELOAD` needs no ptrace
+//! permission: each thread gets [`stop_signal`] by tgkill; the handler
+//! copies the interrupted registers from the signal's ucontext into the
+//! thread's slot, reports itself parked and waits (atomics and nanosleep
+//! only) until the scan lets everybody go. A thread that is inside a hook
+//! when the signal arrives may hold a lock the scan needs (the real
+//! malloc's, its buffer's), so it parks when it leaves the hook instead
+//! (guard.rs), with the registers of that point.
+//!
+//! Threads that block the signal, do not answer within a second, or
+//! exceed [`SLOTS`] are "missed": the scan reads their stacks whole.
+
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::sys;
+
+/// Threads a stop can hold at once.
+const SLOTS: usize = 1024;
+/// Words of registers kept per thread (x86_64: gregs R8 … RIP).
+const REGS: usize = 17;
+/// The x86-64 ABI's red zone: a leaf function's live data below the stack
+/// pointer, which an interrupting signal leaves alone.
+const RED_ZONE: u64 = 128;
+
+struct Slot {
+    tid: AtomicI32,
+    /// The stop's epoch once this thread is parked in it.
+    parked: AtomicU64,
+    /// Lowest live stack address (the stack pointer, minus the red zone
+    /// when interrupted by the signal).
+    live_from: AtomicU64,
+    len: AtomicUsize,
+    regs: [AtomicU64; REGS],
+}
+
+impl Slot {
+    const fn new() -> Slot {
+        Slot {
+            tid: AtomicI32::new(0),
+            parked: AtomicU64::new(0),
+            live_from: AtomicU64::new(0),
+            len: AtomicUsize::new(0),
+            regs: [const { AtomicU64::new(0) }; REGS],
+        }
+    }
+}
+
+// Static, so that a thread answering late never reads freed memory.
+static SLOT: [Slot; SLOTS] = [const { Slot::new() }; SLOTS];
+/// Slots in use by the current stop.
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+/// The current stop's epoch; 0 when no stop is on.
+static ACTIVE: AtomicU64 = AtomicU64::new(0);
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+/// One stop at a time (the writer's on-demand scan, the exit scan).
+static LOCK: Mutex<()> = Mutex::new(());
+static WARNED: AtomicBool = AtomicBool::new(false);
+
+/// The signal that stops threads: SIGRTMAX-1, which glibc does not use.
+pub fn stop_signal() -> i32 {
+    libc::SIGRTMAX() - 1
+}
+
+/// A thread held by a stop. A plain value: the snapshot keeps register
+/// values (which may point to the program's blocks) only on its stack and
+/// in its own scratch mapping, never in memory it scans.
+#[derive(Clone, Copy)]
+pub struct Parked {
+    pub tid: i32,
+    regs: [u64; REGS],
+    len: usize,
+    /// Its stack is live from here up.
+    pub live_from: u64,
+}
+
+impl Parked {
+    /// Its registers (the stack pointer among them) when it stopped.
+    pub fn regs(&self) -> &[u64] {
+        &self.regs[..self.len]
+    }
+}
+
+/// The other threads, stopped until this is dropped.
+pub struct Stopped {
+    /// Slots of the parked threads.
+    slots: Vec<usize>,
+    /// Threads not stopped (see the module's doc).
+    pub missed: Vec<i32>,
+    _one: MutexGuard<'static, ()>,
+}
+
+impl Stopped {
+    /// The parked threads, read from their slots.
+    pub fn parked(&self) -> impl Iterator<Item = Parked> + '_ {
+        self.slots.iter().map(|&i| {
+            let s = &SLOT[i];
+            let mut regs = [0u64; REGS];
+            for (r, v) in regs.iter_mut().zip(&s.regs) {
+                *r = v.load(Ordering::Relaxed);
+            }
+            Parked {
+                tid: s.tid.load(Ordering::Relaxed),
+                regs,
+                len: s.len.load(Ordering::Relaxed),
+                live_from: s.live_from.load(Ordering::Relaxed),
+            }
+        })
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        ACTIVE.store(0, Ordering::SeqCst);
+    }
+}
+
+/// Stops every thread of the process except those in `skip`.
+pub fn others(skip: &[i32]) -> Stopped {
+    let one = LOCK.lock();
+    let tids: Vec<i32> = tasks().into_iter().filter(|t| !skip.contains(t)).collect();
+    if tids.is_empty() || !install() {
+        return Stopped { slots: Vec::new(), missed: tids, _one: one };
+    }
+    let sig = stop_signal();
+    let epoch = EPOCH.fetch_add(1, Ordering::Relaxed) + 1;
+    let n = tids.len().min(SLOTS);
+    for (slot, &tid) in SLOT.iter().zip(&tids[..n]) {
+        slot.tid.store(tid, Ordering::Relaxed);
+        slot.parked.store(0, Ordering::Relaxed);
+    }
+    COUNT.store(n, Ordering::SeqCst);
+    ACTIVE.store(epoch, Ordering::SeqCst);
+    let mut missed: Vec<i32> = tids[n..].to_vec();
+    let mut waiting = Vec::with_capacity(n);
+    for (i, &tid) in tids[..n].iter().enumerate() {
+        if blocks(tid, sig) || !tgkill(tid, sig) {
+            SLOT[i].tid.store(0, Ordering::Relaxed);
+            missed.push(tid);
+        } else {
+            waiting.push(i);
+        }
+    }
+    for _ in 0..10_000 {
+        if waiting.iter().all(|&i| SLOT[i].parked.load(Ordering::Acquire) == epoch) {
+            break;
+        }
+        sys::sleep_us(100);
+    }
+    let (slots, late): (Vec<usize>, Vec<usize>) =
+        waiting.into_iter().partition(|&i| SLOT[i].parked.load(Ordering::Acquire) == epoch);
+    missed.extend(late.iter().map(|&i| SLOT[i].tid.load(Ordering::Relaxed)));
+    Stopped { slots, missed, _one: one }
+}
+
+/// The thread ids of this process, from /proc/self/task.
+fn tasks() -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return Vec::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()
+}
+
+/// Whether thread `tid` blocks `sig` (its SigBlk in /proc).
+fn blocks(tid: i32, sig: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")) else { return true };
+    let mask = status.lines().find_map(|l| l.strip_prefix("SigBlk:")).map(str::trim);
+    mask.and_then(|m| u64::from_str_radix(m, 16).ok()).is_none_or(|m| m & (1u64 << (sig - 1)) != 0)
+}
+
+fn tgkill(tid: i32, sig: i32) -> bool {
+    // SAFETY: tgkill sends a signal to a thread of this process.
+    unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, sig) == 0 }
+}
+
+/// Installs the stop signal's handler, unless the program has its own.
+fn install() -> bool {
+    let sig = stop_signal();
+    let ours = on_stop_signal as extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) as usize;
+    // SAFETY: sigaction with valid pointers; replaces only SIG_DFL/SIG_IGN.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
+            return false;
+        }
+        if old.sa_sigaction == ours {
+            return true;
+        }
+        if old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN {
+            if !WARNED.swap(true, Ordering::Relaxed) {
+                sys::warn("the program handles SIGRTMAX-1: the leak scan cannot stop its threads");
+            }
+            return false;
+        }
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = ours;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        // Nothing else runs on a parked thread.
+        libc::sigfillset(&mut sa.sa_mask);
+        libc::sigaction(sig, &sa, std::ptr::null_mut()) == 0
+    }
+}
+
+extern "C" fn on_stop_signal(_: i32, _: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    if ACTIVE.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let errno = sys::errno();
+    if !crate::guard::defer_park() {
+        let (regs, sp) = interrupted(ctx);
+        park(&regs, sp.saturating_sub(RED_ZONE));
+    }
+    sys::set_errno(errno);
+}
+
+/// The interrupted registers in a signal's ucontext, and the stack pointer.
+#[cfg(target_arch = "x86_64")]
+fn interrupted(ctx: *mut libc::c_void) -> ([u64; REGS], u64) {
+    let mut regs = [0u64; REGS];
+    // SAFETY: the kernel passes a valid ucontext_t to an SA_SIGINFO handler.
+    let g = unsafe { &(*ctx.cast::<libc::ucontext_t>()).uc_mcontext.gregs };
+    for (r, v) in regs.iter_mut().zip(g.iter()) {
+        *r = *v as u64;
+    }
+    (regs, g[libc::REG_RSP as usize] as u64)
+}
+
+/// Elsewhere: no registers; the handler's own frame bounds the stack.
+#[cfg(not(target_arch = "x86_64"))]
+fn interrupted(_: *mut libc::c_void) -> ([u64; REGS], u64) {
+    let regs = own_registers();
+    let mut out = [0u64; REGS];
+    out[..regs.len()].copy_from_slice(&regs);
+    (out, regs[regs.len() - 1])
+}
+
+/// Parks the calling thread, which is leaving a hook, if a stop is on.
+pub fn park_here() {
+    if ACTIVE.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let regs = own_registers();
+    park(&regs, regs[regs.len() - 1]);
+}
+
+/// Saves `regs` in this thread's slot and waits until the stop is over.
+fn park(regs: &[u64], live_from: u64) {
+    let epoch = ACTIVE.load(Ordering::Acquire);
+    let tid = sys::gettid() as i32;
+    let n = COUNT.load(Ordering::Acquire);
+    let Some(slot) = SLOT[..n].iter().find(|s| s.tid.load(Ordering::Relaxed) == tid) else { return };
+    for (s, &r) in slot.regs.iter().zip(regs) {
+        s.store(r, Ordering::Relaxed);
+    }
+    slot.len.store(regs.len().min(REGS), Ordering::Relaxed);
+    slot.live_from.store(live_from, Ordering::Relaxed);
+    slot.parked.store(epoch, Ordering::Release);
+    while ACTIVE.load(Ordering::Acquire) == epoch {
+        sys::sleep_us(50);
+    }
+}
+
+/// In a forked child: no stop is on (the child's only thread is not parked).
+pub fn reset_in_child() {
+    ACTIVE.store(0, Ordering::SeqCst);
+}
+
+/// Callee-saved registers and the stack pointer (last) of the calling
+/// thread: at a call, every other register's live value is on the stack.
+#[cfg(target_arch = "x86_64")]
+pub fn own_registers() -> [u64; 7] {
+    let (rbx, rbp, r12, r13, r14, r15, rsp): (u64, u64, u64, u64, u64, u64, u64);
+    // SAFETY: copies registers; no memory access.
+    unsafe {
+        std::arch::asm!("mov {0}, rbx", "mov {1}, rbp", "mov {2}, r12", "mov {3}, r13", "mov {4}, r14",
+            "mov {5}, r15", "mov {6}, rsp",
+            out(reg) rbx, out(reg) rbp, out(reg) r12, out(reg) r13, out(reg) r14, out(reg) r15, out(reg) rsp,
+            options(nomem, nostack, preserves_flags));
+    }
+    [rbx, rbp, r12, r13, r14, r15, rsp]
+}
+
+/// Elsewhere: no registers, and the address of a local as the stack pointer.
+#[cfg(not(target_arch = "x86_64"))]
+pub fn own_registers() -> [u64; 7] {
+    let here = 0u64;
+    [0, 0, 0, 0, 0, 0, std::hint::black_box(&here) as *const u64 as u64]
+}
