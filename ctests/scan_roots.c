@@ -89,6 +89,8 @@ int main(int argc, char **argv) {
     }
     void (*keep)(void *) = (void (*)(void *))dlsym(h, "scan_lib_keep");
     keep(malloc(127)); // @leak:dlopen_data
+    void (*keep_tls)(void *) = (void (*)(void *))dlsym(h, "scan_lib_keep_tls");
+    keep_tls(malloc(131)); // @leak:dlopen_tls
 
     /* Keys past the first 32 keep their values in a block glibc allocates. */
     pthread_key_create(&low_key, NULL);

@@ -205,11 +205,18 @@ fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
 fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     let delta = r.summary.since_marker.is_some();
     if r.stacks.is_empty() {
-        writeln!(w, "\n{}", if delta { "No change in live blocks." } else { "All blocks were freed." })?;
-        return Ok(());
+        let what = if delta {
+            "No change in live blocks."
+        } else if r.kinds.is_some() && r.summary.leaked_blocks > 0 {
+            "No leaks: every block not freed is still reachable (--show-reachable lists them)."
+        } else {
+            "All blocks were freed."
+        };
+        writeln!(w, "\n{what}")?;
+    } else {
+        let heading = if delta { "Change in live blocks" } else { "Not freed at exit" };
+        writeln!(w, "\n{heading}, by backtrace ({}):", plural(r.stacks.len() as u64, "backtrace", "backtraces"))?;
     }
-    let heading = if delta { "Change in live blocks" } else { "Not freed at exit" };
-    writeln!(w, "\n{heading}, by backtrace ({}):", plural(r.stacks.len() as u64, "backtrace", "backtraces"))?;
     if let Some(rules) = &r.suppressed {
         let used: Vec<_> = rules.iter().filter(|r| r.entries > 0).collect();
         writeln!(w, "\nSuppressed: {} of {} suppressions used", used.len(), rules.len())?;

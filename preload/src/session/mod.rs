@@ -72,6 +72,8 @@ pub struct Session {
     /// Kernel thread id of the writer thread (0 until it runs): it is the
     /// tracer's, never stopped or scanned.
     pub writer_tid: AtomicU32,
+    /// The writer thread was started (its id may not be known yet).
+    pub writer_started: AtomicBool,
     /// The writer thread's stack, [low, high): the tracer's, never scanned.
     pub writer_stack: [AtomicU64; 2],
     /// Trace forked children (`MTRACE_FOLLOW_FORK`).
@@ -232,6 +234,7 @@ impl Session {
             scan_signal: cfg.scan_signal,
             scan: cfg.scan,
             writer_tid: AtomicU32::new(0),
+            writer_started: AtomicBool::new(false),
             writer_stack: [AtomicU64::new(0), AtomicU64::new(0)],
             follow_fork: cfg.follow_fork,
             follow_exec: cfg.follow_exec,

@@ -166,7 +166,25 @@ extern "C" fn writer_main(_: *mut libc::c_void) -> *mut libc::c_void {
 /// Starts the writer thread of the current session (from the library's
 /// constructor, and in a forked child).
 pub fn start_writer() {
-    if current().is_some() && !sys::spawn_blocked(writer_main) {
+    let Some(s) = current() else { return };
+    if sys::spawn_blocked(writer_main) {
+        s.writer_started.store(true, Ordering::Release);
+    } else {
         sys::warn("cannot start the writer thread; events are written at exit");
+    }
+}
+
+impl Session {
+    /// The writer thread's id, waiting (up to 200 ms) for a writer that was
+    /// started but has not run yet; 0 if there is none.
+    pub fn writer_tid(&self) -> u32 {
+        for _ in 0..200 {
+            let tid = self.writer_tid.load(Ordering::Acquire);
+            if tid != 0 || !self.writer_started.load(Ordering::Acquire) {
+                return tid;
+            }
+            sys::sleep_ms(1);
+        }
+        0
     }
 }

@@ -70,7 +70,7 @@ pub fn take(s: &Session, by: By) -> u64 {
     // Before stopping anybody: a stopped thread may hold the loader's lock.
     let own = crate::modules::range_of(take as fn(&Session, By) -> u64 as usize).map(|(a, b)| (a as u64, b as u64));
     let me = sys::gettid();
-    let writer = s.writer_tid.load(Ordering::Acquire);
+    let writer = s.writer_tid();
     let writer_stack = (s.writer_stack[0].load(Ordering::Relaxed), s.writer_stack[1].load(Ordering::Relaxed));
     let stopped = crate::stop::others(&[me as i32, writer as i32]);
     let now = s.now();
