@@ -101,6 +101,9 @@ pub struct ScanInfo {
     pub threads_not_stopped: u64,
     /// Bytes of memory the snapshot holds (stacks and mappings).
     pub bytes: u64,
+    /// Seconds the analyzer spent marking and classifying (wall time; not
+    /// reading the trace).
+    pub marking_s: f64,
 }
 
 /// The scan `t` classifies with, if any.
@@ -114,6 +117,7 @@ pub fn info(t: &Trace) -> Option<ScanInfo> {
         threads_stopped: stopped,
         threads_not_stopped: regs.count() as u64 - stopped,
         bytes: snap.iter().filter(|r| r.kind != region_kind::REGISTERS).map(|r| r.bytes.len() as u64).sum(),
+        marking_s: 0.0,
     })
 }
 

@@ -169,11 +169,13 @@ pub fn stack_frames(t: &Trace, sym: &mut Symbolizer, stack: u32, depth: Option<u
 /// up to `depth` recorded frames of each.
 pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize>, show_reachable: bool) -> Report {
     // With a leak scan, entries are per (backtrace, kind).
+    let started = std::time::Instant::now();
     let classes: Option<HashMap<u64, crate::scan::Classified>> = if t.baseline.is_none() {
         crate::scan::classify(t).map(|v| v.into_iter().map(|c| (c.addr, c)).collect())
     } else {
         None
     };
+    let marking = started.elapsed().as_secs_f64();
     let mut groups: HashMap<(u32, Option<Kind>), (i64, i64, mtrace_format::Family)> = HashMap::default();
     let mut kinds = classes.as_ref().map(|_| crate::scan::Kinds::default());
     // Indirect bytes per owning definitely lost block.
@@ -279,7 +281,7 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
         sections: None,
         intervals: None,
         suppressed: None,
-        scan: kinds.and(crate::scan::info(t)),
+        scan: kinds.and(crate::scan::info(t)).map(|s| crate::scan::ScanInfo { marking_s: marking, ..s }),
         kinds,
     }
 }
