@@ -169,11 +169,8 @@ impl Encoder {
                 put_varint(out, addr);
             }
             Record::ScanRegion { time_ns, kind, addr, ref bytes } => {
-                out.push(tag::SCAN_REGION);
-                self.time(out, time_ns);
-                out.push(kind);
-                put_varint(out, addr);
-                put_bytes(out, bytes);
+                self.scan_region_header(out, time_ns, kind, addr, bytes.len());
+                out.extend_from_slice(bytes);
             }
             Record::ScanEnd { time_ns } => {
                 out.push(tag::SCAN_END);

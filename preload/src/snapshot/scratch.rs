@@ -149,62 +149,49 @@ impl Scratch {
     /// uncompressed if zstd fails or a sample shows the memory does not
     /// compress (random data would cost zstd time and save nothing).
     fn flush(&mut self, out: &FileHold) {
-        let n = if self.cctx.is_null() || !self.worth_compressing() {
-            0
-        } else {
-            // SAFETY: source and destination are disjoint parts of the
-            // mapping; the context was initialised in it.
-            unsafe {
-                let dst = self.base.add(RAW_CAP);
-                let n = zstd_sys::ZSTD_compressCCtx(
-                    self.cctx,
-                    dst.cast(),
-                    self.comp_cap,
-                    self.base.cast(),
-                    self.pos,
-                    LEVEL,
-                );
-                if zstd_sys::ZSTD_isError(n) != 0 {
-                    0
-                } else {
-                    n
-                }
+        // The sample goes first: it uses the same compressed area.
+        let compressed = if self.worth_compressing() { self.compress(self.pos) } else { None };
+        match compressed {
+            Some(n) => {
+                let mut h = Vec::with_capacity(24);
+                compressed_header(&mut h, self.pos, n);
+                out.write(&h);
+                // SAFETY: the compressed bytes just written by zstd.
+                out.write(unsafe { std::slice::from_raw_parts(self.base.add(RAW_CAP), n) });
             }
-        };
-        if n > 0 {
-            let mut h = Vec::with_capacity(24);
-            compressed_header(&mut h, self.pos, n);
-            out.write(&h);
-            // SAFETY: the compressed bytes just written by zstd.
-            out.write(unsafe { std::slice::from_raw_parts(self.base.add(RAW_CAP), n) });
-        } else {
-            let pos = self.pos;
-            out.write(&self.raw()[..pos]);
+            None => {
+                let pos = self.pos;
+                out.write(&self.raw()[..pos]);
+            }
         }
         self.pos = 0;
     }
-}
 
-impl Scratch {
     /// Whether the first SAMPLE bytes compress to under 80%.
     fn worth_compressing(&mut self) -> bool {
         const SAMPLE: usize = 128 * 1024;
-        if self.pos <= SAMPLE {
-            return true;
+        self.pos <= SAMPLE || self.compress(SAMPLE).is_some_and(|n| n < SAMPLE * 4 / 5)
+    }
+
+    /// Compresses the first `len` bytes of records into the compressed
+    /// area; its size, or `None` without a context or on a zstd error.
+    fn compress(&mut self, len: usize) -> Option<usize> {
+        if self.cctx.is_null() {
+            return None;
         }
-        // SAFETY: as in `flush`: disjoint parts of the mapping.
-        let n = unsafe {
-            zstd_sys::ZSTD_compressCCtx(
+        // SAFETY: source and destination are disjoint parts of the
+        // mapping; the context was initialised in it.
+        unsafe {
+            let n = zstd_sys::ZSTD_compressCCtx(
                 self.cctx,
                 self.base.add(RAW_CAP).cast(),
                 self.comp_cap,
                 self.base.cast(),
-                SAMPLE,
+                len,
                 LEVEL,
-            )
-        };
-        // SAFETY: a pure function of the returned code.
-        unsafe { zstd_sys::ZSTD_isError(n) == 0 && n < SAMPLE * 4 / 5 }
+            );
+            (zstd_sys::ZSTD_isError(n) == 0).then_some(n)
+        }
     }
 }
 
