@@ -138,6 +138,32 @@ fn dwarf_unwinding_without_frame_pointers() {
 }
 
 #[test]
+fn callers_with_identical_frames_are_told_apart() {
+    let dir = scratch("same_frames");
+    let prog = build("same_frames.c", &dir.join("same_frames"), &["-g", "-O2", "-fomit-frame-pointer"]);
+    let m = markers("same_frames.c");
+    let (r, _) = run_json(&dir, &[], &prog, &[]);
+    let frames_of = |bytes: u64| -> Vec<(String, u64)> {
+        let e =
+            r["stacks"].as_array().unwrap().iter().find(|e| e["bytes"] == bytes).expect("the leak")["frames"].clone();
+        e.as_array().unwrap()[..3]
+            .iter()
+            .map(|f| (f["function"].as_str().unwrap().to_owned(), f["line"].as_u64().unwrap()))
+            .collect()
+    };
+    let want = |via: &str, call: &str| -> Vec<(String, u64)> {
+        vec![
+            ("alloc_here".to_owned(), m["alloc_here"] as u64),
+            (via.to_owned(), m[via] as u64),
+            ("main".to_owned(), m[call] as u64),
+        ]
+    };
+    // 10 blocks of 10 bytes through via_a, 5 of 21 through via_b.
+    assert_eq!(frames_of(100), want("via_a", "call_a"));
+    assert_eq!(frames_of(105), want("via_b", "call_b"));
+}
+
+#[test]
 fn depth_limits_recorded_frames() {
     let dir = scratch("depth");
     let prog = build("nofp.c", &dir.join("nofp"), &["-g", "-O2", "-fomit-frame-pointer"]);
@@ -309,6 +335,7 @@ fn fast_unwinder_agrees_with_libgcc() {
         ("cxx.cpp", &["-g", "-O2"][..]),
         ("threads.c", &["-g", "-O2"][..]),
         ("inlined.c", &["-g", "-O2"][..]),
+        ("same_frames.c", &["-g", "-O2", "-fomit-frame-pointer"][..]),
     ] {
         let dir = scratch(&format!("unwinders-{src}"));
         let prog = build(src, &dir.join("prog"), flags);
@@ -316,6 +343,32 @@ fn fast_unwinder_agrees_with_libgcc() {
         let (libgcc, _) = run_json_env(&dir, &[("MTRACE_UNWINDER", "libgcc")], &[], &prog, &[]);
         assert_eq!(backtraces(&fast), backtraces(&libgcc), "{src}");
         assert!(backtraces(&fast).iter().all(|(_, f)| f.len() >= 3), "{src}: {:?}", backtraces(&fast));
+    }
+}
+
+/// `MTRACE_UNWINDER=check` unwinds every event with both unwinders; here
+/// on programs with threads, exceptions and callers with identical frames.
+#[test]
+fn unwinder_check_mode_finds_every_backtrace_equal() {
+    for (src, flags) in [
+        ("cxx.cpp", &["-g", "-O2"][..]),
+        ("threads.c", &["-g", "-O2"][..]),
+        ("same_frames.c", &["-g", "-O2", "-fomit-frame-pointer"][..]),
+    ] {
+        let dir = scratch(&format!("unwinder-check-{src}"));
+        let prog = build(src, &dir.join("prog"), flags);
+        let (r, out) = run_json_env(&dir, &[("MTRACE_UNWINDER", "check")], &[], &prog, &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        let calls = r["summary"]["allocations"].as_u64().unwrap();
+        let line = err.lines().find(|l| l.contains("unwinder check:")).unwrap_or_else(|| panic!("{src}: {err}"));
+        // Every allocation call has a backtrace; a few glibc-internal
+        // events (thread start) may add more, never fewer.
+        let (differ, checked) = line
+            .split_once(" of ")
+            .map(|(a, b)| (a.rsplit(' ').next().unwrap().to_owned(), b.split(' ').next().unwrap().to_owned()))
+            .unwrap();
+        assert_eq!(differ, "0", "{src}: {err}");
+        assert!(checked.parse::<u64>().unwrap() >= calls, "{src}: {line} for {calls} allocation calls");
     }
 }
 

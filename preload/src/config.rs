@@ -3,6 +3,18 @@
 
 use crate::sys;
 
+/// The unwinder that records backtraces (`MTRACE_UNWINDER`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unwinder {
+    /// Cached CFI rules and the previous walk (unwind/fast.rs); the default.
+    Fast,
+    /// libgcc's `_Unwind_Backtrace`: slow, independent.
+    Libgcc,
+    /// Both on every event: records the fast one's backtrace, counts those
+    /// where libgcc's differs, prints the first few and the count at exit.
+    Check,
+}
+
 /// Frames recorded per backtrace unless `MTRACE_DEPTH` says otherwise.
 pub const DEFAULT_DEPTH: usize = 64;
 /// Upper bound for `MTRACE_DEPTH`.
@@ -13,8 +25,8 @@ pub struct Config {
     pub depth: usize,
     /// `MTRACE_OUTPUT`, unexpanded; `None` for the default name.
     pub output: Option<String>,
-    /// `MTRACE_UNWINDER=libgcc`: use libgcc's unwinder instead of the fast one.
-    pub libgcc_unwinder: bool,
+    /// `MTRACE_UNWINDER`: which unwinder records backtraces.
+    pub unwinder: Unwinder,
     /// `MTRACE_REPORT_SIGNAL`: the signal that asks for an incremental
     /// report (default SIGUSR1); `None` when set to `off`.
     pub report_signal: Option<i32>,
@@ -71,12 +83,13 @@ pub fn load() -> Config {
         },
     };
     let output = sys::getenv(c"MTRACE_OUTPUT").filter(|s| !s.is_empty());
-    let libgcc_unwinder = match sys::getenv(c"MTRACE_UNWINDER").as_deref() {
-        None | Some("fast") => false,
-        Some("libgcc") => true,
+    let unwinder = match sys::getenv(c"MTRACE_UNWINDER").as_deref() {
+        None | Some("fast") => Unwinder::Fast,
+        Some("libgcc") => Unwinder::Libgcc,
+        Some("check") => Unwinder::Check,
         Some(v) => {
-            sys::warn(&format!("MTRACE_UNWINDER={v:?} is neither \"fast\" nor \"libgcc\"; using fast"));
-            false
+            sys::warn(&format!("MTRACE_UNWINDER={v:?} is not \"fast\", \"libgcc\" or \"check\"; using fast"));
+            Unwinder::Fast
         }
     };
     let report_signal = match sys::getenv(c"MTRACE_REPORT_SIGNAL") {
@@ -107,18 +120,7 @@ pub fn load() -> Config {
     };
     let follow_fork = on_off(c"MTRACE_FOLLOW_FORK");
     let follow_exec = on_off(c"MTRACE_FOLLOW_EXEC");
-    Config {
-        depth,
-        output,
-        libgcc_unwinder,
-        report_signal,
-        start,
-        scan,
-        scan_signal,
-        follow_fork,
-        follow_exec,
-        report_dir,
-    }
+    Config { depth, output, unwinder, report_signal, start, scan, scan_signal, follow_fork, follow_exec, report_dir }
 }
 
 /// An on/off variable whose default is on.

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use mtrace_format::{EndReason, Family, Record};
 
+use crate::unwind::Here;
 use crate::{session, sys, thread};
 
 /// Whether allocations are recorded (`MTRACE_START`, `mtrace_start()`,
@@ -22,14 +23,15 @@ pub fn collecting() -> bool {
     COLLECTING.load(Ordering::Relaxed)
 }
 
+/// Records an event with the backtrace from the hook's frame `at`.
 #[inline]
-fn with_stack(make: impl FnOnce(u64, u32) -> Record) {
+fn with_stack(at: Here, make: impl FnOnce(u64, u32) -> Record) {
     if !collecting() {
         return;
     }
     let errno = sys::errno();
     if let Some(s) = session::get() {
-        thread::push(s, s.now(), true, make);
+        thread::push(s, s.now(), Some(at), make);
     }
     sys::set_errno(errno);
 }
@@ -40,16 +42,16 @@ fn with_stack(make: impl FnOnce(u64, u32) -> Record) {
 fn without_stack(t: Option<u64>, make: impl FnOnce(u64) -> Record) {
     let errno = sys::errno();
     if let Some(s) = session::get() {
-        thread::push(s, t.unwrap_or_else(|| s.now()), false, |t, _| make(t));
+        thread::push(s, t.unwrap_or_else(|| s.now()), None, |t, _| make(t));
     }
     sys::set_errno(errno);
 }
 
-pub fn alloc(family: Family, addr: *mut libc::c_void, size: usize) {
+pub fn alloc(at: Here, family: Family, addr: *mut libc::c_void, size: usize) {
     if addr.is_null() {
         return;
     }
-    with_stack(|time_ns, stack| Record::Alloc { time_ns, family, addr: addr as u64, size: size as u64, stack });
+    with_stack(at, |time_ns, stack| Record::Alloc { time_ns, family, addr: addr as u64, size: size as u64, stack });
 }
 
 /// The session time for an event that must be stamped before the real call
@@ -70,9 +72,9 @@ pub fn free(family: Family, addr: *mut libc::c_void, t: u64) {
 /// glibc's rules: realloc(NULL, n) allocates, realloc(p, 0) returning NULL
 /// freed p, any other NULL is a failure that leaves `old` live.
 /// `t0` is [`now`] before the call.
-pub fn realloc(old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: u64) {
+pub fn realloc(at: Here, old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: u64) {
     if old.is_null() {
-        alloc(Family::Malloc, new, size);
+        alloc(at, Family::Malloc, new, size);
     } else if !collecting() {
         // The old block goes; the new one is not recorded.
         if !new.is_null() || size == 0 {
@@ -83,7 +85,7 @@ pub fn realloc(old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: 
             free(Family::Malloc, old, t0);
         }
     } else {
-        with_stack(|time_ns, stack| Record::Realloc {
+        with_stack(at, |time_ns, stack| Record::Realloc {
             time_ns,
             free_time_ns: t0,
             old: old as u64,
@@ -94,11 +96,11 @@ pub fn realloc(old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: 
     }
 }
 
-pub fn mmap(addr: *mut libc::c_void, len: usize, prot: i32, flags: i32, fd: i32) {
+pub fn mmap(at: Here, addr: *mut libc::c_void, len: usize, prot: i32, flags: i32, fd: i32) {
     if addr == libc::MAP_FAILED {
         return;
     }
-    with_stack(|time_ns, stack| Record::Mmap {
+    with_stack(at, |time_ns, stack| Record::Mmap {
         time_ns,
         addr: addr as u64,
         len: len as u64,
@@ -114,14 +116,14 @@ pub fn munmap(addr: *mut libc::c_void, len: usize, t: u64) {
     without_stack(Some(t), |time_ns| Record::Munmap { time_ns, addr: addr as u64, len: len as u64 });
 }
 
-pub fn mremap(old: *mut libc::c_void, old_len: usize, new: *mut libc::c_void, new_len: usize) {
+pub fn mremap(at: Here, old: *mut libc::c_void, old_len: usize, new: *mut libc::c_void, new_len: usize) {
     if new == libc::MAP_FAILED {
         return;
     }
     if !collecting() {
         return munmap(old, old_len, now());
     }
-    with_stack(|time_ns, stack| Record::Mremap {
+    with_stack(at, |time_ns, stack| Record::Mremap {
         time_ns,
         old: old as u64,
         old_len: old_len as u64,
@@ -145,17 +147,17 @@ fn pool_id(name: &str) -> Option<u32> {
     drop(pools);
     let s = session::get()?;
     let name = name.to_owned();
-    thread::push(s, s.now(), false, move |_, _| Record::PoolName { id, name });
+    thread::push(s, s.now(), None, move |_, _| Record::PoolName { id, name });
     Some(id)
 }
 
 /// `mtrace_alloc(pool, ptr, size)`.
-pub fn pool_alloc(pool: &str, addr: u64, size: u64) {
+pub fn pool_alloc(at: Here, pool: &str, addr: u64, size: u64) {
     if !collecting() {
         return;
     }
     let Some(pool) = pool_id(pool) else { return };
-    with_stack(|time_ns, stack| Record::PoolAlloc { time_ns, pool, addr, size, stack });
+    with_stack(at, |time_ns, stack| Record::PoolAlloc { time_ns, pool, addr, size, stack });
 }
 
 /// `mtrace_free(pool, ptr)`.
@@ -176,6 +178,9 @@ pub fn final_flush(reason: EndReason, in_signal: bool) {
     if let Some(s) = session::current() {
         if s.pid == sys::getpid() {
             s.final_flush(reason, in_signal);
+            if s.unwinder == crate::config::Unwinder::Check && !in_signal {
+                sys::warn(&crate::unwind::check_summary());
+            }
         }
     }
 }

@@ -9,8 +9,9 @@ use std::sync::Once;
 use mtrace_format::{Encoder, Record};
 use rustc_hash::FxHashMap;
 
-use crate::config::MAX_DEPTH;
+use crate::config::{Unwinder, MAX_DEPTH};
 use crate::session::{Session, ThreadBuf, BUF_CAP, FLUSH_AT};
+use crate::unwind::Here;
 use crate::{sys, unwind};
 
 struct ThreadState {
@@ -19,24 +20,32 @@ struct ThreadState {
     buf: Arc<ThreadBuf>,
     /// Backtrace → id, for the backtraces this thread has defined in the stream.
     stacks: FxHashMap<Box<[u64]>, u32>,
+    /// The backtrace being recorded (a field, not a local: no 2 KiB of
+    /// zeroes per event).
+    frames: Box<[u64; MAX_DEPTH]>,
     /// The fast unwinder, made on this thread's first backtrace.
     #[cfg(target_arch = "x86_64")]
     unwinder: Option<crate::unwind::fast::ThreadUnwinder>,
 }
 
 impl ThreadState {
-    /// This thread's backtrace into `out`, with the session's unwinder.
-    fn capture(&mut self, s: &Session, out: &mut [u64]) -> usize {
+    /// This thread's backtrace from the hook's frame `at` into
+    /// `self.frames`, with the session's unwinder; returns how many frames.
+    fn capture(&mut self, s: &Session, at: Here) -> usize {
         #[cfg(target_arch = "x86_64")]
-        if !s.libgcc_unwinder {
+        if s.unwinder != Unwinder::Libgcc {
             if self.unwinder.is_none() {
                 self.unwinder = crate::unwind::fast::ThreadUnwinder::new();
             }
-            if let Some(n) = self.unwinder.as_mut().and_then(|u| u.capture(out, s.depth)) {
+            if let Some(n) = self.unwinder.as_mut().and_then(|u| u.capture(&mut self.frames[..], s.depth, at)) {
+                if s.unwinder == Unwinder::Check {
+                    unwind::check(&self.frames[..n], s.depth);
+                }
                 return n;
             }
         }
-        unwind::libgcc::capture(out, s.depth)
+        let _ = at;
+        unwind::libgcc::capture(&mut self.frames[..], s.depth)
     }
 }
 
@@ -101,6 +110,7 @@ fn state(s: &Session) -> Option<&'static mut ThreadState> {
         tid: sys::gettid(),
         buf: s.register(),
         stacks: FxHashMap::default(),
+        frames: Box::new([0; MAX_DEPTH]),
         #[cfg(target_arch = "x86_64")]
         unwinder: None,
     }));
@@ -115,21 +125,17 @@ fn state(s: &Session) -> Option<&'static mut ThreadState> {
 }
 
 /// Appends one event at time `now` (ns since the start) to this thread's
-/// buffer, with this thread's backtrace when `with_stack`; `make` builds the
-/// record from the time and the backtrace id.
-pub fn push(s: &Session, now: u64, with_stack: bool, make: impl FnOnce(u64, u32) -> Record) {
-    let mut buf = [0u64; MAX_DEPTH];
+/// buffer, with this thread's backtrace from the hook's frame `stack_at`
+/// when given; `make` builds the record from the time and the backtrace id.
+pub fn push(s: &Session, now: u64, stack_at: Option<Here>, make: impl FnOnce(u64, u32) -> Record) {
     let Some(st) = state(s) else {
-        let n = if with_stack { unwind::libgcc::capture(&mut buf, s.depth) } else { 0 };
-        return write_sync(s, sys::gettid(), now, with_stack.then_some(&buf[..n]), make);
+        let mut buf = [0u64; MAX_DEPTH];
+        let n = if stack_at.is_some() { unwind::libgcc::capture(&mut buf, s.depth) } else { 0 };
+        return write_sync(s, sys::gettid(), now, stack_at.map(|_| &buf[..n]), make);
     };
     // Unwind before taking the buffer's lock: the writer may want it.
-    let frames = if with_stack {
-        let n = st.capture(s, &mut buf);
-        Some(&buf[..n])
-    } else {
-        None
-    };
+    let n = stack_at.map(|at| st.capture(s, at));
+    let frames = n.map(|n| &st.frames[..n]);
     let mut b = st.buf.inner.lock();
     if s.is_finished() {
         drop(b);

@@ -11,7 +11,7 @@ use crate::recorder;
 
 #[no_mangle]
 pub extern "C" fn malloc(size: usize) -> *mut c_void {
-    traced(|| real::malloc(size), |&p| recorder::alloc(Family::Malloc, p, size))
+    traced(|| real::malloc(size), |&p, at| recorder::alloc(at, Family::Malloc, p, size))
 }
 
 /// # Safety
@@ -37,7 +37,7 @@ pub unsafe extern "C" fn cfree(p: *mut c_void) {
 
 #[no_mangle]
 pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
-    traced(|| real::calloc(n, size), |&p| recorder::alloc(Family::Malloc, p, n.wrapping_mul(size)))
+    traced(|| real::calloc(n, size), |&p, at| recorder::alloc(at, Family::Malloc, p, n.wrapping_mul(size)))
 }
 
 /// # Safety
@@ -53,10 +53,10 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
             // SAFETY: forwarded under the caller's contract.
             unsafe { real::realloc(p, size) }
         },
-        |&r| {
+        |&r, at| {
             // An arena block moving to real memory is a new allocation.
             let old = if real::in_arena(p) { std::ptr::null_mut() } else { p };
-            recorder::realloc(old, r, size, t0.get())
+            recorder::realloc(at, old, r, size, t0.get())
         },
     )
 }
@@ -115,9 +115,9 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
             None => libc::ENOMEM,
         },
         // SAFETY: on success posix_memalign wrote *out.
-        |&rc| {
+        |&rc, at| {
             if rc == 0 {
-                recorder::alloc(Family::Aligned, unsafe { *out }, size)
+                recorder::alloc(at, Family::Aligned, unsafe { *out }, size)
             }
         },
     )
@@ -125,22 +125,22 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
 
 #[no_mangle]
 pub extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
-    traced(|| call_align(&ALIGNED_ALLOC, align, size), |&p| recorder::alloc(Family::Aligned, p, size))
+    traced(|| call_align(&ALIGNED_ALLOC, align, size), |&p, at| recorder::alloc(at, Family::Aligned, p, size))
 }
 
 #[no_mangle]
 pub extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
-    traced(|| call_align(&MEMALIGN, align, size), |&p| recorder::alloc(Family::Aligned, p, size))
+    traced(|| call_align(&MEMALIGN, align, size), |&p, at| recorder::alloc(at, Family::Aligned, p, size))
 }
 
 #[no_mangle]
 pub extern "C" fn valloc(size: usize) -> *mut c_void {
-    traced(|| call_size(&VALLOC, size), |&p| recorder::alloc(Family::Aligned, p, size))
+    traced(|| call_size(&VALLOC, size), |&p, at| recorder::alloc(at, Family::Aligned, p, size))
 }
 
 #[no_mangle]
 pub extern "C" fn pvalloc(size: usize) -> *mut c_void {
-    traced(|| call_size(&PVALLOC, size), |&p| recorder::alloc(Family::Aligned, p, size))
+    traced(|| call_size(&PVALLOC, size), |&p, at| recorder::alloc(at, Family::Aligned, p, size))
 }
 
 /// Passes through (arena blocks report their requested size).

@@ -24,7 +24,7 @@ pub unsafe extern "C" fn mtrace_marker(name: *const c_char) {
     let Some(_g) = Guard::enter() else { return };
     let name = text(name).unwrap_or_default();
     if let Some(s) = session::get() {
-        thread::push(s, s.now(), false, |time_ns, _| Record::Marker { time_ns, seq: 0, name });
+        thread::push(s, s.now(), None, |time_ns, _| Record::Marker { time_ns, seq: 0, name });
     }
 }
 
@@ -109,7 +109,7 @@ pub extern "C" fn glibc_muntrace() {
 pub unsafe extern "C" fn mtrace_alloc(pool: *const c_char, ptr: *const std::ffi::c_void, size: usize) {
     let Some(_g) = Guard::enter() else { return };
     let errno = crate::sys::errno();
-    recorder::pool_alloc(&text(pool).unwrap_or_default(), ptr as u64, size as u64);
+    recorder::pool_alloc(crate::unwind::Here::now(), &text(pool).unwrap_or_default(), ptr as u64, size as u64);
     crate::sys::set_errno(errno);
 }
 

@@ -33,7 +33,7 @@ macro_rules! new_hook {
                     Some(f) => unsafe { f(size $(, $arg)*) },
                     None => $fallback(size $(, $arg)*),
                 },
-                |&p| recorder::alloc($family, p, size),
+                |&p, at| recorder::alloc(at, $family, p, size),
             )
         }
     };

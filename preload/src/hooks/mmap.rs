@@ -23,7 +23,7 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i
             Some(f) => unsafe { f(addr, len, prot, flags, fd, off) },
             None => unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void },
         },
-        |&p| recorder::mmap(p, len, prot, flags, fd),
+        |&p, at| recorder::mmap(at, p, len, prot, flags, fd),
     )
 }
 
@@ -84,6 +84,6 @@ pub unsafe extern "C" fn mremap(
             Some(f) => unsafe { f(old, old_len, new_len, flags, new_addr) },
             None => libc::MAP_FAILED,
         },
-        |&p| recorder::mremap(old, old_len, p, new_len),
+        |&p, at| recorder::mremap(at, old, old_len, p, new_len),
     )
 }

@@ -10,17 +10,20 @@ pub mod process;
 
 use crate::guard::Guard;
 use crate::recorder;
+use crate::unwind::Here;
 use mtrace_format::Family;
 
-/// Runs `call` and then `record` with its result, inside the reentrancy
-/// guard; when the thread already is inside a hook, only `call` runs.
+/// Runs `call` and then `record` with its result and the hook's frame
+/// (where the backtrace starts), inside the reentrancy guard; when the
+/// thread already is inside a hook, only `call` runs. Inlined into each
+/// hook, so that [`Here::now`] reads the hook's own frame.
 #[inline(always)]
-fn traced<T>(call: impl FnOnce() -> T, record: impl FnOnce(&T)) -> T {
+fn traced<T>(call: impl FnOnce() -> T, record: impl FnOnce(&T, Here)) -> T {
     match Guard::enter() {
         None => call(),
         Some(_g) => {
             let r = call();
-            record(&r);
+            record(&r, Here::now());
             r
         }
     }

@@ -61,8 +61,8 @@ pub struct Session {
     pub start_mono: u64,
     /// Frames per backtrace.
     pub depth: usize,
-    /// Unwind with libgcc rather than the fast unwinder (`MTRACE_UNWINDER`).
-    pub libgcc_unwinder: bool,
+    /// The unwinder (`MTRACE_UNWINDER`).
+    pub unwinder: crate::config::Unwinder,
     /// The signal that asks for an incremental report, if any.
     pub report_signal: Option<i32>,
     /// The signal that asks for a leak scan and its report, if any.
@@ -229,7 +229,7 @@ impl Session {
             pid,
             start_mono,
             depth: cfg.depth,
-            libgcc_unwinder: cfg.libgcc_unwinder,
+            unwinder: cfg.unwinder,
             report_signal: cfg.report_signal,
             scan_signal: cfg.scan_signal,
             scan: cfg.scan,

@@ -14,8 +14,14 @@
 //! top of the stack) and return return addresses, innermost first.
 
 #[cfg(target_arch = "x86_64")]
+mod cfi;
+#[cfg(target_arch = "x86_64")]
 pub mod fast;
 pub mod libgcc;
+#[cfg(target_arch = "x86_64")]
+mod rule_cache;
+#[cfg(target_arch = "x86_64")]
+mod walk;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -33,11 +39,71 @@ pub fn init() {
     }
 }
 
+/// Where a backtrace starts: the registers of the hook's own frame, read
+/// in the hook itself. The fast unwinder walks from there rather than from
+/// its own frame, so the tracer's frames between the hook and the unwinder
+/// (three or four on the allocation path) are not unwound on every call.
+/// Only valid while the frame that read it is live.
+#[derive(Clone, Copy)]
+pub struct Here {
+    #[cfg(target_arch = "x86_64")]
+    regs: walk::Regs,
+}
+
+impl Here {
+    /// The caller's registers (it is inlined into the caller).
+    #[inline(always)]
+    pub fn now() -> Here {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (ip, sp, bp): (u64, u64, u64);
+            // SAFETY: reads three registers; no memory access.
+            unsafe {
+                std::arch::asm!("lea {0}, [rip]", "mov {1}, rsp", "mov {2}, rbp",
+                    out(reg) ip, out(reg) sp, out(reg) bp, options(nomem, nostack, preserves_flags));
+            }
+            Here { regs: walk::Regs { ip, sp, bp } }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Here {}
+    }
+}
+
+static CHECKED: AtomicUsize = AtomicUsize::new(0);
+static DIFFERED: AtomicUsize = AtomicUsize::new(0);
+/// Differences printed in full; the rest are only counted.
+const SHOWN: usize = 5;
+
+/// `MTRACE_UNWINDER=check`: compares the fast unwinder's `frames` with
+/// libgcc's backtrace of the same call (up to `depth`), printing the first
+/// few that differ on stderr.
+#[inline(never)]
+pub fn check(frames: &[u64], depth: usize) {
+    let mut theirs = [0u64; crate::config::MAX_DEPTH];
+    let n = libgcc::capture(&mut theirs, depth);
+    CHECKED.fetch_add(1, Ordering::Relaxed);
+    if frames != &theirs[..n] && DIFFERED.fetch_add(1, Ordering::Relaxed) < SHOWN {
+        crate::sys::warn(&format!("unwinder check: fast {frames:x?}\n  libgcc {:x?}", &theirs[..n]));
+    }
+}
+
+/// The line `MTRACE_UNWINDER=check` prints at exit.
+pub fn check_summary() -> String {
+    let (checked, differed) = (CHECKED.load(Ordering::Relaxed), DIFFERED.load(Ordering::Relaxed));
+    format!("unwinder check: {differed} of {checked} backtraces differ from libgcc's")
+}
+
+/// This library's address range [lo, hi); (0, 0) before [`init`].
+#[inline]
+pub fn own_range() -> (u64, u64) {
+    (OWN_LO.load(Ordering::Relaxed) as u64, OWN_HI.load(Ordering::Relaxed) as u64)
+}
+
 /// Copies the addresses `frames` yields into `out`, dropping the leading
 /// ones inside this library, up to `depth`; returns how many were written.
 #[inline]
 pub fn collect(out: &mut [u64], depth: usize, frames: impl Iterator<Item = u64>) -> usize {
-    let (lo, hi) = (OWN_LO.load(Ordering::Relaxed) as u64, OWN_HI.load(Ordering::Relaxed) as u64);
+    let (lo, hi) = own_range();
     let depth = depth.min(out.len());
     let mut n = 0;
     for ip in frames.skip_while(|&ip| ip >= lo && ip < hi) {

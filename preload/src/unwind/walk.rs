@@ -1,0 +1,422 @@
+//! The stack walk, and joining the previous walk of the same thread.
+//!
+//! Consecutive allocations of a thread mostly share their outer frames
+//! (main, the event loop, the parser), and unwinding is a deterministic
+//! function of a frame's registers (ip, sp, bp) and of the stack words the
+//! rules read. So the walk keeps, per frame, those registers and the words
+//! read to unwind it; when a new walk reaches a frame with the same ip and
+//! sp as a frame of the previous walk (and the same bp, where the rest of
+//! the walk depends on bp), and every word the previous walk read from
+//! there on still holds the same value, the rest of the previous walk is
+//! what the unwinder would find again: it is copied instead of unwound.
+//! Checking is independent loads, where unwinding is a chain of dependent
+//! ones (each frame's rule lookup waits for the return address before it).
+//! This is exact, not a heuristic: a word that changed, a bp that matters
+//! and differs, or a frame whose reads were not all kept, forces a walk.
+
+use super::cfi::Rule;
+use crate::config::MAX_DEPTH;
+
+/// Frames a walk keeps: the deepest backtrace plus the tracer's own frames.
+pub const MAX_FRAMES: usize = MAX_DEPTH + 16;
+
+/// Registers of one frame.
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct Regs {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+/// How the caller's frame depends on this frame's bp.
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub enum Dep {
+    /// CFA from rsp, the caller's bp restored from the stack: not at all.
+    Restores,
+    /// CFA from rsp, bp unchanged: as much as the caller's caller does.
+    #[default]
+    Passes,
+    /// CFA from rbp, or a rule framehop ran: it does.
+    Uses,
+}
+
+/// Reads stack words for one frame's unwinding and keeps them in its
+/// record, with bounds for reading.
+pub struct Reads<'a> {
+    lo: u64,
+    hi: u64,
+    frame: &'a mut Frame,
+    /// More reads than kept, or a read refused: the frame cannot be checked.
+    lost: bool,
+}
+
+impl Reads<'_> {
+    /// Reads the aligned word at `addr` when it lies in [lo, hi − 8].
+    #[inline(always)]
+    pub fn read(&mut self, addr: u64) -> Option<u64> {
+        if addr < self.lo || addr > self.hi - 8 || !addr.is_multiple_of(8) {
+            self.lost = true;
+            return None;
+        }
+        // SAFETY: an aligned word inside this thread's own stack mapping
+        // (the caller's bounds: the current sp up to the stack's top).
+        let v = unsafe { *(addr as *const u64) };
+        let f = &mut *self.frame;
+        match f.words.get_mut(f.n as usize) {
+            Some(w) => {
+                *w = (addr, v);
+                f.n += 1;
+            }
+            None => self.lost = true,
+        }
+        Some(v)
+    }
+}
+
+/// Unwinds one frame: registers, whether it is the first frame (its ip is
+/// not a return address), and the reader to read the stack through.
+pub trait Unwind {
+    fn step(&mut self, r: Regs, first: bool, reads: &mut Reads) -> Step;
+}
+
+/// The outcome of unwinding one frame.
+pub enum Step {
+    /// The caller's registers.
+    Caller(Regs, Dep),
+    /// No caller (the outermost frame, or the rules found none); how that
+    /// decision depended on the frame's bp.
+    End(Dep),
+}
+
+/// Runs a [`Rule::Cfa`] or [`Rule::End`] on frame `r` ([`Rule::Other`]
+/// is the caller's business: it ends the walk here).
+#[inline(always)]
+pub fn exec(rule: Rule, r: Regs, reads: &mut Reads) -> Step {
+    let Rule::Cfa { from_bp, cfa_off, bp_off } = rule else { return Step::End(Dep::Restores) };
+    let cfa = (if from_bp { r.bp } else { r.sp }).wrapping_add(cfa_off as i64 as u64);
+    let dep = if from_bp {
+        Dep::Uses
+    } else if bp_off != 0 {
+        Dep::Restores
+    } else {
+        Dep::Passes
+    };
+    let Some(ip) = reads.read(cfa.wrapping_sub(8)) else { return Step::End(dep) };
+    let bp = if bp_off == 0 {
+        r.bp
+    } else {
+        let Some(bp) = reads.read(cfa.wrapping_add(bp_off as i64 as u64)) else { return Step::End(dep) };
+        bp
+    };
+    Step::Caller(Regs { ip, sp: cfa, bp }, dep)
+}
+
+/// One frame of a walk: its registers, the words read to unwind it.
+#[derive(Clone, Copy, Default)]
+pub struct Frame {
+    regs: Regs,
+    words: [(u64, u64); 2],
+    n: u8,
+    dep: Dep,
+    /// The rest of the walk from here depends on this frame's bp.
+    needs_bp: bool,
+}
+
+/// One walk: its frames, innermost first, and how it ended.
+struct Log {
+    frames: [Frame; MAX_FRAMES],
+    n: usize,
+    /// Frames below this index may not be joined: a frame at or above it
+    /// (toward the caller) could not be checked.
+    join_from: usize,
+    /// Stopped by the depth limit, with `next` the registers of the frame
+    /// after the last.
+    truncated: bool,
+    next: Regs,
+}
+
+impl Log {
+    fn empty() -> Box<Log> {
+        Box::new(Log {
+            frames: [Frame::default(); MAX_FRAMES],
+            n: 0,
+            join_from: usize::MAX,
+            truncated: false,
+            next: Regs::default(),
+        })
+    }
+
+    /// Whether the walk from frame `j` on reads the same words now.
+    #[inline]
+    fn still_holds(&self, j: usize, lo: u64, hi: u64) -> bool {
+        let mut same = true;
+        for f in &self.frames[j..self.n] {
+            for &(addr, v) in &f.words[..f.n as usize] {
+                if addr < lo || addr > hi - 8 {
+                    return false;
+                }
+                // SAFETY: an aligned word (it was when read) inside this
+                // thread's stack, [lo, hi).
+                same &= unsafe { *(addr as *const u64) } == v;
+            }
+        }
+        same
+    }
+}
+
+/// A thread's walker: the previous walk and the one being made.
+pub struct Walker {
+    prev: Box<Log>,
+    cur: Box<Log>,
+}
+
+impl Walker {
+    pub fn new() -> Walker {
+        Walker { prev: Log::empty(), cur: Log::empty() }
+    }
+
+    /// Forgets the previous walk (the rules changed).
+    pub fn forget(&mut self) {
+        self.prev.n = 0;
+    }
+
+    /// Walks from `start` (the first frame, whose ip is an instruction, not
+    /// a return address) over the stack [start.sp, `top`), writing the ips
+    /// of the frames after the leading ones inside `own` into `out`, at
+    /// most `depth`; returns how many. `unwind` unwinds one frame.
+    #[inline(always)]
+    pub fn walk(
+        &mut self,
+        start: Regs,
+        top: u64,
+        own: (u64, u64),
+        depth: usize,
+        out: &mut [u64],
+        unwind: &mut impl Unwind,
+    ) -> usize {
+        let (lo, hi) = (start.sp, top);
+        let depth = depth.min(out.len());
+        let (prev, cur) = (&*self.prev, &mut *self.cur);
+        cur.n = 0;
+        cur.join_from = 0;
+        cur.truncated = false;
+        let mut n_out = 0;
+        let mut r = start;
+        let mut j = 0;
+        let mut first = true;
+        loop {
+            if n_out == depth || cur.n == MAX_FRAMES {
+                cur.truncated = true;
+                cur.next = r;
+                break;
+            }
+            if !first {
+                while j < prev.n && prev.frames[j].regs.sp < r.sp {
+                    j += 1;
+                }
+                if j < prev.n && j >= prev.join_from.max(1) {
+                    let p = &prev.frames[j];
+                    if p.regs.sp == r.sp
+                        && p.regs.ip == r.ip
+                        && (!p.needs_bp || p.regs.bp == r.bp)
+                        && prev.still_holds(j, lo, hi)
+                    {
+                        // The rest is the previous walk's, from its frame j.
+                        let mut k = j;
+                        while k < prev.n && n_out < depth && cur.n < MAX_FRAMES {
+                            let f = prev.frames[k];
+                            if n_out > 0 || !(own.0..own.1).contains(&f.regs.ip) {
+                                out[n_out] = f.regs.ip;
+                                n_out += 1;
+                            }
+                            cur.frames[cur.n] = f;
+                            cur.n += 1;
+                            k += 1;
+                        }
+                        if k < prev.n {
+                            cur.truncated = true;
+                            cur.next = prev.frames[k].regs;
+                            break;
+                        }
+                        if !prev.truncated {
+                            break;
+                        }
+                        // The previous walk stopped at its depth; this one
+                        // has room for more: go on from where it stopped.
+                        r = prev.next;
+                        continue;
+                    }
+                }
+            }
+            if n_out > 0 || !(own.0..own.1).contains(&r.ip) {
+                out[n_out] = r.ip;
+                n_out += 1;
+            }
+            let f = &mut cur.frames[cur.n];
+            f.regs = r;
+            f.n = 0;
+            let mut reads = Reads { lo, hi, frame: f, lost: false };
+            let next = unwind.step(r, first, &mut reads);
+            let lost = reads.lost;
+            let f = &mut cur.frames[cur.n];
+            cur.n += 1;
+            if lost {
+                cur.join_from = cur.n;
+            }
+            match next {
+                Step::Caller(next, dep) => {
+                    f.dep = dep;
+                    // The stack grows down: a caller's frame is above.
+                    if next.sp <= r.sp || next.ip == 0 {
+                        break;
+                    }
+                    r = next;
+                }
+                Step::End(dep) => {
+                    f.dep = dep;
+                    break;
+                }
+            }
+            first = false;
+        }
+        // Which frames' bp the rest of the walk depends on.
+        let mut needs = cur.truncated;
+        for f in cur.frames[..cur.n].iter_mut().rev() {
+            needs = match f.dep {
+                Dep::Restores => false,
+                Dep::Passes => needs,
+                Dep::Uses => true,
+            };
+            f.needs_bp = needs;
+        }
+        std::mem::swap(&mut self.prev, &mut self.cur);
+        n_out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// Rules by lookup address, run with [`exec`]; counts the frames it unwound.
+    struct Table(HashMap<u64, Rule>, usize);
+
+    impl Unwind for Table {
+        fn step(&mut self, r: Regs, first: bool, reads: &mut Reads) -> Step {
+            self.1 += 1;
+            let lookup = if first { r.ip } else { r.ip - 1 };
+            exec(self.0.get(&lookup).copied().unwrap_or(Rule::End), r, reads)
+        }
+    }
+
+    const SP: Rule = Rule::Cfa { from_bp: false, cfa_off: 16, bp_off: 0 };
+    const SP_SAVES_BP: Rule = Rule::Cfa { from_bp: false, cfa_off: 16, bp_off: -16 };
+    const BP: Rule = Rule::Cfa { from_bp: true, cfa_off: 16, bp_off: -16 };
+
+    /// A stack of 16-byte frames [saved bp, return address] from `words[0]`
+    /// up, frame i returning into ip `0x1000 * (i + 2) + 1`.
+    fn stack(frames: usize) -> Vec<u64> {
+        let mut w = vec![0u64; frames * 2 + 2];
+        for i in 0..frames {
+            w[2 * i + 1] = 0x1000 * (i as u64 + 2) + 1;
+        }
+        w
+    }
+
+    fn addr(w: &[u64], i: usize) -> u64 {
+        &w[i] as *const u64 as u64
+    }
+
+    fn walk(wk: &mut Walker, t: &mut Table, w: &[u64], first_word: usize, ip: u64, bp: u64) -> Vec<u64> {
+        let mut out = [0u64; 64];
+        let start = Regs { ip, sp: addr(w, first_word), bp };
+        let top = addr(w, w.len() - 1) + 8;
+        let n = wk.walk(start, top, (0, 0), 64, &mut out, t);
+        out[..n].to_vec()
+    }
+
+    fn table(rules: &[(u64, Rule)]) -> Table {
+        Table(rules.iter().copied().collect(), 0)
+    }
+
+    /// The hook's frame of a later walk: an instruction, not a return
+    /// address, with an rsp-based rule.
+    const HOOK: u64 = 0x1100;
+
+    #[test]
+    fn joins_the_previous_walk_only_while_its_words_hold() {
+        // ips 0x1000 (first), 0x2001, 0x3001, ... each an rsp-based frame.
+        let mut w = stack(6);
+        let mut rules: Vec<(u64, Rule)> = (1..=6).map(|i| (0x1000 * i as u64, SP)).collect();
+        rules.push((HOOK, SP));
+        let mut t = table(&rules);
+        let mut wk = Walker::new();
+        let full = walk(&mut wk, &mut t, &w, 0, 0x1000, 0);
+        assert_eq!(full, [0x1000, 0x2001, 0x3001, 0x4001, 0x5001, 0x6001, 0x7001]);
+        assert_eq!(t.1, 7);
+        // From a shallower hook frame: its caller is the previous walk's
+        // frame 2, from where the rest is copied.
+        t.1 = 0;
+        assert_eq!(walk(&mut wk, &mut t, &w, 2, HOOK, 0), [&[HOOK][..], &full[2..]].concat());
+        assert_eq!(t.1, 1);
+        // A return address above changed (another caller at the same sp):
+        // the copy would be stale, so it walks until the words agree again.
+        w[7] = 0x6001;
+        t.1 = 0;
+        assert_eq!(walk(&mut wk, &mut t, &w, 2, HOOK, 0), [HOOK, 0x3001, 0x4001, 0x6001, 0x6001, 0x7001]);
+        assert_eq!(t.1, 4);
+    }
+
+    #[test]
+    fn bp_matters_only_where_the_rest_uses_it() {
+        // Frame 2 (ip 0x3001) finds its CFA from rbp.
+        let w = stack(4);
+        let bp_frame = addr(&w, 4);
+        let mut t = table(&[(0x1000, SP), (0x2000, SP), (0x3000, BP), (0x4000, SP), (HOOK, SP)]);
+        let mut wk = Walker::new();
+        let full = walk(&mut wk, &mut t, &w, 0, 0x1000, bp_frame);
+        assert_eq!(full, [0x1000, 0x2001, 0x3001, 0x4001, 0x5001]);
+        // Same frame, other bp: the copy would be wrong, so it walks (and
+        // the rbp-based frame now points outside the stack and ends).
+        t.1 = 0;
+        assert_eq!(walk(&mut wk, &mut t, &w, 2, HOOK, 1 << 40), [HOOK, 0x3001]);
+        assert_eq!(t.1, 2);
+        // A frame that restores bp from the stack does not depend on it.
+        let mut t = table(&[(0x1000, SP), (0x2000, SP), (0x3000, SP_SAVES_BP), (0x4000, SP), (HOOK, SP)]);
+        let mut wk = Walker::new();
+        let full = walk(&mut wk, &mut t, &w, 0, 0x1000, 7);
+        t.1 = 0;
+        assert_eq!(walk(&mut wk, &mut t, &w, 2, HOOK, 9), [&[HOOK][..], &full[2..]].concat());
+        assert_eq!(t.1, 1);
+    }
+
+    #[test]
+    fn a_truncated_walk_goes_on_where_the_previous_one_stopped() {
+        let w = stack(6);
+        let mut rules: Vec<(u64, Rule)> = (1..=6).map(|i| (0x1000 * i as u64, SP)).collect();
+        rules.push((HOOK, SP));
+        let mut t = table(&rules);
+        let mut wk = Walker::new();
+        let mut out = [0u64; 64];
+        let top = addr(&w, w.len() - 1) + 8;
+        let n = wk.walk(Regs { ip: 0x1000, sp: addr(&w, 0), bp: 0 }, top, (0, 0), 3, &mut out, &mut t);
+        assert_eq!(out[..n], [0x1000, 0x2001, 0x3001]);
+        t.1 = 0;
+        let n = wk.walk(Regs { ip: HOOK, sp: addr(&w, 2), bp: 0 }, top, (0, 0), 5, &mut out, &mut t);
+        assert_eq!(out[..n], [HOOK, 0x3001, 0x4001, 0x5001, 0x6001]);
+        // The hook unwound, 0x3001 copied, then 0x4001.. unwound again.
+        assert_eq!(t.1, 4);
+    }
+
+    #[test]
+    fn leading_own_frames_are_left_out() {
+        let w = stack(3);
+        let mut t = table(&[(0x1000, SP), (0x2000, SP), (0x3000, SP)]);
+        let mut out = [0u64; 8];
+        let top = addr(&w, w.len() - 1) + 8;
+        let own = (0x1000, 0x2800);
+        let n = Walker::new().walk(Regs { ip: 0x1000, sp: addr(&w, 0), bp: 0 }, top, own, 8, &mut out, &mut t);
+        assert_eq!(out[..n], [0x3001, 0x4001]);
+    }
+}
