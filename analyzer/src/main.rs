@@ -46,7 +46,8 @@ Environment (read by libmtrace.so; an invalid value warns once and the default i
   MTRACE_FOLLOW_EXEC=on|off   off: programs this one execs run untraced
   MTRACE_REPORT_SIGNAL=SIG    signal that writes an incremental report (default USR1; off)
   MTRACE_REPORT_DIR=DIR       where <program>-<pid>-<n>.memlog reports go (default: cwd)
-  MTRACE_UNWINDER=fast|libgcc|check unwinder (default fast; check compares with libgcc)
+  MTRACE_UNWINDER=U           fast, libgcc, or check (both, differences on stderr); default fast
+  MTRACE_CLOCK=tsc|monotonic  event clock (default tsc where the TSC is invariant)
   MTRACE_BIN=PATH             the mtrace binary that writes .memlog reports (`run` sets it)
   MTRACE_LIB=PATH             the libmtrace.so that `run` preloads (default: next to mtrace)";
 

@@ -153,16 +153,18 @@ fn bad_environment_values_warn_once_and_fall_back() {
         .env("MTRACE_START", "maybe")
         .env("MTRACE_REPORT_SIGNAL", "SIGNOPE")
         .env("MTRACE_UNWINDER", "guess")
+        .env("MTRACE_CLOCK", "sundial")
         .output()
         .unwrap();
     assert!(out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     // One warning per variable, each naming it and the default used.
-    assert_eq!(err.lines().count(), 4, "{err}");
+    assert_eq!(err.lines().count(), 5, "{err}");
     assert!(err.contains("MTRACE_DEPTH=\"lots\"") && err.contains("using 64"), "{err}");
     assert!(err.contains("MTRACE_START=\"maybe\"") && err.contains("using on"), "{err}");
     assert!(err.contains("MTRACE_REPORT_SIGNAL=\"SIGNOPE\"") && err.contains("using USR1"), "{err}");
     assert!(err.contains("MTRACE_UNWINDER=\"guess\"") && err.contains("using fast"), "{err}");
+    assert!(err.contains("MTRACE_CLOCK=\"sundial\"") && err.contains("using tsc"), "{err}");
     let t = traces(&dir);
     assert_eq!(t.len(), 1);
     assert_eq!(t[0].1["summary"]["leaked_bytes"], 803);

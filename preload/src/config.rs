@@ -27,6 +27,8 @@ pub struct Config {
     pub output: Option<String>,
     /// `MTRACE_UNWINDER`: which unwinder records backtraces.
     pub unwinder: Unwinder,
+    /// `MTRACE_CLOCK` is not `monotonic`: events may read the TSC.
+    pub tsc_clock: bool,
     /// `MTRACE_REPORT_SIGNAL`: the signal that asks for an incremental
     /// report (default SIGUSR1); `None` when set to `off`.
     pub report_signal: Option<i32>,
@@ -92,6 +94,14 @@ pub fn load() -> Config {
             Unwinder::Fast
         }
     };
+    let tsc_clock = match sys::getenv(c"MTRACE_CLOCK").as_deref() {
+        None | Some("tsc") => true,
+        Some("monotonic") => false,
+        Some(v) => {
+            sys::warn(&format!("MTRACE_CLOCK={v:?} is neither \"tsc\" nor \"monotonic\"; using tsc"));
+            true
+        }
+    };
     let report_signal = match sys::getenv(c"MTRACE_REPORT_SIGNAL") {
         None => Some(libc::SIGUSR1),
         Some(v) => parse_signal(&v).unwrap_or_else(|| {
@@ -120,7 +130,19 @@ pub fn load() -> Config {
     };
     let follow_fork = on_off(c"MTRACE_FOLLOW_FORK");
     let follow_exec = on_off(c"MTRACE_FOLLOW_EXEC");
-    Config { depth, output, unwinder, report_signal, start, scan, scan_signal, follow_fork, follow_exec, report_dir }
+    Config {
+        depth,
+        output,
+        unwinder,
+        tsc_clock,
+        report_signal,
+        start,
+        scan,
+        scan_signal,
+        follow_fork,
+        follow_exec,
+        report_dir,
+    }
 }
 
 /// An on/off variable whose default is on.

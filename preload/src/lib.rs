@@ -14,6 +14,7 @@
 #![cfg_attr(test, allow(dead_code))]
 
 mod allocator;
+mod clock;
 mod config;
 mod fork;
 mod guard;

@@ -12,6 +12,7 @@ mod writer;
 
 pub use writer::{start_writer, FileHold};
 
+use crate::clock::Clock;
 use crate::{config, modules, sys, unwind};
 
 /// A thread's buffer becomes "full" and goes to the writer at this size.
@@ -57,8 +58,8 @@ pub struct Session {
     /// Bumped for every new session (fork): thread state of an older one is reset.
     pub gen: u64,
     pub pid: u32,
-    /// CLOCK_MONOTONIC at the start; record times are ns since this.
-    pub start_mono: u64,
+    /// Event times (ns since `start_mono`).
+    clock: Clock,
     /// Frames per backtrace.
     pub depth: usize,
     /// The unwinder (`MTRACE_UNWINDER`).
@@ -227,7 +228,7 @@ impl Session {
         Some(Session {
             gen: GEN.fetch_add(1, Ordering::Relaxed) + 1,
             pid,
-            start_mono,
+            clock: Clock::new(start_mono, cfg.tsc_clock),
             depth: cfg.depth,
             unwinder: cfg.unwinder,
             report_signal: cfg.report_signal,
@@ -251,8 +252,15 @@ impl Session {
     }
 
     /// ns since the session started.
+    #[inline]
     pub fn now(&self) -> u64 {
-        sys::monotonic_ns().saturating_sub(self.start_mono)
+        self.clock.now()
+    }
+
+    /// Session time for a stamp taken before a call (see [`Clock::now_before`]).
+    #[inline]
+    pub fn now_before(&self) -> u64 {
+        self.clock.now_before()
     }
 
     /// A new backtrace id, unique in this stream.

@@ -82,6 +82,7 @@ impl Session {
             if self.is_finished() {
                 continue;
             }
+            self.clock.refit();
             {
                 let _f = self.file.lock();
                 if self.is_finished() {
