@@ -207,10 +207,10 @@ impl ThreadUnwinder {
     pub fn capture(&mut self, out: &mut [u64], depth: usize, at: Here) -> Option<usize> {
         self.sync();
         let n = self.walk(out, depth, at)?;
-        // A walk that ends outside every known module: a library may have
-        // been loaded since the module set was built (a complete walk ends
-        // in _start or clone, which are known). Rebuild it and walk again.
-        if n > 0 && self.steps.module(out[n - 1]).is_none() {
+        // A walk that ends early outside every known module: a library may
+        // have been loaded since the module set was built (a complete walk
+        // ends in _start or clone, which are known). Rebuild it and walk again.
+        if n > 0 && !self.walker.complete() && self.steps.module(out[n - 1]).is_none() {
             let before = GEN.load(Ordering::Acquire);
             refresh();
             if GEN.load(Ordering::Acquire) != before {

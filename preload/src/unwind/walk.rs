@@ -83,16 +83,18 @@ pub trait Unwind {
 pub enum Step {
     /// The caller's registers.
     Caller(Regs, Dep),
-    /// No caller (the outermost frame, or the rules found none); how that
+    /// No caller: the rules say this is the outermost frame.
+    Outermost,
+    /// No caller found (a read failed, or framehop found none); how that
     /// decision depended on the frame's bp.
     End(Dep),
 }
 
 /// Runs a [`Rule::Cfa`] or [`Rule::End`] on frame `r` ([`Rule::Other`]
-/// is the caller's business: it ends the walk here).
+/// is the caller's business: here it counts as the outermost frame).
 #[inline(always)]
 pub fn exec(rule: Rule, r: Regs, reads: &mut Reads) -> Step {
-    let Rule::Cfa { from_bp, cfa_off, bp_off } = rule else { return Step::End(Dep::Restores) };
+    let Rule::Cfa { from_bp, cfa_off, bp_off } = rule else { return Step::Outermost };
     let cfa = (if from_bp { r.bp } else { r.sp }).wrapping_add(cfa_off as i64 as u64);
     let dep = if from_bp {
         Dep::Uses
@@ -132,6 +134,8 @@ struct Log {
     /// Stopped by the depth limit, with `next` the registers of the frame
     /// after the last.
     truncated: bool,
+    /// Reached the frame the rules call outermost.
+    outermost: bool,
     next: Regs,
 }
 
@@ -142,6 +146,7 @@ impl Log {
             n: 0,
             join_from: usize::MAX,
             truncated: false,
+            outermost: false,
             next: Regs::default(),
         })
     }
@@ -175,6 +180,12 @@ impl Walker {
         Walker { prev: Log::empty(), cur: Log::empty() }
     }
 
+    /// Whether the last walk ended where it should: at the depth limit or
+    /// at a frame the rules call outermost (not at an unknown address).
+    pub fn complete(&self) -> bool {
+        self.prev.truncated || self.prev.outermost
+    }
+
     /// Forgets the previous walk (the rules changed).
     pub fn forget(&mut self) {
         self.prev.n = 0;
@@ -200,6 +211,7 @@ impl Walker {
         cur.n = 0;
         cur.join_from = 0;
         cur.truncated = false;
+        cur.outermost = false;
         let mut n_out = 0;
         let mut r = start;
         let mut j = 0;
@@ -239,6 +251,7 @@ impl Walker {
                             break;
                         }
                         if !prev.truncated {
+                            cur.outermost = prev.outermost;
                             break;
                         }
                         // The previous walk stopped at its depth; this one
@@ -271,6 +284,11 @@ impl Walker {
                         break;
                     }
                     r = next;
+                }
+                Step::Outermost => {
+                    f.dep = Dep::Restores;
+                    cur.outermost = true;
+                    break;
                 }
                 Step::End(dep) => {
                     f.dep = dep;
