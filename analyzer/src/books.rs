@@ -34,6 +34,19 @@ pub struct StackTotals {
     pub bytes: u64,
 }
 
+/// One backtrace's books: totals, live now, and live at the latest peak
+/// (kept lazily: `at_peak` holds the value at peak `snap`, taken before the
+/// first change after that peak; unchanged since the peak means `live` is
+/// still that value). So the peak consumers need no second pass.
+#[derive(Clone, Copy, Debug, Default)]
+struct PerStack {
+    totals: StackTotals,
+    live: (u64, u64),
+    at_peak: (u64, u64),
+    snap: u64,
+    family: Option<Family>,
+}
+
 /// What one backtrace holds live at a moment.
 #[derive(Clone, Copy, Debug)]
 pub struct LiveTotals {
@@ -52,7 +65,10 @@ pub struct Books {
     pending_frees: HashMap<u64, Vec<u64>>,
     /// Mappings by start address; `Block::size` is the length.
     maps: BTreeMap<u64, Block>,
-    pub totals: HashMap<u32, StackTotals>,
+    /// Per canonical backtrace index: totals and what it holds live.
+    per_stack: Vec<PerStack>,
+    /// Bumped each time the peak rises: the current peak's number.
+    peak_id: u64,
     /// Allocation calls (malloc family, new, realloc, mmap, mremap).
     pub allocations: u64,
     /// Deallocation calls (free family, delete, munmap); realloc's implied free is not counted.
@@ -67,27 +83,84 @@ pub struct Books {
 }
 
 impl Books {
+    /// The books of backtrace `stack`, made on first use (indices are the
+    /// loader's canonical ones: dense, from 0).
+    fn stack(&mut self, stack: u32) -> &mut PerStack {
+        let i = stack as usize;
+        if i >= self.per_stack.len() {
+            self.per_stack.resize(i + 1, PerStack { snap: self.peak_id, ..Default::default() });
+        }
+        &mut self.per_stack[i]
+    }
+
     fn count_alloc(&mut self, stack: u32, size: u64) {
         self.allocations += 1;
         self.bytes_allocated += size;
-        let t = self.totals.entry(stack).or_default();
+        let t = &mut self.stack(stack).totals;
         t.allocations += 1;
         t.bytes += size;
     }
 
-    fn grow(&mut self, size: u64, time: u64) {
-        self.cur_bytes += size;
-        self.cur_blocks += 1;
+    /// Adds `blocks` blocks of `bytes` in total to what `b`'s backtrace holds.
+    fn live_add(&mut self, b: &Block, bytes: u64, blocks: u64) {
+        let peak_id = self.peak_id;
+        let s = self.stack(b.stack);
+        if s.snap != peak_id {
+            s.at_peak = s.live;
+            s.snap = peak_id;
+        }
+        s.live.0 += bytes;
+        s.live.1 += blocks;
+        s.family.get_or_insert(b.family);
+        self.cur_bytes += bytes;
+        self.cur_blocks += blocks;
+    }
+
+    fn grow(&mut self, b: &Block) {
+        self.live_add(b, b.size, 1);
         if self.cur_bytes > self.peak_bytes {
             self.peak_bytes = self.cur_bytes;
             self.peak_blocks = self.cur_blocks;
-            self.peak_time = time;
+            self.peak_time = b.time;
+            self.peak_id += 1;
         }
     }
 
-    fn shrink(&mut self, size: u64) {
-        self.cur_bytes = self.cur_bytes.saturating_sub(size);
+    fn shrink(&mut self, b: &Block) {
+        let peak_id = self.peak_id;
+        let s = self.stack(b.stack);
+        if s.snap != peak_id {
+            s.at_peak = s.live;
+            s.snap = peak_id;
+        }
+        s.live.0 = s.live.0.saturating_sub(b.size);
+        s.live.1 = s.live.1.saturating_sub(1);
+        self.cur_bytes = self.cur_bytes.saturating_sub(b.size);
         self.cur_blocks = self.cur_blocks.saturating_sub(1);
+    }
+
+    /// Allocation calls and bytes per backtrace, for those with any.
+    pub fn totals(&self) -> impl Iterator<Item = (u32, &StackTotals)> {
+        self.per_stack.iter().enumerate().filter(|(_, s)| s.totals.allocations > 0).map(|(i, s)| (i as u32, &s.totals))
+    }
+
+    /// Allocation calls and bytes of backtrace `stack`.
+    pub fn totals_of(&self, stack: u32) -> StackTotals {
+        self.per_stack.get(stack as usize).map_or_else(StackTotals::default, |s| s.totals)
+    }
+
+    /// Live bytes and blocks per backtrace when the peak was reached (the
+    /// latest time the total rose to it).
+    pub fn live_at_peak(&self) -> HashMap<u32, LiveTotals> {
+        let mut m = HashMap::default();
+        for (i, s) in self.per_stack.iter().enumerate() {
+            let (bytes, blocks) = if s.snap == self.peak_id { s.at_peak } else { s.live };
+            if blocks > 0 {
+                let family = s.family.unwrap_or(Family::Malloc);
+                m.insert(i as u32, LiveTotals { bytes, blocks, family });
+            }
+        }
+        m
     }
 
     /// A block came into existence (malloc, new, the new half of realloc).
@@ -98,7 +171,8 @@ impl Books {
 
     fn insert(&mut self, addr: u64, b: Block) {
         // A free of this block that was read before it: both are done.
-        if let Some(times) = self.pending_frees.get_mut(&addr) {
+        // (Rare: the emptiness check spares a lookup per allocation.)
+        if let Some(times) = (!self.pending_frees.is_empty()).then(|| self.pending_frees.get_mut(&addr)).flatten() {
             if let Some(i) =
                 times.iter().enumerate().filter(|(_, &t)| t >= b.time).min_by_key(|(_, &t)| t).map(|(i, _)| i)
             {
@@ -109,7 +183,7 @@ impl Books {
                 return;
             }
         }
-        self.grow(b.size, b.time);
+        self.grow(&b);
         if let Some(old) = self.live.insert(addr, b) {
             self.also_live.entry(addr).or_default().push(old);
         }
@@ -123,7 +197,7 @@ impl Books {
 
     fn remove(&mut self, addr: u64, time: u64) {
         if let Some(b) = self.take_block(addr, time) {
-            self.shrink(b.size);
+            self.shrink(&b);
         } else {
             self.pending_frees.entry(addr).or_default().push(time);
         }
@@ -132,7 +206,7 @@ impl Books {
     /// Removes the block at `addr` that a free at `time` frees: the one with
     /// the latest allocation time not after it.
     fn take_block(&mut self, addr: u64, time: u64) -> Option<Block> {
-        let Some(extra) = self.also_live.get_mut(&addr) else {
+        let Some(extra) = (!self.also_live.is_empty()).then(|| self.also_live.get_mut(&addr)).flatten() else {
             return self.live.remove_entry(&addr).and_then(|(a, b)| {
                 if b.time <= time {
                     Some(b)
@@ -172,7 +246,7 @@ impl Books {
     pub fn mmap(&mut self, addr: u64, b: Block) {
         self.count_alloc(b.stack, b.size);
         self.unmap_range(addr, b.size);
-        self.grow(b.size, b.time);
+        self.grow(&b);
         self.maps.insert(addr, b);
     }
 
@@ -196,18 +270,16 @@ impl Books {
             self.maps.range(..end).rev().take_while(|(&s, b)| s + page_len(b.size) > addr).map(|(&s, _)| s).collect();
         for s in overlapping {
             let b = self.maps.remove(&s).expect("listed above");
-            self.shrink(b.size);
+            self.shrink(&b);
             let b_end = s + page_len(b.size);
             if s < addr {
                 let head = Block { size: addr - s, ..b.clone() };
-                self.cur_blocks += 1;
-                self.cur_bytes += head.size;
+                self.live_add(&head, head.size, 1);
                 self.maps.insert(s, head);
             }
             if b_end > end {
                 let tail = Block { size: b_end - end, ..b.clone() };
-                self.cur_blocks += 1;
-                self.cur_bytes += tail.size;
+                self.live_add(&tail, tail.size, 1);
                 self.maps.insert(end, tail);
             }
         }
@@ -263,6 +335,32 @@ mod tests {
         let live: Vec<_> = b.live_blocks().map(|(_, b)| b.size).collect();
         assert_eq!(live, vec![16]);
         assert_eq!(b.cur_bytes, 16);
+    }
+
+    #[test]
+    fn live_at_peak_is_the_state_when_the_total_last_rose() {
+        let at = |stack: u32, size: u64, time: u64| Block { size, stack, family: Family::Malloc, time };
+        let mut b = Books::default();
+        b.alloc(0x10, at(0, 100, 1));
+        b.alloc(0x20, at(1, 50, 2));
+        b.free(0x10, 3);
+        b.alloc(0x30, at(2, 30, 4));
+        // Peak: 150 bytes at t=2 (stacks 0 and 1); stack 1 grows past it
+        // later while the total stays lower, stack 2 came after it.
+        b.alloc(0x40, at(1, 60, 5));
+        b.free(0x20, 6);
+        let peak = b.live_at_peak();
+        let mut got: Vec<_> = peak.iter().map(|(&s, l)| (s, l.bytes, l.blocks)).collect();
+        got.sort();
+        assert_eq!(got, vec![(0, 100, 1), (1, 50, 1)]);
+        assert_eq!((b.peak_bytes, b.peak_time), (150, 2));
+        // A new peak: everything live now.
+        b.alloc(0x50, at(2, 200, 7));
+        let mut got: Vec<_> = b.live_at_peak().iter().map(|(&s, l)| (s, l.bytes, l.blocks)).collect();
+        got.sort();
+        assert_eq!(got, vec![(1, 60, 1), (2, 230, 2)]);
+        assert_eq!(b.totals_of(2).allocations, 2);
+        assert_eq!(b.totals().count(), 3);
     }
 
     #[test]

@@ -92,8 +92,6 @@ pub struct Window {
     pub since: Option<MarkerSel>,
     /// Stop reading at this marker.
     pub until: Option<MarkerSel>,
-    /// Stop after this many records (the second pass to the peak).
-    pub until_record: Option<u64>,
 }
 
 /// A marker as read: report number (0 for a named point), name, time (ns).
@@ -138,8 +136,6 @@ pub struct Trace {
     /// One point per RSS sample, in stream order.
     pub timeline: Vec<TimePoint>,
     pub stats: crate::stats::RunStats,
-    /// Records read when the peak was reached (for a second pass to it).
-    pub peak_record: u64,
     /// Pool names (`mtrace_alloc`), by id.
     pub pools: HashMap<u32, String>,
     /// The memory snapshot for the leak scan (`MTRACE_SCAN=1`), if complete.
@@ -177,7 +173,6 @@ impl Trace {
             reached_until: false,
             timeline: Vec::new(),
             stats: Default::default(),
-            peak_record: 0,
             pools: HashMap::default(),
             snapshot: None,
             snapshot_time: u64::MAX,
@@ -215,11 +210,7 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
             }
         };
         t.records += 1;
-        if w.until_record.is_some_and(|n| t.records > n) {
-            break;
-        }
         let tid = r.tid();
-        let peak_before = t.books.peak_bytes;
         match rec {
             Record::Thread { time_ns, .. } => now = time_ns,
             Record::Stack { id, frames } => t.stacks.define(id, frames, now),
@@ -320,9 +311,6 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
             }
         }
         t.last_time = t.last_time.max(now);
-        if t.books.peak_bytes != peak_before {
-            t.peak_record = t.records;
-        }
     }
     // An on-demand scan describes its own moment: a report that reads past
     // it (the program went on) does not classify with it.

@@ -120,7 +120,6 @@ impl ReportOpts {
         let window = load::Window {
             since: self.since_marker.clone().map(load::MarkerSel),
             until: self.until_marker.clone().map(load::MarkerSel),
-            until_record: None,
         };
         let t = load::load_window(trace, &window)?;
         let mut sym = self.symbolizer();
@@ -140,13 +139,7 @@ impl ReportOpts {
         }
         // Whole-run sections, not for a window (and so not in .memlog reports).
         if self.since_marker.is_none() && self.until_marker.is_none() {
-            // A second pass, up to the peak, for what was live then.
-            let at_peak = if t.peak_record > 0 {
-                let w = load::Window { until_record: Some(t.peak_record), ..Default::default() };
-                load::load_window(trace, &w)?.books.live_by_stack()
-            } else {
-                Default::default()
-            };
+            let at_peak = t.books.live_at_peak();
             let inp = report::sections::Inputs { at_peak: &at_peak, older_than_ns: self.older_than, depth: self.depth };
             r.sections = Some(report::sections::build(&t, &mut sym, &inp));
         }

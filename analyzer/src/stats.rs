@@ -1,7 +1,7 @@
 //! Whole-run statistics beside the books, in the spirit of heaptrack's
 //! report sections: temporary allocations and the allocation-size
 //! histogram. (Most calls come from the books' per-backtrace totals, peak
-//! consumers from a second pass up to the peak.)
+//! consumers from the books' per-backtrace state at the peak.)
 
 use rustc_hash::FxHashMap as HashMap;
 

@@ -222,7 +222,7 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
     type Row = ((u32, Option<Kind>), i64, i64, u64, mtrace_format::Family);
     let mut entries: Vec<Row> = groups
         .into_iter()
-        .map(|(k, (bytes, blocks, fam))| (k, bytes, blocks, t.books.totals.get(&k.0).map_or(0, |x| x.allocations), fam))
+        .map(|(k, (bytes, blocks, fam))| (k, bytes, blocks, t.books.totals_of(k.0).allocations, fam))
         .collect();
     let key = |e: &Row| match sort {
         SortKey::Bytes => e.1,

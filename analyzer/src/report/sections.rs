@@ -48,7 +48,7 @@ pub struct Sections {
 
 /// What `build` needs besides the trace.
 pub struct Inputs<'a> {
-    /// Live blocks per backtrace at the peak (from a second pass).
+    /// Live blocks per backtrace at the peak ([`crate::books::Books::live_at_peak`]).
     pub at_peak: &'a HashMap<u32, LiveTotals>,
     /// `--older-than`, ns.
     pub older_than_ns: Option<u64>,
@@ -70,7 +70,7 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, inp: &Inputs) -> Sections {
             .map(|(s, count, bytes)| Entry { count, bytes, frames: super::stack_frames(t, sym, s, inp.depth) })
             .collect()
     };
-    let most_calls = entries(top(t.books.totals.iter().map(|(&s, x)| (s, x.allocations, x.bytes)).collect(), false));
+    let most_calls = entries(top(t.books.totals().map(|(s, x)| (s, x.allocations, x.bytes)).collect(), false));
     let temporary = entries(top(t.stats.temporary.iter().map(|(&s, &n)| (s, n, 0)).collect(), false));
     let peak_consumers = entries(top(inp.at_peak.iter().map(|(&s, l)| (s, l.blocks, l.bytes)).collect(), true));
     let older_than = inp.older_than_ns.map(|d| {
