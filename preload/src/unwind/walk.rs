@@ -120,8 +120,6 @@ pub struct Frame {
     words: [(u64, u64); 2],
     n: u8,
     dep: Dep,
-    /// The rest of the walk from here depends on this frame's bp.
-    needs_bp: bool,
 }
 
 /// One walk: its frames, innermost first, and how it ended.
@@ -151,19 +149,33 @@ impl Log {
         })
     }
 
-    /// Whether the walk from frame `j` on reads the same words now.
-    #[inline]
-    fn still_holds(&self, j: usize, lo: u64, hi: u64) -> bool {
-        let mut same = true;
+    /// Whether the walk from frame `j` on depends on that frame's bp: the
+    /// first frame from there that does not pass bp on to its caller
+    /// decides; a walk cut at the depth limit goes on, so it may.
+    fn needs_bp(&self, j: usize) -> bool {
         for f in &self.frames[j..self.n] {
-            for &(addr, v) in &f.words[..f.n as usize] {
-                if addr < lo || addr > hi - 8 {
-                    return false;
-                }
-                // SAFETY: an aligned word (it was when read) inside this
-                // thread's stack, [lo, hi).
-                same &= unsafe { *(addr as *const u64) } == v;
+            match f.dep {
+                Dep::Restores => return false,
+                Dep::Uses => return true,
+                Dep::Passes => {}
             }
+        }
+        self.truncated
+    }
+}
+
+impl Frame {
+    /// Whether the words read to unwind this frame hold the same now.
+    #[inline(always)]
+    fn holds(&self, lo: u64, hi: u64) -> bool {
+        let mut same = true;
+        for &(addr, v) in &self.words[..self.n as usize] {
+            if addr < lo || addr > hi - 8 {
+                return false;
+            }
+            // SAFETY: an aligned word (it was when read) inside this
+            // thread's stack, [lo, hi).
+            same &= unsafe { *(addr as *const u64) } == v;
         }
         same
     }
@@ -228,36 +240,42 @@ impl Walker {
                 }
                 if j < prev.n && j >= prev.join_from.max(1) {
                     let p = &prev.frames[j];
-                    if p.regs.sp == r.sp
-                        && p.regs.ip == r.ip
-                        && (!p.needs_bp || p.regs.bp == r.bp)
-                        && prev.still_holds(j, lo, hi)
-                    {
-                        // The rest is the previous walk's, from its frame j.
+                    if p.regs.sp == r.sp && p.regs.ip == r.ip && (p.regs.bp == r.bp || !prev.needs_bp(j)) {
+                        // The rest is the previous walk's, from its frame j,
+                        // as far as the words each frame read still hold
+                        // (checked while copying; on a change, undone).
+                        let (n0, out0) = (cur.n, n_out);
                         let mut k = j;
+                        let mut holds = true;
                         while k < prev.n && n_out < depth && cur.n < MAX_FRAMES {
-                            let f = prev.frames[k];
+                            let f = &prev.frames[k];
+                            if !f.holds(lo, hi) {
+                                holds = false;
+                                break;
+                            }
                             if n_out > 0 || !(own.0..own.1).contains(&f.regs.ip) {
                                 out[n_out] = f.regs.ip;
                                 n_out += 1;
                             }
-                            cur.frames[cur.n] = f;
+                            cur.frames[cur.n] = *f;
                             cur.n += 1;
                             k += 1;
                         }
-                        if k < prev.n {
+                        if !holds {
+                            (cur.n, n_out) = (n0, out0);
+                        } else if k < prev.n {
                             cur.truncated = true;
                             cur.next = prev.frames[k].regs;
                             break;
-                        }
-                        if !prev.truncated {
+                        } else if !prev.truncated {
                             cur.outermost = prev.outermost;
                             break;
+                        } else {
+                            // The previous walk stopped at its depth; this
+                            // one has room for more: go on from there.
+                            r = prev.next;
+                            continue;
                         }
-                        // The previous walk stopped at its depth; this one
-                        // has room for more: go on from where it stopped.
-                        r = prev.next;
-                        continue;
                     }
                 }
             }
@@ -296,16 +314,6 @@ impl Walker {
                 }
             }
             first = false;
-        }
-        // Which frames' bp the rest of the walk depends on.
-        let mut needs = cur.truncated;
-        for f in cur.frames[..cur.n].iter_mut().rev() {
-            needs = match f.dep {
-                Dep::Restores => false,
-                Dep::Passes => needs,
-                Dep::Uses => true,
-            };
-            f.needs_bp = needs;
         }
         std::mem::swap(&mut self.prev, &mut self.cur);
         n_out
