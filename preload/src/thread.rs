@@ -136,12 +136,12 @@ pub fn push(s: &Session, now: u64, stack_at: Option<Here>, make: impl FnOnce(u64
     // Unwind before taking the buffer's lock: the writer may want it.
     let n = stack_at.map(|at| st.capture(s, at));
     let frames = n.map(|n| &st.frames[..n]);
-    let mut b = st.buf.inner.lock();
+    let mut guard = st.buf.inner.lock();
     if s.is_finished() {
-        drop(b);
+        drop(guard);
         return write_sync(s, st.tid, now, frames, make);
     }
-    let b = &mut *b;
+    let b = &mut *guard;
     if b.cur.is_empty() {
         b.enc.encode(&mut b.cur, &Record::Thread { tid: st.tid, time_ns: now });
     }
@@ -158,9 +158,16 @@ pub fn push(s: &Session, now: u64, stack_at: Option<Here>, make: impl FnOnce(u64
         },
     };
     b.enc.encode(&mut b.cur, &make(now, id));
+    let mut behind = false;
     if b.cur.len() >= FLUSH_AT {
         let full = std::mem::replace(&mut b.cur, Vec::with_capacity(BUF_CAP));
+        b.full_bytes += full.len();
+        behind = s.buffer_full(full.len());
         b.full.push(full);
+    }
+    drop(guard);
+    if behind {
+        s.throttle();
     }
 }
 

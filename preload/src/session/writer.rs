@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use mtrace_format::{Encoder, Record};
 
-use super::{current, Session, ThreadBuf, BUF_CAP, SAMPLE_EVERY, SIGNAL_REPORT, WRITER_POLL_MS};
+use super::{current, Session, ThreadBuf, BUF_CAP, PENDING_MAX, SAMPLE_EVERY, SIGNAL_REPORT, WRITER_POLL_MS};
 use crate::guard::Guard;
 use crate::{modules, sys};
 
@@ -28,6 +28,7 @@ impl Session {
     pub(super) fn collect(&self, exited_only: bool) {
         let threads: Vec<Arc<ThreadBuf>> = self.threads.lock().clone();
         let mut batch = Vec::new();
+        let mut counted = 0;
         for t in &threads {
             let exited = t.exited.load(Ordering::Acquire);
             if exited_only && !exited {
@@ -39,6 +40,7 @@ impl Session {
                     let cur = std::mem::replace(&mut b.cur, Vec::with_capacity(BUF_CAP));
                     b.full.push(cur);
                 }
+                counted += std::mem::take(&mut b.full_bytes);
                 std::mem::take(&mut b.full)
             };
             for buf in &full {
@@ -46,6 +48,7 @@ impl Session {
             }
         }
         self.write_compressed(&batch);
+        self.pending.fetch_sub(counted, Ordering::Relaxed);
         self.threads.lock().retain(|t| {
             !(t.exited.load(Ordering::Acquire) && {
                 let b = t.inner.lock();
@@ -75,7 +78,10 @@ impl Session {
         let mut round = 0u64;
         loop {
             round += 1;
-            sys::sleep_ms(WRITER_POLL_MS);
+            // Behind (threads may be waiting): no pause between rounds.
+            if self.pending.load(Ordering::Relaxed) <= PENDING_MAX / 4 {
+                sys::sleep_ms(WRITER_POLL_MS);
+            }
             if current().map(|s| s.gen) != Some(gen) {
                 return;
             }
