@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 
 use super::cfi::{Bytes, Cfi, Context, Rule};
 use super::rule_cache::RuleCache;
-use super::walk::{exec, Dep, Reads, Regs, Step, Unwind, Walker};
+use super::walk::{exec, Kind, Reads, Regs, Step, Unwind, Walker};
 use super::Here;
 
 type Unw = UnwinderX86_64<Bytes>;
@@ -271,14 +271,14 @@ impl Steps {
         } else {
             match FrameAddress::from_return_address(r.ip) {
                 Some(a) => a,
-                None => return Step::End(Dep::Uses),
+                None => return Step::End,
             }
         };
         let mut regs = UnwindRegsX86_64::new(r.ip, r.sp, r.bp);
         let mut read_stack = |addr| reads.read(addr).ok_or(());
         match self.unwinder.unwind_frame(address, &mut regs, &mut self.cache, &mut read_stack) {
-            Ok(Some(ip)) => Step::Caller(Regs { ip, sp: regs.sp(), bp: regs.bp() }, Dep::Uses),
-            _ => Step::End(Dep::Uses),
+            Ok(Some(ip)) => Step::Caller(Regs { ip, sp: regs.sp(), bp: regs.bp() }, Kind::Opaque),
+            _ => Step::End,
         }
     }
 }

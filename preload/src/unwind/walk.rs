@@ -3,16 +3,20 @@
 //! Consecutive allocations of a thread mostly share their outer frames
 //! (main, the event loop, the parser), and unwinding is a deterministic
 //! function of a frame's registers (ip, sp, bp) and of the stack words the
-//! rules read. So the walk keeps, per frame, those registers and the words
-//! read to unwind it; when a new walk reaches a frame with the same ip and
+//! rules read. So the walk keeps, per frame, those registers and how the
+//! frame was unwound; when a new walk reaches a frame with the same ip and
 //! sp as a frame of the previous walk (and the same bp, where the rest of
 //! the walk depends on bp), and every word the previous walk read from
 //! there on still holds the same value, the rest of the previous walk is
 //! what the unwinder would find again: it is copied instead of unwound.
-//! Checking is independent loads, where unwinding is a chain of dependent
-//! ones (each frame's rule lookup waits for the return address before it).
+//! The words need not be kept: a frame's rule read its return address at
+//! the caller's sp − 8 and, if it restores bp, the caller's bp at the
+//! caller's sp + an offset, so the caller's registers are the values to
+//! compare. Checking is independent loads, where unwinding is a chain of
+//! dependent ones (each frame's rule lookup waits for the return address).
 //! This is exact, not a heuristic: a word that changed, a bp that matters
-//! and differs, or a frame whose reads were not all kept, forces a walk.
+//! and differs, or a frame framehop unwound (its reads are not known)
+//! forces a walk.
 
 use super::cfi::Rule;
 use crate::config::MAX_DEPTH;
@@ -28,29 +32,32 @@ pub struct Regs {
     pub bp: u64,
 }
 
-/// How the caller's frame depends on this frame's bp.
+/// How a frame was unwound: what it read and whether its bp mattered.
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
-pub enum Dep {
-    /// CFA from rsp, the caller's bp restored from the stack: not at all.
-    Restores,
-    /// CFA from rsp, bp unchanged: as much as the caller's caller does.
+pub enum Kind {
+    /// CFA from rsp, bp unchanged: the return address was read.
     #[default]
     Passes,
-    /// CFA from rbp, or a rule framehop ran: it does.
-    Uses,
+    /// CFA from rsp, the caller's bp restored from CFA + the offset.
+    Restores(i32),
+    /// CFA from rbp; the caller's bp restored from CFA + the offset, or
+    /// unchanged when it is 0.
+    FromBp(i32),
+    /// The rules call it the outermost frame: nothing read.
+    Outermost,
+    /// Unwound by framehop, whose reads are not known: never checked.
+    Opaque,
 }
 
-/// Reads stack words for one frame's unwinding and keeps them in its
-/// record, with bounds for reading.
-pub struct Reads<'a> {
+/// Reads stack words for one frame's unwinding, within bounds.
+pub struct Reads {
     lo: u64,
     hi: u64,
-    frame: &'a mut Frame,
-    /// More reads than kept, or a read refused: the frame cannot be checked.
+    /// A read was refused: the frame cannot be checked.
     lost: bool,
 }
 
-impl Reads<'_> {
+impl Reads {
     /// Reads the aligned word at `addr` when it lies in [lo, hi − 8].
     #[inline(always)]
     pub fn read(&mut self, addr: u64) -> Option<u64> {
@@ -60,16 +67,7 @@ impl Reads<'_> {
         }
         // SAFETY: an aligned word inside this thread's own stack mapping
         // (the caller's bounds: the current sp up to the stack's top).
-        let v = unsafe { *(addr as *const u64) };
-        let f = &mut *self.frame;
-        match f.words.get_mut(f.n as usize) {
-            Some(w) => {
-                *w = (addr, v);
-                f.n += 1;
-            }
-            None => self.lost = true,
-        }
-        Some(v)
+        Some(unsafe { *(addr as *const u64) })
     }
 }
 
@@ -81,13 +79,12 @@ pub trait Unwind {
 
 /// The outcome of unwinding one frame.
 pub enum Step {
-    /// The caller's registers.
-    Caller(Regs, Dep),
+    /// The caller's registers, and how they were found.
+    Caller(Regs, Kind),
     /// No caller: the rules say this is the outermost frame.
     Outermost,
-    /// No caller found (a read failed, or framehop found none); how that
-    /// decision depended on the frame's bp.
-    End(Dep),
+    /// No caller found (a read failed, or framehop found none).
+    End,
 }
 
 /// Runs a [`Rule::Cfa`] or [`Rule::End`] on frame `r` ([`Rule::Other`]
@@ -96,30 +93,47 @@ pub enum Step {
 pub fn exec(rule: Rule, r: Regs, reads: &mut Reads) -> Step {
     let Rule::Cfa { from_bp, cfa_off, bp_off } = rule else { return Step::Outermost };
     let cfa = (if from_bp { r.bp } else { r.sp }).wrapping_add(cfa_off as i64 as u64);
-    let dep = if from_bp {
-        Dep::Uses
-    } else if bp_off != 0 {
-        Dep::Restores
-    } else {
-        Dep::Passes
-    };
-    let Some(ip) = reads.read(cfa.wrapping_sub(8)) else { return Step::End(dep) };
+    let Some(ip) = reads.read(cfa.wrapping_sub(8)) else { return Step::End };
     let bp = if bp_off == 0 {
         r.bp
     } else {
-        let Some(bp) = reads.read(cfa.wrapping_add(bp_off as i64 as u64)) else { return Step::End(dep) };
+        let Some(bp) = reads.read(cfa.wrapping_add(bp_off as i64 as u64)) else { return Step::End };
         bp
     };
-    Step::Caller(Regs { ip, sp: cfa, bp }, dep)
+    let kind = match (from_bp, bp_off) {
+        (true, off) => Kind::FromBp(off),
+        (false, 0) => Kind::Passes,
+        (false, off) => Kind::Restores(off),
+    };
+    Step::Caller(Regs { ip, sp: cfa, bp }, kind)
 }
 
-/// One frame of a walk: its registers, the words read to unwind it.
+/// One frame of a walk: its registers and how it was unwound.
 #[derive(Clone, Copy, Default)]
 pub struct Frame {
     regs: Regs,
-    words: [(u64, u64); 2],
-    n: u8,
-    dep: Dep,
+    kind: Kind,
+}
+
+impl Frame {
+    /// Whether unwinding this frame would still find `next` (the caller's
+    /// registers it found before): the words it read hold the same now.
+    #[inline(always)]
+    fn holds(&self, next: &Regs, lo: u64, hi: u64) -> bool {
+        let bp_off = match self.kind {
+            Kind::Passes => 0,
+            Kind::Restores(off) | Kind::FromBp(off) => off,
+            Kind::Outermost => return true,
+            Kind::Opaque => return false,
+        };
+        let word = |addr: u64, v: u64| {
+            // SAFETY: an aligned word (it was when read) inside this
+            // thread's stack, [lo, hi), checked first.
+            addr >= lo && addr <= hi - 8 && unsafe { *(addr as *const u64) } == v
+        };
+        word(next.sp.wrapping_sub(8), next.ip)
+            && (bp_off == 0 || word(next.sp.wrapping_add(bp_off as i64 as u64), next.bp))
+    }
 }
 
 /// One walk: its frames, innermost first, and how it ended.
@@ -129,11 +143,12 @@ struct Log {
     /// Frames below this index may not be joined: a frame at or above it
     /// (toward the caller) could not be checked.
     join_from: usize,
-    /// Stopped by the depth limit, with `next` the registers of the frame
-    /// after the last.
+    /// Stopped by the depth limit.
     truncated: bool,
     /// Reached the frame the rules call outermost.
     outermost: bool,
+    /// The registers the last frame's unwinding found (the frame after the
+    /// last: where a walk stopped at the depth goes on).
     next: Regs,
 }
 
@@ -154,30 +169,22 @@ impl Log {
     /// decides; a walk cut at the depth limit goes on, so it may.
     fn needs_bp(&self, j: usize) -> bool {
         for f in &self.frames[j..self.n] {
-            match f.dep {
-                Dep::Restores => return false,
-                Dep::Uses => return true,
-                Dep::Passes => {}
+            match f.kind {
+                Kind::Restores(_) | Kind::Outermost => return false,
+                Kind::FromBp(_) | Kind::Opaque => return true,
+                Kind::Passes => {}
             }
         }
         self.truncated
     }
-}
 
-impl Frame {
-    /// Whether the words read to unwind this frame hold the same now.
+    /// The caller's registers frame `k` found.
     #[inline(always)]
-    fn holds(&self, lo: u64, hi: u64) -> bool {
-        let mut same = true;
-        for &(addr, v) in &self.words[..self.n as usize] {
-            if addr < lo || addr > hi - 8 {
-                return false;
-            }
-            // SAFETY: an aligned word (it was when read) inside this
-            // thread's stack, [lo, hi).
-            same &= unsafe { *(addr as *const u64) } == v;
+    fn next_of(&self, k: usize) -> &Regs {
+        match self.frames.get(k + 1) {
+            Some(f) if k + 1 < self.n => &f.regs,
+            _ => &self.next,
         }
-        same
     }
 }
 
@@ -249,7 +256,7 @@ impl Walker {
                         let mut holds = true;
                         while k < prev.n && n_out < depth && cur.n < MAX_FRAMES {
                             let f = &prev.frames[k];
-                            if !f.holds(lo, hi) {
+                            if !f.holds(prev.next_of(k), lo, hi) {
                                 holds = false;
                                 break;
                             }
@@ -269,6 +276,7 @@ impl Walker {
                             break;
                         } else if !prev.truncated {
                             cur.outermost = prev.outermost;
+                            cur.next = prev.next;
                             break;
                         } else {
                             // The previous walk stopped at its depth; this
@@ -283,20 +291,18 @@ impl Walker {
                 out[n_out] = r.ip;
                 n_out += 1;
             }
+            let mut reads = Reads { lo, hi, lost: false };
+            let step = unwind.step(r, first, &mut reads);
             let f = &mut cur.frames[cur.n];
             f.regs = r;
-            f.n = 0;
-            let mut reads = Reads { lo, hi, frame: f, lost: false };
-            let next = unwind.step(r, first, &mut reads);
-            let lost = reads.lost;
-            let f = &mut cur.frames[cur.n];
             cur.n += 1;
-            if lost {
-                cur.join_from = cur.n;
-            }
-            match next {
-                Step::Caller(next, dep) => {
-                    f.dep = dep;
+            match step {
+                Step::Caller(next, kind) => {
+                    f.kind = kind;
+                    cur.next = next;
+                    if kind == Kind::Opaque {
+                        cur.join_from = cur.n;
+                    }
                     // The stack grows down: a caller's frame is above.
                     if next.sp <= r.sp || next.ip == 0 {
                         break;
@@ -304,14 +310,18 @@ impl Walker {
                     r = next;
                 }
                 Step::Outermost => {
-                    f.dep = Dep::Restores;
+                    f.kind = Kind::Outermost;
                     cur.outermost = true;
                     break;
                 }
-                Step::End(dep) => {
-                    f.dep = dep;
+                Step::End => {
+                    f.kind = Kind::Opaque;
+                    cur.join_from = cur.n;
                     break;
                 }
+            }
+            if reads.lost {
+                cur.join_from = cur.n;
             }
             first = false;
         }
