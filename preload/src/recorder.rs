@@ -57,7 +57,7 @@ pub fn alloc(at: Here, family: Family, addr: *mut libc::c_void, size: usize) {
 /// The session time for an event that must be stamped before the real call
 /// (free, munmap, the free half of realloc); 0 when not tracing.
 pub fn now() -> u64 {
-    session::get().map_or(0, |s| s.now_before())
+    session::get().map_or(0, |s| s.now())
 }
 
 /// Records a free whose time `t` was taken with [`now`] before the real free.

@@ -275,12 +275,6 @@ impl Session {
         self.clock.now()
     }
 
-    /// Session time for a stamp taken before a call (see [`Clock::now_before`]).
-    #[inline]
-    pub fn now_before(&self) -> u64 {
-        self.clock.now_before()
-    }
-
     /// A new backtrace id, unique in this stream.
     pub fn new_stack_id(&self) -> u32 {
         self.next_stack.fetch_add(1, Ordering::Relaxed)
