@@ -63,6 +63,10 @@ pub struct Books {
     /// (another thread's reuse read first).
     also_live: HashMap<u64, Vec<Block>>,
     pending_frees: HashMap<u64, Vec<u64>>,
+    /// Blocks glibc allocated inside a hook (`Family::Internal`): address →
+    /// (size, time). Kept so that their frees find them; not counted, not
+    /// live for reports.
+    internal: HashMap<u64, (u64, u64)>,
     /// Mappings by start address; `Block::size` is the length.
     maps: BTreeMap<u64, Block>,
     /// Per canonical backtrace index: totals and what it holds live.
@@ -165,8 +169,29 @@ impl Books {
 
     /// A block came into existence (malloc, new, the new half of realloc).
     pub fn alloc(&mut self, addr: u64, b: Block) {
+        if b.family == Family::Internal {
+            return self.internal_alloc(addr, b.size, b.time);
+        }
         self.count_alloc(b.stack, b.size);
         self.insert(addr, b);
+    }
+
+    fn internal_alloc(&mut self, addr: u64, size: u64, time: u64) {
+        if let Some(times) = self.pending_frees.get_mut(&addr) {
+            if let Some(i) = times.iter().position(|&t| t >= time) {
+                times.swap_remove(i);
+                if times.is_empty() {
+                    self.pending_frees.remove(&addr);
+                }
+                return;
+            }
+        }
+        self.internal.insert(addr, (size, time));
+    }
+
+    /// Blocks glibc allocated inside a hook, live now: (address, size, time).
+    pub fn internal_blocks(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+        self.internal.iter().map(|(&a, &(size, time))| (a, size, time))
     }
 
     fn insert(&mut self, addr: u64, b: Block) {
@@ -196,11 +221,26 @@ impl Books {
     }
 
     fn remove(&mut self, addr: u64, time: u64) {
+        // An internal block at the address, if the latest allocated there
+        // before the free.
+        if let Some(&(_, t)) = (!self.internal.is_empty()).then(|| self.internal.get(&addr)).flatten() {
+            if t <= time && self.latest_before(addr, time).is_none_or(|l| l < t) {
+                self.internal.remove(&addr);
+                return;
+            }
+        }
         if let Some(b) = self.take_block(addr, time) {
             self.shrink(&b);
         } else {
             self.pending_frees.entry(addr).or_default().push(time);
         }
+    }
+
+    /// The latest allocation time not after `time` of the blocks at `addr`.
+    fn latest_before(&self, addr: u64, time: u64) -> Option<u64> {
+        let main = self.live.get(&addr).map(|b| b.time);
+        let extra = self.also_live.get(&addr).into_iter().flatten().map(|b| b.time);
+        main.into_iter().chain(extra).filter(|&t| t <= time).max()
     }
 
     /// Removes the block at `addr` that a free at `time` frees: the one with
@@ -361,6 +401,30 @@ mod tests {
         assert_eq!(got, vec![(1, 60, 1), (2, 230, 2)]);
         assert_eq!(b.totals_of(2).allocations, 2);
         assert_eq!(b.totals().count(), 3);
+    }
+
+    #[test]
+    fn internal_blocks_are_freed_but_neither_counted_nor_live() {
+        let internal = |size: u64, time: u64| Block { size, stack: 0, family: Family::Internal, time };
+        let mut b = Books::default();
+        // The program frees a block, glibc reuses its address inside a hook
+        // (a thread's DTV), then the program frees that (pthread_join).
+        b.alloc(0x10, blk(8, 1));
+        b.free(0x10, 2);
+        b.alloc(0x10, internal(288, 3));
+        assert_eq!((b.live_blocks().count(), b.internal_blocks().count()), (0, 1));
+        b.free(0x10, 4);
+        assert_eq!((b.unmatched_frees(), b.internal_blocks().count()), (0, 0));
+        assert_eq!((b.allocations, b.frees, b.cur_bytes, b.peak_bytes), (1, 2, 0, 8));
+        // A free read before its internal block also finds it.
+        b.free(0x20, 9);
+        b.alloc(0x20, internal(16, 8));
+        assert_eq!((b.unmatched_frees(), b.internal_blocks().count()), (0, 0));
+        // A later program block at the same address is the one freed.
+        b.alloc(0x30, internal(16, 10));
+        b.alloc(0x30, blk(24, 11));
+        b.free(0x30, 12);
+        assert_eq!((b.internal_blocks().count(), b.live_blocks().count()), (1, 0));
     }
 
     #[test]

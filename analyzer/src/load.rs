@@ -218,7 +218,9 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
                 now = time_ns;
                 let stack = t.stacks.canon(stack);
                 t.books.alloc(addr, Block { size, stack, family, time: time_ns });
-                t.stats.alloc(tid, addr, size, stack);
+                if family != Family::Internal {
+                    t.stats.alloc(tid, addr, size, stack);
+                }
             }
             Record::Free { time_ns, addr, .. } => {
                 now = time_ns;

@@ -277,6 +277,14 @@ pub fn classify(t: &Trace) -> Option<Vec<Classified>> {
         }
         i = j;
     }
+    // Blocks glibc allocated inside a hook (the TLS set-up of a thread, the
+    // tracer's calls into libc) are not classified; what they point to is
+    // reachable, as through the thread structures that hold them.
+    for (addr, size, time) in t.books.internal_blocks() {
+        if time <= t.snapshot_time {
+            mem.words(addr, addr + size, |w| reach(w, true, &mut state, &mut work));
+        }
+    }
     // Through the blocks reached.
     while let Some(i) = work.pop() {
         let (start, size) = heap.blocks[i];

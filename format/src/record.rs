@@ -18,6 +18,13 @@ pub enum Family {
     /// Allocations the program records itself with `mtrace_alloc()` (pools,
     /// caches, non-memory resources); see [`Record::PoolAlloc`].
     Pool = 5,
+    /// A heap block glibc allocated while the thread was inside a hook: for
+    /// the tracer itself (its calls into libc, the TLS set-up its
+    /// thread-locals cause), or in a signal handler that interrupted a
+    /// hook. Recorded without a backtrace so that its free (the program
+    /// may free it, as pthread_join frees a thread's DTV) finds it; not the
+    /// program's allocation, so not counted or reported.
+    Internal = 6,
 }
 
 impl Family {
@@ -30,6 +37,7 @@ impl Family {
             3 => Family::Aligned,
             4 => Family::Mmap,
             5 => Family::Pool,
+            6 => Family::Internal,
             _ => return None,
         })
     }
@@ -43,6 +51,7 @@ impl Family {
             Family::Aligned => "aligned",
             Family::Mmap => "mmap",
             Family::Pool => "pool",
+            Family::Internal => "internal",
         }
     }
 }

@@ -13,6 +13,22 @@ use std::cell::Cell;
 const IN_HOOK: u8 = 1;
 /// Bit of [`STATE`]: a stop signal arrived inside the hook; park on leaving.
 const PARK_PENDING: u8 = 2;
+/// Bit of [`STATE`]: events made inside a hook wait to be written
+/// (nested.rs); kept in this word so that checking costs no extra
+/// thread-local access on the way in or out of a hook.
+const NESTED: u8 = 4;
+/// Bit of [`STATE`]: the hook's call forwards to an allocator that ends in
+/// ours (see hooks::traced_as): calls nested in it are the hook's own.
+const FORWARDING: u8 = 8;
+
+/// What [`Guard::enter_as`] found.
+pub enum Entry {
+    /// The thread entered the hook.
+    Hook(Guard),
+    /// The thread already was inside a hook; `forwarding` if that hook's
+    /// call forwards to another allocator that ends in ours.
+    Nested { forwarding: bool },
+}
 
 thread_local! {
     // Const-initialised and without Drop: touching it never allocates or
@@ -21,21 +37,64 @@ thread_local! {
 }
 
 /// Proof that this thread is inside a hook; leaving the scope leaves the hook
-/// (also when a C++ exception unwinds through it).
-pub struct Guard(());
+/// (also when a C++ exception unwinds through it), and writes what was kept
+/// inside it (nested.rs) but the hook's own block.
+pub struct Guard {
+    /// Events from earlier hooks were waiting at the entry.
+    waiting: bool,
+    /// The hook's own block: (allocated at, freed at), 0 for none.
+    own: Cell<(u64, u64)>,
+}
 
 impl Guard {
     /// Enters the hook, or `None` when this thread already is inside one.
     #[inline]
     pub fn enter() -> Option<Guard> {
         STATE.with(|g| {
-            if g.get() & IN_HOOK != 0 {
+            let v = g.get();
+            if v & IN_HOOK != 0 {
                 None
             } else {
-                g.set(IN_HOOK);
-                Some(Guard(()))
+                g.set(IN_HOOK | (v & NESTED));
+                Some(Guard { waiting: v & NESTED != 0, own: Cell::new((0, 0)) })
             }
         })
+    }
+
+    /// [`Guard::enter`] that tells a nested call whether the hook it is in
+    /// forwards (and, entering, marks this hook so when `forwarding`).
+    #[inline]
+    pub fn enter_as(forwarding: bool) -> Entry {
+        STATE.with(|g| {
+            let v = g.get();
+            if v & IN_HOOK != 0 {
+                Entry::Nested { forwarding: v & FORWARDING != 0 }
+            } else {
+                g.set(IN_HOOK | (v & NESTED) | if forwarding { FORWARDING } else { 0 });
+                Entry::Hook(Guard { waiting: v & NESTED != 0, own: Cell::new((0, 0)) })
+            }
+        })
+    }
+
+    /// The forwarding call returned: calls nested from now on are not the
+    /// hook's own.
+    #[inline]
+    pub fn end_forwarding(&self) {
+        STATE.with(|g| g.set(g.get() & !FORWARDING));
+    }
+
+    /// Whether events kept by earlier hooks waited at the entry (the hook
+    /// writes them before its call, so that what is kept during the call
+    /// is the call's).
+    #[inline]
+    pub fn waiting(&self) -> bool {
+        self.waiting
+    }
+
+    /// Records the hook's own block, which events kept inside it leave out.
+    #[inline]
+    pub fn set_own(&self, own: (u64, u64)) {
+        self.own.set(own);
     }
 
     /// Marks the calling thread (the writer) as the tracer's for good.
@@ -47,7 +106,19 @@ impl Guard {
 impl Drop for Guard {
     #[inline]
     fn drop(&mut self) {
-        if STATE.with(|g| g.replace(0)) & PARK_PENDING != 0 {
+        let mut v = STATE.with(|g| {
+            let v = g.get();
+            if v & NESTED == 0 {
+                g.set(0);
+            }
+            v
+        });
+        if v & NESTED != 0 {
+            let (alloc, free) = self.own.get();
+            crate::recorder::write_nested(alloc, free);
+            v = STATE.with(|g| g.replace(g.get() & NESTED));
+        }
+        if v & PARK_PENDING != 0 {
             crate::stop::park_here();
         }
     }
@@ -56,7 +127,12 @@ impl Drop for Guard {
 /// Leaves a hook entered with a guard that was forgotten (fork.rs holds
 /// the guard from the fork's prepare handler to its parent handler).
 pub fn leave_held() {
-    drop(Guard(()));
+    drop(Guard { waiting: false, own: Cell::new((0, 0)) });
+}
+
+/// Notes that events wait in nested.rs (`waiting`) or that none do.
+pub fn set_nested(waiting: bool) {
+    STATE.with(|g| g.set(if waiting { g.get() | NESTED } else { g.get() & !NESTED }));
 }
 
 /// From the stop signal's handler: true when the thread is inside a hook,

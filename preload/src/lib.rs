@@ -21,6 +21,7 @@ mod guard;
 #[cfg(not(test))]
 mod hooks;
 mod modules;
+mod nested;
 mod real;
 mod recorder;
 mod reports;

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use mtrace_format::{EndReason, Family, Record};
 
 use crate::unwind::Here;
-use crate::{session, sys, thread};
+use crate::{nested, session, sys, thread};
 
 /// Whether allocations are recorded (`MTRACE_START`, `mtrace_start()`,
 /// `mtrace_stop()`). Frees are recorded either way, so that blocks
@@ -47,11 +47,75 @@ fn without_stack(t: Option<u64>, make: impl FnOnce(u64) -> Record) {
     sys::set_errno(errno);
 }
 
-pub fn alloc(at: Here, family: Family, addr: *mut libc::c_void, size: usize) {
+/// The block a hook itself allocated and freed (0: none), which the events
+/// kept inside it leave out (nested.rs).
+pub type Own = (u64, u64);
+
+/// Where a hook's event was made.
+#[derive(Clone, Copy)]
+pub enum Caller {
+    /// In the hook, whose frame is where the backtrace starts.
+    Hook(Here),
+    /// While this thread was already inside a hook (see nested.rs).
+    Nested,
+}
+
+/// An allocation that returned `addr`; returns the hook's own block.
+pub fn alloc(at: Caller, family: Family, addr: *mut libc::c_void, size: usize) -> Own {
     if addr.is_null() {
-        return;
+        return (0, 0);
     }
-    with_stack(at, |time_ns, stack| Record::Alloc { time_ns, family, addr: addr as u64, size: size as u64, stack });
+    match at {
+        Caller::Hook(at) => with_stack(at, |time_ns, stack| Record::Alloc {
+            time_ns,
+            family,
+            addr: addr as u64,
+            size: size as u64,
+            stack,
+        }),
+        Caller::Nested => keep_alloc(addr as u64, size as u64),
+    }
+    (addr as u64, 0)
+}
+
+/// An allocation inside a hook, for the outer hook to write (also while
+/// not collecting: it is not the program's, and its free is recorded).
+fn keep_alloc(addr: u64, size: u64) {
+    if let Some(s) = session::get() {
+        nested::keep(nested::Event::Alloc(addr, size, s.now()));
+    }
+}
+
+/// A free inside a hook of `p` (stamped `t` before the real free), for the
+/// outer hook to write.
+pub fn nested_free(p: *mut libc::c_void, t: u64) {
+    if !p.is_null() && session::get().is_some() {
+        nested::keep(nested::Event::Free(p as u64, t));
+    }
+}
+
+/// Writes the events made inside hooks (see nested.rs), but those of the
+/// current hook's own block: allocated at `own_alloc`, freed at `own_free`
+/// (0: none). Called by the guard when it knows some wait.
+pub fn write_nested(own_alloc: u64, own_free: u64) {
+    let errno = sys::errno();
+    let s = session::get();
+    nested::take(own_alloc, own_free, |e| {
+        let Some(s) = s else { return };
+        match e {
+            nested::Event::Alloc(addr, size, t) => thread::push(s, t, None, |time_ns, _| Record::Alloc {
+                time_ns,
+                family: Family::Internal,
+                addr,
+                size,
+                stack: 0,
+            }),
+            nested::Event::Free(addr, t) => {
+                thread::push(s, t, None, |time_ns, _| Record::Free { time_ns, family: Family::Malloc, addr })
+            }
+        }
+    });
+    sys::set_errno(errno);
 }
 
 /// The session time for an event that must be stamped before the real call
@@ -72,9 +136,35 @@ pub fn free(family: Family, addr: *mut libc::c_void, t: u64) {
 /// glibc's rules: realloc(NULL, n) allocates, realloc(p, 0) returning NULL
 /// freed p, any other NULL is a failure that leaves `old` live.
 /// `t0` is [`now`] before the call.
-pub fn realloc(at: Here, old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: u64) {
+pub fn realloc(at: Caller, old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: u64) -> Own {
+    let own = (new as u64, old as u64);
+    let at = match at {
+        Caller::Hook(at) => at,
+        Caller::Nested => {
+            if !old.is_null() && (!new.is_null() || size == 0) {
+                nested_free(old, t0);
+            }
+            if !new.is_null() {
+                keep_alloc(new as u64, size as u64);
+            }
+            return own;
+        }
+    };
+    realloc_in_hook(at, old, new, size, t0);
+    own
+}
+
+fn realloc_in_hook(at: Here, old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: u64) {
     if old.is_null() {
-        alloc(at, Family::Malloc, new, size);
+        if !new.is_null() {
+            with_stack(at, |time_ns, stack| Record::Alloc {
+                time_ns,
+                family: Family::Malloc,
+                addr: new as u64,
+                size: size as u64,
+                stack,
+            });
+        }
     } else if !collecting() {
         // The old block goes; the new one is not recorded.
         if !new.is_null() || size == 0 {
@@ -96,9 +186,12 @@ pub fn realloc(at: Here, old: *mut libc::c_void, new: *mut libc::c_void, size: u
     }
 }
 
-pub fn mmap(at: Here, addr: *mut libc::c_void, len: usize, prot: i32, flags: i32, fd: i32) {
+/// A mapping; those made inside a hook are the tracer's own (its heap, the
+/// snapshot's scratch) and are not recorded.
+pub fn mmap(at: Caller, addr: *mut libc::c_void, len: usize, prot: i32, flags: i32, fd: i32) -> Own {
+    let Caller::Hook(at) = at else { return (0, 0) };
     if addr == libc::MAP_FAILED {
-        return;
+        return (0, 0);
     }
     with_stack(at, |time_ns, stack| Record::Mmap {
         time_ns,
@@ -109,6 +202,7 @@ pub fn mmap(at: Here, addr: *mut libc::c_void, len: usize, prot: i32, flags: i32
         fd,
         stack,
     });
+    (0, 0)
 }
 
 /// `t` is [`now`] before the call.
@@ -116,12 +210,14 @@ pub fn munmap(addr: *mut libc::c_void, len: usize, t: u64) {
     without_stack(Some(t), |time_ns| Record::Munmap { time_ns, addr: addr as u64, len: len as u64 });
 }
 
-pub fn mremap(at: Here, old: *mut libc::c_void, old_len: usize, new: *mut libc::c_void, new_len: usize) {
+pub fn mremap(at: Caller, old: *mut libc::c_void, old_len: usize, new: *mut libc::c_void, new_len: usize) -> Own {
+    let Caller::Hook(at) = at else { return (0, 0) };
     if new == libc::MAP_FAILED {
-        return;
+        return (0, 0);
     }
     if !collecting() {
-        return munmap(old, old_len, now());
+        munmap(old, old_len, now());
+        return (0, 0);
     }
     with_stack(at, |time_ns, stack| Record::Mremap {
         time_ns,
@@ -131,6 +227,7 @@ pub fn mremap(at: Here, old: *mut libc::c_void, old_len: usize, new: *mut libc::
         new_len: new_len as u64,
         stack,
     });
+    (0, 0)
 }
 
 /// Pool names given to `mtrace_alloc()`; a pool's id is its index + 1.

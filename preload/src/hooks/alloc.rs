@@ -22,7 +22,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
         return;
     }
     // SAFETY: forwarded under the caller's contract.
-    traced_free(Family::Malloc, p, || unsafe { real::free(p) })
+    traced_free(Family::Malloc, p, false, || unsafe { real::free(p) })
 }
 
 /// glibc's old alias of free, still exported for old binaries.
@@ -115,11 +115,7 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
             None => libc::ENOMEM,
         },
         // SAFETY: on success posix_memalign wrote *out.
-        |&rc, at| {
-            if rc == 0 {
-                recorder::alloc(at, Family::Aligned, unsafe { *out }, size)
-            }
-        },
+        |&rc, at| if rc == 0 { recorder::alloc(at, Family::Aligned, unsafe { *out }, size) } else { (0, 0) },
     )
 }
 

@@ -9,7 +9,7 @@ use std::ffi::{c_void, CStr};
 
 use mtrace_format::Family;
 
-use super::{traced, traced_free};
+use super::traced_free;
 use crate::real::{self, next, NextFn};
 use crate::recorder;
 
@@ -27,7 +27,8 @@ macro_rules! new_hook {
         pub extern "C-unwind" fn $name(size: usize $(, $arg: $ty)*) -> *mut c_void {
             static NEXT: NextFn = NextFn::new(cstr(concat!($sym, "\0").as_bytes()));
             type F = unsafe extern "C-unwind" fn(usize $(, $ty)*) -> *mut c_void;
-            traced(
+            super::traced_as(
+                true,
                 // SAFETY: F is this symbol's signature in the C++ ABI.
                 || match unsafe { next::<F>(&NEXT) } {
                     Some(f) => unsafe { f(size $(, $arg)*) },
@@ -50,7 +51,7 @@ macro_rules! delete_hook {
             static NEXT: NextFn = NextFn::new(cstr(concat!($sym, "\0").as_bytes()));
             type F = unsafe extern "C" fn(*mut c_void $(, $ty)*);
             $(let _ = &$arg;)*
-            traced_free($family, p, || {
+            traced_free($family, p, true, || {
                 // SAFETY: F is this symbol's signature; p per the caller's contract.
                 match unsafe { next::<F>(&NEXT) } {
                     Some(f) => unsafe { f(p $(, $arg)*) },

@@ -9,6 +9,7 @@ use mtrace_format::{encode_header, Encoder, EndReason, Header, Record};
 use parking_lot::{Mutex, MutexGuard};
 
 mod writer;
+mod zstd;
 
 pub use writer::{start_writer, FileHold};
 
@@ -97,6 +98,10 @@ pub struct Session {
     fd: i32,
     /// Held while anything writes to `fd`, so that buffers never interleave.
     file: Mutex<()>,
+    /// The writer's compression context (made on first use), and its
+    /// mapping's range for the snapshot to leave out.
+    zstd: Mutex<Option<zstd::Zstd>>,
+    zstd_range: [AtomicU64; 2],
     threads: Mutex<Vec<Arc<ThreadBuf>>>,
     /// Bytes in threads' full buffers (see [`PENDING_MAX`]).
     pending: AtomicUsize,
@@ -258,6 +263,8 @@ impl Session {
             reporter: crate::reports::Reporter::new(path, &prog, pid, cfg.report_dir.clone()),
             fd,
             file: Mutex::new(()),
+            zstd: Mutex::new(None),
+            zstd_range: [AtomicU64::new(0), AtomicU64::new(0)],
             threads: Mutex::new(Vec::new()),
             pending: AtomicUsize::new(0),
             throttle_off: AtomicBool::new(false),
@@ -305,6 +312,12 @@ impl Session {
             sys::sleep_us(100);
         }
         self.throttle_off.store(true, Ordering::Relaxed);
+    }
+
+    /// The writer's compression context's mapping, [start, end) ((0, 0)
+    /// before its first use): the tracer's memory, for the snapshot.
+    pub fn zstd_range(&self) -> (u64, u64) {
+        (self.zstd_range[0].load(Ordering::Acquire), self.zstd_range[1].load(Ordering::Acquire))
     }
 
     /// Registers a new thread's buffer with the writer.

@@ -59,14 +59,23 @@ impl Session {
 
     /// Writes whole records as one zstd block (level 1: the writer must keep
     /// up with the program), or as they are if compression fails. Runs in
-    /// the writer, so compression costs the program no time on its own
-    /// threads.
+    /// the writer (or a thread holding the file lock), so compression costs
+    /// the program no time on its own threads.
     fn write_compressed(&self, raw: &[u8]) {
         if raw.is_empty() {
             return;
         }
-        let mut out = Vec::with_capacity(raw.len() / 4 + 16);
-        if mtrace_format::encode_compressed(&mut out, raw, 1).is_ok() {
+        let mut zstd = self.zstd.lock();
+        if zstd.is_none() {
+            *zstd = super::zstd::Zstd::new();
+            if let Some(z) = zstd.as_ref() {
+                let (lo, hi) = z.range();
+                self.zstd_range[0].store(lo, Ordering::Release);
+                self.zstd_range[1].store(hi, Ordering::Release);
+            }
+        }
+        let mut out = Vec::with_capacity(raw.len() / 2 + 16);
+        if zstd.as_mut().is_some_and(|z| z.compress_block(raw, &mut out)) {
             sys::write_all(self.fd, &out);
         } else {
             sys::write_all(self.fd, raw);

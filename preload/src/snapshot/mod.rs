@@ -94,9 +94,9 @@ pub fn take(s: &Session, by: By) -> u64 {
     for &tid in &stopped.missed {
         scratch.registers(&file, tid as u32, &[]);
     }
-    // The tracer's own memory: this library, its heap, the writer's stack,
-    // the scratch.
-    let mut tracer = vec![writer_stack, scratch.range()];
+    // The tracer's own memory: this library, its heap, the writer's stack
+    // and compression context, the scratch.
+    let mut tracer = vec![writer_stack, s.zstd_range(), scratch.range()];
     tracer.extend(own);
     tracer.extend(crate::allocator::range());
     for (lo, hi, name) in writable_mappings() {
