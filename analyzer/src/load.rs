@@ -85,6 +85,21 @@ impl MarkerSel {
     }
 }
 
+/// The module list a trace starts with (empty when it cannot be read).
+pub fn first_modules(path: &Path) -> Vec<Module> {
+    let Ok(f) = File::open(path) else { return Vec::new() };
+    let mut r = Reader::new(f);
+    if r.header().is_err() {
+        return Vec::new();
+    }
+    while let Ok(Some(rec)) = r.next_record() {
+        if let Record::Modules { modules, .. } = rec {
+            return modules;
+        }
+    }
+    Vec::new()
+}
+
 /// Where reading starts counting and stops.
 #[derive(Clone, Debug, Default)]
 pub struct Window {

@@ -64,6 +64,13 @@ impl Symbolizer {
         })
     }
 
+    /// Opens (and decompresses) the debug info of `modules` ahead of use.
+    pub fn open_modules(&mut self, modules: &[mtrace_format::Module]) {
+        for m in modules {
+            self.loaded(&m.path, &m.build_id);
+        }
+    }
+
     /// Symbolizes return address `addr` of a backtrace defined at `time`
     /// (ns), using the module mapped at that address then. Never fails: what
     /// cannot be resolved is reported as module+offset.
