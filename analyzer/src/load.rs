@@ -196,6 +196,32 @@ impl Trace {
     }
 }
 
+/// A record and its thread, or where the stream broke.
+type Decoded = Result<(u32, Record), ReadError>;
+
+/// Records per batch handed from the decoding thread.
+const BATCH: usize = 4096;
+
+/// Decodes `r` to its end (or first error) in batches into `tx`; stops
+/// when the receiver is gone (a report that ends at a marker).
+fn decode_batches(mut r: Reader<File>, tx: std::sync::mpsc::SyncSender<Vec<Decoded>>) {
+    let mut batch = Vec::with_capacity(BATCH);
+    loop {
+        let item = match r.next_record() {
+            Ok(Some(rec)) => Ok((r.tid(), rec)),
+            Ok(None) => break,
+            Err(e) => Err(e),
+        };
+        let failed = item.is_err();
+        batch.push(item);
+        let full = batch.len() == BATCH || failed;
+        if full && (tx.send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH))).is_err() || failed) {
+            return;
+        }
+    }
+    let _ = tx.send(batch);
+}
+
 /// Reads the trace at `path`. Fails only when the file cannot be opened or
 /// its header cannot be read; a stream that breaks off later is returned
 /// with [`Trace::error`] set and everything before the break in the books.
@@ -215,120 +241,135 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
     let mut t = Trace::new(path, header);
     let mut now = 0u64;
     let mut regions = Vec::new();
-    loop {
-        let rec = match r.next_record() {
-            Ok(Some(rec)) => rec,
-            Ok(None) => break,
-            Err(e) => {
-                t.error = Some(e);
-                break;
-            }
-        };
-        t.records += 1;
-        let tid = r.tid();
-        match rec {
-            Record::Thread { time_ns, .. } => now = time_ns,
-            Record::Stack { id, frames } => t.stacks.define(id, frames, now),
-            Record::Alloc { time_ns, family, addr, size, stack } => {
-                now = time_ns;
-                let stack = t.stacks.canon(stack);
-                t.books.alloc(addr, Block { size, stack, family, time: time_ns });
-                if family != Family::Internal {
-                    t.stats.alloc(tid, addr, size, stack);
-                }
-            }
-            Record::Free { time_ns, addr, .. } => {
-                now = time_ns;
-                t.books.free(addr, time_ns);
-                t.stats.free(tid, addr);
-            }
-            Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => {
-                now = time_ns;
-                let stack = t.stacks.canon(stack);
-                t.books.realloc(old, free_time_ns, new, Block { size, stack, family: Family::Malloc, time: time_ns });
-                t.stats.alloc(tid, new, size, stack);
-            }
-            Record::Mmap { time_ns, addr, len, stack, .. } => {
-                now = time_ns;
-                let stack = t.stacks.canon(stack);
-                t.books.mmap(addr, Block { size: len, stack, family: Family::Mmap, time: time_ns });
-            }
-            Record::Munmap { time_ns, addr, len } => {
-                now = time_ns;
-                t.books.munmap(addr, len);
-            }
-            Record::Mremap { time_ns, old, old_len, new, new_len, stack } => {
-                now = time_ns;
-                let stack = t.stacks.canon(stack);
-                t.books.mremap(old, old_len, new, Block { size: new_len, stack, family: Family::Mmap, time: time_ns });
-            }
-            Record::Modules { time_ns, modules } => {
-                now = time_ns;
-                for m in modules {
-                    let known = t
-                        .modules
-                        .iter()
-                        .any(|s| s.module.path == m.path && s.module.bias == m.bias && s.module.build_id == m.build_id);
-                    if !known {
-                        t.modules.push(ModuleSeen { module: m, time: time_ns });
+    // Decoding (decompression included) on a second thread, a batch of
+    // records at a time, while this one keeps the books.
+    std::thread::scope(|sc| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Decoded>>(4);
+        sc.spawn(move || decode_batches(r, tx));
+        'outer: for batch in rx {
+            for item in batch {
+                let (tid, rec) = match item {
+                    Ok(x) => x,
+                    Err(e) => {
+                        t.error = Some(e);
+                        break 'outer;
+                    }
+                };
+                t.records += 1;
+                match rec {
+                    Record::Thread { time_ns, .. } => now = time_ns,
+                    Record::Stack { id, frames } => t.stacks.define(id, frames, now),
+                    Record::Alloc { time_ns, family, addr, size, stack } => {
+                        now = time_ns;
+                        let stack = t.stacks.canon(stack);
+                        t.books.alloc(addr, Block { size, stack, family, time: time_ns });
+                        if family != Family::Internal {
+                            t.stats.alloc(tid, addr, size, stack);
+                        }
+                    }
+                    Record::Free { time_ns, addr, .. } => {
+                        now = time_ns;
+                        t.books.free(addr, time_ns);
+                        t.stats.free(tid, addr);
+                    }
+                    Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => {
+                        now = time_ns;
+                        let stack = t.stacks.canon(stack);
+                        t.books.realloc(
+                            old,
+                            free_time_ns,
+                            new,
+                            Block { size, stack, family: Family::Malloc, time: time_ns },
+                        );
+                        t.stats.alloc(tid, new, size, stack);
+                    }
+                    Record::Mmap { time_ns, addr, len, stack, .. } => {
+                        now = time_ns;
+                        let stack = t.stacks.canon(stack);
+                        t.books.mmap(addr, Block { size: len, stack, family: Family::Mmap, time: time_ns });
+                    }
+                    Record::Munmap { time_ns, addr, len } => {
+                        now = time_ns;
+                        t.books.munmap(addr, len);
+                    }
+                    Record::Mremap { time_ns, old, old_len, new, new_len, stack } => {
+                        now = time_ns;
+                        let stack = t.stacks.canon(stack);
+                        t.books.mremap(
+                            old,
+                            old_len,
+                            new,
+                            Block { size: new_len, stack, family: Family::Mmap, time: time_ns },
+                        );
+                    }
+                    Record::Modules { time_ns, modules } => {
+                        now = time_ns;
+                        for m in modules {
+                            let known = t.modules.iter().any(|s| {
+                                s.module.path == m.path && s.module.bias == m.bias && s.module.build_id == m.build_id
+                            });
+                            if !known {
+                                t.modules.push(ModuleSeen { module: m, time: time_ns });
+                            }
+                        }
+                    }
+                    Record::End { time_ns, reason } => {
+                        now = time_ns;
+                        t.end = Some(reason);
+                    }
+                    Record::PoolName { id, name } => {
+                        t.pools.insert(id, name);
+                    }
+                    Record::PoolAlloc { time_ns, pool, addr, size, stack } => {
+                        now = time_ns;
+                        let canon = t.stacks.canon(stack);
+                        let stack = t.stacks.for_pool(canon, pool);
+                        t.books.alloc(pool_key(pool, addr), Block { size, stack, family: Family::Pool, time: time_ns });
+                    }
+                    Record::PoolFree { time_ns, pool, addr } => {
+                        now = time_ns;
+                        t.books.free(pool_key(pool, addr), time_ns);
+                    }
+                    Record::ScanRegion { kind, addr, bytes, .. } => regions.push(crate::scan::Region {
+                        kind: kind & !region_kind::SAME_MAPPING,
+                        continues: kind & region_kind::SAME_MAPPING != 0,
+                        addr,
+                        bytes,
+                    }),
+                    Record::ScanEnd { time_ns } => {
+                        t.snapshot = Some(std::mem::take(&mut regions));
+                        t.snapshot_time = time_ns;
+                        t.snapshot_on_demand = false;
+                    }
+                    Record::Sample { time_ns, rss } => {
+                        now = time_ns;
+                        t.timeline.push(TimePoint {
+                            time_ns,
+                            rss_bytes: rss,
+                            heap_bytes: t.books.cur_bytes,
+                            heap_blocks: t.books.cur_blocks,
+                        });
+                    }
+                    Record::Marker { time_ns, seq, name } => {
+                        now = time_ns;
+                        let since = w.since.as_ref().is_some_and(|m| m.matches(seq, &name)) && t.baseline.is_none();
+                        let until = w.until.as_ref().is_some_and(|m| m.matches(seq, &name));
+                        t.snapshot_on_demand |= t.snapshot.is_some() && name == SCAN_MARKER;
+                        t.markers.push(MarkerSeen { seq, name, time_ns });
+                        if since {
+                            t.baseline = Some(t.books.live_by_stack());
+                        }
+                        if until {
+                            t.last_time = t.last_time.max(now);
+                            t.reached_until = true;
+                            break 'outer;
+                        }
                     }
                 }
-            }
-            Record::End { time_ns, reason } => {
-                now = time_ns;
-                t.end = Some(reason);
-            }
-            Record::PoolName { id, name } => {
-                t.pools.insert(id, name);
-            }
-            Record::PoolAlloc { time_ns, pool, addr, size, stack } => {
-                now = time_ns;
-                let canon = t.stacks.canon(stack);
-                let stack = t.stacks.for_pool(canon, pool);
-                t.books.alloc(pool_key(pool, addr), Block { size, stack, family: Family::Pool, time: time_ns });
-            }
-            Record::PoolFree { time_ns, pool, addr } => {
-                now = time_ns;
-                t.books.free(pool_key(pool, addr), time_ns);
-            }
-            Record::ScanRegion { kind, addr, bytes, .. } => regions.push(crate::scan::Region {
-                kind: kind & !region_kind::SAME_MAPPING,
-                continues: kind & region_kind::SAME_MAPPING != 0,
-                addr,
-                bytes,
-            }),
-            Record::ScanEnd { time_ns } => {
-                t.snapshot = Some(std::mem::take(&mut regions));
-                t.snapshot_time = time_ns;
-                t.snapshot_on_demand = false;
-            }
-            Record::Sample { time_ns, rss } => {
-                now = time_ns;
-                t.timeline.push(TimePoint {
-                    time_ns,
-                    rss_bytes: rss,
-                    heap_bytes: t.books.cur_bytes,
-                    heap_blocks: t.books.cur_blocks,
-                });
-            }
-            Record::Marker { time_ns, seq, name } => {
-                now = time_ns;
-                let since = w.since.as_ref().is_some_and(|m| m.matches(seq, &name)) && t.baseline.is_none();
-                let until = w.until.as_ref().is_some_and(|m| m.matches(seq, &name));
-                t.snapshot_on_demand |= t.snapshot.is_some() && name == SCAN_MARKER;
-                t.markers.push(MarkerSeen { seq, name, time_ns });
-                if since {
-                    t.baseline = Some(t.books.live_by_stack());
-                }
-                if until {
-                    t.last_time = t.last_time.max(now);
-                    t.reached_until = true;
-                    break;
-                }
+                t.last_time = t.last_time.max(now);
             }
         }
-        t.last_time = t.last_time.max(now);
-    }
+    });
     // An on-demand scan describes its own moment: a report that reads past
     // it (the program went on) does not classify with it.
     if t.snapshot_on_demand && !t.reached_until {
