@@ -64,9 +64,13 @@ impl Symbolizer {
         })
     }
 
-    /// Opens (and decompresses) the debug info of `modules` ahead of use.
-    pub fn open_modules(&mut self, modules: &[mtrace_format::Module]) {
+    /// Opens (and decompresses) the debug info of `modules` ahead of use,
+    /// one after the other until `stop` is set.
+    pub fn open_modules(&mut self, modules: &[mtrace_format::Module], stop: &std::sync::atomic::AtomicBool) {
         for m in modules {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
             self.loaded(&m.path, &m.build_id);
         }
     }
