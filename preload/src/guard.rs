@@ -50,15 +50,10 @@ impl Guard {
     /// Enters the hook, or `None` when this thread already is inside one.
     #[inline]
     pub fn enter() -> Option<Guard> {
-        STATE.with(|g| {
-            let v = g.get();
-            if v & IN_HOOK != 0 {
-                None
-            } else {
-                g.set(IN_HOOK | (v & NESTED));
-                Some(Guard { waiting: v & NESTED != 0, own: Cell::new((0, 0)) })
-            }
-        })
+        match Guard::enter_as(false) {
+            Entry::Hook(g) => Some(g),
+            Entry::Nested { .. } => None,
+        }
     }
 
     /// [`Guard::enter`] that tells a nested call whether the hook it is in

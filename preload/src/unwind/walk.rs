@@ -49,12 +49,12 @@ pub enum Kind {
     Opaque,
 }
 
-/// Reads stack words for one frame's unwinding, within bounds.
+/// Reads stack words for one frame's unwinding, within bounds. (A refused
+/// read ends the walk there: [`exec`] and framehop then return
+/// [`Step::End`], or framehop a frame that is never checked.)
 pub struct Reads {
     lo: u64,
     hi: u64,
-    /// A read was refused: the frame cannot be checked.
-    lost: bool,
 }
 
 impl Reads {
@@ -62,7 +62,6 @@ impl Reads {
     #[inline(always)]
     pub fn read(&mut self, addr: u64) -> Option<u64> {
         if addr < self.lo || addr > self.hi - 8 || !addr.is_multiple_of(8) {
-            self.lost = true;
             return None;
         }
         // SAFETY: an aligned word inside this thread's own stack mapping
@@ -291,7 +290,7 @@ impl Walker {
                 out[n_out] = r.ip;
                 n_out += 1;
             }
-            let mut reads = Reads { lo, hi, lost: false };
+            let mut reads = Reads { lo, hi };
             let step = unwind.step(r, first, &mut reads);
             let f = &mut cur.frames[cur.n];
             f.regs = r;
@@ -319,9 +318,6 @@ impl Walker {
                     cur.join_from = cur.n;
                     break;
                 }
-            }
-            if reads.lost {
-                cur.join_from = cur.n;
             }
             first = false;
         }
