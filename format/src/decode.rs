@@ -162,16 +162,12 @@ impl<R: Read> Reader<R> {
 
     #[inline]
     fn varint(&mut self) -> Res<u64> {
-        // Fast path: the whole varint is in the buffer.
-        if self.end - self.pos >= 10 {
-            let mut v = 0u64;
-            for (i, &b) in self.buf[self.pos..self.pos + 10].iter().enumerate() {
-                v |= ((b & 0x7f) as u64) << (7 * i);
-                if b & 0x80 == 0 {
-                    if i == 9 && b > 1 {
-                        break;
-                    }
-                    self.pos += i + 1;
+        // Fast path: a varint of up to 8 bytes, all before `end` (bytes
+        // after it in the word are stale and do not matter).
+        if let Some(w) = self.buf.get(self.pos..self.pos + 8).and_then(|w| <[u8; 8]>::try_from(w).ok()) {
+            if let Some((v, len)) = crate::varint::varint_in_word(u64::from_le_bytes(w)) {
+                if self.pos + len <= self.end {
+                    self.pos += len;
                     return Ok(v);
                 }
             }
@@ -220,11 +216,13 @@ impl<R: Read> Reader<R> {
         Ok(String::from_utf8_lossy(&self.bytes()?).into_owned())
     }
 
+    #[inline]
     fn u32(&mut self, what: &str) -> Res<u32> {
         let v = self.varint()?;
         u32::try_from(v).map_err(|_| ReadErrorKind::Corrupt(format!("{what} {v} exceeds 32 bits")))
     }
 
+    #[inline]
     fn time(&mut self) -> Res<u64> {
         let d = unzigzag(self.varint()?);
         self.last_time = self.last_time.wrapping_add(d as u64);
@@ -284,6 +282,7 @@ impl<R: Read> Reader<R> {
 
     /// Reads the next record. `Ok(None)` at the end of a complete stream;
     /// `Err` with [`ReadErrorKind::Truncated`] when it ends inside a record.
+    #[inline]
     pub fn next_record(&mut self) -> Result<Option<Record>, ReadError> {
         loop {
             self.record_start = self.offset();
@@ -342,11 +341,13 @@ impl<R: Read> Reader<R> {
         Ok(())
     }
 
+    #[inline]
     fn family(&mut self) -> Res<Family> {
         let v = self.u8()? as u64;
         Family::from_u64(v).ok_or_else(|| ReadErrorKind::Corrupt(format!("unknown family {v}")))
     }
 
+    #[inline]
     fn record(&mut self, t: u8) -> Res<Record> {
         Ok(match t {
             tag::THREAD => {

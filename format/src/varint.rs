@@ -10,6 +10,33 @@ pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
+/// Decodes a varint of at most 8 bytes from the 8 bytes `w` (little endian,
+/// the varint first): `Some((value, length in bytes))`, or `None` when no
+/// byte of `w` ends it (9- or 10-byte varints: the caller reads those byte
+/// by byte). Branch-free: the records mix 1-byte times with 7-byte
+/// addresses, so a byte loop's exit is mispredicted on most varints.
+#[inline]
+pub fn varint_in_word(w: u64) -> Option<(u64, usize)> {
+    let stops = !w & 0x8080_8080_8080_8080;
+    if stops == 0 {
+        return None;
+    }
+    // The last byte of the varint is the first with its top bit clear;
+    // keep the bytes up to it (a mask of ones through that top bit).
+    let w = w & (stops ^ (stops - 1));
+    let len = (stops.trailing_zeros() / 8 + 1) as usize;
+    // Gather the 7-bit groups.
+    let v = (w & 0x7f)
+        | ((w >> 1) & (0x7f << 7))
+        | ((w >> 2) & (0x7f << 14))
+        | ((w >> 3) & (0x7f << 21))
+        | ((w >> 4) & (0x7f << 28))
+        | ((w >> 5) & (0x7f << 35))
+        | ((w >> 6) & (0x7f << 42))
+        | ((w >> 7) & (0x7f << 49));
+    Some((v, len))
+}
+
 /// Maps a signed delta to an unsigned one so that small magnitudes of either
 /// sign encode in few bytes (0→0, -1→1, 1→2, …).
 #[inline]
@@ -34,6 +61,26 @@ mod tests {
         }
         assert_eq!(zigzag(-1), 1);
         assert_eq!(zigzag(1), 2);
+    }
+
+    #[test]
+    fn word_decoding_matches_the_encoding() {
+        let mut values = vec![0u64, 1, 127, 128, 300, 16_383, 16_384, (1 << 56) - 1, 1 << 56, u64::MAX];
+        values.extend((0..64).map(|b| 1u64 << b));
+        values.extend((0..64).map(|b| (1u64 << b) - 1));
+        for v in values {
+            let mut out = Vec::new();
+            put_varint(&mut out, v);
+            let len = out.len();
+            // Whatever follows the varint must not matter.
+            out.resize(len.max(8), 0xff);
+            let w = u64::from_le_bytes(out[..8].try_into().unwrap());
+            if len <= 8 {
+                assert_eq!(varint_in_word(w), Some((v, len)), "{v:#x}");
+            } else {
+                assert_eq!(varint_in_word(w), None, "{v:#x}");
+            }
+        }
     }
 
     #[test]

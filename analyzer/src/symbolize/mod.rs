@@ -71,6 +71,12 @@ impl Symbolizer {
             if stop.load(std::sync::atomic::Ordering::Relaxed) {
                 return;
             }
+            // The tracer's own library: no recorded frame is in it (walks
+            // start at the hook's caller), and its debug info, with all the
+            // crates it links, is the largest to open.
+            if Path::new(&m.path).file_name().is_some_and(|n| n.to_string_lossy().starts_with("libmtrace")) {
+                continue;
+            }
             self.loaded(&m.path, &m.build_id);
         }
     }
