@@ -73,7 +73,8 @@ impl Symbolizer {
             }
             // The tracer's own library: no recorded frame is in it (walks
             // start at the hook's caller), and its debug info, with all the
-            // crates it links, is the largest to open.
+            // crates it links, is the largest to open. Only the warm-up
+            // skips it: a frame there would still be symbolized on demand.
             if Path::new(&m.path).file_name().is_some_and(|n| n.to_string_lossy().starts_with("libmtrace")) {
                 continue;
             }
