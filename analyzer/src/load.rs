@@ -270,20 +270,21 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
                     Record::Alloc { time_ns, family, addr, size, stack } => {
                         now = time_ns;
                         let stack = t.stacks.canon(stack);
-                        t.books.alloc(addr, Block { size, stack, family, time: time_ns });
+                        t.books.alloc(tid, addr, Block { size, stack, family, time: time_ns });
                         if family != Family::Internal {
                             t.stats.alloc(tid, addr, size, stack);
                         }
                     }
                     Record::Free { time_ns, addr, .. } => {
                         now = time_ns;
-                        t.books.free(addr, time_ns);
+                        t.books.free(tid, addr, time_ns);
                         t.stats.free(tid, addr);
                     }
                     Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => {
                         now = time_ns;
                         let stack = t.stacks.canon(stack);
                         t.books.realloc(
+                            tid,
                             old,
                             free_time_ns,
                             new,
@@ -332,11 +333,15 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
                         now = time_ns;
                         let canon = t.stacks.canon(stack);
                         let stack = t.stacks.for_pool(canon, pool);
-                        t.books.alloc(pool_key(pool, addr), Block { size, stack, family: Family::Pool, time: time_ns });
+                        t.books.alloc(
+                            tid,
+                            pool_key(pool, addr),
+                            Block { size, stack, family: Family::Pool, time: time_ns },
+                        );
                     }
                     Record::PoolFree { time_ns, pool, addr } => {
                         now = time_ns;
-                        t.books.free(pool_key(pool, addr), time_ns);
+                        t.books.free(tid, pool_key(pool, addr), time_ns);
                     }
                     Record::ScanRegion { kind, addr, bytes, .. } => regions.push(crate::scan::Region {
                         kind: kind & !region_kind::SAME_MAPPING,

@@ -83,7 +83,7 @@ pub fn load_with_complaints(path: &Path, prog: Option<&Path>) -> Result<(Trace, 
         if op != ">" {
             if let Some((old, at)) = pending_old.take() {
                 // A `<` without its `>`: realloc(p, 0), a free.
-                t.books.free(old, at);
+                t.books.free(0, old, at);
             }
         }
         let frame = caller_frame(caller, prog, &mut module_of, &mut t.modules);
@@ -102,8 +102,8 @@ pub fn load_with_complaints(path: &Path, prog: Option<&Path>) -> Result<(Trace, 
                     complaints.push(Complaint { text: format!("+ {addr:#018x} Alloc {n} duplicate") });
                 }
                 match (op, pending_old.take()) {
-                    (">", Some((old, at))) => t.books.realloc(old, at, addr, b),
-                    _ => t.books.alloc(addr, b),
+                    (">", Some((old, at))) => t.books.realloc(0, old, at, addr, b),
+                    _ => t.books.alloc(0, addr, b),
                 }
             }
             "-" | "<" => {
@@ -113,7 +113,7 @@ pub fn load_with_complaints(path: &Path, prog: Option<&Path>) -> Result<(Trace, 
                         .push(Complaint { text: format!("- {addr:#018x} {what} {n} was never alloc'd {caller}") });
                 }
                 if op == "-" {
-                    t.books.free(addr, n);
+                    t.books.free(0, addr, n);
                     t.stats.free(0, addr);
                 } else {
                     pending_old = Some((addr, n));
@@ -125,7 +125,7 @@ pub fn load_with_complaints(path: &Path, prog: Option<&Path>) -> Result<(Trace, 
         t.last_time = n;
     }
     if let Some((old, at)) = pending_old {
-        t.books.free(old, at);
+        t.books.free(0, old, at);
     }
     Ok((t, complaints))
 }

@@ -357,7 +357,7 @@ mod tests {
     fn run(blocks: &[(u64, u64)], regions: Vec<Region>) -> Vec<Kind> {
         let mut t = crate::load::Trace::new(std::path::Path::new("x"), Default::default());
         for &(a, size) in blocks {
-            t.books.alloc(a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0 });
+            t.books.alloc(0, a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0 });
         }
         t.snapshot = Some(regions);
         let mut c = classify(&t).unwrap();
@@ -458,7 +458,7 @@ mod tests {
         let blocks: Vec<(u64, u64)> = (0..n).map(|i| (b(i), 16)).collect();
         let mut t = crate::load::Trace::new(std::path::Path::new("x"), Default::default());
         for &(a, size) in &blocks {
-            t.books.alloc(a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0 });
+            t.books.alloc(0, a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0 });
         }
         t.snapshot = Some(vec![region(HEAP, &words, region_kind::MAPPING)]);
         let c = classify(&t).unwrap();

@@ -2,13 +2,12 @@
 //! peak. Memory is bounded by live blocks and distinct backtraces.
 //!
 //! Events of different threads reach the stream in the order their buffers
-//! were written, not in time order, so an address can be freed by one
-//! thread and reused by another before the free is read. Times settle it:
-//! a free (stamped before the real free) belongs to the block at its
-//! address with the latest allocation time not after it; a free read before
-//! its allocation waits in `pending_frees` for it.
+//! were written, not in time order; [`heap`] restores the order of the
+//! events on each address from the allocator's contract.
 
 use std::collections::BTreeMap;
+
+mod heap;
 
 use mtrace_format::Family;
 // FxHash: the keys are addresses and ids from our own producer, not
@@ -57,16 +56,10 @@ pub struct LiveTotals {
 
 #[derive(Default)]
 pub struct Books {
-    /// One live block per address, the common case.
-    live: HashMap<u64, Block>,
-    /// Further live blocks at an address whose free has not been read yet
-    /// (another thread's reuse read first).
-    also_live: HashMap<u64, Vec<Block>>,
-    pending_frees: HashMap<u64, Vec<u64>>,
-    /// Blocks glibc allocated inside a hook (`Family::Internal`): address →
-    /// (size, time). Kept so that their frees find them; not counted, not
-    /// live for reports.
-    internal: HashMap<u64, (u64, u64)>,
+    /// Heap blocks (and pool blocks, at their own keys) by address, with
+    /// blocks glibc allocated inside a hook (`Family::Internal`): kept so
+    /// that their frees find them, but neither counted nor live for reports.
+    heap: heap::Heap,
     /// Mappings by start address; `Block::size` is the length.
     maps: BTreeMap<u64, Block>,
     /// Per canonical backtrace index: totals and what it holds live.
@@ -167,119 +160,46 @@ impl Books {
         m
     }
 
-    /// A block came into existence (malloc, new, the new half of realloc).
-    pub fn alloc(&mut self, addr: u64, b: Block) {
-        if b.family == Family::Internal {
-            return self.internal_alloc(addr, b.size, b.time);
+    /// A block came into existence (malloc, new, the new half of realloc)
+    /// in thread `tid`.
+    pub fn alloc(&mut self, tid: u32, addr: u64, b: Block) {
+        if b.family != Family::Internal {
+            self.count_alloc(b.stack, b.size);
         }
-        self.count_alloc(b.stack, b.size);
-        self.insert(addr, b);
+        let c = self.heap.alloc(tid, addr, b);
+        self.apply(c);
     }
 
-    fn internal_alloc(&mut self, addr: u64, size: u64, time: u64) {
-        if let Some(times) = self.pending_frees.get_mut(&addr) {
-            if let Some(i) = times.iter().position(|&t| t >= time) {
-                times.swap_remove(i);
-                if times.is_empty() {
-                    self.pending_frees.remove(&addr);
-                }
-                return;
-            }
+    /// The live blocks changed: `c.ended` is gone, `c.born` is live.
+    fn apply(&mut self, c: heap::Change) {
+        if let Some(old) = c.ended.filter(|o| o.family != Family::Internal) {
+            self.shrink(&old);
         }
-        self.internal.insert(addr, (size, time));
+        if let Some(new) = c.born.filter(|b| b.family != Family::Internal) {
+            self.grow(&new);
+        }
     }
 
     /// Blocks glibc allocated inside a hook, live now: (address, size, time).
     pub fn internal_blocks(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
-        self.internal.iter().map(|(&a, &(size, time))| (a, size, time))
+        self.heap.live().filter(|(_, b)| b.family == Family::Internal).map(|(a, b)| (a, b.size, b.time))
     }
 
-    fn insert(&mut self, addr: u64, b: Block) {
-        // A free of this block that was read before it: both are done.
-        // (Rare: the emptiness check spares a lookup per allocation.)
-        if let Some(times) = (!self.pending_frees.is_empty()).then(|| self.pending_frees.get_mut(&addr)).flatten() {
-            if let Some(i) =
-                times.iter().enumerate().filter(|(_, &t)| t >= b.time).min_by_key(|(_, &t)| t).map(|(i, _)| i)
-            {
-                times.swap_remove(i);
-                if times.is_empty() {
-                    self.pending_frees.remove(&addr);
-                }
-                return;
-            }
-        }
-        self.grow(&b);
-        if let Some(old) = self.live.insert(addr, b) {
-            self.also_live.entry(addr).or_default().push(old);
-        }
-    }
-
-    /// A free call at `time`.
-    pub fn free(&mut self, addr: u64, time: u64) {
+    /// A free call at `time` in thread `tid`.
+    pub fn free(&mut self, tid: u32, addr: u64, time: u64) {
         self.frees += 1;
-        self.remove(addr, time);
+        self.remove(tid, addr, time);
     }
 
-    fn remove(&mut self, addr: u64, time: u64) {
-        // An internal block at the address, if the latest allocated there
-        // before the free.
-        if let Some(&(_, t)) = (!self.internal.is_empty()).then(|| self.internal.get(&addr)).flatten() {
-            if t <= time && self.latest_before(addr, time).is_none_or(|l| l < t) {
-                self.internal.remove(&addr);
-                return;
-            }
-        }
-        if let Some(b) = self.take_block(addr, time) {
-            self.shrink(&b);
-        } else {
-            self.pending_frees.entry(addr).or_default().push(time);
-        }
+    fn remove(&mut self, tid: u32, addr: u64, time: u64) {
+        let c = self.heap.free(tid, addr, time);
+        self.apply(c);
     }
 
-    /// The latest allocation time not after `time` of the blocks at `addr`.
-    fn latest_before(&self, addr: u64, time: u64) -> Option<u64> {
-        let main = self.live.get(&addr).map(|b| b.time);
-        let extra = self.also_live.get(&addr).into_iter().flatten().map(|b| b.time);
-        main.into_iter().chain(extra).filter(|&t| t <= time).max()
-    }
-
-    /// Removes the block at `addr` that a free at `time` frees: the one with
-    /// the latest allocation time not after it.
-    fn take_block(&mut self, addr: u64, time: u64) -> Option<Block> {
-        let Some(extra) = (!self.also_live.is_empty()).then(|| self.also_live.get_mut(&addr)).flatten() else {
-            return self.live.remove_entry(&addr).and_then(|(a, b)| {
-                if b.time <= time {
-                    Some(b)
-                } else {
-                    self.live.insert(a, b);
-                    None
-                }
-            });
-        };
-        let main_time = self.live.get(&addr).map(|b| b.time).filter(|&t| t <= time);
-        let extra_best = extra.iter().enumerate().filter(|(_, b)| b.time <= time).max_by_key(|(_, b)| b.time);
-        let taken = match (main_time, extra_best) {
-            (Some(mt), Some((_, eb))) if mt >= eb.time => self.live.remove(&addr),
-            (_, Some((i, _))) => Some(extra.swap_remove(i)),
-            (Some(_), None) => self.live.remove(&addr),
-            (None, None) => None,
-        };
-        // Keep one block in `live` while any remain.
-        if let std::collections::hash_map::Entry::Vacant(slot) = self.live.entry(addr) {
-            if let Some(b) = extra.pop() {
-                slot.insert(b);
-            }
-        }
-        if extra.is_empty() {
-            self.also_live.remove(&addr);
-        }
-        taken
-    }
-
-    /// A successful realloc: `old` freed at `free_time`, `new` allocated.
-    pub fn realloc(&mut self, old: u64, free_time: u64, new: u64, b: Block) {
-        self.remove(old, free_time);
-        self.alloc(new, b);
+    /// A successful realloc in thread `tid`: `old` freed at `free_time`, `new` allocated.
+    pub fn realloc(&mut self, tid: u32, old: u64, free_time: u64, new: u64, b: Block) {
+        self.remove(tid, old, free_time);
+        self.alloc(tid, new, b);
     }
 
     /// A new mapping; it replaces whatever it overlaps (MAP_FIXED).
@@ -327,11 +247,7 @@ impl Books {
 
     /// Everything still live: heap blocks and mappings, with their addresses.
     pub fn live_blocks(&self) -> impl Iterator<Item = (u64, &Block)> {
-        self.live
-            .iter()
-            .map(|(&a, b)| (a, b))
-            .chain(self.also_live.iter().flat_map(|(&a, v)| v.iter().map(move |b| (a, b))))
-            .chain(self.maps.iter().map(|(&a, b)| (a, b)))
+        self.heap.live().filter(|(_, b)| b.family != Family::Internal).chain(self.maps.iter().map(|(&a, b)| (a, b)))
     }
 
     /// Live bytes and blocks per backtrace, with the family of its blocks.
@@ -347,7 +263,7 @@ impl Books {
 
     /// Frees whose block was never seen: allocated before tracing started.
     pub fn unmatched_frees(&self) -> u64 {
-        self.pending_frees.values().map(|v| v.len() as u64).sum()
+        self.heap.unmatched()
     }
 }
 
@@ -369,33 +285,47 @@ mod tests {
         // Thread A frees 0x10 at t=5, thread B reuses it at t=6, but B's
         // buffer is read first.
         let mut b = Books::default();
-        b.alloc(0x10, blk(8, 1));
-        b.alloc(0x10, blk(16, 6));
-        b.free(0x10, 5);
+        b.alloc(0, 0x10, blk(8, 1));
+        b.alloc(2, 0x10, blk(16, 6));
+        b.free(1, 0x10, 5);
         let live: Vec<_> = b.live_blocks().map(|(_, b)| b.size).collect();
         assert_eq!(live, vec![16]);
         assert_eq!(b.cur_bytes, 16);
     }
 
     #[test]
+    fn a_block_swapped_with_another_thread_is_freed() {
+        // main allocates 0x10 (t=1) and hands it to a thread, which frees it
+        // (t=2) and returns a block at the same address (t=3), which main
+        // frees (t=4). main's chunk is read first.
+        let mut b = Books::default();
+        b.alloc(0, 0x10, blk(8, 1));
+        b.free(0, 0x10, 4);
+        b.free(1, 0x10, 2);
+        b.alloc(1, 0x10, blk(16, 3));
+        assert_eq!((b.live_blocks().count(), b.unmatched_frees(), b.cur_bytes), (0, 0, 0));
+        assert_eq!((b.allocations, b.frees), (2, 2));
+    }
+
+    #[test]
     fn live_at_peak_is_the_state_when_the_total_last_rose() {
         let at = |stack: u32, size: u64, time: u64| Block { size, stack, family: Family::Malloc, time };
         let mut b = Books::default();
-        b.alloc(0x10, at(0, 100, 1));
-        b.alloc(0x20, at(1, 50, 2));
-        b.free(0x10, 3);
-        b.alloc(0x30, at(2, 30, 4));
+        b.alloc(0, 0x10, at(0, 100, 1));
+        b.alloc(0, 0x20, at(1, 50, 2));
+        b.free(0, 0x10, 3);
+        b.alloc(0, 0x30, at(2, 30, 4));
         // Peak: 150 bytes at t=2 (stacks 0 and 1); stack 1 grows past it
         // later while the total stays lower, stack 2 came after it.
-        b.alloc(0x40, at(1, 60, 5));
-        b.free(0x20, 6);
+        b.alloc(0, 0x40, at(1, 60, 5));
+        b.free(0, 0x20, 6);
         let peak = b.live_at_peak();
         let mut got: Vec<_> = peak.iter().map(|(&s, l)| (s, l.bytes, l.blocks)).collect();
         got.sort();
         assert_eq!(got, vec![(0, 100, 1), (1, 50, 1)]);
         assert_eq!((b.peak_bytes, b.peak_time), (150, 2));
         // A new peak: everything live now.
-        b.alloc(0x50, at(2, 200, 7));
+        b.alloc(0, 0x50, at(2, 200, 7));
         let mut got: Vec<_> = b.live_at_peak().iter().map(|(&s, l)| (s, l.bytes, l.blocks)).collect();
         got.sort();
         assert_eq!(got, vec![(1, 60, 1), (2, 230, 2)]);
@@ -409,29 +339,31 @@ mod tests {
         let mut b = Books::default();
         // The program frees a block, glibc reuses its address inside a hook
         // (a thread's DTV), then the program frees that (pthread_join).
-        b.alloc(0x10, blk(8, 1));
-        b.free(0x10, 2);
-        b.alloc(0x10, internal(288, 3));
+        b.alloc(0, 0x10, blk(8, 1));
+        b.free(0, 0x10, 2);
+        b.alloc(0, 0x10, internal(288, 3));
         assert_eq!((b.live_blocks().count(), b.internal_blocks().count()), (0, 1));
-        b.free(0x10, 4);
+        b.free(0, 0x10, 4);
         assert_eq!((b.unmatched_frees(), b.internal_blocks().count()), (0, 0));
         assert_eq!((b.allocations, b.frees, b.cur_bytes, b.peak_bytes), (1, 2, 0, 8));
         // A free read before its internal block also finds it.
-        b.free(0x20, 9);
-        b.alloc(0x20, internal(16, 8));
+        b.free(1, 0x20, 9);
+        b.alloc(0, 0x20, internal(16, 8));
         assert_eq!((b.unmatched_frees(), b.internal_blocks().count()), (0, 0));
-        // A later program block at the same address is the one freed.
-        b.alloc(0x30, internal(16, 10));
-        b.alloc(0x30, blk(24, 11));
-        b.free(0x30, 12);
-        assert_eq!((b.internal_blocks().count(), b.live_blocks().count()), (1, 0));
+        // A program block at the address of an internal one: the internal
+        // block was freed untraced (an address is not handed out twice).
+        b.alloc(0, 0x30, internal(16, 10));
+        b.alloc(0, 0x30, blk(24, 11));
+        assert_eq!((b.internal_blocks().count(), b.live_blocks().count()), (0, 1));
+        b.free(0, 0x30, 12);
+        assert_eq!((b.internal_blocks().count(), b.live_blocks().count(), b.unmatched_frees()), (0, 0, 0));
     }
 
     #[test]
     fn free_read_before_its_alloc_cancels_it() {
         let mut b = Books::default();
-        b.free(0x20, 9);
-        b.alloc(0x20, blk(8, 3));
+        b.free(1, 0x20, 9);
+        b.alloc(0, 0x20, blk(8, 3));
         assert_eq!(b.live_blocks().count(), 0);
         assert_eq!(b.unmatched_frees(), 0);
         assert_eq!((b.allocations, b.frees), (1, 1));
@@ -454,10 +386,10 @@ mod tests {
     #[test]
     fn peak_is_tracked() {
         let mut b = Books::default();
-        b.alloc(1, blk(100, 1));
-        b.alloc(2, blk(50, 2));
-        b.free(1, 3);
-        b.alloc(3, blk(10, 4));
+        b.alloc(0, 1, blk(100, 1));
+        b.alloc(0, 2, blk(50, 2));
+        b.free(0, 1, 3);
+        b.alloc(0, 3, blk(10, 4));
         assert_eq!((b.peak_bytes, b.peak_blocks, b.peak_time), (150, 2, 2));
     }
 }

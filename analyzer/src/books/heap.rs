@@ -1,0 +1,241 @@
+//! Heap blocks by address, in the order the program made them, whatever
+//! order the threads' chunks are read in.
+//!
+//! The stream gives each thread's events in program order, but chunks of
+//! different threads arrive in the order the writer collected them, and a
+//! thread's chunk can come late (it was preempted between stamping an event
+//! and buffering it). What restores the order of the events on one address
+//! is the allocator's contract (C11 7.22.3, and glibc's malloc): an address
+//! is never handed out again while its block is live, and a block is freed
+//! once. So on one address the true history alternates — alloc, free,
+//! alloc, free … — except for frees of blocks allocated untraced (before
+//! tracing started, while collection was stopped), which follow a free or
+//! nothing. Timestamps only break ties between threads: events of
+//! different threads less than [`EPS`] apart are put in the order in which
+//! they alternate best (then the one least out of time order).
+//!
+//! From that order:
+//! - the live block at an address is the allocation that is its latest
+//!   event, if the latest event is an allocation: so a late event (one read
+//!   after later events at its address) never makes a block live, and an
+//!   allocation at an address whose block is live ends that block (its free
+//!   is late or was not traced: either way the block is gone);
+//! - a free is unmatched (a block from before tracing) when the event before
+//!   it is a free, or nothing.
+//!
+//! Each address keeps its last [`RING`] events (its window, `slot.rs`). A
+//! late event inside the window is put in its place and the frees around
+//! it are matched again. A late event older than the window matches what
+//! the events shifted out of it left unmatched (see [`Heap::late`]).
+//! Addresses with nothing live forget their events after [`HORIZON`] ns of
+//! trace time, and unmatched events outside the windows are final then.
+//! Those are the bounds: a free read more than `HORIZON` after the events
+//! around it, or whose allocation comes that late, is counted as a free of
+//! a block from before tracing. Exact for any read order while the late
+//! events of an address are inside its window or more than `EPS` from
+//! other threads' (`heap/tests.rs` tries every interleaving).
+
+use rustc_hash::FxHashMap as HashMap;
+
+use super::Block;
+
+/// Events kept per address.
+pub const RING: usize = 4;
+
+/// Events of different threads closer than this (ns) are ordered by the
+/// allocator's contract, not by their times: it covers the skew between
+/// two threads' stamps (11 ns seen with a bare `rdtsc`; an unfenced `rdtsc`
+/// runs at most a reorder window, ~100 cycles, early; invariant TSCs of
+/// one machine agree within tens of ns).
+pub const EPS: u64 = 250;
+
+/// How long (ns of trace time) an address with nothing live keeps its
+/// events, and an unmatched free waits for a late allocation.
+pub const HORIZON: u64 = 1_000_000_000;
+
+mod slot;
+use slot::{Ev, Frozen, Window};
+
+/// One address: its window of events and the blocks of its two latest
+/// allocations in it (the live one, if any, among them).
+#[derive(Clone, Debug)]
+struct Slot {
+    window: Window,
+    /// The second is needed when a late event makes the one before the
+    /// latest allocation the latest event again.
+    blocks: [Option<Block>; 2],
+    /// The latest event is the allocation of `blocks[0]`.
+    live: bool,
+}
+
+/// An unmatched event outside its address's window.
+struct Wait {
+    /// ns.
+    time: u64,
+    /// It came older than the window (else it was shifted out of it).
+    late: bool,
+}
+
+/// Events of one address outside its window, still unmatched.
+#[derive(Default)]
+struct Waiting {
+    orphans: Vec<Wait>,
+    open: Vec<Wait>,
+}
+
+/// What an event did to the live blocks.
+#[derive(Debug, Default)]
+pub struct Change {
+    /// A block that ended: freed, or ended by a new allocation at its address.
+    pub ended: Option<Block>,
+    /// A block now live: the event's own, or (when the events were put in
+    /// another order) an earlier one.
+    pub born: Option<Block>,
+}
+
+/// The heap: every address with a live block or recent events.
+#[derive(Default)]
+pub struct Heap {
+    slots: HashMap<u64, Slot>,
+    /// Events shifted out of their address's window unmatched, waiting (up
+    /// to [`HORIZON`]) for a late event to match them.
+    waiting: HashMap<u64, Waiting>,
+    /// Frees now unmatched (allocated before tracing, as far as is known).
+    unmatched: u64,
+    /// Latest time read, ns.
+    now: u64,
+    sweep_at: usize,
+}
+
+impl Heap {
+    /// An allocation at `addr` by thread `tid`; `b.time` is its time.
+    pub fn alloc(&mut self, tid: u32, addr: u64, b: Block) -> Change {
+        self.event(tid, addr, b.time, Some(b))
+    }
+
+    /// A free of `addr` by thread `tid` at `time`.
+    pub fn free(&mut self, tid: u32, addr: u64, time: u64) -> Change {
+        self.event(tid, addr, time, None)
+    }
+
+    fn event(&mut self, tid: u32, addr: u64, time: u64, block: Option<Block>) -> Change {
+        self.now = self.now.max(time);
+        if self.slots.len() >= self.sweep_at {
+            self.sweep();
+        }
+        let alloc = block.is_some();
+        let slot =
+            self.slots.entry(addr).or_insert_with(|| Slot { window: Window::new(), blocks: [None, None], live: false });
+        let known = [0, 1].map(|i| slot.blocks[i].as_ref().map(|b| b.time));
+        let e = Ev { time, tid, alloc };
+        let Some(added) = slot.window.add(e, &|t| known.contains(&Some(t))) else {
+            self.late(addr, time, alloc);
+            return Change::default();
+        };
+        self.unmatched = self.unmatched.wrapping_add_signed(added.unmatched);
+        let old = slot.live.then(|| slot.blocks[0].clone()).flatten();
+        if added.appended {
+            if let Some(b) = block {
+                slot.blocks[1] = slot.blocks[0].replace(b);
+            }
+        } else {
+            // The blocks of the two latest allocations, as far as known.
+            let mut by_time = |t: u64| match &block {
+                Some(b) if t == time => Some(b.clone()),
+                _ => slot.blocks.iter_mut().find(|b| b.as_ref().is_some_and(|b| b.time == t)).and_then(Option::take),
+            };
+            let mut latest = slot.window.allocs_from_the_end();
+            let (first, second) = (latest.next(), latest.next());
+            slot.blocks = [first.and_then(&mut by_time), second.and_then(&mut by_time)];
+        }
+        slot.live = added.last.alloc;
+        let new = slot.live.then(|| slot.blocks[0].clone()).flatten();
+        let mut change = Change::default();
+        if old.as_ref().map(|b| b.time) != new.as_ref().map(|b| b.time) {
+            change.ended = old;
+            change.born = new;
+        }
+        match added.frozen {
+            Some(Frozen::Orphan(t)) => {
+                self.waiting.entry(addr).or_default().orphans.push(Wait { time: t, late: false })
+            }
+            Some(Frozen::Open(t)) => self.waiting.entry(addr).or_default().open.push(Wait { time: t, late: false }),
+            None => {}
+        }
+        match added.before_open {
+            Some((t, true)) => self.waiting.entry(addr).or_default().open.push(Wait { time: t, late: false }),
+            Some((t, false)) => {
+                if let Some(w) = self.waiting.get_mut(&addr) {
+                    if let Some(k) = w.open.iter().position(|o| o.time == t && !o.late) {
+                        w.open.swap_remove(k);
+                    }
+                    if w.orphans.is_empty() && w.open.is_empty() {
+                        self.waiting.remove(&addr);
+                    }
+                }
+            }
+            None => {}
+        }
+        change
+    }
+
+    /// An event older than its address's window. Where it stood among the
+    /// events shifted out is unknown, but not what it must have done there,
+    /// since the true history alternates: a free ends an allocation whose
+    /// free was missing (an *open* one), an allocation gives its block to
+    /// an unmatched free (an *orphan*). Taken in this order: one the times
+    /// allow (an open allocation before the free, an orphan after the
+    /// allocation); one that came late too (a late thread's chunk frees a
+    /// block and allocates the address again, both older than the window);
+    /// else the event waits, as an orphan or open.
+    fn late(&mut self, addr: u64, time: u64, alloc: bool) {
+        let w = self.waiting.entry(addr).or_default();
+        let (mine, theirs) = if alloc { (&mut w.open, &mut w.orphans) } else { (&mut w.orphans, &mut w.open) };
+        // The nearest the times allow: the latest open allocation before a
+        // free, the earliest orphan after an allocation.
+        let gap = |o: &Wait| if alloc { o.time.checked_sub(time) } else { time.checked_sub(o.time) };
+        let nearest = theirs.iter().enumerate().filter_map(|(k, o)| Some((gap(o)?, k))).min().map(|(_, k)| k);
+        let k = nearest.or_else(|| theirs.iter().position(|o| o.late));
+        if let Some(k) = k {
+            theirs.swap_remove(k);
+            if alloc {
+                self.unmatched -= 1;
+            }
+        } else {
+            mine.push(Wait { time, late: true });
+            if !alloc {
+                self.unmatched += 1;
+            }
+        }
+        if w.orphans.is_empty() && w.open.is_empty() {
+            self.waiting.remove(&addr);
+        }
+    }
+
+    /// Frees whose block was never seen.
+    pub fn unmatched(&self) -> u64 {
+        self.unmatched
+    }
+
+    /// Live blocks with their addresses.
+    pub fn live(&self) -> impl Iterator<Item = (u64, &Block)> {
+        self.slots.iter().filter(|(_, s)| s.live).filter_map(|(&a, s)| s.blocks[0].as_ref().map(|b| (a, b)))
+    }
+
+    /// Forgets addresses with nothing live and no event for [`HORIZON`],
+    /// and orphans as old; run when the table has doubled since the last
+    /// time, so its cost per event stays constant.
+    fn sweep(&mut self) {
+        let cutoff = self.now.saturating_sub(HORIZON);
+        self.slots.retain(|_, s| s.live || s.window.last_time() >= cutoff);
+        self.waiting.retain(|_, w| {
+            w.orphans.retain(|o| o.time >= cutoff);
+            w.open.retain(|o| o.time >= cutoff);
+            !(w.orphans.is_empty() && w.open.is_empty())
+        });
+        self.sweep_at = (self.slots.len() * 2).max(1 << 16);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,58 @@
+//! Books across threads: blocks that change hands between threads are
+//! matched exactly, whatever order the threads' events reach the trace in.
+
+mod common;
+use common::*;
+
+/// Runs `prog args` under `mtrace run` `runs` times; the reports.
+fn reports(name: &str, prog: &std::path::Path, args: &[&str], runs: usize) -> Vec<serde_json::Value> {
+    let dir = scratch(name);
+    (0..runs).map(|_| run_json(&dir, &[], prog, args).0).collect()
+}
+
+#[test]
+fn blocks_swapped_with_a_thousand_threads_are_all_freed() {
+    let dir = scratch("handoff-build");
+    let prog = build("handoff.c", &dir.join("handoff"), &["-g", "-O0"]);
+    for (run, r) in reports("handoff", &prog, &[], 20).iter().enumerate() {
+        let s = &r["summary"];
+        assert_eq!(leaks_in(r, "handoff.c"), vec![], "run {run}: {s}");
+        assert_eq!(s["unmatched_frees"], 0, "run {run}: {s}");
+        // 2,000 blocks of the program, and the DTVs of the threads (glibc
+        // keeps the last few with their cached stacks).
+        let program = r["stacks"].as_array().unwrap().iter().filter(|e| line_in(e, "handoff.c").is_some());
+        let dtvs: u64 = program
+            .filter(|e| e["frames"][0]["module"].as_str().unwrap().starts_with("ld-linux"))
+            .map(|e| e["blocks"].as_u64().unwrap())
+            .sum();
+        assert_eq!(s["leaked_blocks"].as_u64().unwrap(), dtvs, "run {run}: {s}");
+        assert!(dtvs <= 8, "run {run}: {s}");
+    }
+}
+
+#[test]
+fn a_million_queue_operations_balance() {
+    let dir = scratch("queue-build");
+    let prog = build("queue.c", &dir.join("queue"), &["-g", "-O0"]);
+    for (run, r) in reports("queue", &prog, &[], 20).iter().enumerate() {
+        let s = &r["summary"];
+        assert_eq!(leaks_in(r, "queue.c"), vec![], "run {run}: {s}");
+        assert_eq!(s["unmatched_frees"], 0, "run {run}: {s}");
+        assert!(s["allocations"].as_u64().unwrap() >= 500_000, "run {run}: {s}");
+    }
+}
+
+#[test]
+fn blocks_kept_by_other_threads_are_the_leaks() {
+    let dir = scratch("queue-leak-build");
+    let prog = build("queue.c", &dir.join("queue"), &["-g", "-O0"]);
+    let m = markers("queue.c");
+    for (run, r) in reports("queue-leak", &prog, &["leak"], 10).iter().enumerate() {
+        assert_eq!(
+            leaks_in(r, "queue.c"),
+            vec![leak(1090, 10, "malloc", "producer", m["kept"]), leak(1554, 2, "malloc", "producer", m["producer"])],
+            "run {run}"
+        );
+        assert_eq!(r["summary"]["unmatched_frees"], 0, "run {run}");
+    }
+}

@@ -1,0 +1,90 @@
+/* Producers pass blocks through a queue to consumers, which free them at
+   once, so the allocator hands the same addresses out again while the
+   tracer's buffers of different threads hold their events. Every block is
+   freed, except LEAK_EVERY-th block of each producer when argv[1] is
+   "leak": consumers keep those (@leak:kept), and each producer leaks one
+   block of its own at the end (@leak:producer). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PRODUCERS 2
+#define CONSUMERS 2
+#define PER_PRODUCER 250000
+#define QUEUE 64
+#define LEAK_EVERY 50000
+
+static void *queue[QUEUE];
+static int head, tail, count, done;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t not_empty = PTHREAD_COND_INITIALIZER, not_full = PTHREAD_COND_INITIALIZER;
+static int leak;
+static void *kept[PRODUCERS * PER_PRODUCER / LEAK_EVERY + 1];
+static int nkept;
+static void *volatile producer_leak[PRODUCERS];
+
+static void put(void *p) {
+    pthread_mutex_lock(&lock);
+    while (count == QUEUE) pthread_cond_wait(&not_full, &lock);
+    queue[tail] = p;
+    tail = (tail + 1) % QUEUE;
+    count++;
+    pthread_cond_signal(&not_empty);
+    pthread_mutex_unlock(&lock);
+}
+
+static void *take(void) {
+    pthread_mutex_lock(&lock);
+    while (count == 0 && done < PRODUCERS) pthread_cond_wait(&not_empty, &lock);
+    void *p = NULL;
+    if (count > 0) {
+        p = queue[head];
+        head = (head + 1) % QUEUE;
+        count--;
+        pthread_cond_signal(&not_full);
+    }
+    pthread_mutex_unlock(&lock);
+    return p;
+}
+
+static void *producer(void *arg) {
+    long id = (long)arg;
+    for (int i = 0; i < PER_PRODUCER; i++) {
+        size_t size = 16 + (i * 7) % 100;
+        char *p = malloc(size); // @leak:kept
+        memset(p, 0, size);
+        p[0] = (leak && i % LEAK_EVERY == LEAK_EVERY - 1) ? 'k' : 'f';
+        put(p);
+    }
+    if (leak) producer_leak[id] = malloc(777); // @leak:producer
+    pthread_mutex_lock(&lock);
+    done++;
+    pthread_cond_broadcast(&not_empty);
+    pthread_mutex_unlock(&lock);
+    return NULL;
+}
+
+static void *consumer(void *arg) {
+    (void)arg;
+    char *p;
+    while ((p = take()) != NULL) {
+        if (p[0] == 'k') {
+            pthread_mutex_lock(&lock);
+            kept[nkept++] = p;
+            pthread_mutex_unlock(&lock);
+        } else {
+            free(p);
+        }
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    leak = argc > 1 && strcmp(argv[1], "leak") == 0;
+    pthread_t p[PRODUCERS], c[CONSUMERS];
+    for (long i = 0; i < CONSUMERS; i++) pthread_create(&c[i], NULL, consumer, NULL);
+    for (long i = 0; i < PRODUCERS; i++) pthread_create(&p[i], NULL, producer, (void *)i);
+    for (int i = 0; i < PRODUCERS; i++) pthread_join(p[i], NULL);
+    for (int i = 0; i < CONSUMERS; i++) pthread_join(c[i], NULL);
+    return 0;
+}
