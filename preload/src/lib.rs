@@ -4,7 +4,8 @@
 //!
 //! Layout: `hooks` are the exported entry points; `recorder` turns a call
 //! into a record; `thread` keeps per-thread buffers and interned
-//! backtraces; `session` owns the file, the writer thread and the final
+//! backtraces; `session` owns the file (kept out of the program's way:
+//! `session/output.rs`, `hooks/fds.rs`), the writer thread and the final
 //! flush; `real` finds the functions the hooks forward to. `unsafe` lives in
 //! `real`, `sys`, `hooks`, `modules`, `signals`, `stop`, `snapshot` and
 //! `allocator`.

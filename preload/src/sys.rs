@@ -116,33 +116,6 @@ pub fn readlink(path: &CStr) -> Option<String> {
     (n > 0).then(|| String::from_utf8_lossy(&buf[..n as usize]).into_owned())
 }
 
-/// Creates `path` exclusively with mode 0600, close-on-exec. Returns the fd
-/// or the errno.
-pub fn create_exclusive(path: &str) -> Result<i32, i32> {
-    let Ok(c) = std::ffi::CString::new(path) else { return Err(libc::EINVAL) };
-    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC;
-    // SAFETY: c is NUL-terminated.
-    let fd = unsafe { libc::open(c.as_ptr(), flags, 0o600) };
-    if fd < 0 {
-        return Err(errno());
-    }
-    // Move the descriptor out of the low numbers a program opens, dup2s
-    // onto and reuses: a program file that got our number would receive
-    // trace bytes. Keep the low one if no high one is free.
-    // SAFETY: fcntl/close on a descriptor we own.
-    unsafe {
-        let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, HIGH_FD);
-        if high >= 0 {
-            libc::close(fd);
-            return Ok(high);
-        }
-    }
-    Ok(fd)
-}
-
-/// Lowest descriptor number for the trace file (below the usual 1024 limit).
-const HIGH_FD: i32 = 900;
-
 /// Sleeps for `ms` milliseconds (the writer thread's poll interval).
 pub fn sleep_ms(ms: u64) {
     sleep_us(ms * 1000);

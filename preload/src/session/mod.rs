@@ -8,6 +8,7 @@ use std::sync::Arc;
 use mtrace_format::{encode_header, Encoder, EndReason, Header, Record};
 use parking_lot::{Mutex, MutexGuard};
 
+mod output;
 mod writer;
 mod zstd;
 
@@ -95,8 +96,10 @@ pub struct Session {
     /// Trace programs this one execs (`MTRACE_FOLLOW_EXEC`).
     pub follow_exec: bool,
     pub reporter: crate::reports::Reporter,
-    fd: i32,
-    /// Held while anything writes to `fd`, so that buffers never interleave.
+    /// The trace file.
+    out: output::Output,
+    /// Held while anything writes to `out`, so that buffers never
+    /// interleave, and while the hooks of `close` and `dup2` move it.
     file: Mutex<()>,
     /// The writer's compression context (made on first use), and its
     /// mapping's range for the snapshot to leave out.
@@ -179,18 +182,26 @@ fn program_name(cmdline: &[String]) -> String {
     }
 }
 
-fn open_output(cfg: &config::Config, pid: u32, prog: &str) -> Option<(i32, String)> {
+/// Creates the trace file (`MTRACE_OUTPUT`, or `<prog>.<pid>.mtrace` in
+/// the working directory), and its absolute path: the analyzer that makes
+/// incremental reports, and a reopening after the program closed the
+/// descriptor, must find it after a `chdir`.
+fn open_output(cfg: &config::Config, pid: u32, prog: &str) -> Option<(output::Output, String)> {
     let path = match &cfg.output {
         Some(p) => config::expand(p, pid, prog),
         None => format!("{prog}.{pid}.mtrace"),
+    };
+    let path = match std::env::current_dir() {
+        Ok(cwd) if !path.starts_with('/') => cwd.join(&path).to_string_lossy().into_owned(),
+        _ => path,
     };
     // An exec keeps the pid: the new image must not overwrite the old
     // image's trace, so a taken name gets a numeric suffix.
     let mut last_err = 0;
     for i in 0..1000 {
         let candidate = if i == 0 { path.clone() } else { format!("{path}.{i}") };
-        match sys::create_exclusive(&candidate) {
-            Ok(fd) => return Some((fd, candidate)),
+        match output::Output::create(&candidate) {
+            Ok(out) => return Some((out, candidate)),
             Err(libc::EEXIST) => continue,
             Err(e) => {
                 last_err = e;
@@ -203,9 +214,16 @@ fn open_output(cfg: &config::Config, pid: u32, prog: &str) -> Option<(i32, Strin
     None
 }
 
+/// The trace was lost: no more events are recorded, the writer stops.
+fn stop_tracing() {
+    STATE.store(DISABLED, Ordering::Release);
+}
+
 impl Session {
     fn create() -> Option<Session> {
         crate::real::init();
+        #[cfg(not(test))]
+        crate::hooks::fds::init();
         let cfg = config::load();
         let pid = sys::getpid();
         let cmdline: Vec<String> = sys::read_file(c"/proc/self/cmdline")
@@ -216,13 +234,7 @@ impl Session {
             .collect();
         crate::recorder::set_collecting(cfg.start);
         let prog = program_name(&cmdline);
-        let (fd, path) = open_output(&cfg, pid, &prog)?;
-        // Absolute, for the analyzer that makes incremental reports: the
-        // program may change its working directory.
-        let path = match std::env::current_dir() {
-            Ok(cwd) if !path.starts_with('/') => cwd.join(&path).to_string_lossy().into_owned(),
-            _ => path,
-        };
+        let (out_file, path) = open_output(&cfg, pid, &prog)?;
         unwind::init();
         let start_mono = sys::monotonic_ns();
         let header = Header {
@@ -245,7 +257,7 @@ impl Session {
         let mut enc = Encoder::new();
         enc.encode(&mut out, &Record::Thread { tid: sys::gettid(), time_ns: 0 });
         enc.encode(&mut out, &Record::Modules { time_ns: 0, modules: modules::list() });
-        sys::write_all(fd, &out);
+        out_file.write(&out);
         Some(Session {
             gen: GEN.fetch_add(1, Ordering::Relaxed) + 1,
             pid,
@@ -261,7 +273,7 @@ impl Session {
             follow_fork: cfg.follow_fork,
             follow_exec: cfg.follow_exec,
             reporter: crate::reports::Reporter::new(path, &prog, pid, cfg.report_dir.clone()),
-            fd,
+            out: out_file,
             file: Mutex::new(()),
             zstd: Mutex::new(None),
             zstd_range: [AtomicU64::new(0), AtomicU64::new(0)],
@@ -335,7 +347,7 @@ impl Session {
         if !self.is_finished() {
             self.collect(true);
         }
-        sys::write_all(self.fd, bytes);
+        self.out.write(bytes);
     }
 
     /// An incremental report: every thread's buffer is written, then a
@@ -351,7 +363,7 @@ impl Session {
             let mut enc = Encoder::new();
             enc.encode(&mut buf, &Record::Thread { tid: sys::gettid(), time_ns: now });
             enc.encode(&mut buf, &Record::Marker { time_ns: now, seq, name: name.to_owned() });
-            sys::write_all(self.fd, &buf);
+            self.out.write(&buf);
         }
         if name == SIGNAL_REPORT {
             self.reporter.marked();
@@ -389,12 +401,12 @@ impl Session {
                 let Some(mut b) = lock(&t.inner, in_signal) else { continue };
                 let full = std::mem::take(&mut b.full);
                 for buf in &full {
-                    sys::write_all(self.fd, buf);
+                    self.out.write(buf);
                 }
                 // Freeing here could deadlock in a signal handler that
                 // interrupted malloc; the process is ending anyway.
                 std::mem::forget(full);
-                sys::write_all(self.fd, &b.cur);
+                self.out.write(&b.cur);
                 b.cur.clear();
             }
         }
@@ -405,7 +417,7 @@ impl Session {
                 let mut enc = Encoder::new();
                 enc.encode(&mut e, &Record::Thread { tid: sys::gettid(), time_ns: now });
                 enc.encode(&mut e, &Record::End { time_ns: now, reason });
-                sys::write_all(self.fd, &e);
+                self.out.write(&e);
             }
         }
     }

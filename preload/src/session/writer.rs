@@ -76,9 +76,9 @@ impl Session {
         }
         let mut out = Vec::with_capacity(raw.len() / 2 + 16);
         if zstd.as_mut().is_some_and(|z| z.compress_block(raw, &mut out)) {
-            sys::write_all(self.fd, &out);
+            self.out.write(&out);
         } else {
-            sys::write_all(self.fd, raw);
+            self.out.write(raw);
         }
     }
 
@@ -128,7 +128,7 @@ impl Session {
         let mut enc = Encoder::new();
         enc.encode(&mut buf, &Record::Thread { tid: sys::gettid(), time_ns: now });
         enc.encode(&mut buf, &Record::Sample { time_ns: now, rss });
-        sys::write_all(self.fd, &buf);
+        self.out.write(&buf);
     }
 
     /// Writes the module list when a library was loaded or unloaded since it
@@ -148,7 +148,7 @@ impl Session {
         let mut enc = Encoder::new();
         enc.encode(&mut out, &Record::Thread { tid: sys::gettid(), time_ns: now });
         enc.encode(&mut out, &Record::Modules { time_ns: now, modules: modules::list() });
-        sys::write_all(self.fd, &out);
+        self.out.write(&out);
     }
 }
 
@@ -162,7 +162,7 @@ impl FileHold<'_> {
     /// Writes bytes that are whole records (or the rest of a record begun
     /// by the previous call).
     pub fn write(&self, bytes: &[u8]) {
-        sys::write_all(self.s.fd, bytes);
+        self.s.out.write(bytes);
     }
 }
 
