@@ -1,5 +1,6 @@
 //! `mtrace`: reads traces written by libmtrace.so and reports what leaked.
 
+mod attach;
 mod books;
 mod load;
 mod malloc_trace;
@@ -32,6 +33,9 @@ enum Cmd {
     /// Run a program under the tracer and print its report when it ends.
     #[command(after_help = ENV_HELP)]
     Run(run::RunArgs),
+    /// Trace a running process for a while, then report what it allocated
+    /// meanwhile and still holds; the process goes on untraced.
+    Attach(attach::AttachArgs),
 }
 
 /// The environment variables of libmtrace.so, for `mtrace run --help`.
@@ -193,7 +197,7 @@ fn list_markers(trace: &std::path::Path, json: bool, out: &mut dyn Write) -> any
     Ok(())
 }
 
-fn open_output(p: &Option<PathBuf>) -> anyhow::Result<Box<dyn Write>> {
+pub(crate) fn open_output(p: &Option<PathBuf>) -> anyhow::Result<Box<dyn Write>> {
     Ok(match p {
         Some(p) => Box::new(std::fs::File::create(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?),
         None => Box::new(std::io::stdout().lock()),
@@ -202,7 +206,7 @@ fn open_output(p: &Option<PathBuf>) -> anyhow::Result<Box<dyn Write>> {
 
 /// `mtrace [PROG] LOG` without a subcommand: glibc's mtrace script's usage.
 fn glibc_compat(args: &[String]) -> Option<ExitCode> {
-    let known = ["report", "run", "help", "-h", "--help", "-V", "--version"];
+    let known = ["report", "run", "attach", "help", "-h", "--help", "-V", "--version"];
     if args.len() < 2 || args.len() > 3 || known.contains(&args[1].as_str()) || args[1].starts_with('-') {
         return None;
     }
@@ -242,6 +246,7 @@ fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }),
         Cmd::Run(a) => run::run(a),
+        Cmd::Attach(a) => attach::attach(a),
     };
     match res {
         Ok(code) => code,

@@ -41,7 +41,7 @@ pub struct RunArgs {
 }
 
 /// libmtrace.so: `MTRACE_LIB`, else next to this executable.
-fn find_lib() -> Result<PathBuf> {
+pub fn find_lib() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("MTRACE_LIB") {
         let p = PathBuf::from(p);
         if !p.is_file() {

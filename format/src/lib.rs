@@ -21,4 +21,4 @@ pub use varint::{put_varint, unzigzag, zigzag};
 pub const MAGIC: [u8; 8] = *b"MTRACE\0\x1a";
 
 /// Format version written in the header. Readers reject newer versions.
-pub const VERSION: u64 = 3;
+pub const VERSION: u64 = 4;

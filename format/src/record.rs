@@ -70,6 +70,9 @@ pub enum EndReason {
     Signal(u32),
     /// A successful `exec*()` replaces the image; the new image writes a new stream.
     Exec,
+    /// Tracing stopped while the program goes on: `mtrace attach` detached,
+    /// or the reader of a socket stream asked for it or went away.
+    Detach,
 }
 
 impl EndReason {
@@ -80,6 +83,7 @@ impl EndReason {
             EndReason::Abort => (2, 0),
             EndReason::Signal(n) => (3, n as u64),
             EndReason::Exec => (4, 0),
+            EndReason::Detach => (5, 0),
         }
     }
 
@@ -90,6 +94,7 @@ impl EndReason {
             2 => EndReason::Abort,
             3 => EndReason::Signal(arg as u32),
             4 => EndReason::Exec,
+            5 => EndReason::Detach,
             _ => return None,
         })
     }

@@ -71,8 +71,26 @@ fn parse_signal(v: &str) -> Option<Option<i32>> {
     SIGNALS.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|&(_, s)| Some(s))
 }
 
+/// Settings given by `mtrace attach` (`NAME=value` lines), read before the
+/// environment.
+static OVERRIDES: parking_lot::Mutex<String> = parking_lot::Mutex::new(String::new());
+
+/// Replaces the settings [`var`] reads before the environment.
+pub fn set_overrides(text: &str) {
+    *OVERRIDES.lock() = text.to_owned();
+}
+
+/// Setting `name`: from [`set_overrides`]' lines, else the environment.
+fn var(name: &std::ffi::CStr) -> Option<String> {
+    let key = name.to_str().ok()?;
+    let o = OVERRIDES.lock();
+    let given = o.lines().find_map(|l| l.split_once('=').filter(|(k, _)| *k == key).map(|(_, v)| v.to_owned()));
+    drop(o);
+    given.or_else(|| sys::getenv(name))
+}
+
 pub fn load() -> Config {
-    let depth = match sys::getenv(c"MTRACE_DEPTH") {
+    let depth = match var(c"MTRACE_DEPTH") {
         None => DEFAULT_DEPTH,
         Some(v) => match v.trim().parse::<usize>() {
             Ok(d) if (1..=MAX_DEPTH).contains(&d) => d,
@@ -84,8 +102,8 @@ pub fn load() -> Config {
             }
         },
     };
-    let output = sys::getenv(c"MTRACE_OUTPUT").filter(|s| !s.is_empty());
-    let unwinder = match sys::getenv(c"MTRACE_UNWINDER").as_deref() {
+    let output = var(c"MTRACE_OUTPUT").filter(|s| !s.is_empty());
+    let unwinder = match var(c"MTRACE_UNWINDER").as_deref() {
         None | Some("fast") => Unwinder::Fast,
         Some("libgcc") => Unwinder::Libgcc,
         Some("check") => Unwinder::Check,
@@ -94,7 +112,7 @@ pub fn load() -> Config {
             Unwinder::Fast
         }
     };
-    let tsc_clock = match sys::getenv(c"MTRACE_CLOCK").as_deref() {
+    let tsc_clock = match var(c"MTRACE_CLOCK").as_deref() {
         None | Some("tsc") => true,
         Some("monotonic") => false,
         Some(v) => {
@@ -102,7 +120,7 @@ pub fn load() -> Config {
             true
         }
     };
-    let report_signal = match sys::getenv(c"MTRACE_REPORT_SIGNAL") {
+    let report_signal = match var(c"MTRACE_REPORT_SIGNAL") {
         None => Some(libc::SIGUSR1),
         Some(v) => parse_signal(&v).unwrap_or_else(|| {
             sys::warn(&format!(
@@ -111,9 +129,9 @@ pub fn load() -> Config {
             Some(libc::SIGUSR1)
         }),
     };
-    let report_dir = sys::getenv(c"MTRACE_REPORT_DIR").filter(|s| !s.is_empty());
+    let report_dir = var(c"MTRACE_REPORT_DIR").filter(|s| !s.is_empty());
     let start = on_off(c"MTRACE_START");
-    let scan = match sys::getenv(c"MTRACE_SCAN").as_deref().map(str::trim) {
+    let scan = match var(c"MTRACE_SCAN").as_deref().map(str::trim) {
         None | Some("0") | Some("off") => false,
         Some("1") | Some("on") => true,
         Some(v) => {
@@ -121,7 +139,7 @@ pub fn load() -> Config {
             false
         }
     };
-    let scan_signal = match sys::getenv(c"MTRACE_SCAN_SIGNAL") {
+    let scan_signal = match var(c"MTRACE_SCAN_SIGNAL") {
         None => None,
         Some(v) => parse_signal(&v).unwrap_or_else(|| {
             sys::warn(&format!("MTRACE_SCAN_SIGNAL={v:?} is not a signal (USR1, USR2, a number, or off); using off"));
@@ -147,7 +165,7 @@ pub fn load() -> Config {
 
 /// An on/off variable whose default is on.
 fn on_off(name: &std::ffi::CStr) -> bool {
-    match sys::getenv(name).as_deref().map(str::trim) {
+    match var(name).as_deref().map(str::trim) {
         None | Some("on") | Some("1") => true,
         Some("off") | Some("0") => false,
         Some(v) => {

@@ -52,3 +52,13 @@ pub extern "C" fn after_fork_child() {
     let _g = Guard::enter();
     session::restart_in_child(parent.follow_fork);
 }
+
+/// Registers the fork handlers, once per process (from the constructor, or
+/// from `mtrace_attach_init`, which may run again after a detach).
+pub fn install_once() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: the three handlers are plain extern "C" functions.
+        unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork_parent), Some(after_fork_child)) };
+    });
+}

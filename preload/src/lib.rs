@@ -6,8 +6,9 @@
 //! into a record; `thread` keeps per-thread buffers and interned
 //! backtraces; `session` owns the file (kept out of the program's way:
 //! `session/output.rs`, `hooks/fds.rs`), the writer thread and the final
-//! flush; `real` finds the functions the hooks forward to. `unsafe` lives in
-//! `real`, `sys`, `hooks`, `modules`, `signals`, `stop`, `snapshot` and
+//! flush; `real` finds the functions the hooks forward to; `attach` starts
+//! tracing in a running process (`mtrace attach`). `unsafe` lives in
+//! `attach`, `real`, `sys`, `hooks`, `modules`, `signals`, `stop`, `snapshot` and
 //! `allocator`.
 
 // The unit tests run as an ordinary executable: without the hooks and the
@@ -15,6 +16,7 @@
 #![cfg_attr(test, allow(dead_code))]
 
 mod allocator;
+mod attach;
 mod clock;
 mod config;
 mod fork;
@@ -45,6 +47,10 @@ static ALLOC: allocator::TracerHeap = allocator::TracerHeap;
 /// adds the writer thread, fatal-signal handlers and fork handlers.
 extern "C" fn init() {
     let _g = Guard::enter();
+    // Loaded by `mtrace attach`: dormant until it calls mtrace_attach_init.
+    if !attach::preloaded() {
+        return;
+    }
     let Some(s) = session::get() else { return };
     session::start_writer();
     signals::install();
@@ -57,10 +63,7 @@ extern "C" fn init() {
     if !s.follow_exec {
         sys::drop_from_preload("libmtrace.so");
     }
-    // SAFETY: the three handlers are plain extern "C" functions.
-    unsafe {
-        libc::pthread_atfork(Some(fork::before_fork), Some(fork::after_fork_parent), Some(fork::after_fork_child))
-    };
+    fork::install_once();
 }
 
 /// Library destructor: runs in `exit()` after the program's atexit handlers

@@ -28,11 +28,25 @@ impl NextFn {
             return None;
         }
         // SAFETY: dlsym with a NUL-terminated name is always safe to call;
-        // RTLD_NEXT searches the objects loaded after this one.
-        let p = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()) } as usize;
+        // RTLD_NEXT searches the objects loaded after this one, RTLD_DEFAULT
+        // the global scope (see `resolve_from_default`).
+        let scope = if FROM_DEFAULT.load(Ordering::Acquire) { libc::RTLD_DEFAULT } else { libc::RTLD_NEXT };
+        let p = unsafe { libc::dlsym(scope, self.name.as_ptr()) } as usize;
         self.addr.store(if p == 0 { 1 } else { p }, Ordering::Release);
         (p != 0).then_some(p)
     }
+}
+
+/// Resolve in the global scope: this library was loaded with `dlopen`
+/// (`RTLD_LOCAL`) by `mtrace attach`, so it is not in that scope, and no
+/// object comes after it for `RTLD_NEXT`; the global scope's first
+/// definition is the function the program's calls went to.
+static FROM_DEFAULT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// See [`FROM_DEFAULT`]. Called before anything is resolved (by
+/// `mtrace_attach_init`; a function resolved before would be wrong).
+pub fn resolve_from_default() {
+    FROM_DEFAULT.store(true, Ordering::Release);
 }
 
 thread_local! {

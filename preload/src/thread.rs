@@ -37,15 +37,15 @@ impl ThreadState {
             if self.unwinder.is_none() {
                 self.unwinder = crate::unwind::fast::ThreadUnwinder::new();
             }
-            if let Some(n) = self.unwinder.as_mut().and_then(|u| u.capture(&mut self.frames[..], s.depth, at)) {
+            if let Some(n) = self.unwinder.as_mut().and_then(|u| u.capture(&mut self.frames[..], s.depth(), at)) {
                 if s.unwinder == Unwinder::Check {
-                    unwind::check(&self.frames[..n], s.depth);
+                    unwind::check(&self.frames[..n], s.depth());
                 }
                 return n;
             }
         }
         let _ = at;
-        unwind::libgcc::capture(&mut self.frames[..], s.depth)
+        unwind::libgcc::capture(&mut self.frames[..], s.depth())
     }
 }
 
@@ -130,7 +130,7 @@ fn state(s: &Session) -> Option<&'static mut ThreadState> {
 pub fn push(s: &Session, now: u64, stack_at: Option<Here>, make: impl FnOnce(u64, u32) -> Record) {
     let Some(st) = state(s) else {
         let mut buf = [0u64; MAX_DEPTH];
-        let n = if stack_at.is_some() { unwind::libgcc::capture(&mut buf, s.depth) } else { 0 };
+        let n = if stack_at.is_some() { unwind::libgcc::capture(&mut buf, s.depth()) } else { 0 };
         return write_sync(s, sys::gettid(), now, stack_at.map(|_| &buf[..n]), make);
     };
     // Unwind before taking the buffer's lock: the writer may want it.

@@ -152,6 +152,7 @@ fn end_text(r: mtrace_format::EndReason) -> String {
         Abort => "abort".into(),
         Signal(n) => format!("signal {n}"),
         Exec => "exec".into(),
+        Detach => "detach".into(),
     }
 }
 

@@ -214,7 +214,11 @@ fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         };
         writeln!(w, "\n{what}")?;
     } else {
-        let heading = if delta { "Change in live blocks" } else { "Not freed at exit" };
+        let heading = match (delta, r.summary.ended_by.as_deref()) {
+            (true, _) => "Change in live blocks",
+            (false, Some("detach")) => "Allocated while attached and not freed at detach",
+            _ => "Not freed at exit",
+        };
         writeln!(w, "\n{heading}, by backtrace ({}):", plural(r.stacks.len() as u64, "backtrace", "backtraces"))?;
     }
     if let Some(rules) = &r.suppressed {

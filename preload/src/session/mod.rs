@@ -8,6 +8,7 @@ use std::sync::Arc;
 use mtrace_format::{encode_header, Encoder, EndReason, Header, Record};
 use parking_lot::{Mutex, MutexGuard};
 
+mod control;
 mod output;
 mod writer;
 mod zstd;
@@ -74,8 +75,8 @@ pub struct Session {
     pub pid: u32,
     /// Event times (ns since `start_mono`).
     clock: Clock,
-    /// Frames per backtrace.
-    pub depth: usize,
+    /// Frames per backtrace (a command may change it).
+    depth: AtomicUsize,
     /// The unwinder (`MTRACE_UNWINDER`).
     pub unwinder: crate::config::Unwinder,
     /// The signal that asks for an incremental report, if any.
@@ -191,6 +192,14 @@ fn open_output(cfg: &config::Config, pid: u32, prog: &str) -> Option<(output::Ou
         Some(p) => config::expand(p, pid, prog),
         None => format!("{prog}.{pid}.mtrace"),
     };
+    match output::Output::connect(&path) {
+        Some(Ok(out)) => return Some((out, path)),
+        Some(Err(e)) => {
+            sys::warn(&format!("cannot connect to {path}: {e}; not tracing this process"));
+            return None;
+        }
+        None => {}
+    }
     let path = match std::env::current_dir() {
         Ok(cwd) if !path.starts_with('/') => cwd.join(&path).to_string_lossy().into_owned(),
         _ => path,
@@ -262,10 +271,12 @@ impl Session {
             gen: GEN.fetch_add(1, Ordering::Relaxed) + 1,
             pid,
             clock: Clock::new(start_mono, cfg.tsc_clock),
-            depth: cfg.depth,
+            depth: AtomicUsize::new(cfg.depth),
             unwinder: cfg.unwinder,
-            report_signal: cfg.report_signal,
-            scan_signal: cfg.scan_signal,
+            // The .memlog reports read the trace file; a socket's reader
+            // sends commands instead.
+            report_signal: cfg.report_signal.filter(|_| !out_file.is_socket()),
+            scan_signal: cfg.scan_signal.filter(|_| !out_file.is_socket()),
             scan: cfg.scan,
             writer_tid: AtomicU32::new(0),
             writer_started: AtomicBool::new(false),
@@ -292,6 +303,17 @@ impl Session {
     #[inline]
     pub fn now(&self) -> u64 {
         self.clock.now()
+    }
+
+    /// Frames recorded per backtrace.
+    #[inline]
+    pub fn depth(&self) -> usize {
+        self.depth.load(Ordering::Relaxed)
+    }
+
+    /// Records at most `d` frames per backtrace from now on.
+    pub fn set_depth(&self, d: usize) {
+        self.depth.store(d, Ordering::Relaxed);
     }
 
     /// A new backtrace id, unique in this stream.
@@ -461,6 +483,18 @@ impl Session {
             self.threads.force_unlock();
         }
     }
+}
+
+/// A session for `mtrace attach` (settings from `config::set_overrides`),
+/// in a process with none: the first attach, or one after a detach.
+/// False when it could not start.
+pub fn start_attached() -> bool {
+    let state = STATE.load(Ordering::Acquire);
+    if state == READY || STATE.compare_exchange(state, INITIALIZING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return false;
+    }
+    install(Session::create());
+    STATE.load(Ordering::Acquire) == READY
 }
 
 /// In a forked child: a session of its own (its own file), or tracing off.

@@ -13,6 +13,12 @@
 //!   path (the stream goes on where it stopped: only whole records are
 //!   written); if that fails too, the trace is lost: one warning, and
 //!   tracing stops.
+//!
+//! The stream may go to a socket instead (`MTRACE_OUTPUT=unix:PATH` or
+//! `tcp:HOST:PORT`): written with `MSG_NOSIGNAL`, so that a reader that went
+//! away stops tracing (one warning) instead of killing the program with
+//! SIGPIPE; it carries commands back (session/control.rs). A socket cannot
+//! be opened again: if it was closed or replaced, tracing stops.
 
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -28,8 +34,10 @@ pub struct Output {
     fd: AtomicI32,
     /// Device and inode of the file, from `fstat` when it was created.
     id: (u64, u64),
-    /// Its absolute path, to open it again.
+    /// Its absolute path, or the socket's address, for messages.
     path: CString,
+    /// A socket (else a file, which can be opened again by `path`).
+    socket: bool,
     lost: AtomicBool,
 }
 
@@ -80,12 +88,61 @@ impl Output {
         }
         let fd = move_high(fd, -1).unwrap_or(fd);
         let id = identity(fd).ok_or_else(sys::errno)?;
-        Ok(Output { fd: AtomicI32::new(fd), id, path: c, lost: AtomicBool::new(false) })
+        Ok(Output { fd: AtomicI32::new(fd), id, path: c, socket: false, lost: AtomicBool::new(false) })
+    }
+
+    /// Connects to `addr`: `unix:PATH`, or `tcp:HOST:PORT` with HOST an
+    /// IPv4 or `[IPv6]` address or `localhost` (no name lookup inside the
+    /// program). `None` when `addr` names no socket; `Some(Err(message))`
+    /// when the connection failed.
+    pub fn connect(addr: &str) -> Option<Result<Output, String>> {
+        let (unix, rest) =
+            if let Some(p) = addr.strip_prefix("unix:") { (true, p) } else { (false, addr.strip_prefix("tcp:")?) };
+        Some(connect_socket(unix, rest).map(|fd| {
+            let fd = move_high(fd, -1).unwrap_or(fd);
+            let id = identity(fd).unwrap_or((0, 0));
+            let path = CString::new(addr).unwrap_or_default();
+            Output { fd: AtomicI32::new(fd), id, path, socket: true, lost: AtomicBool::new(false) }
+        }))
+    }
+
+    /// Reads what the reader sent (without waiting) into `into`; false
+    /// when it closed the connection or it broke. Always true for a file.
+    pub fn receive(&self, into: &mut Vec<u8>) -> bool {
+        if !self.socket || self.is_lost() {
+            return true;
+        }
+        let mut buf = [0u8; 512];
+        loop {
+            // SAFETY: buf is a valid writable buffer.
+            let n = unsafe { libc::recv(self.fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            match n {
+                0 => return false,
+                n if n > 0 => into.extend_from_slice(&buf[..n as usize]),
+                _ => {
+                    let e = sys::errno();
+                    return e == libc::EAGAIN || e == libc::EINTR;
+                }
+            }
+        }
     }
 
     /// The descriptor now.
     pub fn fd(&self) -> i32 {
         self.fd.load(Ordering::Acquire)
+    }
+
+    /// Whether the stream goes to a socket.
+    pub fn is_socket(&self) -> bool {
+        self.socket
+    }
+
+    /// Closes the stream for good (after the End record of a detach).
+    pub fn close(&self) {
+        if !self.lost.swap(true, Ordering::AcqRel) {
+            // SAFETY: our own descriptor; nothing writes to it any more.
+            unsafe { libc::close(self.fd()) };
+        }
     }
 
     /// Whether the trace was lost (and tracing stopped).
@@ -106,7 +163,13 @@ impl Output {
         let mut buf = bytes;
         while !buf.is_empty() {
             // SAFETY: buf is a valid readable slice.
-            let n = unsafe { libc::write(self.fd(), buf.as_ptr().cast(), buf.len()) };
+            let n = unsafe {
+                if self.socket {
+                    libc::send(self.fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL)
+                } else {
+                    libc::write(self.fd(), buf.as_ptr().cast(), buf.len())
+                }
+            };
             if n < 0 {
                 if sys::errno() == libc::EINTR {
                     continue;
@@ -121,6 +184,9 @@ impl Output {
 
     /// Opens the trace file again, appending, if the path still names it.
     fn reopen(&self) -> bool {
+        if self.socket {
+            return false;
+        }
         // SAFETY: path is NUL-terminated.
         let fd = unsafe { libc::open(self.path.as_ptr(), libc::O_WRONLY | libc::O_APPEND | libc::O_CLOEXEC) };
         if fd < 0 {
@@ -151,13 +217,79 @@ impl Output {
     }
 
     /// Stops writing for good, with one warning; returns false.
-    fn lose(&self, why: &str) -> bool {
+    pub fn lose(&self, why: &str) -> bool {
         if !self.lost.swap(true, Ordering::AcqRel) {
             let path = self.path.to_string_lossy();
-            sys::warn(&format!("the trace file {path} {why}; tracing stops here"));
+            let what = if self.socket { "the trace's connection" } else { "the trace file" };
+            sys::warn(&format!("{what} {path} {why}; tracing stops here"));
             super::stop_tracing();
         }
         false
+    }
+}
+
+/// A connected stream socket (close-on-exec) to a UNIX socket at `path`
+/// or to `host:port`.
+fn connect_socket(unix: bool, rest: &str) -> Result<i32, String> {
+    // SAFETY: plain socket calls on a descriptor we own; the address
+    // structures are fully initialised before use.
+    unsafe {
+        if unix {
+            let mut sa: libc::sockaddr_un = std::mem::zeroed();
+            sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+            let bytes = rest.as_bytes();
+            if bytes.is_empty() || bytes.len() >= sa.sun_path.len() {
+                return Err(format!("bad UNIX socket path {rest:?}"));
+            }
+            for (d, &b) in sa.sun_path.iter_mut().zip(bytes) {
+                *d = b as libc::c_char;
+            }
+            let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            finish_connect(fd, (&raw const sa).cast(), std::mem::size_of::<libc::sockaddr_un>() as u32)
+        } else {
+            let rest = rest.replacen("localhost:", "127.0.0.1:", 1);
+            let addr: std::net::SocketAddr = rest.parse().map_err(|_| format!("bad address {rest:?} (HOST:PORT)"))?;
+            match addr {
+                std::net::SocketAddr::V4(a) => {
+                    let mut sa: libc::sockaddr_in = std::mem::zeroed();
+                    sa.sin_family = libc::AF_INET as libc::sa_family_t;
+                    sa.sin_port = a.port().to_be();
+                    sa.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+                    let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+                    finish_connect(fd, (&raw const sa).cast(), std::mem::size_of::<libc::sockaddr_in>() as u32)
+                }
+                std::net::SocketAddr::V6(a) => {
+                    let mut sa: libc::sockaddr_in6 = std::mem::zeroed();
+                    sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                    sa.sin6_port = a.port().to_be();
+                    sa.sin6_addr.s6_addr = a.ip().octets();
+                    let fd = libc::socket(libc::AF_INET6, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+                    finish_connect(fd, (&raw const sa).cast(), std::mem::size_of::<libc::sockaddr_in6>() as u32)
+                }
+            }
+        }
+    }
+}
+
+/// Connects socket `fd` (closing it on failure).
+///
+/// # Safety
+/// `sa` points to a socket address of `len` bytes.
+unsafe fn finish_connect(fd: i32, sa: *const libc::sockaddr, len: u32) -> Result<i32, String> {
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    loop {
+        // SAFETY: per the contract.
+        if unsafe { libc::connect(fd, sa, len) } == 0 {
+            return Ok(fd);
+        }
+        if sys::errno() != libc::EINTR {
+            let e = std::io::Error::last_os_error().to_string();
+            // SAFETY: our own descriptor.
+            unsafe { libc::close(fd) };
+            return Err(e);
+        }
     }
 }
 

@@ -85,6 +85,7 @@ impl Session {
     fn writer_loop(&self) {
         let gen = self.gen;
         let mut round = 0u64;
+        let mut commands = Vec::new();
         loop {
             round += 1;
             // Behind (threads may be waiting): no pause between rounds.
@@ -108,6 +109,9 @@ impl Session {
                 if round.is_multiple_of(SAMPLE_EVERY) {
                     self.write_sample();
                 }
+            }
+            if !self.poll_commands(&mut commands) {
+                return;
             }
             if crate::reports::take_scan_request() {
                 self.scan_point(crate::snapshot::By::Writer, None, false);
@@ -143,6 +147,7 @@ impl Session {
         *last = g;
         #[cfg(target_arch = "x86_64")]
         crate::unwind::fast::refresh();
+        crate::attach::redirect_new();
         let now = self.now();
         let mut out = Vec::with_capacity(4096);
         let mut enc = Encoder::new();

@@ -1,0 +1,271 @@
+//! Calling functions inside another process with ptrace: the way
+//! `mtrace attach` makes a running program `dlopen` libmtrace.so.
+//!
+//! Every thread is seized (`PTRACE_SEIZE`) and interrupted
+//! (`PTRACE_INTERRUPT`) so that one can be chosen that holds no lock the
+//! calls need (the allocator's, the loader's): a thread blocked in a system
+//! call that glibc never makes with such a lock held (read, poll, accept,
+//! sleeps …), else one running the program's own code (outside libc and
+//! the loader). The others run on meanwhile, so that a lock one of them
+//! holds is released as it would be. On the chosen thread: its general
+//! and extended (x87/SSE/AVX) registers are saved, the arguments written
+//! below its stack's red zone, and it is made to call the function with a
+//! return address of 0, so that it stops with SIGSEGV at address 0 when the
+//! function returns (the signal is not delivered). Afterwards its
+//! registers are put back exactly; a system call it was interrupted in is
+//! restarted by the kernel as after any signal (that is why `orig_rax` is
+//! -1 while the function runs: no restart into the injected code).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Result};
+use nix::sys::ptrace;
+use nix::sys::signal::Signal;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+/// `NT_X86_XSTATE` (linux/elf.h): the extended register state.
+const NT_X86_XSTATE: i32 = 0x202;
+/// Bytes kept of the extended state (its size is at most a few KiB).
+const XSTATE_MAX: usize = 16 << 10;
+/// How long an injected call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// System calls in which a thread holds none of glibc's internal locks.
+const SAFE_SYSCALLS: &[i64] = &[
+    libc::SYS_read,
+    libc::SYS_readv,
+    libc::SYS_pread64,
+    libc::SYS_write,
+    libc::SYS_poll,
+    libc::SYS_ppoll,
+    libc::SYS_select,
+    libc::SYS_pselect6,
+    libc::SYS_epoll_wait,
+    libc::SYS_epoll_pwait,
+    libc::SYS_accept,
+    libc::SYS_accept4,
+    libc::SYS_recvfrom,
+    libc::SYS_recvmsg,
+    libc::SYS_nanosleep,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_pause,
+    libc::SYS_wait4,
+    libc::SYS_waitid,
+    libc::SYS_rt_sigsuspend,
+    libc::SYS_rt_sigtimedwait,
+];
+
+/// A process whose threads are seized.
+pub struct Tracee {
+    pid: i32,
+    /// Seized threads.
+    tids: Vec<i32>,
+    /// The thread the calls run on, and its registers as found.
+    victim: Option<(i32, libc::user_regs_struct, Vec<u8>)>,
+}
+
+/// Text ranges of libc and the loader, where a stopped thread may hold a lock.
+pub type Ranges = Vec<(u64, u64)>;
+
+fn tasks(pid: i32) -> Result<Vec<i32>> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| anyhow!("process {pid}: {e}"))?;
+    Ok(dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+}
+
+/// Waits for a stop of `tid` (ptrace-stop), up to `limit`.
+fn wait_stop(tid: i32, limit: Duration) -> Result<WaitStatus> {
+    let start = Instant::now();
+    loop {
+        match waitpid(Pid::from_raw(tid), Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => {}
+            Ok(s @ (WaitStatus::Exited(..) | WaitStatus::Signaled(..))) => bail!("thread {tid} ended ({s:?})"),
+            Ok(s) => return Ok(s),
+            Err(e) => bail!("waiting for thread {tid}: {e}"),
+        }
+        if start.elapsed() > limit {
+            bail!("thread {tid} did not stop within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+impl Tracee {
+    /// Seizes every thread of `pid`. Fails (touching nothing) when the
+    /// first cannot be seized: no such process, or no permission.
+    pub fn seize(pid: i32) -> Result<Tracee> {
+        let mut t = Tracee { pid, tids: Vec::new(), victim: None };
+        for tid in tasks(pid)? {
+            match ptrace::seize(Pid::from_raw(tid), ptrace::Options::empty()) {
+                Ok(()) => t.tids.push(tid),
+                Err(nix::errno::Errno::EPERM) if t.tids.is_empty() => bail!(
+                    "not permitted to trace process {pid} (EPERM: another tracer, a different user, or \
+                     kernel.yama.ptrace_scope; run as the process's user or root)"
+                ),
+                Err(nix::errno::Errno::ESRCH) => {} // the thread ended
+                Err(e) if t.tids.is_empty() => bail!("cannot trace process {pid}: {e}"),
+                Err(_) => {}
+            }
+        }
+        if t.tids.is_empty() {
+            bail!("process {pid} has no thread left to trace");
+        }
+        Ok(t)
+    }
+
+    /// Interrupts the seized threads and picks one to run the calls on
+    /// (see the module's comment), retrying for up to 2 s while every
+    /// thread is busy inside libc or the loader (`busy`).
+    pub fn choose(&mut self, busy: &Ranges) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            let mut stopped = Vec::new();
+            let mut pick = None;
+            for &tid in &self.tids {
+                if ptrace::interrupt(Pid::from_raw(tid)).is_err() || wait_stop(tid, Duration::from_secs(2)).is_err() {
+                    continue;
+                }
+                stopped.push(tid);
+                let Ok(regs) = ptrace::getregs(Pid::from_raw(tid)) else { continue };
+                let in_syscall = regs.orig_rax as i64 >= 0;
+                let safe = if in_syscall {
+                    SAFE_SYSCALLS.contains(&(regs.orig_rax as i64))
+                } else {
+                    !busy.iter().any(|&(a, b)| (a..b).contains(&regs.rip))
+                };
+                // The main thread first: servers wait there.
+                if safe && (pick.is_none() || tid == self.pid) {
+                    pick = Some((tid, regs));
+                }
+            }
+            if let Some((tid, regs)) = pick {
+                let xstate = get_xstate(tid)?;
+                for &o in stopped.iter().filter(|&&o| o != tid) {
+                    let _ = ptrace::cont(Pid::from_raw(o), None);
+                }
+                self.victim = Some((tid, regs, xstate));
+                return Ok(());
+            }
+            for &o in &stopped {
+                let _ = ptrace::cont(Pid::from_raw(o), None);
+            }
+            if start.elapsed() > Duration::from_secs(2) {
+                bail!("every thread of process {} stayed busy inside libc or the loader for 2 s", self.pid);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Calls `func(args…)` (at most 6 integer arguments) on the chosen
+    /// thread, after writing `data` below its stack; `data`'s address in
+    /// the process is given to `args` (`args(data_addr)`). Returns `rax`.
+    pub fn call(&mut self, func: u64, data: &[u8], args: impl FnOnce(u64) -> Vec<u64>) -> Result<u64> {
+        let (tid, saved, _) = self.victim.as_ref().ok_or_else(|| anyhow!("no thread chosen"))?;
+        let (tid, mut regs) = (*tid, *saved);
+        // Below the red zone (128 bytes, System V x86-64 ABI 3.2.2).
+        let data_at = (saved.rsp - 256 - data.len() as u64) & !15;
+        write_mem(tid, data_at, data)?;
+        let rsp = data_at - 8;
+        write_mem(tid, rsp, &0u64.to_le_bytes())?;
+        let a = args(data_at);
+        let slots = [&mut regs.rdi, &mut regs.rsi, &mut regs.rdx, &mut regs.rcx, &mut regs.r8, &mut regs.r9];
+        for (slot, v) in slots.into_iter().zip(a) {
+            *slot = v;
+        }
+        regs.rip = func;
+        regs.rsp = rsp;
+        regs.rax = 0;
+        regs.orig_rax = u64::MAX;
+        let p = Pid::from_raw(tid);
+        ptrace::setregs(p, regs)?;
+        ptrace::cont(p, None)?;
+        let start = Instant::now();
+        loop {
+            let st = wait_stop(tid, CALL_TIMEOUT.saturating_sub(start.elapsed()))?;
+            match st {
+                WaitStatus::Stopped(_, Signal::SIGSEGV) => {
+                    let r = ptrace::getregs(p)?;
+                    if r.rip != 0 {
+                        bail!("the call at {func:#x} crashed at {:#x} in process {}", r.rip, self.pid);
+                    }
+                    return Ok(r.rax);
+                }
+                // Another signal meanwhile: delivered as it would have been.
+                WaitStatus::Stopped(_, sig) => ptrace::cont(p, Some(sig))?,
+                _ => ptrace::cont(p, None)?,
+            }
+        }
+    }
+
+    /// Reads a NUL-terminated string at `addr` (up to 4 KiB).
+    pub fn read_string(&self, addr: u64) -> String {
+        let Some((tid, ..)) = &self.victim else { return String::new() };
+        let mut out = Vec::new();
+        for i in 0..512u64 {
+            let Ok(w) = ptrace::read(Pid::from_raw(*tid), (addr + 8 * i) as ptrace::AddressType) else { break };
+            let bytes = w.to_le_bytes();
+            if let Some(n) = bytes.iter().position(|&b| b == 0) {
+                out.extend_from_slice(&bytes[..n]);
+                break;
+            }
+            out.extend_from_slice(&bytes);
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// Puts the chosen thread's registers back and lets every thread go.
+    pub fn release(mut self) -> Result<()> {
+        let mut res = Ok(());
+        if let Some((tid, regs, xstate)) = self.victim.take() {
+            let p = Pid::from_raw(tid);
+            res = set_xstate(tid, &xstate).and_then(|_| Ok(ptrace::setregs(p, regs)?));
+        }
+        for &tid in &self.tids {
+            let _ = ptrace::detach(Pid::from_raw(tid), None);
+        }
+        self.tids.clear();
+        res
+    }
+}
+
+impl Drop for Tracee {
+    fn drop(&mut self) {
+        if let Some((tid, regs, xstate)) = self.victim.take() {
+            let _ = set_xstate(tid, &xstate);
+            let _ = ptrace::setregs(Pid::from_raw(tid), regs);
+        }
+        for &tid in &self.tids {
+            let _ = ptrace::detach(Pid::from_raw(tid), None);
+        }
+    }
+}
+
+fn write_mem(tid: i32, addr: u64, data: &[u8]) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(format!("/proc/{tid}/mem"))?;
+    f.write_all_at(data, addr).map_err(|e| anyhow!("writing the memory of thread {tid}: {e}"))
+}
+
+fn get_xstate(tid: i32) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; XSTATE_MAX];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: iov describes `buf`; the kernel writes at most iov_len bytes
+    // and sets iov_len to what it wrote.
+    let rc = unsafe { libc::ptrace(libc::PTRACE_GETREGSET, tid, NT_X86_XSTATE as usize, &mut iov) };
+    if rc < 0 {
+        bail!("reading the registers of thread {tid}: {}", std::io::Error::last_os_error());
+    }
+    buf.truncate(iov.iov_len);
+    Ok(buf)
+}
+
+fn set_xstate(tid: i32, state: &[u8]) -> Result<()> {
+    let mut copy = state.to_vec();
+    let mut iov = libc::iovec { iov_base: copy.as_mut_ptr().cast(), iov_len: copy.len() };
+    // SAFETY: iov describes `copy`, as GETREGSET filled it.
+    let rc = unsafe { libc::ptrace(libc::PTRACE_SETREGSET, tid, NT_X86_XSTATE as usize, &mut iov) };
+    if rc < 0 {
+        bail!("restoring the registers of thread {tid}: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -1,0 +1,220 @@
+//! `mtrace attach PID`: trace a running process for a while, without
+//! restarting it, then report what it allocated meanwhile and still holds.
+//!
+//! The process is made to load libmtrace.so (`dlopen`, through ptrace:
+//! inject.rs) and to call its `mtrace_attach_init`, which starts a session
+//! whose stream comes here over a UNIX socket (0600, in a folder of ours)
+//! and redirects the process's calls to the hooks (preload/src/attach).
+//! The stream is saved to a file as it arrives. At the end (`--duration`,
+//! Ctrl-C, SIGTERM, or the process exiting) a `detach` command goes back
+//! on the socket: the process puts its GOT entries back, writes its End
+//! record and closes the stream, and goes on untraced. If `mtrace` itself
+//! dies, the closed socket means detach too.
+
+mod inject;
+mod target;
+
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use crate::ReportOpts;
+
+#[derive(clap::Args)]
+pub struct AttachArgs {
+    /// The process to trace.
+    pid: i32,
+    /// Detach after this long (500ms, 10s, 2m, …); default: at Ctrl-C or
+    /// SIGTERM, or when the process ends.
+    #[arg(long, value_name = "DURATION", value_parser = crate::report::parse_duration)]
+    duration: Option<u64>,
+    /// Write the report to FILE instead of standard output.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Keep the trace of the window in FILE (it can be reported again with `mtrace report`).
+    #[arg(long, value_name = "FILE")]
+    save: Option<PathBuf>,
+    #[command(flatten)]
+    opts: ReportOpts,
+}
+
+/// Set by SIGINT, SIGTERM and SIGHUP: detach now.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: i32) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn catch_stop_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic.
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+}
+
+/// How long the library has to connect after its init returned.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the process has to end its stream after `detach`.
+const DETACH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `mtrace attach`. Exit status 0 after a report; 2, with one line on
+/// stderr, when it could not attach (the process untouched) or report.
+pub fn attach(a: AttachArgs) -> Result<ExitCode> {
+    let lib = crate::run::find_lib()?;
+    let t = target::inspect(a.pid)?;
+    if let Some(d) = a.opts.depth {
+        if !(1..=256).contains(&d) {
+            bail!("-d {d}: the depth must be 1 to 256");
+        }
+    }
+    let dir = tempfile::Builder::new().prefix("mtrace-attach.").tempdir()?;
+    let sock = dir.path().join("stream.sock");
+    let listener = UnixListener::bind(&sock).with_context(|| format!("{}: cannot listen", sock.display()))?;
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
+    listener.set_nonblocking(true)?;
+    give_to_owner_of(a.pid, dir.path(), &sock)?;
+    let mut settings =
+        format!("MTRACE_OUTPUT=unix:{}\nMTRACE_FOLLOW_FORK=off\nMTRACE_FOLLOW_EXEC=off\n", sock.display());
+    if let Some(d) = a.opts.depth {
+        settings.push_str(&format!("MTRACE_DEPTH={d}\n"));
+    }
+    let started = Instant::now();
+    inject_library(a.pid, &t, &lib, &settings)?;
+    let stopped_for = started.elapsed();
+    let stream = accept(&listener)?;
+    eprintln!(
+        "mtrace: attached to process {} ({} ms to load libmtrace.so); Ctrl-C detaches",
+        a.pid,
+        stopped_for.as_millis()
+    );
+    catch_stop_signals();
+    let trace = match &a.save {
+        Some(p) => p.clone(),
+        None => dir.path().join(format!("{}.mtrace", a.pid)),
+    };
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&trace)
+        .with_context(|| format!("{}: cannot create", trace.display()))?;
+    let mut control = stream.try_clone()?;
+    let copier = std::thread::spawn(move || copy_stream(stream, file));
+    let deadline = a.duration.map(|ns| Instant::now() + Duration::from_nanos(ns));
+    while !copier.is_finished() && !STOP.load(Ordering::Relaxed) && deadline.is_none_or(|d| Instant::now() < d) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if !copier.is_finished() {
+        // The process is still there: detach, and wait for its End record.
+        let _ = control.write_all(b"detach\n");
+        let until = Instant::now() + DETACH_TIMEOUT;
+        while !copier.is_finished() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if !copier.is_finished() {
+            let _ = control.shutdown(std::net::Shutdown::Both);
+        }
+    }
+    let copied = copier.join().map_err(|_| anyhow!("the stream reader failed"))??;
+    eprintln!("mtrace: detached from process {} ({} bytes of trace)", a.pid, copied);
+    let mut out = crate::open_output(&a.output)?;
+    let r = a.opts.report(&trace, &mut *out)?;
+    out.flush()?;
+    if let Some(e) = &r.summary.error {
+        eprintln!("mtrace: {e}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The process connects to the socket as its own user: when that is not
+/// us (we are root), the folder and the socket become its user's, still
+/// closed to everybody else (0700, 0600).
+fn give_to_owner_of(pid: i32, dir: &std::path::Path, sock: &std::path::Path) -> Result<()> {
+    let owner = std::fs::metadata(format!("/proc/{pid}")).map_err(|e| anyhow!("process {pid}: {e}"))?;
+    // SAFETY: geteuid has no preconditions.
+    if owner.uid() == unsafe { libc::geteuid() } {
+        return Ok(());
+    }
+    for p in [dir, sock] {
+        std::os::unix::fs::chown(p, Some(owner.uid()), Some(owner.gid()))
+            .with_context(|| format!("{}: cannot give it to the process's user", p.display()))?;
+    }
+    Ok(())
+}
+
+/// `dlopen`s `lib` in process `pid` and calls its `mtrace_attach_init`
+/// with `settings`; the process's registers are restored after.
+fn inject_library(pid: i32, t: &target::Target, lib: &std::path::Path, settings: &str) -> Result<()> {
+    let mut tracee = inject::Tracee::seize(pid)?;
+    tracee.choose(&t.busy)?;
+    let mut path = lib.as_os_str().as_encoded_bytes().to_vec();
+    path.push(0);
+    let handle = tracee.call(t.libc.dlopen, &path, |p| vec![p, (libc::RTLD_NOW | libc::RTLD_LOCAL) as u64])?;
+    if handle == 0 {
+        let msg = tracee.call(t.libc.dlerror, &[], |_| vec![])?;
+        let why = if msg == 0 { String::from("no reason given") } else { tracee.read_string(msg) };
+        tracee.release()?;
+        bail!("process {pid} could not load {}: {why}", lib.display());
+    }
+    let init = tracee.call(t.libc.dlsym, b"mtrace_attach_init\0", |p| vec![handle, p])?;
+    if init == 0 {
+        tracee.release()?;
+        bail!("{}: no mtrace_attach_init (an older libmtrace.so?)", lib.display());
+    }
+    let mut data = settings.as_bytes().to_vec();
+    data.push(0);
+    let rc = tracee.call(init, &data, |p| vec![p])? as i32;
+    tracee.release()?;
+    match rc {
+        0 => Ok(()),
+        -2 => bail!("process {pid} is traced already (by another mtrace attach)"),
+        _ => bail!("libmtrace.so could not start tracing in process {pid} (its stderr says why)"),
+    }
+}
+
+/// The connection from the library, waited for up to [`CONNECT_TIMEOUT`].
+fn accept(listener: &UnixListener) -> Result<UnixStream> {
+    let until = Instant::now() + CONNECT_TIMEOUT;
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => bail!("libmtrace.so was loaded but did not connect back: {e}"),
+        }
+    }
+}
+
+/// Copies the stream to `file` until the process closes it; bytes copied.
+fn copy_stream(mut s: UnixStream, mut file: std::fs::File) -> Result<u64> {
+    let mut buf = vec![0u8; 1 << 16];
+    let mut n = 0u64;
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(k) => {
+                file.write_all(&buf[..k])?;
+                n += k as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if n > 0 => {
+                eprintln!("mtrace: the stream broke off: {e}");
+                break;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    file.flush()?;
+    Ok(n)
+}

@@ -1,0 +1,115 @@
+//! What `mtrace attach` needs to know of the process before touching it:
+//! its mappings, where its libc's `dlopen`, `dlsym` and `dlerror` are, and
+//! whether it can be attached to at all.
+
+use std::path::PathBuf;
+
+use anyhow::{anyhow, bail, Result};
+use object::{Object, ObjectSymbol};
+
+/// One line of `/proc/PID/maps`.
+#[derive(Debug, Clone)]
+pub struct Map {
+    pub start: u64,
+    pub end: u64,
+    pub exec: bool,
+    pub offset: u64,
+    pub path: String,
+}
+
+/// The mappings of process `pid`.
+pub fn maps(pid: i32) -> Result<Vec<Map>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => anyhow!("no such process: {pid}"),
+        std::io::ErrorKind::PermissionDenied => anyhow!("not permitted to read the mappings of process {pid}"),
+        _ => anyhow!("process {pid}: {e}"),
+    })?;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (range, perms, offset) = (f.next()?, f.next()?, f.next()?);
+            let path = f.nth(2).unwrap_or("").to_owned();
+            let (s, e) = range.split_once('-')?;
+            Some(Map {
+                start: u64::from_str_radix(s, 16).ok()?,
+                end: u64::from_str_radix(e, 16).ok()?,
+                exec: perms.as_bytes().get(2) == Some(&b'x'),
+                offset: u64::from_str_radix(offset, 16).ok()?,
+                path,
+            })
+        })
+        .collect())
+}
+
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// The functions of the process's libc that the injection calls.
+pub struct Libc {
+    pub dlopen: u64,
+    pub dlsym: u64,
+    pub dlerror: u64,
+}
+
+/// What `mtrace attach` found in the process.
+pub struct Target {
+    pub libc: Libc,
+    /// Text of libc and the loader: a thread stopped there may hold a lock.
+    pub busy: Vec<(u64, u64)>,
+}
+
+/// Looks the process over. Errors name why it cannot be attached to:
+/// no such process, another architecture, statically linked or without
+/// `dlopen`, libmtrace.so preloaded already.
+pub fn inspect(pid: i32) -> Result<Target> {
+    let maps = maps(pid)?;
+    let exe = std::fs::read(format!("/proc/{pid}/exe"))
+        .map_err(|e| anyhow!("process {pid}: cannot read its executable: {e}"))?;
+    let obj = object::File::parse(&*exe).map_err(|e| anyhow!("process {pid}: its executable is not ELF: {e}"))?;
+    if obj.architecture() != object::Architecture::X86_64 {
+        bail!("process {pid} is {:?}; mtrace attach works on x86_64 processes only", obj.architecture());
+    }
+    if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
+        let preload = env.split(|&b| b == 0).find_map(|v| v.strip_prefix(b"LD_PRELOAD="));
+        if preload.is_some_and(|p| String::from_utf8_lossy(p).contains("libmtrace")) {
+            bail!(
+                "process {pid} already runs with libmtrace.so preloaded: ask it for reports with its signals \
+                 (kill -USR1 {pid}) or read its trace file"
+            );
+        }
+    }
+    let is_libc = |m: &Map| {
+        let n = file_name(&m.path);
+        n.starts_with("libc.so") || n.starts_with("libc-2.")
+    };
+    let Some(base) = maps.iter().find(|m| is_libc(m) && m.offset == 0) else {
+        bail!(
+            "process {pid} is statically linked (no libc.so mapped), so libmtrace.so cannot be loaded into it; \
+             the ptrace tracer (not built yet) is the way there"
+        );
+    };
+    let libc_path = base.path.clone();
+    let file = PathBuf::from(format!("/proc/{pid}/root{libc_path}"));
+    let data = std::fs::read(&file).or_else(|_| std::fs::read(&libc_path)).map_err(|e| anyhow!("{libc_path}: {e}"))?;
+    let elf = object::File::parse(&*data).map_err(|e| anyhow!("{libc_path}: {e}"))?;
+    // The bias: where the file's first PT_LOAD (address 0 in libc) landed.
+    let first_load = elf.segments().map(|s| object::ObjectSegment::address(&s)).min().unwrap_or(0) & !0xfff;
+    let bias = base.start - first_load;
+    let find = |name: &str| {
+        elf.dynamic_symbols().find(|s| s.name() == Ok(name) && s.address() != 0).map(|s| bias + s.address())
+    };
+    let (Some(dlopen), Some(dlsym), Some(dlerror)) = (find("dlopen"), find("dlsym"), find("dlerror")) else {
+        bail!(
+            "process {pid}: its libc ({libc_path}) has no dlopen (glibc before 2.34 keeps it in libdl, not \
+             supported yet); the ptrace tracer (not built yet) is the way there"
+        );
+    };
+    let busy = maps
+        .iter()
+        .filter(|m| m.exec && (is_libc(m) || file_name(&m.path).starts_with("ld-linux")))
+        .map(|m| (m.start, m.end))
+        .collect();
+    Ok(Target { libc: Libc { dlopen, dlsym, dlerror }, busy })
+}

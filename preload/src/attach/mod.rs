@@ -1,0 +1,207 @@
+//! Tracing a process that is already running: `mtrace attach` loads this
+//! library into it with `dlopen` (its constructor then stays dormant: the
+//! library is not in `LD_PRELOAD`) and calls [`mtrace_attach_init`], which
+//! starts a session with the attacher's settings and redirects the
+//! process's calls to the hooks by rewriting GOT entries (got.rs). Modules
+//! loaded later are redirected when the writer notices them. [`undo`] puts
+//! every entry back (detach): the library stays mapped but inert, and a
+//! later attach calls [`mtrace_attach_init`] again.
+
+mod got;
+
+use std::collections::HashMap;
+use std::ffi::{c_char, CStr, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::{modules, sys};
+
+/// The GOT slots rewritten, and the modules (by load bias) already done.
+struct Redirected {
+    slots: Vec<got::Slot>,
+    done: Vec<u64>,
+}
+
+static STATE: Mutex<Redirected> = Mutex::new(Redirected { slots: Vec::new(), done: Vec::new() });
+static ATTACHED: AtomicBool = AtomicBool::new(false);
+
+/// Whether this library was loaded by `mtrace attach` (not preloaded).
+pub fn attached() -> bool {
+    ATTACHED.load(Ordering::Acquire)
+}
+
+/// Whether this library is named in `LD_PRELOAD` (else it was loaded by
+/// `dlopen`, and waits for [`mtrace_attach_init`]).
+pub fn preloaded() -> bool {
+    let Some(me) = own_path() else { return true };
+    let base = me.rsplit('/').next().unwrap_or(&me).to_owned();
+    sys::getenv(c"LD_PRELOAD").is_some_and(|p| p.split([':', ' ']).any(|e| e.rsplit('/').next() == Some(&base)))
+}
+
+/// This library's path, from the loader.
+fn own_path() -> Option<String> {
+    // SAFETY: dladdr fills `info` for an address inside a loaded object;
+    // dli_fname is a C string owned by the loader.
+    unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        if libc::dladdr(preloaded as *const libc::c_void, &mut info) == 0 || info.dli_fname.is_null() {
+            return None;
+        }
+        Some(CStr::from_ptr(info.dli_fname).to_string_lossy().into_owned())
+    }
+}
+
+/// The hooks by name: this library's exported functions that interpose on
+/// the program's (`nm -D libmtrace.so`), leaving out its own API
+/// (`mtrace_*`), which a program only calls when it was built for it.
+fn hooks() -> HashMap<Vec<u8>, u64> {
+    let mut out = HashMap::new();
+    let Some(path) = own_path().and_then(|p| CString::new(p).ok()) else { return out };
+    let Some((lo, hi)) = modules::range_of(hooks as *const () as usize) else { return out };
+    // SAFETY: RTLD_NOLOAD returns the handle of this loaded library.
+    let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    if handle.is_null() {
+        return out;
+    }
+    for name in HOOKED {
+        let c = CString::new(*name).expect("no NUL in a symbol name");
+        // SAFETY: a valid handle and name.
+        let a = unsafe { libc::dlsym(handle, c.as_ptr()) } as usize;
+        if (lo..hi).contains(&a) {
+            out.insert(name.as_bytes().to_vec(), a as u64);
+        }
+    }
+    // SAFETY: drops the reference RTLD_NOLOAD took.
+    unsafe { libc::dlclose(handle) };
+    out
+}
+
+/// The functions the hooks interpose on (hooks/).
+const HOOKED: &[&str] = &[
+    "malloc",
+    "calloc",
+    "realloc",
+    "reallocarray",
+    "free",
+    "cfree",
+    "posix_memalign",
+    "aligned_alloc",
+    "memalign",
+    "valloc",
+    "pvalloc",
+    "malloc_usable_size",
+    "_Znwm",
+    "_ZnwmRKSt9nothrow_t",
+    "_ZnwmSt11align_val_t",
+    "_ZnwmSt11align_val_tRKSt9nothrow_t",
+    "_Znam",
+    "_ZnamRKSt9nothrow_t",
+    "_ZnamSt11align_val_t",
+    "_ZnamSt11align_val_tRKSt9nothrow_t",
+    "_ZdlPv",
+    "_ZdlPvRKSt9nothrow_t",
+    "_ZdlPvSt11align_val_t",
+    "_ZdlPvSt11align_val_tRKSt9nothrow_t",
+    "_ZdlPvm",
+    "_ZdlPvmSt11align_val_t",
+    "_ZdaPv",
+    "_ZdaPvRKSt9nothrow_t",
+    "_ZdaPvSt11align_val_t",
+    "_ZdaPvSt11align_val_tRKSt9nothrow_t",
+    "_ZdaPvm",
+    "_ZdaPvmSt11align_val_t",
+    "mmap",
+    "mmap64",
+    "munmap",
+    "mremap",
+    "_exit",
+    "_Exit",
+    "abort",
+    "execve",
+    "execv",
+    "execvp",
+    "execvpe",
+    "execl",
+    "execle",
+    "execlp",
+    "fexecve",
+    "dlclose",
+    "close",
+    "dup2",
+    "dup3",
+    "close_range",
+    "closefrom",
+    "mtrace",
+    "muntrace",
+];
+
+/// Redirects the modules not redirected yet (all of them on the first
+/// call; then those loaded since). The loader, the vDSO and this library
+/// are left alone.
+pub fn redirect_new() {
+    if !attached() {
+        return;
+    }
+    let table = hooks();
+    let own = modules::range_of(hooks as *const () as usize).map(|(lo, hi)| lo as u64..hi as u64);
+    let mut st = STATE.lock();
+    modules::each(|path, bias, phdrs| {
+        let loader = path.contains("ld-linux") || path.contains("linux-vdso");
+        let first = phdrs.iter().find(|p| p.p_type == libc::PT_LOAD).map(|p| bias.wrapping_add(p.p_vaddr));
+        let is_own = own.as_ref().zip(first).is_some_and(|(r, a)| r.contains(&a));
+        if loader || is_own || st.done.contains(&bias) {
+            return;
+        }
+        st.done.push(bias);
+        // SAFETY: the module is loaded for the duration of the callback.
+        let slots = unsafe { got::redirect(bias, phdrs, &table) };
+        st.slots.extend(slots);
+    });
+}
+
+/// Puts back every GOT entry [`redirect_new`] changed, in modules still
+/// loaded: from now on the program's calls go where they went before.
+pub fn undo() {
+    if !ATTACHED.swap(false, Ordering::AcqRel) {
+        return;
+    }
+    let mut st = STATE.lock();
+    let mut relro: HashMap<u64, Option<Option<(u64, u64)>>> = HashMap::new();
+    for s in std::mem::take(&mut st.slots).into_iter().rev() {
+        let r = *relro.entry(s.bias).or_insert_with(|| got::relro_of(s.bias));
+        if let Some(r) = r {
+            // SAFETY: the module is still loaded; the slot is its GOT word.
+            unsafe { got::write_slot(s.addr, s.old, r) };
+        }
+    }
+    st.done.clear();
+}
+
+/// Starts tracing with `settings` (`NAME=value` lines, as the `MTRACE_*`
+/// environment variables; `MTRACE_OUTPUT` the attacher's socket) and
+/// redirects the process's calls to the hooks. Called by `mtrace attach`
+/// inside the process. Returns 0, or -1 when no session could start (the
+/// reason is on the program's stderr), -2 when it is already traced.
+///
+/// # Safety
+/// `settings` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn mtrace_attach_init(settings: *const c_char) -> i32 {
+    let _g = crate::guard::Guard::enter();
+    if attached() || (preloaded() && crate::session::current().is_some()) {
+        return -2;
+    }
+    // SAFETY: per the contract.
+    let text = unsafe { CStr::from_ptr(settings) }.to_string_lossy().into_owned();
+    crate::config::set_overrides(&text);
+    crate::real::resolve_from_default();
+    if !crate::session::start_attached() {
+        return -1;
+    }
+    crate::session::start_writer();
+    crate::fork::install_once();
+    ATTACHED.store(true, Ordering::Release);
+    redirect_new();
+    0
+}
