@@ -27,11 +27,13 @@ impl NextFn {
         if a == 1 {
             return None;
         }
-        // SAFETY: dlsym with a NUL-terminated name is always safe to call;
-        // RTLD_NEXT searches the objects loaded after this one, RTLD_DEFAULT
-        // the global scope (see `resolve_from_default`).
-        let scope = if FROM_DEFAULT.load(Ordering::Acquire) { libc::RTLD_DEFAULT } else { libc::RTLD_NEXT };
-        let p = unsafe { libc::dlsym(scope, self.name.as_ptr()) } as usize;
+        let p = if FROM_DEFAULT.load(Ordering::Acquire) {
+            from_default(self.name)
+        } else {
+            // SAFETY: dlsym with a NUL-terminated name is always safe to
+            // call; RTLD_NEXT searches the objects loaded after this one.
+            unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()) as usize }
+        };
         self.addr.store(if p == 0 { 1 } else { p }, Ordering::Release);
         (p != 0).then_some(p)
     }
@@ -42,6 +44,45 @@ impl NextFn {
 /// object comes after it for `RTLD_NEXT`; the global scope's first
 /// definition is the function the program's calls went to.
 static FROM_DEFAULT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `name` in the global scope, as the program's calls resolve it; but not
+/// a non-PIE executable's *canonical PLT entry* (an undefined symbol with
+/// the address of its PLT stub, which the loader hands out so that the
+/// function's address is the same everywhere, System V x86-64 psABI 5.2):
+/// that stub jumps through the GOT slot the hooks take over, so calling it
+/// would call the hook. libc's own definition is used then.
+fn from_default(name: &CStr) -> usize {
+    match canonical_plt(name) {
+        Ok(p) => p,
+        Err((_, real)) => real,
+    }
+}
+
+/// `name` in the global scope: `Ok(address)`, or `Err((canonical PLT
+/// entry, libc's function))` when the global scope's answer is a non-PIE
+/// executable's canonical PLT entry (see [`from_default`]).
+pub fn canonical_plt(name: &CStr) -> Result<usize, (usize, usize)> {
+    /// `RTLD_DL_SYMENT` (dlfcn.h): dladdr1 returns the symbol's entry.
+    const RTLD_DL_SYMENT: i32 = 1;
+    // SAFETY: dlsym and dladdr1 with valid arguments; the symbol entry
+    // dladdr1 returns points into a loaded object's symbol table, whose
+    // `st_shndx` (a u16 at offset 6 of Elf64_Sym) is read.
+    unsafe {
+        let p = libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr());
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        let mut sym: *mut c_void = std::ptr::null_mut();
+        let plt = !p.is_null()
+            && libc::dladdr1(p, &mut info, &mut sym, RTLD_DL_SYMENT) != 0
+            && !sym.is_null()
+            && *(sym as *const u8).add(6).cast::<u16>() == 0;
+        if !plt {
+            return Ok(p as usize);
+        }
+        let libc_handle = libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+        let real = if libc_handle.is_null() { 0 } else { libc::dlsym(libc_handle, name.as_ptr()) as usize };
+        Err((p as usize, real))
+    }
+}
 
 /// See [`FROM_DEFAULT`]. Called before anything is resolved (by
 /// `mtrace_attach_init`; a function resolved before would be wrong).

@@ -66,6 +66,8 @@ const DETACH_TIMEOUT: Duration = Duration::from_secs(10);
 /// `mtrace attach`. Exit status 0 after a report; 2, with one line on
 /// stderr, when it could not attach (the process untouched) or report.
 pub fn attach(a: AttachArgs) -> Result<ExitCode> {
+    // From the start: a SIGTERM during the injection detaches right after it.
+    catch_stop_signals();
     let lib = crate::run::find_lib()?;
     let t = target::inspect(a.pid)?;
     if let Some(d) = a.opts.depth {
@@ -93,7 +95,6 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
         a.pid,
         stopped_for.as_millis()
     );
-    catch_stop_signals();
     let trace = match &a.save {
         Some(p) => p.clone(),
         None => dir.path().join(format!("{}.mtrace", a.pid)),
@@ -123,6 +124,9 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
         }
     }
     let copied = copier.join().map_err(|_| anyhow!("the stream reader failed"))??;
+    if copied == 0 {
+        bail!("process {} ended before libmtrace.so sent anything", a.pid);
+    }
     eprintln!("mtrace: detached from process {} ({} bytes of trace)", a.pid, copied);
     let mut out = crate::open_output(&a.output)?;
     let r = a.opts.report(&trace, &mut *out)?;

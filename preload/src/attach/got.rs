@@ -180,3 +180,44 @@ pub fn relro_of(bias: u64) -> Option<Option<(u64, u64)>> {
     });
     found
 }
+
+/// Points the loader's own allocator pointers at libc's functions while
+/// attached. The loader allocates (a thread's dynamic TLS block on its
+/// first access to it, among others) through pointers it set to the global
+/// scope's `malloc`, `calloc`, `realloc` and `free`; in a non-PIE
+/// executable that takes their address, those are its canonical PLT
+/// entries, which jump through the very GOT slots the hooks take over. The
+/// hooks' own first use of their thread-local state would then allocate
+/// through a hook, which needs that state: an endless recursion. `pairs`
+/// holds (canonical PLT entry, libc's function); the loader's words equal
+/// to an entry are found in its writable and RELRO data.
+///
+/// # Safety
+/// The loader at `bias` with `phdrs` is loaded.
+pub unsafe fn loader_allocator(bias: u64, phdrs: &[libc::Elf64_Phdr], pairs: &[(u64, u64)]) -> Vec<Slot> {
+    let mut out = Vec::new();
+    if pairs.is_empty() {
+        return out;
+    }
+    let relro = phdrs.iter().find(|p| p.p_type == libc::PT_GNU_RELRO).map(|p| {
+        let start = bias.wrapping_add(p.p_vaddr);
+        (start, start + p.p_memsz)
+    });
+    for seg in phdrs.iter().filter(|p| p.p_type == libc::PT_LOAD && p.p_flags & libc::PF_W != 0) {
+        let start = bias.wrapping_add(seg.p_vaddr).next_multiple_of(8);
+        let end = bias.wrapping_add(seg.p_vaddr + seg.p_filesz);
+        let mut a = start;
+        while a + 8 <= end {
+            // SAFETY: inside the loader's mapped data segment.
+            let w = unsafe { std::ptr::read_volatile(a as *const u64) };
+            if let Some(&(_, real)) = pairs.iter().find(|&&(plt, _)| plt == w) {
+                // SAFETY: an aligned word of the loader's data.
+                if let Some(old) = unsafe { write_slot(a, real, relro) } {
+                    out.push(Slot { addr: a, old, bias });
+                }
+            }
+            a += 8;
+        }
+    }
+    out
+}

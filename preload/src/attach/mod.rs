@@ -137,8 +137,8 @@ const HOOKED: &[&str] = &[
 ];
 
 /// Redirects the modules not redirected yet (all of them on the first
-/// call; then those loaded since). The loader, the vDSO and this library
-/// are left alone.
+/// call; then those loaded since). The vDSO and this library are left
+/// alone, and so are the loader's calls (see [`got::loader_allocator`]).
 pub fn redirect_new() {
     if !attached() {
         return;
@@ -146,18 +146,34 @@ pub fn redirect_new() {
     let table = hooks();
     let own = modules::range_of(hooks as *const () as usize).map(|(lo, hi)| lo as u64..hi as u64);
     let mut st = STATE.lock();
-    modules::each(|path, bias, phdrs| {
-        let loader = path.contains("ld-linux") || path.contains("linux-vdso");
-        let first = phdrs.iter().find(|p| p.p_type == libc::PT_LOAD).map(|p| bias.wrapping_add(p.p_vaddr));
-        let is_own = own.as_ref().zip(first).is_some_and(|(r, a)| r.contains(&a));
-        if loader || is_own || st.done.contains(&bias) {
-            return;
-        }
-        st.done.push(bias);
-        // SAFETY: the module is loaded for the duration of the callback.
-        let slots = unsafe { got::redirect(bias, phdrs, &table) };
-        st.slots.extend(slots);
-    });
+    let pairs: Vec<(u64, u64)> = [c"malloc", c"calloc", c"realloc", c"free"]
+        .iter()
+        .filter_map(|n| crate::real::canonical_plt(n).err())
+        .map(|(plt, real)| (plt as u64, real as u64))
+        .filter(|&(_, real)| real != 0)
+        .collect();
+    // The loader first: until its pointers are libc's, a hook could be
+    // entered from its TLS allocation.
+    for loader_pass in [true, false] {
+        modules::each(|path, bias, phdrs| {
+            let loader = path.contains("ld-linux");
+            let first = phdrs.iter().find(|p| p.p_type == libc::PT_LOAD).map(|p| bias.wrapping_add(p.p_vaddr));
+            let is_own = own.as_ref().zip(first).is_some_and(|(r, a)| r.contains(&a));
+            if loader != loader_pass || path.contains("linux-vdso") || is_own || st.done.contains(&bias) {
+                return;
+            }
+            st.done.push(bias);
+            // SAFETY: the module is loaded for the duration of the callback.
+            let slots = unsafe {
+                if loader {
+                    got::loader_allocator(bias, phdrs, &pairs)
+                } else {
+                    got::redirect(bias, phdrs, &table)
+                }
+            };
+            st.slots.extend(slots);
+        });
+    }
 }
 
 /// Puts back every GOT entry [`redirect_new`] changed, in modules still

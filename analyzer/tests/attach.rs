@@ -1,0 +1,243 @@
+//! `mtrace attach`: a running process is traced for a while and goes on
+//! unchanged after the detach.
+
+mod common;
+use common::*;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// attach_target.c, started with pipes; its "ready" line read.
+struct Target {
+    child: Child,
+    stdin: ChildStdin,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Target {
+    fn start(prog: &Path) -> Target {
+        let mut child = Command::new(prog).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        Target { child, stdin, out }
+    }
+
+    /// Sends a command and returns the answer line.
+    fn ask(&mut self, cmd: &str) -> String {
+        writeln!(self.stdin, "{cmd}").unwrap();
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        line
+    }
+}
+
+/// Starts `mtrace attach PID --json -o REPORT extra…` and waits until it
+/// says it is attached.
+fn attach(pid: u32, report: &Path, extra: &[&str]) -> Child {
+    let mut c = Command::new(mtrace())
+        .arg("attach")
+        .arg(pid.to_string())
+        .arg("--json")
+        .arg("-o")
+        .arg(report)
+        .args(extra)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(c.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(line.contains("attached to process"), "{line}");
+    // Keep reading stderr so that mtrace never blocks on it.
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    c
+}
+
+fn wait_ok(c: &mut Child) {
+    let st = c.wait().unwrap();
+    assert!(st.success(), "mtrace attach: {st}");
+}
+
+fn sigterm(c: &Child) {
+    // SAFETY: kill with a valid pid and signal.
+    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+}
+
+#[test]
+fn leaks_made_while_attached_to_a_program_waiting_in_read() {
+    let dir = scratch("attach-read");
+    let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+    let m = markers("attach_target.c");
+    let script = ["leak 10", "leak 100", "leak 200", "tmp 50", "free", "leak 7"];
+    // Unattached: the answers and exit status to compare with.
+    let mut plain = Target::start(&prog);
+    let answers: Vec<String> = script.iter().map(|c| plain.ask(c)).collect();
+    let quit = plain.ask("quit");
+    assert_eq!(plain.child.wait().unwrap().code(), Some(3));
+
+    let mut t = Target::start(&prog);
+    let mut got = vec![t.ask(script[0])];
+    let report = dir.join("report.json");
+    let mut a = attach(t.child.id(), &report, &[]);
+    got.extend(script[1..5].iter().map(|c| t.ask(c)));
+    sigterm(&a);
+    wait_ok(&mut a);
+    got.push(t.ask(script[5]));
+    assert_eq!(got, answers);
+    assert_eq!(t.ask("quit"), quit);
+    assert_eq!(t.child.wait().unwrap().code(), Some(3));
+
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let s = &r["summary"];
+    // Within the window: 100 and 200 kept, 50 freed; the free of the block
+    // from before the attach is unmatched, not an error.
+    assert_eq!(leaks_in(&r, "attach_target.c"), vec![leak(300, 2, "malloc", "keep", m["window"])]);
+    assert_eq!((s["allocations"].as_u64(), s["frees"].as_u64()), (Some(3), Some(2)), "{s}");
+    assert_eq!(s["unmatched_frees"], 1, "{s}");
+    assert_eq!(s["ended_by"], "detach", "{s}");
+}
+
+/// Attaches and detaches `cycles` times while `prog` runs; checks every
+/// report and that the program ends normally.
+fn cycles(prog: &Path, cycles: usize, max_live: u64) {
+    let dir = prog.parent().unwrap();
+    let mut child = Command::new(prog).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    for i in 0..cycles {
+        let report = dir.join(format!("report{i}.json"));
+        let out = Command::new(mtrace())
+            .args(["attach", &child.id().to_string(), "--duration", "200ms", "--json", "-o"])
+            .arg(&report)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "cycle {i}: {}", String::from_utf8_lossy(&out.stderr));
+        let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        let s = &r["summary"];
+        assert_eq!(s["ended_by"], "detach", "cycle {i}: {s}");
+        assert!(s["allocations"].as_u64().unwrap() > 1000, "cycle {i}: {s}");
+        // What is live at the detach is what the threads hold: every free
+        // of a block from the window found its block.
+        assert!(s["leaked_blocks"].as_u64().unwrap() <= max_live, "cycle {i}: {s}");
+    }
+    // The end of its input ends the program.
+    drop(child.stdin.take());
+    let Output { status, stdout, .. } = child.wait_with_output().unwrap();
+    assert!(status.success(), "{status}");
+    assert_eq!(String::from_utf8_lossy(&stdout), "done ok\n");
+}
+
+#[test]
+fn twenty_attaches_to_two_busy_threads() {
+    let dir = scratch("attach-busy");
+    let prog = build("busy_threads.c", &dir.join("busy"), &["-g", "-O2"]);
+    cycles(&prog, 20, 2 * 64);
+}
+
+#[test]
+fn attaches_to_cxx_std_threads() {
+    let dir = scratch("attach-busy-cxx");
+    let prog = build("busy_threads.cpp", &dir.join("busy"), &["-g", "-O1"]);
+    // 64 strings and 100 map entries per thread.
+    cycles(&prog, 10, 2 * (64 + 100));
+}
+
+#[test]
+fn python_runs_on_after_a_detach() {
+    // Loops until its standard input ends.
+    let code = "import sys, threading\nend = threading.Event()\nthreading.Thread(target=lambda: (sys.stdin.read(), end.set())).start()\nd = {}\ni = 0\nwhile not end.is_set():\n    d[i % 1000] = [i] * 10\n    i += 1\nprint('done', len(d))";
+    let mut child = Command::new("/usr/bin/python3")
+        .args(["-c", code])
+        .env("PYTHONMALLOC", "malloc")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let dir = scratch("attach-python");
+    for i in 0..2 {
+        let report = dir.join(format!("r{i}.json"));
+        let out = Command::new(mtrace())
+            .args(["attach", &child.id().to_string(), "--duration", "300ms", "--json", "-o"])
+            .arg(&report)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        assert!(
+            r["summary"]["allocations"].as_u64().unwrap() > 100,
+            "{}: {}",
+            r["summary"],
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "done 1000\n");
+}
+
+/// `mtrace attach ARGS`: exit status 2 and one line on stderr naming the cause.
+fn refused(args: &[&str], cause: &str) {
+    let out = Command::new(mtrace()).arg("attach").args(args).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains(cause), "{err:?} should name {cause:?}");
+}
+
+#[test]
+fn refusals_name_their_cause_and_leave_the_process_alone() {
+    refused(&["999999999"], "no such process");
+
+    let dir = scratch("attach-refused");
+    let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+    // Statically linked: no dlopen to call.
+    let stat = dir.join("target-static");
+    let ok = Command::new("cc")
+        .args(["-static", "-O0"])
+        .arg(ctests_dir().join("attach_target.c"))
+        .arg("-o")
+        .arg(&stat)
+        .status();
+    if ok.is_ok_and(|s| s.success()) {
+        let mut t = Target::start(&stat);
+        refused(&[&t.child.id().to_string()], "statically linked");
+        assert_eq!(t.ask("leak 1"), "ok leak 1\n");
+        t.ask("quit");
+        t.child.wait().unwrap();
+    } else {
+        eprintln!("skipped the static case: cc -static failed (no static libc)");
+    }
+    // Preloaded already.
+    let mut child = Command::new(&prog)
+        .env("LD_PRELOAD", lib())
+        .env("MTRACE_OUTPUT", dir.join("pre.mtrace"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    refused(&[&child.id().to_string()], "already runs with libmtrace.so preloaded");
+    drop(child.stdin.take());
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    // Another tracer holds it.
+    let mut t = Target::start(&prog);
+    let pid = nix::unistd::Pid::from_raw(t.child.id() as i32);
+    nix::sys::ptrace::seize(pid, nix::sys::ptrace::Options::empty()).unwrap();
+    refused(&[&t.child.id().to_string()], "not permitted");
+    nix::sys::ptrace::interrupt(pid).unwrap();
+    nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::__WALL)).unwrap();
+    nix::sys::ptrace::detach(pid, None).unwrap();
+    let start = Instant::now();
+    assert_eq!(t.ask("leak 2"), "ok leak 2\n");
+    assert!(start.elapsed() < Duration::from_secs(5));
+    t.ask("quit");
+    assert_eq!(t.child.wait().unwrap().code(), Some(3));
+}
