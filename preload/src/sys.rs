@@ -194,10 +194,83 @@ pub unsafe fn unmap(p: *mut u8, len: usize) {
     unsafe { libc::syscall(libc::SYS_munmap, p, len) };
 }
 
-/// Resident set size in bytes: the second field of /proc/self/statm, in pages.
+/// `/proc/self/statm`, open for the RSS samples at a high descriptor, and
+/// its device and inode. Opened once, when the session starts: opening it
+/// for every sample took the lowest free descriptor for a moment, and a
+/// program thread's `dup2` onto that number then failed with EBUSY (seen:
+/// a shell's `exec 3>file`, 1 run in about 100) or closed our file.
+static STATM: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+static STATM_ID: [std::sync::atomic::AtomicU64; 2] =
+    [std::sync::atomic::AtomicU64::new(0), std::sync::atomic::AtomicU64::new(0)];
+
+/// Device and inode of what `fd` refers to, if it is open.
+pub fn identity(fd: i32) -> Option<(u64, u64)> {
+    // SAFETY: st is a valid out-pointer; fstat on any number is safe.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+/// Lowest descriptor number for the tracer's own (below the usual 1024
+/// limit): out of the low numbers a program opens, `dup2`s onto and reuses.
+const HIGH_FD: i32 = 900;
+
+/// A copy of `fd` (close-on-exec) at a high number that is not `avoid`,
+/// the original closed unless it is `avoid`; `None` when no number is free.
+pub fn move_high(fd: i32, avoid: i32) -> Option<i32> {
+    // SAFETY: rl is a valid out-pointer.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    let limit = match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } {
+        0 => rl.rlim_cur.min(1 << 20) as i32,
+        _ => 1024,
+    };
+    // Below the limit, in its top quarter when the limit is low.
+    let base = if limit > HIGH_FD + 64 { HIGH_FD } else { (limit * 3 / 4).max(3) };
+    for from in [base, 3] {
+        // SAFETY: fcntl on a descriptor we own; `avoid` is open (it is
+        // ours or the program's), so F_DUPFD never returns it.
+        let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, from) };
+        if new >= 0 && new != avoid {
+            if fd != avoid {
+                // SAFETY: the old number is ours and now duplicated.
+                unsafe { libc::close(fd) };
+            }
+            return Some(new);
+        }
+    }
+    None
+}
+
+/// Opens `/proc/self/statm` for [`rss_bytes`] (see [`STATM`]).
+pub fn open_statm() {
+    // SAFETY: a NUL-terminated path.
+    let fd = unsafe { libc::open(c"/proc/self/statm".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return;
+    }
+    let fd = move_high(fd, -1).unwrap_or(fd);
+    if let Some((dev, ino)) = identity(fd) {
+        STATM_ID[0].store(dev, std::sync::atomic::Ordering::Relaxed);
+        STATM_ID[1].store(ino, std::sync::atomic::Ordering::Relaxed);
+        STATM.store(fd, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Resident set size in bytes: the second field of /proc/self/statm, in
+/// pages; `None` (for good) once the program closed or replaced the file.
 pub fn rss_bytes() -> Option<u64> {
-    let statm = read_file(c"/proc/self/statm")?;
-    let pages: u64 = std::str::from_utf8(&statm).ok()?.split_whitespace().nth(1)?.parse().ok()?;
+    use std::sync::atomic::Ordering::{Acquire, Relaxed};
+    let fd = STATM.load(Acquire);
+    let id = (STATM_ID[0].load(Relaxed), STATM_ID[1].load(Relaxed));
+    if fd < 0 || identity(fd) != Some(id) {
+        STATM.store(-1, Relaxed);
+        return None;
+    }
+    let mut buf = [0u8; 128];
+    // SAFETY: buf is a valid writable buffer; pread re-reads a proc file
+    // from its start, with fresh values.
+    let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+    let text = std::str::from_utf8(buf.get(..usize::try_from(n).ok()?)?).ok()?;
+    let pages: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     Some(pages * page.max(1) as u64)

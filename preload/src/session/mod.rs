@@ -244,6 +244,7 @@ impl Session {
         crate::recorder::set_collecting(cfg.start);
         let prog = program_name(&cmdline);
         let (out_file, path) = open_output(&cfg, pid, &prog)?;
+        sys::open_statm();
         unwind::init();
         let start_mono = sys::monotonic_ns();
         let header = Header {

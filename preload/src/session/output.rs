@@ -23,55 +23,18 @@
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
-use crate::sys;
+use crate::sys::{self, identity, move_high};
 
-/// Lowest descriptor number for the trace (below the usual 1024 limit):
-/// out of the low numbers a program opens, `dup2`s onto and reuses.
-const HIGH_FD: i32 = 900;
-
-/// The trace file.
+/// The trace file, or socket.
 pub struct Output {
     fd: AtomicI32,
-    /// Device and inode of the file, from `fstat` when it was created.
+    /// Device and inode, from `fstat` when it was created.
     id: (u64, u64),
     /// Its absolute path, or the socket's address, for messages.
     path: CString,
     /// A socket (else a file, which can be opened again by `path`).
     socket: bool,
     lost: AtomicBool,
-}
-
-/// Device and inode of what `fd` refers to, if it is open.
-fn identity(fd: i32) -> Option<(u64, u64)> {
-    // SAFETY: st is a valid out-pointer; fstat on any number is safe.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
-}
-
-/// A copy of `fd` (close-on-exec) at a high number that is not `avoid`,
-/// the original closed; `None` when no number is free.
-fn move_high(fd: i32, avoid: i32) -> Option<i32> {
-    // SAFETY: rl is a valid out-pointer.
-    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
-    let limit = match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } {
-        0 => rl.rlim_cur.min(1 << 20) as i32,
-        _ => 1024,
-    };
-    // Below the limit, in its top quarter when the limit is low.
-    let base = if limit > HIGH_FD + 64 { HIGH_FD } else { (limit * 3 / 4).max(3) };
-    for from in [base, 3] {
-        // SAFETY: fcntl on a descriptor we own; `avoid` is open (it is
-        // ours or the program's), so F_DUPFD never returns it.
-        let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, from) };
-        if new >= 0 && new != avoid {
-            if fd != avoid {
-                // SAFETY: the old number is ours and now duplicated.
-                unsafe { libc::close(fd) };
-            }
-            return Some(new);
-        }
-    }
-    None
 }
 
 impl Output {
