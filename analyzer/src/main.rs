@@ -66,7 +66,7 @@ pub struct ReportOpts {
     sort: SortKey,
     /// Show at most this many recorded frames per backtrace (`run` also records only this many).
     #[arg(short = 'd', long = "depth")]
-    depth: Option<usize>,
+    pub(crate) depth: Option<usize>,
     /// Root folder holding the traced machine's files (for traces made elsewhere).
     #[arg(long)]
     sysroot: Option<PathBuf>,
@@ -85,7 +85,7 @@ pub struct ReportOpts {
     /// Also list blocks still live that were allocated more than DURATION
     /// before the end (500ms, 10s, 2m, …).
     #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
-    older_than: Option<u64>,
+    pub(crate) older_than: Option<u64>,
     /// With a leak scan, also list the still reachable blocks.
     #[arg(long)]
     show_reachable: bool,
@@ -114,7 +114,7 @@ struct ReportArgs {
 }
 
 impl ReportOpts {
-    fn symbolizer(&self) -> Symbolizer {
+    pub(crate) fn symbolizer(&self) -> Symbolizer {
         Symbolizer::new(SearchPaths { sysroot: self.sysroot.clone(), binpath: self.binpath.clone() })
     }
 

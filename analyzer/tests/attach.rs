@@ -241,3 +241,38 @@ fn refusals_name_their_cause_and_leave_the_process_alone() {
     t.ask("quit");
     assert_eq!(t.child.wait().unwrap().code(), Some(3));
 }
+
+#[test]
+fn interval_views_show_what_stays_live() {
+    let dir = scratch("attach-interval");
+    let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+    let m = markers("attach_target.c");
+    let mut t = Target::start(&prog);
+    let report = dir.join("report.json");
+    let mut a = Command::new(mtrace())
+        .args(["attach", &t.child.id().to_string(), "--interval", "400ms", "--older-than", "200ms", "--json", "-o"])
+        .arg(&report)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(a.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(line.contains("attached to process"), "{line}");
+    for _ in 0..5 {
+        t.ask("leak 1000");
+        t.ask("tmp 64");
+    }
+    std::thread::sleep(Duration::from_millis(1300));
+    sigterm(&a);
+    let out = a.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let views = String::from_utf8_lossy(&out.stdout);
+    let last = views.lines().filter(|l| l.starts_with('[')).last().unwrap_or_default().to_owned();
+    assert!(last.ends_with("live for more than 0.2 s: 5,000 bytes in 5 blocks, 1 backtrace"), "{views}");
+    let at = format!("keep ({}:{})", ctests_dir().join("attach_target.c").display(), m["window"]);
+    assert!(views.contains("#1: 5,000 bytes in 5 blocks") && views.contains(&at), "{views}");
+    t.ask("quit");
+    t.child.wait().unwrap();
+}

@@ -12,6 +12,7 @@
 //! dies, the closed socket means detach too.
 
 mod inject;
+mod interval;
 mod target;
 
 use std::io::{Read, Write};
@@ -40,6 +41,10 @@ pub struct AttachArgs {
     /// Keep the trace of the window in FILE (it can be reported again with `mtrace report`).
     #[arg(long, value_name = "FILE")]
     save: Option<PathBuf>,
+    /// Every DURATION, print the backtraces whose blocks have been live
+    /// longer than --older-than (default: DURATION), most bytes first.
+    #[arg(long, value_name = "DURATION", value_parser = crate::report::parse_duration)]
+    interval: Option<u64>,
     #[command(flatten)]
     opts: ReportOpts,
 }
@@ -109,8 +114,17 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     let mut control = stream.try_clone()?;
     let copier = std::thread::spawn(move || copy_stream(stream, file));
     let deadline = a.duration.map(|ns| Instant::now() + Duration::from_nanos(ns));
+    let mut next_view = a.interval.map(|ns| (Instant::now() + Duration::from_nanos(ns), ns));
+    let mut sym = a.opts.symbolizer();
     while !copier.is_finished() && !STOP.load(Ordering::Relaxed) && deadline.is_none_or(|d| Instant::now() < d) {
         std::thread::sleep(Duration::from_millis(20));
+        if let Some((at, every)) = next_view.filter(|(at, _)| Instant::now() >= *at) {
+            let older = a.opts.older_than.unwrap_or(every);
+            if let Err(e) = interval::print(&trace, &mut sym, older, &mut std::io::stdout().lock()) {
+                eprintln!("mtrace: {e:#}");
+            }
+            next_view = Some((at + Duration::from_nanos(every), every));
+        }
     }
     if !copier.is_finished() {
         // The process is still there: detach, and wait for its End record.

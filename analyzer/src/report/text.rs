@@ -18,7 +18,7 @@ pub fn thousands(v: u64) -> String {
     out
 }
 
-fn plural(n: u64, one: &str, many: &str) -> String {
+pub fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{} {}", thousands(n), if n == 1 { one } else { many })
 }
 
@@ -37,7 +37,7 @@ fn secs(ns: u64) -> String {
     format!("{:.3} s", ns as f64 / 1e9)
 }
 
-fn frame_line(f: &Frame, first: bool) -> String {
+pub fn frame_line(f: &Frame, first: bool) -> String {
     let lead = if first { "at" } else { "by" };
     let func = f.function.as_deref().unwrap_or("???");
     let loc = match (&f.file, f.line) {

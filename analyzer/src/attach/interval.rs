@@ -1,0 +1,52 @@
+//! `mtrace attach --interval D`: memleax's and bcc memleak's view while
+//! the process runs. Every D, the backtraces whose blocks have stayed live
+//! longer than `--older-than` (default D), most bytes first: a leak that
+//! grows shows up there interval after interval.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Result;
+use rustc_hash::FxHashMap as HashMap;
+
+use crate::report::text::{frame_line, plural};
+use crate::symbolize::Symbolizer;
+
+/// Backtraces listed per interval.
+const TOP: usize = 10;
+/// Frames shown per backtrace.
+const FRAMES: usize = 4;
+
+/// Writes one interval's view of the trace saved so far at `trace` (its
+/// last record may be cut short: what was read is used) to `out`.
+pub fn print(trace: &Path, sym: &mut Symbolizer, older_than_ns: u64, out: &mut dyn Write) -> Result<()> {
+    let t = crate::load::load(trace)?;
+    let cutoff = t.last_time.saturating_sub(older_than_ns);
+    let mut by_stack: HashMap<u32, (u64, u64)> = HashMap::default();
+    for (_, b) in t.books.live_blocks().filter(|(_, b)| b.time < cutoff) {
+        let e = by_stack.entry(b.stack).or_default();
+        e.0 += b.size;
+        e.1 += 1;
+    }
+    let mut rows: Vec<(u32, u64, u64)> = by_stack.into_iter().map(|(s, (bytes, blocks))| (s, bytes, blocks)).collect();
+    rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let (bytes, blocks) = rows.iter().fold((0, 0), |acc, r| (acc.0 + r.1, acc.1 + r.2));
+    writeln!(
+        out,
+        "[{:.1} s] live for more than {:.1} s: {} in {}, {}",
+        t.last_time as f64 / 1e9,
+        older_than_ns as f64 / 1e9,
+        plural(bytes, "byte", "bytes"),
+        plural(blocks, "block", "blocks"),
+        plural(rows.len() as u64, "backtrace", "backtraces")
+    )?;
+    for (i, &(s, bytes, blocks)) in rows.iter().take(TOP).enumerate() {
+        writeln!(out, "  #{}: {} in {}", i + 1, plural(bytes, "byte", "bytes"), plural(blocks, "block", "blocks"))?;
+        let frames = crate::report::stack_frames(&t, sym, s, None);
+        for (j, f) in frames.iter().take(FRAMES).enumerate() {
+            writeln!(out, "  {}", frame_line(f, j == 0))?;
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
