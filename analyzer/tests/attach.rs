@@ -269,7 +269,7 @@ fn interval_views_show_what_stays_live() {
     let out = a.wait_with_output().unwrap();
     assert!(out.status.success());
     let views = String::from_utf8_lossy(&out.stdout);
-    let last = views.lines().filter(|l| l.starts_with('[')).last().unwrap_or_default().to_owned();
+    let last = views.lines().rfind(|l| l.starts_with('[')).unwrap_or_default().to_owned();
     assert!(last.ends_with("live for more than 0.2 s: 5,000 bytes in 5 blocks, 1 backtrace"), "{views}");
     let at = format!("keep ({}:{})", ctests_dir().join("attach_target.c").display(), m["window"]);
     assert!(views.contains("#1: 5,000 bytes in 5 blocks") && views.contains(&at), "{views}");
