@@ -3,6 +3,9 @@
      leak N   allocate N bytes and keep them (@leak:window)
      tmp N    allocate N bytes and free them
      free     free the oldest kept block
+     lose N   allocate N bytes and drop the only pointer (@leak:lost)
+     hang N   allocate N bytes, pointed to only from the block from before
+              any attach (@leak:hang)
      quit     print how many blocks it holds and exit with status 3
    It holds one block from before any attach (@leak:before). */
 #include <stdio.h>
@@ -19,9 +22,24 @@ static void *keep(size_t n) {
     return p;
 }
 
+static char **before;
+
+/* Out of line and with its stack scrubbed after, so that no copy of the
+   pointer stays where the leak scan looks. */
+__attribute__((noinline)) static void lose(size_t n) {
+    char *volatile p = malloc(n); // @leak:lost
+    memset(p, 'l', n);
+    p = NULL;
+}
+
+__attribute__((noinline)) static void scrub(void) {
+    volatile char junk[4096];
+    memset((char *)junk, 0, sizeof junk);
+}
+
 int main(void) {
-    char *before = malloc(1000); // @leak:before
-    memset(before, 'b', 1000);
+    before = malloc(1000); // @leak:before
+    memset(before, 0, 1000);
     char line[256];
     setvbuf(stdout, NULL, _IOLBF, 0);
     printf("ready\n");
@@ -32,6 +50,12 @@ int main(void) {
         } else if (sscanf(line, "tmp %zu", &n) == 1) {
             char *volatile p = malloc(n);
             free(p);
+        } else if (sscanf(line, "lose %zu", &n) == 1) {
+            lose(n);
+            scrub();
+        } else if (sscanf(line, "hang %zu", &n) == 1) {
+            before[0] = malloc(n); // @leak:hang
+            scrub();
         } else if (strncmp(line, "free", 4) == 0 && first < nkept) {
             free(kept[first++]);
         } else if (strncmp(line, "quit", 4) == 0) {

@@ -159,10 +159,16 @@ pub struct Trace {
     pub snapshot_time: u64,
     /// The last snapshot was an on-demand scan (a "scan" marker follows it).
     pub snapshot_on_demand: bool,
+    /// Traced from an attach (`mtrace attach`; an [`ATTACH_MARKER`] marker):
+    /// the blocks allocated before it are unknown.
+    pub attached: bool,
 }
 
 /// Name of the marker the preload writes after an on-demand leak scan.
 pub const SCAN_MARKER: &str = "scan";
+
+/// Name of the marker that starts a stream made by `mtrace attach`.
+pub const ATTACH_MARKER: &str = "attach";
 
 /// A pool block's key in the books: its address in the pool's own space,
 /// apart from heap addresses (user space is below 2^47) and other pools.
@@ -192,6 +198,7 @@ impl Trace {
             snapshot: None,
             snapshot_time: u64::MAX,
             snapshot_on_demand: false,
+            attached: false,
         }
     }
 }
@@ -368,6 +375,7 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
                         let since = w.since.as_ref().is_some_and(|m| m.matches(seq, &name)) && t.baseline.is_none();
                         let until = w.until.as_ref().is_some_and(|m| m.matches(seq, &name));
                         t.snapshot_on_demand |= t.snapshot.is_some() && name == SCAN_MARKER;
+                        t.attached |= seq == 0 && name == ATTACH_MARKER;
                         t.markers.push(MarkerSeen { seq, name, time_ns });
                         if since {
                             t.baseline = Some(t.books.live_by_stack());
@@ -384,8 +392,11 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
         }
     });
     // An on-demand scan describes its own moment: a report that reads past
-    // it (the program went on) does not classify with it.
-    if t.snapshot_on_demand && !t.reached_until {
+    // it (the program went on) does not classify with it. But the scan
+    // `mtrace attach --scan` asks for right before its detach is the
+    // window's last moment.
+    let scan_at_detach = t.end == Some(EndReason::Detach);
+    if t.snapshot_on_demand && !t.reached_until && !scan_at_detach {
         t.snapshot = None;
         t.snapshot_time = u64::MAX;
     }

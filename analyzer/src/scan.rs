@@ -274,6 +274,16 @@ pub fn classify(t: &Trace) -> Option<Vec<Classified>> {
             for g in group {
                 mem.words(g.addr, g.addr + g.bytes.len() as u64, |w| reach(w, true, &mut state, &mut work));
             }
+        } else if t.attached {
+            // Traced from an attach: the blocks allocated before it are
+            // unknown, so the heap outside the known blocks is a root; a
+            // block an untracked one points to is never called lost.
+            let mut at = lo;
+            for &(start, size) in heap.blocks.iter().skip_while(|b| b.0 + b.1 <= lo).take_while(|b| b.0 < hi) {
+                mem.words(at, start, |w| reach(w, true, &mut state, &mut work));
+                at = at.max(start + size);
+            }
+            mem.words(at, hi, |w| reach(w, true, &mut state, &mut work));
         }
         i = j;
     }

@@ -276,3 +276,29 @@ fn interval_views_show_what_stays_live() {
     t.ask("quit");
     t.child.wait().unwrap();
 }
+
+#[test]
+fn scan_at_detach_classifies_the_window_with_untracked_blocks_as_roots() {
+    let dir = scratch("attach-scan");
+    let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+    let m = markers("attach_target.c");
+    let mut t = Target::start(&prog);
+    let report = dir.join("report.json");
+    let mut a = attach(t.child.id(), &report, &["--scan"]);
+    t.ask("leak 100");
+    t.ask("lose 77");
+    t.ask("hang 55");
+    sigterm(&a);
+    wait_ok(&mut a);
+    t.ask("quit");
+    t.child.wait().unwrap();
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let k = &r["kinds"];
+    let kind = |name: &str| (k[name]["bytes"].as_u64().unwrap(), k[name]["blocks"].as_u64().unwrap());
+    // The dropped block is lost; the one only the block from before the
+    // attach points to is reachable, as the kept one.
+    assert_eq!(kind("definite"), (77, 1), "{k}");
+    assert_eq!(kind("reachable"), (155, 2), "{k}");
+    assert_eq!((kind("indirect"), kind("possible")), ((0, 0), (0, 0)), "{k}");
+    assert_eq!(leaks_in(&r, "attach_target.c"), vec![leak(77, 1, "malloc", "lose", m["lost"])]);
+}

@@ -41,6 +41,12 @@ pub struct AttachArgs {
     /// Keep the trace of the window in FILE (it can be reported again with `mtrace report`).
     #[arg(long, value_name = "FILE")]
     save: Option<PathBuf>,
+    /// At the detach, scan memory and classify what was allocated while
+    /// attached as memcheck does (definitely, indirectly, possibly lost,
+    /// still reachable); memory of blocks from before the attach counts as
+    /// a root (see docs/SCAN.md).
+    #[arg(long)]
+    scan: bool,
     /// Every DURATION, print the backtraces whose blocks have been live
     /// longer than --older-than (default: DURATION), most bytes first.
     #[arg(long, value_name = "DURATION", value_parser = crate::report::parse_duration)]
@@ -128,7 +134,8 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     }
     if !copier.is_finished() {
         // The process is still there: detach, and wait for its End record.
-        let _ = control.write_all(b"detach\n");
+        let cmds: &[u8] = if a.scan { b"scan\ndetach\n" } else { b"detach\n" };
+        let _ = control.write_all(cmds);
         let until = Instant::now() + DETACH_TIMEOUT;
         while !copier.is_finished() && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(10));

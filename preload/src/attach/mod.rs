@@ -215,6 +215,10 @@ pub unsafe extern "C" fn mtrace_attach_init(settings: *const c_char) -> i32 {
     if !crate::session::start_attached() {
         return -1;
     }
+    // Tells the analyzer that blocks from before this point are unknown.
+    if let Some(s) = crate::session::current() {
+        s.marker(0, "attach");
+    }
     crate::session::start_writer();
     crate::fork::install_once();
     ATTACHED.store(true, Ordering::Release);
