@@ -72,15 +72,20 @@ pub struct ModuleSeen {
 }
 
 /// Which marker `--since-marker`/`--until-marker` mean: a number selects
-/// incremental report `seq`, anything else a marker's name.
+/// incremental report `seq`, `NAME#K` the K-th marker named NAME (from 1),
+/// anything else the first marker named so.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MarkerSel(pub String);
 
 impl MarkerSel {
-    fn matches(&self, seq: u64, name: &str) -> bool {
-        match self.0.parse::<u64>() {
-            Ok(n) => n != 0 && n == seq,
-            Err(_) => self.0 == name,
+    /// Whether the marker `seq`/`name`, the `nth` of that name (from 1), is selected.
+    fn matches(&self, seq: u64, name: &str, nth: usize) -> bool {
+        if let Ok(n) = self.0.parse::<u64>() {
+            return n != 0 && n == seq;
+        }
+        match self.0.rsplit_once('#').and_then(|(n, k)| Some((n, k.parse::<usize>().ok()?))) {
+            Some((n, k)) => n == name && k == nth,
+            None => self.0 == name,
         }
     }
 }
@@ -372,8 +377,10 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
                     }
                     Record::Marker { time_ns, seq, name } => {
                         now = time_ns;
-                        let since = w.since.as_ref().is_some_and(|m| m.matches(seq, &name)) && t.baseline.is_none();
-                        let until = w.until.as_ref().is_some_and(|m| m.matches(seq, &name));
+                        let nth = 1 + t.markers.iter().filter(|m| m.name == name).count();
+                        let since =
+                            w.since.as_ref().is_some_and(|m| m.matches(seq, &name, nth)) && t.baseline.is_none();
+                        let until = w.until.as_ref().is_some_and(|m| m.matches(seq, &name, nth));
                         t.snapshot_on_demand |= t.snapshot.is_some() && name == SCAN_MARKER;
                         t.attached |= seq == 0 && name == ATTACH_MARKER;
                         t.markers.push(MarkerSeen { seq, name, time_ns });

@@ -2,6 +2,7 @@
 
 mod attach;
 mod books;
+mod console;
 mod load;
 mod malloc_trace;
 mod report;
@@ -78,7 +79,7 @@ pub struct ReportOpts {
     since_marker: Option<String>,
     /// Stop at this marker (a report number, or a marker's name).
     #[arg(long, value_name = "MARKER")]
-    until_marker: Option<String>,
+    pub(crate) until_marker: Option<String>,
     /// Also show RSS and live heap over time (sampled every 10 ms).
     #[arg(long)]
     timeline: bool,

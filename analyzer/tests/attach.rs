@@ -302,3 +302,52 @@ fn scan_at_detach_classifies_the_window_with_untracked_blocks_as_roots() {
     assert_eq!((kind("indirect"), kind("possible")), ((0, 0), (0, 0)), "{k}");
     assert_eq!(leaks_in(&r, "attach_target.c"), vec![leak(77, 1, "malloc", "lose", m["lost"])]);
 }
+
+#[test]
+fn console_commands_on_an_attached_process() {
+    let dir = scratch("attach-console");
+    let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+    let m = markers("attach_target.c");
+    let mut t = Target::start(&prog);
+    let mut a = Command::new(mtrace())
+        .args(["attach", &t.child.id().to_string(), "-i", "-o"])
+        .arg(dir.join("final.txt"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(a.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(line.contains("attached to process"), "{line}");
+    t.ask("leak 100");
+    t.ask("leak 100");
+    t.ask("lose 33");
+    // The stream reaches mtrace within a writer round or two.
+    std::thread::sleep(Duration::from_millis(300));
+    let dump = dir.join("dump.txt");
+    let mut input = a.stdin.take().unwrap();
+    writeln!(input, "st").unwrap();
+    writeln!(input, "stat").unwrap();
+    writeln!(input, "dump allocations >{}", dump.display()).unwrap();
+    writeln!(input, "sc").unwrap();
+    writeln!(input, "help marker").unwrap();
+    writeln!(input, "detach").unwrap();
+    let out = a.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("\"st\" is ambiguous: status, start, stop"), "{text}");
+    assert!(text.contains("in use: 233 bytes in 3 blocks (average 77 bytes)"), "{text}");
+    assert!(text.contains("marker NAME — set a named point now"), "{text}");
+    // The scan: the dropped block lost, the kept ones reachable.
+    assert!(text.contains("definitely lost: 33 bytes in 1 block"), "{text}");
+    assert!(text.contains("still reachable: 200 bytes in 2 blocks"), "{text}");
+    // dump allocations: the backtrace with two blocks first.
+    let d = std::fs::read_to_string(&dump).unwrap();
+    let first = d.lines().find(|l| l.starts_with("#1:")).unwrap_or_default();
+    assert!(first.starts_with("#1: 200 bytes in 2 blocks"), "{d}");
+    assert!(d.contains(&format!("keep ({}:{})", ctests_dir().join("attach_target.c").display(), m["window"])), "{d}");
+    t.ask("quit");
+    t.child.wait().unwrap();
+}

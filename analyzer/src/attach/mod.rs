@@ -41,6 +41,10 @@ pub struct AttachArgs {
     /// Keep the trace of the window in FILE (it can be reported again with `mtrace report`).
     #[arg(long, value_name = "FILE")]
     save: Option<PathBuf>,
+    /// Open the interactive console on the process (report, dump, scan,
+    /// status, detach, …; `help` lists them) instead of waiting.
+    #[arg(short = 'i', long = "interactive")]
+    interactive: bool,
     /// At the detach, scan memory and classify what was allocated while
     /// attached as memcheck does (definitely, indirectly, possibly lost,
     /// still reachable); memory of blocks from before the attach counts as
@@ -119,6 +123,10 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
         .with_context(|| format!("{}: cannot create", trace.display()))?;
     let mut control = stream.try_clone()?;
     let copier = std::thread::spawn(move || copy_stream(stream, file));
+    if a.interactive {
+        let mut live = Session { control: control.try_clone()?, trace: trace.clone(), copier: &copier };
+        crate::console::run(&mut live, &a.opts)?;
+    }
     let deadline = a.duration.map(|ns| Instant::now() + Duration::from_nanos(ns));
     let mut next_view = a.interval.map(|ns| (Instant::now() + Duration::from_nanos(ns), ns));
     let mut sym = a.opts.symbolizer();
@@ -156,6 +164,28 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
         eprintln!("mtrace: {e}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The console's view of the attached process.
+struct Session<'a> {
+    control: UnixStream,
+    trace: PathBuf,
+    copier: &'a std::thread::JoinHandle<Result<u64>>,
+}
+
+impl crate::console::Live for Session<'_> {
+    fn send(&mut self, cmd: &str) -> Result<()> {
+        self.control.write_all(format!("{cmd}\n").as_bytes())?;
+        Ok(())
+    }
+
+    fn trace(&self) -> &std::path::Path {
+        &self.trace
+    }
+
+    fn ended(&self) -> bool {
+        self.copier.is_finished()
+    }
 }
 
 /// The process connects to the socket as its own user: when that is not

@@ -202,6 +202,11 @@ fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     Ok(())
 }
 
+/// The "not freed" entries of `r` alone (the console's `dump` and `top`).
+pub fn write_entries_only(r: &Report, w: &mut dyn Write) -> io::Result<()> {
+    write_entries(r, w)
+}
+
 fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     let delta = r.summary.since_marker.is_some();
     if r.stacks.is_empty() {
@@ -217,6 +222,7 @@ fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         let heading = match (delta, r.summary.ended_by.as_deref()) {
             (true, _) => "Change in live blocks",
             (false, Some("detach")) => "Allocated while attached and not freed at detach",
+            (false, None) => "Live at the end of the trace so far",
             _ => "Not freed at exit",
         };
         writeln!(w, "\n{heading}, by backtrace ({}):", plural(r.stacks.len() as u64, "backtrace", "backtraces"))?;

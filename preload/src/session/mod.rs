@@ -223,9 +223,12 @@ fn open_output(cfg: &config::Config, pid: u32, prog: &str) -> Option<(output::Ou
     None
 }
 
-/// The trace was lost: no more events are recorded, the writer stops.
+/// The trace was lost or detached: no more events are recorded, the
+/// writer stops, and after `mtrace attach` the calls go where they went
+/// before.
 fn stop_tracing() {
     STATE.store(DISABLED, Ordering::Release);
+    crate::attach::undo();
 }
 
 impl Session {

@@ -1,0 +1,206 @@
+//! The interactive console (`mtrace attach -i`): a front end on a live
+//! stream, in mtrace-ng's manner. Commands may be abbreviated to their
+//! shortest unique prefix; `>FILE` at the end of a line sends its output
+//! to FILE. Line editing and history come from rustyline (well kept, and
+//! it falls back to plain lines when standard input is not a terminal).
+//!
+//! The books are those of the stream saved so far: each command reads it
+//! again (a report of a long session costs a read of its trace).
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+
+use crate::report::SortKey;
+use crate::ReportOpts;
+
+/// What the console acts on: a process sending its stream.
+pub trait Live {
+    /// Sends one command line to the process (preload/src/session/control.rs).
+    fn send(&mut self, cmd: &str) -> Result<()>;
+    /// The stream saved so far.
+    fn trace(&self) -> &Path;
+    /// The stream ended (the process exited or detached).
+    fn ended(&self) -> bool;
+}
+
+/// The commands, with their help line.
+const COMMANDS: &[(&str, &str)] = &[
+    ("dump", "dump [usage|allocations|average|total] — live blocks by backtrace, in that order (default usage)"),
+    ("report", "report — the whole report of the stream so far"),
+    ("status", "status — allocation calls, bytes and blocks in use, average size, whether the process is traced"),
+    ("top", "top [N] — the N backtraces holding the most live bytes (default 10)"),
+    ("scan", "scan — stop the process's threads for a snapshot and classify its live blocks as memcheck does"),
+    ("markers", "markers — the report points and named points so far"),
+    ("marker", "marker NAME — set a named point now"),
+    ("start", "start — record allocations again"),
+    ("stop", "stop — stop recording allocations (frees are still recorded)"),
+    ("set", "set depth N — record at most N frames per backtrace from now on"),
+    ("detach", "detach — stop tracing; the process goes on"),
+    ("quit", "quit — detach and leave"),
+    ("help", "help [COMMAND] — this list, or one command's line"),
+];
+
+/// The command `word` abbreviates: exact, or the only one it is a prefix of.
+fn resolve(word: &str) -> Result<&'static str> {
+    if let Some(&(c, _)) = COMMANDS.iter().find(|(c, _)| *c == word) {
+        return Ok(c);
+    }
+    let hits: Vec<&str> = COMMANDS.iter().map(|(c, _)| *c).filter(|c| c.starts_with(word)).collect();
+    match hits.as_slice() {
+        [one] => Ok(one),
+        [] => bail!("unknown command {word:?} (help lists them)"),
+        many => bail!("{word:?} is ambiguous: {}", many.join(", ")),
+    }
+}
+
+/// Runs the console until `detach`, `quit`, end of input, or the stream's
+/// end. Returns when the process was asked to detach (or ended).
+pub fn run(live: &mut dyn Live, opts: &ReportOpts) -> Result<()> {
+    let mut ed = rustyline::DefaultEditor::new()?;
+    println!("mtrace console: help lists the commands; detach or quit ends tracing");
+    loop {
+        if live.ended() {
+            println!("the process's stream ended");
+            return Ok(());
+        }
+        let line = match ed.readline("mtrace> ") {
+            Ok(l) => l,
+            Err(rustyline::error::ReadlineError::Interrupted) => continue,
+            Err(_) => {
+                live.send("detach")?;
+                return Ok(());
+            }
+        };
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let _ = ed.add_history_entry(line);
+        let (line, redirect) = match line.rsplit_once('>') {
+            Some((l, f)) if !f.trim().is_empty() => (l.trim(), Some(f.trim().to_owned())),
+            _ => (line, None),
+        };
+        let mut out: Box<dyn Write> = match &redirect {
+            Some(f) => match std::fs::File::create(f) {
+                Ok(file) => Box::new(file),
+                Err(e) => {
+                    println!("{f}: {e}");
+                    continue;
+                }
+            },
+            None => Box::new(std::io::stdout().lock()),
+        };
+        match command(live, opts, line, &mut *out) {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => println!("{e:#}"),
+        }
+        out.flush()?;
+    }
+}
+
+/// Carries out one command line; true when it ended tracing.
+fn command(live: &mut dyn Live, opts: &ReportOpts, line: &str, out: &mut dyn Write) -> Result<bool> {
+    let mut words = line.split_whitespace();
+    let verb = resolve(words.next().unwrap_or_default())?;
+    let args: Vec<&str> = words.collect();
+    match verb {
+        "help" => match args.first() {
+            Some(w) => {
+                let c = resolve(w)?;
+                writeln!(out, "{}", COMMANDS.iter().find(|(n, _)| *n == c).map_or("", |x| x.1))?;
+            }
+            None => {
+                for (_, h) in COMMANDS {
+                    writeln!(out, "  {h}")?;
+                }
+            }
+        },
+        "report" => {
+            opts.report(live.trace(), out)?;
+        }
+        "dump" => {
+            let sort = match args.first().copied().unwrap_or("usage") {
+                "usage" => SortKey::Bytes,
+                "allocations" => SortKey::Count,
+                "average" => SortKey::Average,
+                "total" => SortKey::Total,
+                s => bail!("dump: unknown order {s:?} (usage, allocations, average, total)"),
+            };
+            let t = crate::load::load(live.trace())?;
+            let mut sym = opts.symbolizer();
+            let r = crate::report::build(&t, &mut sym, sort, opts.depth, true);
+            crate::report::text::write_entries_only(&r, out)?;
+        }
+        "top" => {
+            let n = args.first().map_or(Ok(10), |a| a.parse::<usize>())?;
+            let t = crate::load::load(live.trace())?;
+            let mut sym = opts.symbolizer();
+            let mut r = crate::report::build(&t, &mut sym, SortKey::Bytes, opts.depth, true);
+            r.stacks.truncate(n);
+            crate::report::text::write_entries_only(&r, out)?;
+        }
+        "status" => {
+            let t = crate::load::load(live.trace())?;
+            let b = &t.books;
+            let avg = if b.cur_blocks > 0 { b.cur_bytes / b.cur_blocks } else { 0 };
+            let state = match t.end {
+                Some(e) if live.ended() => format!("ended ({e:?})"),
+                _ if live.ended() => "ended".to_owned(),
+                _ => "traced".to_owned(),
+            };
+            writeln!(out, "process {} ({}): {state}", t.header.pid, t.header.exe)?;
+            writeln!(out, "  allocation calls: {}, frees: {}", b.allocations, b.frees)?;
+            writeln!(out, "  in use: {} bytes in {} blocks (average {} bytes)", b.cur_bytes, b.cur_blocks, avg)?;
+            writeln!(out, "  frees of blocks from before tracing: {}", b.unmatched_frees())?;
+        }
+        "markers" => {
+            let t = crate::load::load(live.trace())?;
+            for m in &t.markers {
+                writeln!(out, "{:>10.3} s  {}", m.time_ns as f64 / 1e9, m.name)?;
+            }
+        }
+        "marker" => {
+            let Some(name) = args.first() else { bail!("marker NAME") };
+            live.send(&format!("marker {name}"))?;
+        }
+        "scan" => scan(live, opts, out)?,
+        "start" | "stop" => live.send(verb)?,
+        "set" => match args.as_slice() {
+            ["depth", n] if n.parse::<usize>().is_ok_and(|d| (1..=256).contains(&d)) => {
+                live.send(&format!("depth {n}"))?;
+            }
+            _ => bail!("set depth N (1 to 256)"),
+        },
+        "detach" | "quit" => {
+            live.send("detach")?;
+            return Ok(true);
+        }
+        _ => unreachable!("every command is handled"),
+    }
+    Ok(false)
+}
+
+/// `scan`: asks for a snapshot, waits for its marker in the stream (up to
+/// 30 s), and writes the report up to it, classified.
+fn scan(live: &mut dyn Live, opts: &ReportOpts, out: &mut dyn Write) -> Result<()> {
+    let count = |p: &Path| {
+        crate::load::load(p).map(|t| t.markers.iter().filter(|m| m.name == crate::load::SCAN_MARKER).count())
+    };
+    let before = count(live.trace())?;
+    live.send("scan")?;
+    let until = Instant::now() + Duration::from_secs(30);
+    while count(live.trace())? == before {
+        if Instant::now() > until || live.ended() {
+            bail!("the scan did not come back");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut o = opts.clone();
+    o.until_marker = Some(format!("{}#{}", crate::load::SCAN_MARKER, before + 1));
+    o.report(live.trace(), out)?;
+    Ok(())
+}
