@@ -41,7 +41,11 @@ int main(void) {
     before = malloc(1000); // @leak:before
     memset(before, 0, 1000);
     char line[256];
-    setvbuf(stdout, NULL, _IOLBF, 0);
+    /* Buffers of its own: glibc would allocate stdin's at the first read,
+       which may come after an attach. */
+    static char inbuf[4096], outbuf[4096];
+    setvbuf(stdin, inbuf, _IOFBF, sizeof inbuf);
+    setvbuf(stdout, outbuf, _IOLBF, sizeof outbuf);
     printf("ready\n");
     while (fgets(line, sizeof line, stdin)) {
         size_t n = 0;

@@ -146,7 +146,7 @@ fn command(live: &mut dyn Live, opts: &ReportOpts, line: &str, out: &mut dyn Wri
         "status" => {
             let t = crate::load::load(live.trace())?;
             let b = &t.books;
-            let avg = if b.cur_blocks > 0 { b.cur_bytes / b.cur_blocks } else { 0 };
+            let avg = b.cur_bytes.checked_div(b.cur_blocks).unwrap_or(0);
             let state = match t.end {
                 Some(e) if live.ended() => format!("ended ({e:?})"),
                 _ if live.ended() => "ended".to_owned(),
