@@ -234,6 +234,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Report(a) => open_output(&a.output).and_then(|mut out| {
+            // Into a pipe that closed (`| head`): end quietly, as Unix tools do.
+            // SAFETY: restoring a signal's default action has no preconditions.
+            unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
             if a.markers {
                 list_markers(&a.trace, a.opts.json, &mut *out)?;
                 return Ok(ExitCode::SUCCESS);
@@ -242,6 +245,13 @@ fn main() -> ExitCode {
             out.flush()?;
             if let Some(e) = &r.summary.error {
                 eprintln!("mtrace: {e}");
+                return Ok(ExitCode::from(1));
+            }
+            if r.summary.truncated {
+                eprintln!(
+                    "mtrace: {}: the trace has no end record (the process was killed, or is still running)",
+                    a.trace.display()
+                );
                 return Ok(ExitCode::from(1));
             }
             Ok(ExitCode::SUCCESS)

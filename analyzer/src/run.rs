@@ -57,10 +57,51 @@ pub fn find_lib() -> Result<PathBuf> {
     Ok(p.canonicalize()?)
 }
 
-fn ignore_terminal_signals() {
-    for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM] {
-        // SAFETY: setting a disposition to SIG_IGN has no preconditions.
-        unsafe { libc::signal(sig, libc::SIG_IGN) };
+/// Signals to pass on to the program, as a bit per signal number.
+static PENDING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// `si_code` of a signal the kernel sent (the terminal's keys, a hangup).
+const SI_KERNEL: i32 = 0x80;
+
+extern "C" fn on_signal(sig: i32, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+    let code = unsafe { (*info).si_code };
+    // The terminal's Ctrl-C and Ctrl-\ reach the program by themselves
+    // (same process group); what was sent to mtrace alone is passed on.
+    if (sig == libc::SIGINT || sig == libc::SIGQUIT) && code == SI_KERNEL {
+        return;
+    }
+    PENDING.fetch_or(1 << sig, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// mtrace stays to report: SIGTERM, SIGHUP, and SIGINT/SIGQUIT sent to it
+/// (not the terminal's) go to the program instead of ending mtrace.
+fn forward_signals() {
+    for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: a plain handler that only stores to an atomic.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Waits for `child`, passing on the signals [`forward_signals`] caught.
+fn wait_forwarding(child: &mut std::process::Child) -> Result<std::process::ExitStatus> {
+    loop {
+        if let Some(st) = child.try_wait()? {
+            return Ok(st);
+        }
+        let pending = PENDING.swap(0, std::sync::atomic::Ordering::Relaxed);
+        for sig in 1..64 {
+            if pending & (1 << sig) != 0 {
+                // SAFETY: kill with our child's pid and a valid signal.
+                unsafe { libc::kill(child.id() as i32, sig) };
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 
@@ -80,6 +121,12 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         }
     };
     let dir = dir.canonicalize()?;
+    // What would fail only after the program ran fails now, with its cause.
+    tempfile::tempfile_in(&dir).with_context(|| format!("{}: cannot write trace files there", dir.display()))?;
+    let mut out: Box<dyn Write> = match &a.output {
+        Some(p) => Box::new(std::fs::File::create(p).with_context(|| format!("{}: cannot create", p.display()))?),
+        None => Box::new(std::io::stderr().lock()),
+    };
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(old) if !old.is_empty() => format!("{}:{old}", lib.display()),
         _ => lib.display().to_string(),
@@ -97,16 +144,13 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         cmd.env("MTRACE_SCAN", "1");
     }
     let error_kinds = parse_kinds(&a.errors_for_leak_kinds)?;
+    // Before the spawn (the program's exec resets the handlers): mtrace
+    // stays to report, and passes on what was sent to it.
+    forward_signals();
     let mut child = cmd.spawn().with_context(|| format!("cannot run {}", a.command[0]))?;
-    // The program gets the terminal's signals; we stay to report.
-    ignore_terminal_signals();
-    let status = child.wait()?;
+    let status = wait_forwarding(&mut child)?;
     let pid = child.id();
 
-    let mut out: Box<dyn Write> = match &a.output {
-        Some(p) => Box::new(std::fs::File::create(p).with_context(|| format!("{}: cannot create", p.display()))?),
-        None => Box::new(std::io::stderr().lock()),
-    };
     let traces = traces_in(&dir)?;
     // The main process's last image (after any exec) is the one reported.
     let main =

@@ -31,7 +31,7 @@ impl RunStats {
         self.last.insert(tid, (addr, stack));
         let b = &mut self.histogram[bucket(size)];
         b.0 += 1;
-        b.1 += size;
+        b.1 = b.1.saturating_add(size);
     }
 
     pub fn free(&mut self, tid: u32, addr: u64) {

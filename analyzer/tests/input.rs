@@ -165,3 +165,45 @@ fn glibc_malloc_trace_logs() {
         assert_eq!(glibc.status.code(), Some(1));
     }
 }
+
+/// A trace of `records` after a header, written by the format crate.
+fn crafted(dir: &std::path::Path, name: &str, records: &[mtrace_format::Record]) -> std::path::PathBuf {
+    let mut out = Vec::new();
+    let h = mtrace_format::Header { pointer_size: 8, arch: "x86_64".into(), pid: 1, ..Default::default() };
+    mtrace_format::encode_header(&mut out, &h);
+    let mut enc = mtrace_format::Encoder::new();
+    enc.encode(&mut out, &mtrace_format::Record::Thread { tid: 1, time_ns: 0 });
+    for r in records {
+        enc.encode(&mut out, r);
+    }
+    let p = dir.join(name);
+    std::fs::write(&p, out).unwrap();
+    p
+}
+
+#[test]
+fn crafted_sizes_and_end_signals_neither_wrap_nor_panic() {
+    use mtrace_format::{Family, Record};
+    let dir = scratch("crafted");
+    let alloc = |addr, size| Record::Alloc { time_ns: 1, family: Family::Malloc, addr, size, stack: 0 };
+    let end = Record::End { time_ns: 2, reason: mtrace_format::EndReason::Exit };
+    let huge = crafted(&dir, "huge.mtrace", &[alloc(0x10, 1 << 63), alloc(0x20, 1 << 63), alloc(0x30, u64::MAX), end]);
+    let out = report(&huge, true);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &r["summary"];
+    assert_eq!((s["leaked_bytes"].as_i64(), s["leaked_blocks"].as_i64()), (Some(i64::MAX), Some(3)), "{s}");
+    assert_eq!(s["bytes_allocated"].as_u64(), Some(u64::MAX), "{s}");
+    let text = String::from_utf8_lossy(&report(&huge, false).stdout).into_owned();
+    assert!(!text.contains("-"), "{text}");
+    // An End record with signal 2^63: corrupt, reported at its offset.
+    let sig = crafted(&dir, "sig.mtrace", &[Record::End { time_ns: 2, reason: mtrace_format::EndReason::Signal(9) }]);
+    let mut bytes = std::fs::read(&sig).unwrap();
+    // The signal argument is the last varint: 9 becomes 2^63.
+    bytes.pop();
+    mtrace_format::put_varint(&mut bytes, 1 << 63);
+    std::fs::write(&sig, &bytes).unwrap();
+    let out = report(&sig, false);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("corrupt"), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -194,3 +194,35 @@ fn follow_fork_and_follow_exec_off() {
     assert_eq!(r["summary"]["ended_by"], "exec");
     assert_eq!(leaks_in(&r, "exec.c"), vec![leak(501, 1, "malloc", "main", markers("exec.c")["before_exec"])]);
 }
+
+#[test]
+fn signals_sent_to_mtrace_run_go_to_the_program() {
+    let dir = scratch("run-signals");
+    let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+    for (sig, name) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGHUP, "SIGHUP"), (libc::SIGINT, "SIGINT")] {
+        let report = dir.join(format!("{name}.json"));
+        let mut c = std::process::Command::new(mtrace())
+            .args(["run", "--json", "-o"])
+            .arg(&report)
+            .arg("--")
+            .arg(&prog)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Held open until the end (Child::wait would close it: end of input).
+        let _stdin = c.stdin.take();
+        let mut out = std::io::BufReader::new(c.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        // SAFETY: kill with our child's pid.
+        unsafe { libc::kill(c.id() as i32, sig) };
+        let st = c.wait().unwrap();
+        // The program died of the signal; mtrace reported and exits as it did.
+        assert_eq!(st.code(), Some(128 + sig), "{name}");
+        let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        let m = markers("attach_target.c");
+        assert_eq!(leaks_in(&r, "attach_target.c"), vec![leak(1000, 1, "malloc", "main", m["before"])], "{name}");
+    }
+}

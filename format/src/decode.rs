@@ -13,8 +13,10 @@ use crate::{MAGIC, VERSION};
 const MAX_STRING: u64 = 1 << 20;
 const MAX_FRAMES: u64 = 4096;
 const MAX_LIST: u64 = 1 << 20;
-/// Largest compressed block, either size (the writer's are a few MiB).
-const MAX_BLOCK: u64 = 1 << 30;
+/// Largest compressed block, either size: [`crate::MAX_BLOCK_RAW`] (zstd's
+/// compressed bound of that is a little more; an incompressible block is
+/// stored as it is, not in a block).
+const MAX_BLOCK: u64 = crate::MAX_BLOCK_RAW as u64 + (1 << 20);
 
 /// What went wrong while reading a stream.
 #[derive(Debug)]

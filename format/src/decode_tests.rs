@@ -179,3 +179,22 @@ fn scan_region_header_then_bytes_equals_the_record() {
     assert!(matches!(r.next_record().unwrap(), Some(Record::Thread { .. })));
     assert_eq!(r.next_record().unwrap(), Some(rec));
 }
+
+#[test]
+fn a_block_claiming_more_than_the_bound_is_corrupt_at_once() {
+    let (plain, _) = sample();
+    let mut r = Reader::new(&plain[..]);
+    r.header().unwrap();
+    let body = r.offset() as usize;
+    // A block record claiming 1 GiB of records in 1 GiB, with 60 KiB behind it.
+    let mut bad = plain[..body].to_vec();
+    bad.push(11);
+    crate::varint::put_varint(&mut bad, 1 << 30);
+    crate::varint::put_varint(&mut bad, 1 << 30);
+    bad.extend(std::iter::repeat_n(0u8, 60 << 10));
+    let mut r = Reader::new(&bad[..]);
+    r.header().unwrap();
+    let e = r.next_record().unwrap_err();
+    assert!(matches!(e.kind, ReadErrorKind::Corrupt(_)), "{e}");
+    assert_eq!(e.offset, body as u64);
+}

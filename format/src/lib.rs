@@ -22,3 +22,8 @@ pub const MAGIC: [u8; 8] = *b"MTRACE\0\x1a";
 
 /// Format version written in the header. Readers reject newer versions.
 pub const VERSION: u64 = 4;
+
+/// The most bytes of records a compressed block may hold (16 MiB): writers
+/// split larger batches, readers reject larger claims as corrupt, so that a
+/// damaged length cannot make a reader allocate gigabytes.
+pub const MAX_BLOCK_RAW: usize = 16 << 20;

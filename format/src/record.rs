@@ -92,7 +92,7 @@ impl EndReason {
             0 => EndReason::Exit,
             1 => EndReason::UnderscoreExit,
             2 => EndReason::Abort,
-            3 => EndReason::Signal(arg as u32),
+            3 => EndReason::Signal(u32::try_from(arg).ok().filter(|&n| n < 128)?),
             4 => EndReason::Exec,
             5 => EndReason::Detach,
             _ => return None,

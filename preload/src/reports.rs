@@ -103,7 +103,17 @@ const WCLONE: i32 = 0x8000_0000u32 as i32;
 
 impl Reporter {
     pub fn new(trace: String, prog: &str, pid: u32, dir: Option<String>) -> Reporter {
-        let analyzer = sys::getenv(c"MTRACE_BIN").or_else(next_to_library).and_then(|p| CString::new(p).ok());
+        let analyzer = match sys::getenv(c"MTRACE_BIN") {
+            // SAFETY: access with a NUL-terminated path.
+            Some(p) => match CString::new(p.clone()) {
+                Ok(c) if unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0 => Some(c),
+                _ => {
+                    sys::warn(&format!("MTRACE_BIN={p:?} is not an executable file; report points are only markers"));
+                    None
+                }
+            },
+            None => next_to_library().and_then(|p| CString::new(p).ok()),
+        };
         let prefix = match dir {
             Some(d) => format!("{}/{prog}-{pid}-", d.trim_end_matches('/')),
             None => format!("{prog}-{pid}-"),
@@ -143,7 +153,7 @@ impl Reporter {
     /// (the writer's [`Reporter::reap`] must not take it first).
     pub fn start(&self, seq: u64, out: Option<&str>, since_previous: bool, waited: bool) -> Option<i32> {
         let Some(analyzer) = &self.analyzer else {
-            if seq == 1 {
+            if seq == 1 && sys::getenv(c"MTRACE_BIN").is_none() {
                 sys::warn("no mtrace binary next to libmtrace.so (set MTRACE_BIN); report points are only markers");
             }
             return None;

@@ -25,7 +25,7 @@ pub fn print(trace: &Path, sym: &mut Symbolizer, older_than_ns: u64, out: &mut d
     let mut by_stack: HashMap<u32, (u64, u64)> = HashMap::default();
     for (_, b) in t.books.live_blocks().filter(|(_, b)| b.time < cutoff) {
         let e = by_stack.entry(b.stack).or_default();
-        e.0 += b.size;
+        e.0 = e.0.saturating_add(b.size);
         e.1 += 1;
     }
     let mut rows: Vec<(u32, u64, u64)> = by_stack.into_iter().map(|(s, (bytes, blocks))| (s, bytes, blocks)).collect();

@@ -91,11 +91,12 @@ impl Books {
     }
 
     fn count_alloc(&mut self, stack: u32, size: u64) {
+        // Saturating: a damaged trace may claim any size.
         self.allocations += 1;
-        self.bytes_allocated += size;
+        self.bytes_allocated = self.bytes_allocated.saturating_add(size);
         let t = &mut self.stack(stack).totals;
         t.allocations += 1;
-        t.bytes += size;
+        t.bytes = t.bytes.saturating_add(size);
     }
 
     /// Adds `blocks` blocks of `bytes` in total to what `b`'s backtrace holds.
@@ -106,10 +107,10 @@ impl Books {
             s.at_peak = s.live;
             s.snap = peak_id;
         }
-        s.live.0 += bytes;
+        s.live.0 = s.live.0.saturating_add(bytes);
         s.live.1 += blocks;
         s.family.get_or_insert(b.family);
-        self.cur_bytes += bytes;
+        self.cur_bytes = self.cur_bytes.saturating_add(bytes);
         self.cur_blocks += blocks;
     }
 
@@ -255,7 +256,7 @@ impl Books {
         let mut m: HashMap<u32, LiveTotals> = HashMap::default();
         for (_, b) in self.live_blocks() {
             let e = m.entry(b.stack).or_insert(LiveTotals { bytes: 0, blocks: 0, family: b.family });
-            e.bytes += b.size;
+            e.bytes = e.bytes.saturating_add(b.size);
             e.blocks += 1;
         }
         m

@@ -51,7 +51,7 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, duration_ns: u64, depth: Option<us
             .or_insert_with(|| (0..windows).map(|i| Window { start_ns: i * d, ..Default::default() }).collect());
         let slot = &mut w[((b.time / d) as usize).min(windows as usize - 1)];
         slot.allocations += 1;
-        slot.bytes += b.size;
+        slot.bytes = slot.bytes.saturating_add(b.size);
     }
     let run_s = (t.last_time.max(1)) as f64 / 1e9;
     let mut rows: Vec<(u32, u64, u64, Vec<Window>)> = per

@@ -144,6 +144,12 @@ pub fn thin(all: &[crate::load::TimePoint], rows: usize) -> Vec<crate::load::Tim
     (0..rows).map(|i| all[(i + 1) * all.len() / rows - 1]).collect()
 }
 
+/// A count or size for the signed totals (changes since a marker may be
+/// negative): a damaged trace's size beyond i64 is held at its maximum.
+fn signed(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
 fn end_text(r: mtrace_format::EndReason) -> String {
     use mtrace_format::EndReason::*;
     match r {
@@ -184,16 +190,17 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
     let mut owner_group: HashMap<u64, u32> = HashMap::default();
     let mut live_total = (0i64, 0i64);
     for (addr, b) in t.books.live_blocks() {
-        live_total.0 += b.size as i64;
+        live_total.0 = live_total.0.saturating_add(signed(b.size));
         live_total.1 += 1;
         let class = classes.as_ref().and_then(|c| c.get(&addr));
         let kind = class.map(|c| c.kind);
         if let (Some(k), Some(c)) = (kind.as_ref(), class) {
             let slot = kinds.as_mut().expect("with classes").get_mut(*k);
-            slot.bytes += b.size;
+            slot.bytes = slot.bytes.saturating_add(b.size);
             slot.blocks += 1;
             if let Some(o) = c.owner {
-                *owned.entry(o).or_default() += b.size;
+                let e = owned.entry(o).or_default();
+                *e = e.saturating_add(b.size);
             }
             if *k == Kind::Definite {
                 owner_group.insert(addr, b.stack);
@@ -203,20 +210,21 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
             }
         }
         let g = groups.entry((b.stack, kind)).or_insert((0, 0, b.family));
-        g.0 += b.size as i64;
+        g.0 = g.0.saturating_add(signed(b.size));
         g.1 += 1;
     }
     let mut indirect_of: HashMap<u32, u64> = HashMap::default();
     for (o, bytes) in owned {
         if let Some(&st) = owner_group.get(&o) {
-            *indirect_of.entry(st).or_default() += bytes;
+            let e = indirect_of.entry(st).or_default();
+            *e = e.saturating_add(bytes);
         }
     }
     if let Some(base) = &t.baseline {
         for (&s, l) in base {
             let g = groups.entry((s, None)).or_insert((0, 0, l.family));
-            g.0 -= l.bytes as i64;
-            g.1 -= l.blocks as i64;
+            g.0 = g.0.saturating_sub(signed(l.bytes));
+            g.1 = g.1.saturating_sub(signed(l.blocks));
         }
         groups.retain(|_, g| g.0 != 0 || g.1 != 0);
     }

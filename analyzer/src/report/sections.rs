@@ -79,7 +79,7 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, inp: &Inputs) -> Sections {
         for (_, b) in t.books.live_blocks().filter(|(_, b)| b.time < cutoff) {
             let e = g.entry(b.stack).or_default();
             e.0 += 1;
-            e.1 += b.size;
+            e.1 = e.1.saturating_add(b.size);
         }
         entries(top(g.into_iter().map(|(s, (n, b))| (s, n, b)).collect(), true))
     });

@@ -78,7 +78,7 @@ pub fn apply(r: &mut Report, rules: &mut [Rule]) {
         let Some(rule) = hit else { return true };
         rule.entries += 1;
         rule.blocks += e.blocks;
-        rule.bytes += e.bytes;
+        rule.bytes = rule.bytes.saturating_add(e.bytes);
         if let (Some(k), Some(kinds)) = (e.kind, r.kinds.as_mut()) {
             let t = kinds.get_mut(k);
             t.bytes = t.bytes.saturating_sub(e.bytes as u64);

@@ -44,6 +44,11 @@ impl Session {
                 std::mem::take(&mut b.full)
             };
             for buf in &full {
+                // Blocks stay below the readers' bound (whole buffers, each
+                // of whole records, far below it).
+                if batch.len() + buf.len() > mtrace_format::MAX_BLOCK_RAW / 2 {
+                    self.write_compressed(&std::mem::take(&mut batch));
+                }
                 batch.extend_from_slice(buf);
             }
         }
