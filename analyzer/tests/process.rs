@@ -226,3 +226,25 @@ fn signals_sent_to_mtrace_run_go_to_the_program() {
         assert_eq!(leaks_in(&r, "attach_target.c"), vec![leak(1000, 1, "malloc", "main", m["before"])], "{name}");
     }
 }
+
+#[test]
+fn outputs_that_are_not_regular_files() {
+    let dir = scratch("outputs");
+    let run = |out: &std::path::Path| {
+        Command::new("/bin/true").env("LD_PRELOAD", lib()).env("MTRACE_OUTPUT", out).output().unwrap()
+    };
+    // A folder: one warning, no trace, the program unchanged.
+    let o = run(&dir);
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("it is a folder; not tracing"), "{err}");
+    assert!(!dir.with_extension("1").exists());
+    // The null device: written to, silently; no /dev/null.1.
+    let o = run(std::path::Path::new("/dev/null"));
+    assert!(o.status.success() && o.stderr.is_empty(), "{o:?}");
+    assert!(!std::path::Path::new("/dev/null.1").exists());
+    // Another device: refused.
+    let o = run(std::path::Path::new("/dev/zero"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("neither a regular file"), "{o:?}");
+}

@@ -218,7 +218,12 @@ fn open_output(cfg: &config::Config, pid: u32, prog: &str) -> Option<(output::Ou
             }
         }
     }
-    let msg = std::io::Error::from_raw_os_error(last_err);
+    let msg = match last_err {
+        libc::EISDIR => "it is a folder".to_owned(),
+        libc::ENXIO => "a FIFO nobody reads".to_owned(),
+        libc::ENODEV => "it exists and is neither a regular file, the null device nor a FIFO".to_owned(),
+        e => std::io::Error::from_raw_os_error(e).to_string(),
+    };
     sys::warn(&format!("cannot create trace file {path}: {msg}; not tracing this process"));
     None
 }

@@ -39,14 +39,18 @@ pub struct Output {
 
 impl Output {
     /// Creates `path` exclusively with mode 0600 at a high descriptor;
-    /// `Err(errno)` when it cannot. `path` must be absolute to be opened
+    /// `Err(errno)` when it cannot (EEXIST: a regular file is there, the
+    /// caller tries another name). See [`open_existing`] for what else may
+    /// be there. `path` must be absolute to be opened
     /// again after a `chdir`.
     pub fn create(path: &str) -> Result<Output, i32> {
         let c = CString::new(path).map_err(|_| libc::EINVAL)?;
         let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC;
         // SAFETY: c is NUL-terminated.
-        let fd = unsafe { libc::open(c.as_ptr(), flags, 0o600) };
-        if fd < 0 {
+        let mut fd = unsafe { libc::open(c.as_ptr(), flags, 0o600) };
+        if fd < 0 && sys::errno() == libc::EEXIST {
+            fd = open_existing(&c)?;
+        } else if fd < 0 {
             return Err(sys::errno());
         }
         let fd = move_high(fd, -1).unwrap_or(fd);
@@ -188,6 +192,38 @@ impl Output {
             super::stop_tracing();
         }
         false
+    }
+}
+
+/// `path` exists and is not a regular file: the null device is written
+/// to (the trace discarded), a FIFO with a reader is written to; anything
+/// else is refused — EISDIR for a folder, ENXIO for a FIFO nobody reads,
+/// ENODEV for other devices and sockets (a terminal, `/dev/stdout` would
+/// put trace bytes into the program's output).
+fn open_existing(path: &std::ffi::CStr) -> Result<i32, i32> {
+    // SAFETY: st is a valid out-pointer, path NUL-terminated.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::stat(path.as_ptr(), &mut st) } != 0 {
+        return Err(sys::errno());
+    }
+    let kind = st.st_mode & libc::S_IFMT;
+    let null = kind == libc::S_IFCHR && libc::major(st.st_rdev) == 1 && libc::minor(st.st_rdev) == 3;
+    let flags = match kind {
+        libc::S_IFREG => return Err(libc::EEXIST),
+        libc::S_IFDIR => return Err(libc::EISDIR),
+        libc::S_IFIFO => libc::O_WRONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        _ if null => libc::O_WRONLY | libc::O_CLOEXEC,
+        _ => return Err(libc::ENODEV),
+    };
+    // SAFETY: path is NUL-terminated; fcntl on the descriptor just opened.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), flags);
+        if fd < 0 {
+            return Err(sys::errno());
+        }
+        // Writes to a FIFO wait for its reader, as to a slow file.
+        libc::fcntl(fd, libc::F_SETFL, libc::O_WRONLY);
+        Ok(fd)
     }
 }
 
