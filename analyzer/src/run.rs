@@ -138,8 +138,13 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         cmd.env("MTRACE_BIN", me);
     }
     if let Some(d) = a.opts.depth {
+        if !(1..=256).contains(&d) {
+            bail!("-d {d}: the depth must be 1 to 256");
+        }
         cmd.env("MTRACE_DEPTH", d.to_string());
     }
+    // Each warning of the tracer once for the whole run, not per process.
+    cmd.env("MTRACE_WARN_DIR", &dir);
     if a.scan || a.error_exitcode.is_some() {
         cmd.env("MTRACE_SCAN", "1");
     }

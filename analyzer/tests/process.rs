@@ -248,3 +248,21 @@ fn outputs_that_are_not_regular_files() {
     let o = run(std::path::Path::new("/dev/zero"));
     assert!(String::from_utf8_lossy(&o.stderr).contains("neither a regular file"), "{o:?}");
 }
+
+#[test]
+fn a_bad_setting_is_warned_about_once_per_run() {
+    let dir = scratch("warn-once");
+    let out = Command::new(mtrace())
+        .current_dir(&dir)
+        .env("MTRACE_DEPTH", "abc")
+        .args(["run", "-o", "/dev/null", "--", "sh", "-c", "ls / >/dev/null; cat /dev/null; sh -c true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("MTRACE_DEPTH=\"abc\"").count(), 1, "{err}");
+    // The run's own option is checked before the program starts.
+    let out = Command::new(mtrace()).args(["run", "-d", "0", "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("-d 0: the depth must be 1 to 256"));
+}

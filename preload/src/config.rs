@@ -95,7 +95,7 @@ pub fn load() -> Config {
         Some(v) => match v.trim().parse::<usize>() {
             Ok(d) if (1..=MAX_DEPTH).contains(&d) => d,
             _ => {
-                sys::warn(&format!(
+                sys::warn_once_per_run(&format!(
                     "MTRACE_DEPTH={v:?} is not a frame count from 1 to {MAX_DEPTH}; using {DEFAULT_DEPTH}"
                 ));
                 DEFAULT_DEPTH
@@ -108,7 +108,9 @@ pub fn load() -> Config {
         Some("libgcc") => Unwinder::Libgcc,
         Some("check") => Unwinder::Check,
         Some(v) => {
-            sys::warn(&format!("MTRACE_UNWINDER={v:?} is not \"fast\", \"libgcc\" or \"check\"; using fast"));
+            sys::warn_once_per_run(&format!(
+                "MTRACE_UNWINDER={v:?} is not \"fast\", \"libgcc\" or \"check\"; using fast"
+            ));
             Unwinder::Fast
         }
     };
@@ -116,14 +118,14 @@ pub fn load() -> Config {
         None | Some("tsc") => true,
         Some("monotonic") => false,
         Some(v) => {
-            sys::warn(&format!("MTRACE_CLOCK={v:?} is neither \"tsc\" nor \"monotonic\"; using tsc"));
+            sys::warn_once_per_run(&format!("MTRACE_CLOCK={v:?} is neither \"tsc\" nor \"monotonic\"; using tsc"));
             true
         }
     };
     let report_signal = match var(c"MTRACE_REPORT_SIGNAL") {
         None => Some(libc::SIGUSR1),
         Some(v) => parse_signal(&v).unwrap_or_else(|| {
-            sys::warn(&format!(
+            sys::warn_once_per_run(&format!(
                 "MTRACE_REPORT_SIGNAL={v:?} is not a signal (USR1, USR2, a number, or off); using USR1"
             ));
             Some(libc::SIGUSR1)
@@ -135,14 +137,16 @@ pub fn load() -> Config {
         None | Some("0") | Some("off") => false,
         Some("1") | Some("on") => true,
         Some(v) => {
-            sys::warn(&format!("MTRACE_SCAN={v:?} is neither 1 nor 0; using 0"));
+            sys::warn_once_per_run(&format!("MTRACE_SCAN={v:?} is neither 1 nor 0; using 0"));
             false
         }
     };
     let scan_signal = match var(c"MTRACE_SCAN_SIGNAL") {
         None => None,
         Some(v) => parse_signal(&v).unwrap_or_else(|| {
-            sys::warn(&format!("MTRACE_SCAN_SIGNAL={v:?} is not a signal (USR1, USR2, a number, or off); using off"));
+            sys::warn_once_per_run(&format!(
+                "MTRACE_SCAN_SIGNAL={v:?} is not a signal (USR1, USR2, a number, or off); using off"
+            ));
             None
         }),
     };
@@ -170,7 +174,7 @@ fn on_off(name: &std::ffi::CStr) -> bool {
         Some("off") | Some("0") => false,
         Some(v) => {
             let name = name.to_string_lossy();
-            sys::warn(&format!("{name}={v:?} is neither \"on\" nor \"off\"; using on"));
+            sys::warn_once_per_run(&format!("{name}={v:?} is neither \"on\" nor \"off\"; using on"));
             true
         }
     }

@@ -83,6 +83,28 @@ pub fn warn(msg: &str) {
     write_all(2, &line);
 }
 
+/// [`warn`], but once per `mtrace run` (or any run that sets
+/// `MTRACE_WARN_DIR`): the same message from every process the program
+/// starts (`make -j2` started 31) is printed by the first only. Which one
+/// was first is settled by creating `DIR/warned-HASH` exclusively.
+pub fn warn_once_per_run(msg: &str) {
+    if let Some(dir) = getenv(c"MTRACE_WARN_DIR") {
+        // FNV-1a of the message names its file.
+        let h = msg.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+        if let Ok(path) = std::ffi::CString::new(format!("{dir}/warned-{h:016x}")) {
+            let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC;
+            // SAFETY: a NUL-terminated path; the descriptor is closed at once.
+            let fd = unsafe { libc::open(path.as_ptr(), flags, 0o600) };
+            if fd < 0 {
+                return;
+            }
+            // SAFETY: our own descriptor.
+            unsafe { libc::close(fd) };
+        }
+    }
+    warn(msg);
+}
+
 /// Reads a whole small file such as `/proc/self/cmdline`.
 pub fn read_file(path: &CStr) -> Option<Vec<u8>> {
     // SAFETY: path is NUL-terminated; fd is checked and closed.

@@ -224,7 +224,7 @@ fn open_output(cfg: &config::Config, pid: u32, prog: &str) -> Option<(output::Ou
         libc::ENODEV => "it exists and is neither a regular file, the null device nor a FIFO".to_owned(),
         e => std::io::Error::from_raw_os_error(e).to_string(),
     };
-    sys::warn(&format!("cannot create trace file {path}: {msg}; not tracing this process"));
+    sys::warn_once_per_run(&format!("cannot create trace file {path}: {msg}; not tracing this process"));
     None
 }
 
