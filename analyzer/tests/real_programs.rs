@@ -63,3 +63,17 @@ fn gcc_compile_with_child_processes() {
         assert_eq!(t["summary"]["truncated"], false, "{}", p.display());
     }
 }
+
+#[test]
+fn nm_of_libstdcxx_has_no_frees_from_before_tracing() {
+    // nm is C++: its first `operator new` resolves libstdc++'s with dlsym,
+    // which allocates; those blocks must be found by their frees.
+    let lib = Command::new("g++").arg("-print-file-name=libstdc++.so.6").output().unwrap();
+    let lib = String::from_utf8_lossy(&lib.stdout).trim().to_owned();
+    let dir = scratch("nm");
+    let native = Command::new("nm").args(["-D", &lib]).output().unwrap();
+    let (r, traced) = run_json(&dir, &[], "nm".as_ref(), &["-D", &lib]);
+    assert_eq!(traced.stdout, native.stdout);
+    sane(&r);
+    assert_eq!(r["summary"]["unmatched_frees"], 0, "{}", r["summary"]);
+}

@@ -121,6 +121,19 @@ fn core_fn(f: &NextFn) -> Option<usize> {
 }
 
 impl NextFn {
+    /// Resolves now, unless done, with this thread inside a hook of its
+    /// own (not a forwarding one): what glibc allocates in `dlsym` (its
+    /// error state) is then kept as internal blocks, whose later frees by
+    /// the program find them. Called by hooks that forward (libstdc++'s
+    /// `operator new`), inside which nothing is kept: `nm -D` of libstdc++
+    /// had 2 frees of blocks "from before tracing" this way.
+    pub fn resolve_tracked(&self) {
+        if self.addr_if_resolved().is_none() && self.addr.load(Ordering::Acquire) == 0 {
+            let _g = crate::guard::Guard::enter();
+            self.get();
+        }
+    }
+
     fn addr_if_resolved(&self) -> Option<usize> {
         let a = self.addr.load(Ordering::Acquire);
         (a > 1).then_some(a)

@@ -27,6 +27,7 @@ macro_rules! new_hook {
         pub extern "C-unwind" fn $name(size: usize $(, $arg: $ty)*) -> *mut c_void {
             static NEXT: NextFn = NextFn::new(cstr(concat!($sym, "\0").as_bytes()));
             type F = unsafe extern "C-unwind" fn(usize $(, $ty)*) -> *mut c_void;
+            NEXT.resolve_tracked();
             super::traced_as(
                 true,
                 // SAFETY: F is this symbol's signature in the C++ ABI.
@@ -51,6 +52,7 @@ macro_rules! delete_hook {
             static NEXT: NextFn = NextFn::new(cstr(concat!($sym, "\0").as_bytes()));
             type F = unsafe extern "C" fn(*mut c_void $(, $ty)*);
             $(let _ = &$arg;)*
+            NEXT.resolve_tracked();
             traced_free($family, p, true, || {
                 // SAFETY: F is this symbol's signature; p per the caller's contract.
                 match unsafe { next::<F>(&NEXT) } {
