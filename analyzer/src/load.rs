@@ -216,7 +216,7 @@ const BATCH: usize = 4096;
 
 /// Decodes `r` to its end (or first error) in batches into `tx`; stops
 /// when the receiver is gone (a report that ends at a marker).
-fn decode_batches(mut r: Reader<File>, tx: std::sync::mpsc::SyncSender<Vec<Decoded>>) {
+fn decode_batches<R: std::io::Read>(mut r: Reader<R>, tx: std::sync::mpsc::SyncSender<Vec<Decoded>>) {
     let mut batch = Vec::with_capacity(BATCH);
     loop {
         let item = match r.next_record() {
@@ -256,7 +256,13 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
     if crate::malloc_trace::is_log(path) {
         return crate::malloc_trace::load(path, None);
     }
-    let mut r = Reader::new(f);
+    load_from(f, path, w)
+}
+
+/// [`load_window`] of a stream read from `src` (`path` names it in
+/// messages): a file, a socket, bytes in memory.
+pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Result<Trace> {
+    let mut r = Reader::new(src);
     let header = r.header().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let mut t = Trace::new(path, header);
     let mut now = 0u64;

@@ -1,15 +1,10 @@
 //! `mtrace`: reads traces written by libmtrace.so and reports what leaked.
 
 mod attach;
-mod books;
 mod console;
-mod load;
-mod malloc_trace;
-mod report;
 mod run;
-mod scan;
-mod stats;
-mod symbolize;
+
+use mtrace_analyzer::{load, malloc_trace, report, scan, symbolize};
 
 use std::io::Write;
 use std::path::PathBuf;

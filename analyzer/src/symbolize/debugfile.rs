@@ -22,7 +22,10 @@ pub struct SearchPaths {
 pub struct Mapped(memmap2::Mmap);
 
 impl Mapped {
+    /// Maps `p` if it is a regular file: a trace names its modules, and a
+    /// damaged one could name a FIFO (open would wait) or a device.
     pub fn open(p: &Path) -> Option<Mapped> {
+        std::fs::metadata(p).ok().filter(|m| m.is_file())?;
         let f = File::open(p).ok()?;
         // SAFETY: the map is read-only; a file truncated under us would
         // fault, as it would for any tool reading binaries.
