@@ -131,7 +131,19 @@ pub fn load() -> Config {
             Some(libc::SIGUSR1)
         }),
     };
-    let report_dir = var(c"MTRACE_REPORT_DIR").filter(|s| !s.is_empty());
+    let report_dir = var(c"MTRACE_REPORT_DIR").filter(|s| !s.is_empty()).filter(|d| {
+        // Checked once here: otherwise every report would fail on its own.
+        let ok = std::ffi::CString::new(d.as_str())
+            // SAFETY: access with a NUL-terminated path.
+            .is_ok_and(|c| unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0)
+            && std::path::Path::new(d).is_dir();
+        if !ok {
+            sys::warn_once_per_run(&format!(
+                "MTRACE_REPORT_DIR={d:?} is not a folder this process can write to; reports go to the working directory"
+            ));
+        }
+        ok
+    });
     let start = on_off(c"MTRACE_START");
     let scan = match var(c"MTRACE_SCAN").as_deref().map(str::trim) {
         None | Some("0") | Some("off") => false,
