@@ -8,7 +8,7 @@
 //! again (a report of a long session costs a read of its trace).
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -21,9 +21,14 @@ pub trait Live {
     /// Sends one command line to the process (preload/src/session/control.rs).
     fn send(&mut self, cmd: &str) -> Result<()>;
     /// The stream saved so far.
-    fn trace(&self) -> &Path;
+    fn trace(&self) -> PathBuf;
     /// The stream ended (the process exited or detached).
     fn ended(&self) -> bool;
+    /// One line per process of the program (pid, state, program), where
+    /// there can be several (`mtrace client`).
+    fn processes(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// The commands, with their help line.
@@ -33,8 +38,10 @@ const COMMANDS: &[(&str, &str)] = &[
     ("status", "status — allocation calls, bytes and blocks in use, average size, whether the process is traced"),
     ("top", "top [N] — the N backtraces holding the most live bytes (default 10)"),
     ("scan", "scan — stop the process's threads for a snapshot and classify its live blocks as memcheck does"),
+    ("proclist", "proclist — the program's processes: pid, state, program"),
     ("markers", "markers — the report points and named points so far"),
     ("marker", "marker NAME — set a named point now"),
+    ("reset", "reset — forget the books: from now on reports count from this point"),
     ("start", "start — record allocations again"),
     ("stop", "stop — stop recording allocations (frees are still recorded)"),
     ("set", "set depth N — record at most N frames per backtrace from now on"),
@@ -59,6 +66,7 @@ fn resolve(word: &str) -> Result<&'static str> {
 /// Runs the console until `detach`, `quit`, end of input, or the stream's
 /// end. Returns when the process was asked to detach (or ended).
 pub fn run(live: &mut dyn Live, opts: &ReportOpts) -> Result<()> {
+    let mut opts = opts.clone();
     let mut ed = rustyline::DefaultEditor::new()?;
     println!("mtrace console: help lists the commands; detach or quit ends tracing");
     loop {
@@ -93,7 +101,7 @@ pub fn run(live: &mut dyn Live, opts: &ReportOpts) -> Result<()> {
             },
             None => Box::new(std::io::stdout().lock()),
         };
-        match command(live, opts, line, &mut *out) {
+        match command(live, &mut opts, line, &mut *out) {
             Ok(true) => return Ok(()),
             Ok(false) => {}
             Err(e) => println!("{e:#}"),
@@ -103,7 +111,7 @@ pub fn run(live: &mut dyn Live, opts: &ReportOpts) -> Result<()> {
 }
 
 /// Carries out one command line; true when it ended tracing.
-fn command(live: &mut dyn Live, opts: &ReportOpts, line: &str, out: &mut dyn Write) -> Result<bool> {
+fn command(live: &mut dyn Live, opts: &mut ReportOpts, line: &str, out: &mut dyn Write) -> Result<bool> {
     let mut words = line.split_whitespace();
     let verb = resolve(words.next().unwrap_or_default())?;
     let args: Vec<&str> = words.collect();
@@ -120,7 +128,7 @@ fn command(live: &mut dyn Live, opts: &ReportOpts, line: &str, out: &mut dyn Wri
             }
         },
         "report" => {
-            opts.report(live.trace(), out)?;
+            opts.report(&live.trace(), out)?;
         }
         "dump" => {
             let sort = match args.first().copied().unwrap_or("usage") {
@@ -130,21 +138,23 @@ fn command(live: &mut dyn Live, opts: &ReportOpts, line: &str, out: &mut dyn Wri
                 "total" => SortKey::Total,
                 s => bail!("dump: unknown order {s:?} (usage, allocations, average, total)"),
             };
-            let t = crate::load::load(live.trace())?;
+            let t = load(live, opts)?;
             let mut sym = opts.symbolizer();
-            let r = crate::report::build(&t, &mut sym, sort, opts.depth, true);
+            let mut r = crate::report::build(&t, &mut sym, sort, opts.depth, true);
+            r.summary.since_marker = opts.since_marker.clone();
             crate::report::text::write_entries_only(&r, out)?;
         }
         "top" => {
             let n = args.first().map_or(Ok(10), |a| a.parse::<usize>())?;
-            let t = crate::load::load(live.trace())?;
+            let t = load(live, opts)?;
             let mut sym = opts.symbolizer();
             let mut r = crate::report::build(&t, &mut sym, SortKey::Bytes, opts.depth, true);
+            r.summary.since_marker = opts.since_marker.clone();
             r.stacks.truncate(n);
             crate::report::text::write_entries_only(&r, out)?;
         }
         "status" => {
-            let t = crate::load::load(live.trace())?;
+            let t = crate::load::load(&live.trace())?;
             let b = &t.books;
             let avg = b.cur_bytes.checked_div(b.cur_blocks).unwrap_or(0);
             let state = match t.end {
@@ -157,8 +167,13 @@ fn command(live: &mut dyn Live, opts: &ReportOpts, line: &str, out: &mut dyn Wri
             writeln!(out, "  in use: {} bytes in {} blocks (average {} bytes)", b.cur_bytes, b.cur_blocks, avg)?;
             writeln!(out, "  frees of blocks from before tracing: {}", b.unmatched_frees())?;
         }
+        "proclist" => {
+            for l in live.processes() {
+                writeln!(out, "{l}")?;
+            }
+        }
         "markers" => {
-            let t = crate::load::load(live.trace())?;
+            let t = crate::load::load(&live.trace())?;
             for m in &t.markers {
                 writeln!(out, "{:>10.3} s  {}", m.time_ns as f64 / 1e9, m.name)?;
             }
@@ -168,6 +183,11 @@ fn command(live: &mut dyn Live, opts: &ReportOpts, line: &str, out: &mut dyn Wri
             live.send(&format!("marker {name}"))?;
         }
         "scan" => scan(live, opts, out)?,
+        "reset" => {
+            let n = wait_for_marker(live, "reset", |l| l.send("marker reset"))?;
+            opts.since_marker = Some(format!("reset#{n}"));
+            writeln!(out, "counting from now")?;
+        }
         "start" | "stop" => live.send(verb)?,
         "set" => match args.as_slice() {
             ["depth", n] if n.parse::<usize>().is_ok_and(|d| (1..=256).contains(&d)) => {
@@ -184,23 +204,39 @@ fn command(live: &mut dyn Live, opts: &ReportOpts, line: &str, out: &mut dyn Wri
     Ok(false)
 }
 
-/// `scan`: asks for a snapshot, waits for its marker in the stream (up to
-/// 30 s), and writes the report up to it, classified.
-fn scan(live: &mut dyn Live, opts: &ReportOpts, out: &mut dyn Write) -> Result<()> {
-    let count = |p: &Path| {
-        crate::load::load(p).map(|t| t.markers.iter().filter(|m| m.name == crate::load::SCAN_MARKER).count())
-    };
-    let before = count(live.trace())?;
-    live.send("scan")?;
+/// The stream so far, from the last `reset` on.
+fn load(live: &dyn Live, opts: &ReportOpts) -> Result<crate::load::Trace> {
+    let w = crate::load::Window { since: opts.since_marker.clone().map(crate::load::MarkerSel), until: None };
+    crate::load::load_window(&live.trace(), &w)
+}
+
+/// Runs `ask` and waits (up to 30 s) until one more marker named `name`
+/// is in the stream; returns how many there are now.
+fn wait_for_marker(live: &mut dyn Live, name: &str, ask: impl FnOnce(&mut dyn Live) -> Result<()>) -> Result<usize> {
+    let count = |p: &Path| crate::load::load(p).map(|t| t.markers.iter().filter(|m| m.name == name).count());
+    let before = count(&live.trace())?;
+    ask(live)?;
     let until = Instant::now() + Duration::from_secs(30);
-    while count(live.trace())? == before {
+    loop {
+        let now = count(&live.trace())?;
+        if now > before {
+            return Ok(now);
+        }
         if Instant::now() > until || live.ended() {
-            bail!("the scan did not come back");
+            bail!("the process did not answer");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// `scan`: asks for a snapshot, waits for its marker in the stream, and
+/// writes the report up to it, classified.
+fn scan(live: &mut dyn Live, opts: &ReportOpts, out: &mut dyn Write) -> Result<()> {
+    let n = wait_for_marker(live, crate::load::SCAN_MARKER, |l| l.send("scan"))?;
     let mut o = opts.clone();
-    o.until_marker = Some(format!("{}#{}", crate::load::SCAN_MARKER, before + 1));
-    o.report(live.trace(), out)?;
+    // Everything live is classified, whatever a reset said.
+    o.since_marker = None;
+    o.until_marker = Some(format!("{}#{n}", crate::load::SCAN_MARKER));
+    o.report(&live.trace(), out)?;
     Ok(())
 }

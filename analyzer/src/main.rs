@@ -2,6 +2,7 @@
 
 mod attach;
 mod console;
+mod relay;
 mod run;
 
 use mtrace_analyzer::{load, malloc_trace, report, scan, symbolize};
@@ -32,6 +33,12 @@ enum Cmd {
     /// Trace a running process for a while, then report what it allocated
     /// meanwhile and still holds; the process goes on untraced.
     Attach(attach::AttachArgs),
+    /// Run a program on this machine (the target) and relay its trace to
+    /// one `mtrace client` at a time.
+    Server(relay::server::ServerArgs),
+    /// Connect to an `mtrace server`, keep and report the program's trace
+    /// here (the host); `-i` for the console while it runs.
+    Client(relay::client::ClientArgs),
 }
 
 /// The environment variables of libmtrace.so, for `mtrace run --help`.
@@ -56,7 +63,7 @@ Environment (read by libmtrace.so; an invalid value warns once and the default i
 pub struct ReportOpts {
     /// Print one JSON document instead of text.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Order of the "not freed" backtraces.
     #[arg(long, value_enum, default_value = "bytes")]
     sort: SortKey,
@@ -71,7 +78,7 @@ pub struct ReportOpts {
     binpath: Vec<PathBuf>,
     /// Report the change in live blocks since this marker (a report number, or a marker's name).
     #[arg(long, value_name = "MARKER")]
-    since_marker: Option<String>,
+    pub(crate) since_marker: Option<String>,
     /// Stop at this marker (a report number, or a marker's name).
     #[arg(long, value_name = "MARKER")]
     pub(crate) until_marker: Option<String>,
@@ -202,7 +209,7 @@ pub(crate) fn open_output(p: &Option<PathBuf>) -> anyhow::Result<Box<dyn Write>>
 
 /// `mtrace [PROG] LOG` without a subcommand: glibc's mtrace script's usage.
 fn glibc_compat(args: &[String]) -> Option<ExitCode> {
-    let known = ["report", "run", "attach", "help", "-h", "--help", "-V", "--version"];
+    let known = ["report", "run", "attach", "server", "client", "help", "-h", "--help", "-V", "--version"];
     if args.len() < 2 || args.len() > 3 || known.contains(&args[1].as_str()) || args[1].starts_with('-') {
         return None;
     }
@@ -253,6 +260,8 @@ fn main() -> ExitCode {
         }),
         Cmd::Run(a) => run::run(a),
         Cmd::Attach(a) => attach::attach(a),
+        Cmd::Server(a) => relay::server::server(a),
+        Cmd::Client(a) => relay::client::client(a),
     };
     match res {
         Ok(code) => code,

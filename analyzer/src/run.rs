@@ -156,41 +156,11 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     let status = wait_forwarding(&mut child)?;
     let pid = child.id();
 
-    let traces = traces_in(&dir)?;
-    // The main process's last image (after any exec) is the one reported.
-    let main =
-        traces.iter().filter(|(p, _, _)| *p == pid).max_by_key(|(_, start, _)| *start).map(|(_, _, path)| path.clone());
-    let mut leak_error = false;
-    match &main {
-        Some(path) => {
-            let r = a.opts.report(path, &mut *out)?;
-            // From the kind totals (after suppressions): the entry list
-            // leaves out reachable blocks unless --show-reachable.
-            leak_error = r.kinds.is_some_and(|k| error_kinds.iter().any(|&kind| k.get(kind).blocks > 0));
-        }
-        None => writeln!(out, "mtrace: no trace was written for pid {pid} (static executable, or preloading failed)")?,
-    }
-    let others: Vec<_> = traces.iter().filter(|(_, _, p)| Some(p) != main.as_ref()).collect();
-    if !others.is_empty() && !a.opts.json {
-        writeln!(out, "\nOther processes traced ({}):", others.len())?;
-        for (p, _, path) in &others {
-            let line = match load::load(path) {
-                Ok(t) => {
-                    let (bytes, blocks) = t.books.live_blocks().fold((0, 0), |acc, (_, b)| (acc.0 + b.size, acc.1 + 1));
-                    format!(
-                        "pid {p} {}: {} bytes in {} blocks not freed",
-                        t.header.exe,
-                        thousands(bytes),
-                        thousands(blocks)
-                    )
-                }
-                Err(e) => format!("pid {p}: {e:#}"),
-            };
-            let kept =
-                if a.keep_traces || a.trace_dir.is_some() { format!(" ({})", path.display()) } else { String::new() };
-            writeln!(out, "  {line}{kept}")?;
-        }
-    }
+    let show_paths = a.keep_traces || a.trace_dir.is_some();
+    let r = report_processes(&dir, pid, &a.opts, show_paths, &mut *out)?;
+    // From the kind totals (after suppressions): the entry list leaves out
+    // reachable blocks unless --show-reachable.
+    let leak_error = r.and_then(|r| r.kinds).is_some_and(|k| error_kinds.iter().any(|&kind| k.get(kind).blocks > 0));
     if a.keep_traces && a.trace_dir.is_none() {
         writeln!(out, "\ntraces kept in {}", dir.display())?;
         if let Some(t) = temp {
@@ -206,6 +176,50 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         (None, Some(sig)) => ExitCode::from(128 + sig as u8),
         _ => ExitCode::FAILURE,
     })
+}
+
+/// Writes the report of process `pid`'s trace in `dir` (its last image,
+/// after any exec), then one line per other process traced there (with
+/// its trace's path when `show_paths`). Returns the report, if `pid` wrote
+/// a trace.
+pub fn report_processes(
+    dir: &Path,
+    pid: u32,
+    opts: &ReportOpts,
+    show_paths: bool,
+    out: &mut dyn Write,
+) -> Result<Option<crate::report::Report>> {
+    let traces = traces_in(dir)?;
+    let main =
+        traces.iter().filter(|(p, _, _)| *p == pid).max_by_key(|(_, start, _)| *start).map(|(_, _, path)| path.clone());
+    let r = match &main {
+        Some(path) => Some(opts.report(path, &mut *out)?),
+        None => {
+            writeln!(out, "mtrace: no trace was written for pid {pid} (static executable, or preloading failed)")?;
+            None
+        }
+    };
+    let others: Vec<_> = traces.iter().filter(|(_, _, p)| Some(p) != main.as_ref()).collect();
+    if !others.is_empty() && !opts.json {
+        writeln!(out, "\nOther processes traced ({}):", others.len())?;
+        for (p, _, path) in &others {
+            let line = match load::load(path) {
+                Ok(t) => {
+                    let (bytes, blocks) = t.books.live_blocks().fold((0, 0), |acc, (_, b)| (acc.0 + b.size, acc.1 + 1));
+                    format!(
+                        "pid {p} {}: {} bytes in {} blocks not freed",
+                        t.header.exe,
+                        thousands(bytes),
+                        thousands(blocks)
+                    )
+                }
+                Err(e) => format!("pid {p}: {e:#}"),
+            };
+            let kept = if show_paths { format!(" ({})", path.display()) } else { String::new() };
+            writeln!(out, "  {line}{kept}")?;
+        }
+    }
+    Ok(r)
 }
 
 /// `--errors-for-leak-kinds`: a comma-separated list of kinds, or `all`.

@@ -179,8 +179,8 @@ impl crate::console::Live for Session<'_> {
         Ok(())
     }
 
-    fn trace(&self) -> &std::path::Path {
-        &self.trace
+    fn trace(&self) -> PathBuf {
+        self.trace.clone()
     }
 
     fn ended(&self) -> bool {

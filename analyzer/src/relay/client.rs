@@ -1,0 +1,201 @@
+//! `mtrace client`: the host's side. Connects to a server, writes each
+//! process's stream to a file of its own as it arrives, and when the
+//! program ends reports it as `mtrace run` does (symbolized with the
+//! host's files: `--sysroot`, `--binpath`); with `-i`, the console on the
+//! program's process while it runs.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use super::{read_frame, read_line, write_frame, Addr, Conn, COMMAND, DATA, END, EXIT};
+use crate::ReportOpts;
+
+#[derive(clap::Args)]
+pub struct ClientArgs {
+    /// The server: unix:PATH or tcp:HOST:PORT (default: as `mtrace server`'s).
+    addr: Option<String>,
+    /// The interactive console on the program while it runs.
+    #[arg(short = 'i', long = "interactive")]
+    interactive: bool,
+    /// Keep the program's stream in FILE (other processes' in FILE.PID),
+    /// to report again offline with `mtrace report`.
+    #[arg(long, value_name = "FILE")]
+    save: Option<PathBuf>,
+    /// The secret the server asks for (first line of FILE).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Write the report to FILE instead of standard error.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    opts: ReportOpts,
+}
+
+/// The streams received so far.
+#[derive(Default)]
+struct Streams {
+    /// Stream id → (file path, ended).
+    files: HashMap<u32, (PathBuf, bool)>,
+    /// The program's exit status, once it exited.
+    exit: Option<i32>,
+    /// The connection ended (with or without the exit).
+    closed: bool,
+}
+
+pub fn client(a: ClientArgs) -> Result<ExitCode> {
+    let token = Addr::token(&a.token_file)?;
+    let addr = Addr::parse(a.addr.as_deref())?;
+    let mut conn = addr.connect()?;
+    conn.write_all(format!("mtrace 1 {token}\n").as_bytes())?;
+    let answer = read_line(&mut *conn).map_err(|_| anyhow!("{addr}: not an mtrace server"))?;
+    if answer != "ok" {
+        bail!("{addr}: {answer}");
+    }
+    let dir = tempfile::Builder::new().prefix("mtrace-client.").tempdir()?;
+    let streams = Arc::new(Mutex::new(Streams::default()));
+    let reader = conn.clone_conn()?;
+    let (st, d) = (streams.clone(), dir.path().to_owned());
+    let receiver = std::thread::spawn(move || receive(reader, &d, &st));
+    if a.interactive {
+        let mut live = Live { conn: conn.clone_conn()?, streams: streams.clone() };
+        if live.wait_first().is_some() {
+            crate::console::run(&mut live, &a.opts)?;
+        }
+    }
+    let res = receiver.join().map_err(|_| anyhow!("the receiving thread failed"))?;
+    let s = streams.lock().expect("streams lock");
+    let Some(code) = s.exit else {
+        res?;
+        bail!("{addr}: the connection ended before the program did");
+    };
+    let mut out = crate::open_output(&a.output)?;
+    // The program's process is the first to connect; its pid is in its header.
+    let main = s.files.get(&1).map(|(p, _)| p.clone());
+    let pid = main.as_deref().and_then(header_pid);
+    match pid {
+        Some(pid) => {
+            crate::run::report_processes(dir.path(), pid, &a.opts, false, &mut *out)?;
+        }
+        None => writeln!(out, "mtrace: the program sent no trace (static executable, or preloading failed)")?,
+    }
+    out.flush()?;
+    if let Some(save) = &a.save {
+        for (id, (path, _)) in &s.files {
+            let to = match (id, header_pid(path)) {
+                (1, _) => save.clone(),
+                (_, Some(p)) => PathBuf::from(format!("{}.{p}", save.display())),
+                _ => continue,
+            };
+            std::fs::copy(path, &to).with_context(|| format!("{}: cannot save", to.display()))?;
+        }
+    }
+    Ok(ExitCode::from(code as u8))
+}
+
+/// The pid in a stream's header.
+fn header_pid(p: &Path) -> Option<u32> {
+    let mut r = mtrace_format::Reader::new(std::fs::File::open(p).ok()?);
+    r.header().ok().map(|h| h.pid)
+}
+
+/// Writes the frames' streams to files in `dir` until the program's exit
+/// or the end of the connection.
+fn receive(mut c: Box<dyn Conn>, dir: &Path, st: &Mutex<Streams>) -> Result<()> {
+    let mut open: HashMap<u32, std::fs::File> = HashMap::new();
+    let res = loop {
+        let frame = match read_frame(&mut *c) {
+            Ok(Some(f)) => f,
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        };
+        match frame {
+            (DATA, id, bytes) => {
+                let f = match open.entry(id) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        let path = dir.join(format!("{id}.mtrace"));
+                        let f = std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&path)?;
+                        st.lock().expect("streams lock").files.insert(id, (path, false));
+                        e.insert(f)
+                    }
+                };
+                f.write_all(&bytes)?;
+            }
+            (END, id, _) => {
+                open.remove(&id);
+                if let Some(e) = st.lock().expect("streams lock").files.get_mut(&id) {
+                    e.1 = true;
+                }
+            }
+            (EXIT, _, code) => {
+                let code = i32::from_le_bytes(code.get(..4).and_then(|c| c.try_into().ok()).unwrap_or([1, 0, 0, 0]));
+                st.lock().expect("streams lock").exit = Some(code);
+                break Ok(());
+            }
+            (kind, ..) => break Err(anyhow!("unexpected frame kind {kind} from the server")),
+        }
+    };
+    st.lock().expect("streams lock").closed = true;
+    res
+}
+
+/// The console's view of the program's process on the server.
+struct Live {
+    conn: Box<dyn Conn>,
+    streams: Arc<Mutex<Streams>>,
+}
+
+impl Live {
+    /// Waits (up to 10 s) for the program's first stream.
+    fn wait_first(&self) -> Option<PathBuf> {
+        for _ in 0..1000 {
+            let s = self.streams.lock().expect("streams lock");
+            if let Some((p, _)) = s.files.get(&1) {
+                return Some(p.clone());
+            }
+            if s.closed {
+                return None;
+            }
+            drop(s);
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        None
+    }
+}
+
+impl crate::console::Live for Live {
+    fn send(&mut self, cmd: &str) -> Result<()> {
+        write_frame(&mut *self.conn, COMMAND, 1, cmd.as_bytes())?;
+        Ok(())
+    }
+
+    fn trace(&self) -> PathBuf {
+        self.wait_first().unwrap_or_default()
+    }
+
+    fn ended(&self) -> bool {
+        let s = self.streams.lock().expect("streams lock");
+        s.closed || s.files.get(&1).is_some_and(|f| f.1)
+    }
+
+    fn processes(&self) -> Vec<String> {
+        let s = self.streams.lock().expect("streams lock");
+        let mut ids: Vec<_> = s.files.keys().copied().collect();
+        ids.sort();
+        ids.iter()
+            .map(|id| {
+                let (path, ended) = &s.files[id];
+                let h = mtrace_format::Reader::new(std::fs::File::open(path).ok()?).header().ok()?;
+                let state = if *ended { "ended" } else { "traced" };
+                Some(format!("{:>8}  {state:<7} {}", h.pid, h.exe))
+            })
+            .map(|l| l.unwrap_or_else(|| "       ?  starting".to_owned()))
+            .collect()
+    }
+}

@@ -1,0 +1,207 @@
+//! `mtrace server` and `mtrace client`: a program traced on one machine
+//! (the target), its streams kept, symbolized and reported on another (the
+//! host), in mtrace-ng's manner — and safely: UNIX sockets are 0600, TCP
+//! listens on loopback unless told otherwise, and then only with a shared
+//! secret (`--token-file`).
+//!
+//! The wire, after the handshake (the client sends `mtrace 1 TOKEN\n`, the
+//! server answers `ok\n`, or `denied: REASON\n` and closes), is frames:
+//! kind (1 byte), stream (u32, little-endian), length (u32), payload.
+//!
+//! | kind | direction | payload |
+//! |---|---|---|
+//! | 1 data | server → client | bytes of one process's stream (docs/FORMAT.md) |
+//! | 2 end | server → client | none: that process closed its stream |
+//! | 3 exit | server → client | the program's exit status (i32; 128+N for signal N) |
+//! | 4 command | client → server | one command line for that stream's process (preload/src/session/control.rs); stream `u32::MAX`: every process |
+//!
+//! Each process the program starts (fork, exec) connects to the server
+//! with a stream of its own: a stream id, in the order they connected.
+
+pub mod client;
+pub mod server;
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+use anyhow::{anyhow, bail, Context, Result};
+
+pub const DATA: u8 = 1;
+pub const END: u8 = 2;
+pub const EXIT: u8 = 3;
+pub const COMMAND: u8 = 4;
+/// Stream id of a command for every process.
+pub const ALL: u32 = u32::MAX;
+/// Largest payload of a frame, bytes.
+pub const MAX_FRAME: u32 = 1 << 20;
+/// mtrace-ng's port.
+pub const DEFAULT_PORT: u16 = 4576;
+
+/// Writes one frame.
+pub fn write_frame(w: &mut dyn Write, kind: u8, id: u32, payload: &[u8]) -> std::io::Result<()> {
+    let mut head = [0u8; 9];
+    head[0] = kind;
+    head[1..5].copy_from_slice(&id.to_le_bytes());
+    head[5..9].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    w.write_all(&head)?;
+    w.write_all(payload)
+}
+
+/// Reads one frame: `None` at a clean end of the connection.
+pub fn read_frame(r: &mut dyn Read) -> Result<Option<(u8, u32, Vec<u8>)>> {
+    let mut head = [0u8; 9];
+    match r.read_exact(&mut head) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let (kind, id, len) =
+        (head[0], u32::from_le_bytes(head[1..5].try_into()?), u32::from_le_bytes(head[5..9].try_into()?));
+    if !(DATA..=COMMAND).contains(&kind) || len > MAX_FRAME {
+        bail!("not an mtrace frame (kind {kind}, {len} bytes)");
+    }
+    let mut payload = vec![0u8; len as usize];
+    r.read_exact(&mut payload)?;
+    Ok(Some((kind, id, payload)))
+}
+
+/// A connection: a UNIX or TCP stream.
+pub trait Conn: Read + Write + Send {
+    fn clone_conn(&self) -> std::io::Result<Box<dyn Conn>>;
+    fn close(&self);
+}
+
+impl Conn for std::os::unix::net::UnixStream {
+    fn clone_conn(&self) -> std::io::Result<Box<dyn Conn>> {
+        Ok(Box::new(self.try_clone()?))
+    }
+    fn close(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl Conn for std::net::TcpStream {
+    fn clone_conn(&self) -> std::io::Result<Box<dyn Conn>> {
+        Ok(Box::new(self.try_clone()?))
+    }
+    fn close(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Where a server listens or a client connects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Addr {
+    Unix(PathBuf),
+    Tcp(String),
+}
+
+impl Addr {
+    /// `unix:PATH`, `tcp:HOST:PORT` (`tcp:` alone: 127.0.0.1:4576, `tcp:HOST`:
+    /// port 4576); none: `$XDG_RUNTIME_DIR/mtrace.sock`, else
+    /// `/tmp/mtrace-UID.sock`.
+    pub fn parse(s: Option<&str>) -> Result<Addr> {
+        let Some(s) = s else {
+            let path = match std::env::var_os("XDG_RUNTIME_DIR") {
+                Some(d) => PathBuf::from(d).join("mtrace.sock"),
+                // SAFETY: getuid has no preconditions.
+                None => PathBuf::from(format!("/tmp/mtrace-{}.sock", unsafe { libc::getuid() })),
+            };
+            return Ok(Addr::Unix(path));
+        };
+        if let Some(p) = s.strip_prefix("unix:") {
+            if p.is_empty() {
+                bail!("unix: needs a path");
+            }
+            return Ok(Addr::Unix(PathBuf::from(p)));
+        }
+        let Some(hp) = s.strip_prefix("tcp:") else {
+            bail!("{s:?}: an address is unix:PATH or tcp:HOST:PORT");
+        };
+        let hp = match hp {
+            "" => format!("127.0.0.1:{DEFAULT_PORT}"),
+            h if !h.contains(':') || h.ends_with(']') => format!("{h}:{DEFAULT_PORT}"),
+            h => h.to_owned(),
+        };
+        Ok(Addr::Tcp(hp))
+    }
+
+    /// The secret in `token_file` (its first line), if given.
+    pub fn token(token_file: &Option<PathBuf>) -> Result<String> {
+        match token_file {
+            None => Ok(String::new()),
+            Some(p) => {
+                let t = std::fs::read_to_string(p).with_context(|| format!("{}: cannot read", p.display()))?;
+                let t = t.lines().next().unwrap_or("").trim().to_owned();
+                if t.is_empty() || t.contains(char::is_whitespace) {
+                    bail!("{}: the token is one word on the first line", p.display());
+                }
+                Ok(t)
+            }
+        }
+    }
+
+    pub fn connect(&self) -> Result<Box<dyn Conn>> {
+        Ok(match self {
+            Addr::Unix(p) => Box::new(
+                std::os::unix::net::UnixStream::connect(p)
+                    .map_err(|e| anyhow!("cannot connect to unix:{}: {e}", p.display()))?,
+            ),
+            Addr::Tcp(hp) => {
+                Box::new(std::net::TcpStream::connect(hp).map_err(|e| anyhow!("cannot connect to tcp:{hp}: {e}"))?)
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for Addr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Addr::Unix(p) => write!(f, "unix:{}", p.display()),
+            Addr::Tcp(hp) => write!(f, "tcp:{hp}"),
+        }
+    }
+}
+
+/// Reads one line (up to 256 bytes) without reading past it.
+pub fn read_line(r: &mut dyn Read) -> Result<String> {
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while line.len() < 256 {
+        if r.read(&mut b)? == 0 {
+            break;
+        }
+        if b[0] == b'\n' {
+            return Ok(String::from_utf8_lossy(&line).into_owned());
+        }
+        line.push(b[0]);
+    }
+    bail!("no handshake line")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses() {
+        assert_eq!(Addr::parse(Some("unix:/x/s")).unwrap(), Addr::Unix("/x/s".into()));
+        assert_eq!(Addr::parse(Some("tcp:")).unwrap(), Addr::Tcp("127.0.0.1:4576".into()));
+        assert_eq!(Addr::parse(Some("tcp:10.0.0.1")).unwrap(), Addr::Tcp("10.0.0.1:4576".into()));
+        assert_eq!(Addr::parse(Some("tcp:[::1]")).unwrap(), Addr::Tcp("[::1]:4576".into()));
+        assert_eq!(Addr::parse(Some("tcp:h:99")).unwrap(), Addr::Tcp("h:99".into()));
+        assert!(Addr::parse(Some("h:99")).is_err());
+    }
+
+    #[test]
+    fn frames_round_trip_and_garbage_is_refused() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, DATA, 7, b"abc").unwrap();
+        write_frame(&mut buf, EXIT, 0, &3i32.to_le_bytes()).unwrap();
+        let mut r = &buf[..];
+        assert_eq!(read_frame(&mut r).unwrap(), Some((DATA, 7, b"abc".to_vec())));
+        assert_eq!(read_frame(&mut r).unwrap(), Some((EXIT, 0, 3i32.to_le_bytes().to_vec())));
+        assert_eq!(read_frame(&mut r).unwrap(), None);
+        assert!(read_frame(&mut &b"GET / HTTP/1.1\r\n\r\n"[..]).is_err());
+    }
+}

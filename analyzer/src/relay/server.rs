@@ -1,0 +1,284 @@
+//! `mtrace server`: the target's side. Runs the program with the preload,
+//! every process of it streaming to a private UNIX socket (0600 in a 0700
+//! folder of the server's); keeps what arrives in a spool file, as frames,
+//! and relays the spool to one client at a time from its start, so that a
+//! client that connects late, or a second one after the first left, misses
+//! nothing. Commands from the client go back to the process they name.
+//! Thin: it never decodes the streams; its memory does not grow with them
+//! (the spool is on disk).
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use super::{read_line, write_frame, Addr, Conn, ALL, COMMAND, DATA, END, EXIT};
+
+#[derive(clap::Args)]
+pub struct ServerArgs {
+    /// Where clients connect: unix:PATH (default $XDG_RUNTIME_DIR/mtrace.sock,
+    /// else /tmp/mtrace-UID.sock) or tcp:HOST:PORT (default 127.0.0.1:4576).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+    /// Start the program only when a client has connected.
+    #[arg(long)]
+    wait: bool,
+    /// Keep the spool (every process's stream, as frames) in FILE
+    /// (default: a file in a temporary folder, removed at the end).
+    #[arg(long, value_name = "FILE")]
+    spool: Option<PathBuf>,
+    /// The secret clients must present (first line of FILE); required for a
+    /// TCP address other than loopback.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Record at most N frames per backtrace.
+    #[arg(short = 'd', long = "depth")]
+    depth: Option<usize>,
+    /// The program and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROG")]
+    command: Vec<String>,
+}
+
+/// What the relay threads share.
+struct Shared {
+    spool: Mutex<std::fs::File>,
+    /// Bytes of whole frames in the spool.
+    spool_len: AtomicU64,
+    /// The processes' connections, by stream id, for commands.
+    procs: Mutex<HashMap<u32, UnixStream>>,
+    next_id: AtomicU32,
+    /// The program exited (its EXIT frame is in the spool).
+    exited: AtomicBool,
+    exit_status: AtomicU32,
+}
+
+impl Shared {
+    fn append(&self, kind: u8, id: u32, payload: &[u8]) {
+        let mut f = self.spool.lock().expect("spool lock");
+        if write_frame(&mut *f, kind, id, payload).is_ok() && f.flush().is_ok() {
+            self.spool_len.fetch_add(9 + payload.len() as u64, Ordering::Release);
+        }
+    }
+}
+
+enum Listener {
+    Unix(UnixListener),
+    Tcp(std::net::TcpListener),
+}
+
+impl Listener {
+    fn bind(addr: &Addr, token: &str) -> Result<Listener> {
+        Ok(match addr {
+            Addr::Unix(p) => {
+                if p.exists() && UnixStream::connect(p).is_err() {
+                    // A socket nobody listens on any more (an old server's).
+                    let _ = std::fs::remove_file(p);
+                }
+                let l = UnixListener::bind(p).with_context(|| format!("cannot listen on {addr}"))?;
+                std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600))?;
+                Listener::Unix(l)
+            }
+            Addr::Tcp(hp) => {
+                let l = std::net::TcpListener::bind(hp).with_context(|| format!("cannot listen on {addr}"))?;
+                if !l.local_addr()?.ip().is_loopback() && token.is_empty() {
+                    bail!("{addr} is not a loopback address: give --token-file (clients must present its secret)");
+                }
+                Listener::Tcp(l)
+            }
+        })
+    }
+
+    fn accept(&self) -> std::io::Result<(Box<dyn Conn>, String)> {
+        Ok(match self {
+            Listener::Unix(l) => (Box::new(l.accept()?.0), "a local client".to_owned()),
+            Listener::Tcp(l) => {
+                let (s, from) = l.accept()?;
+                (Box::new(s), from.to_string())
+            }
+        })
+    }
+}
+
+pub fn server(a: ServerArgs) -> Result<ExitCode> {
+    let lib = crate::run::find_lib()?;
+    if let Some(d) = a.depth {
+        if !(1..=256).contains(&d) {
+            bail!("-d {d}: the depth must be 1 to 256");
+        }
+    }
+    let token = Addr::token(&a.token_file)?;
+    let addr = Addr::parse(a.listen.as_deref())?;
+    let listener = Listener::bind(&addr, &token)?;
+    let dir = tempfile::Builder::new().prefix("mtrace-server.").tempdir()?;
+    let internal = dir.path().join("procs.sock");
+    let procs = UnixListener::bind(&internal)?;
+    std::fs::set_permissions(&internal, std::fs::Permissions::from_mode(0o600))?;
+    let spool_path = a.spool.clone().unwrap_or_else(|| dir.path().join("spool"));
+    let spool = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&spool_path)
+        .with_context(|| format!("{}: cannot create", spool_path.display()))?;
+    let shared = Arc::new(Shared {
+        spool: Mutex::new(spool),
+        spool_len: AtomicU64::new(0),
+        procs: Mutex::new(HashMap::new()),
+        next_id: AtomicU32::new(1),
+        exited: AtomicBool::new(false),
+        exit_status: AtomicU32::new(0),
+    });
+    eprintln!("mtrace server: listening on {addr}");
+    let sh = shared.clone();
+    std::thread::spawn(move || accept_processes(procs, sh));
+    let mut first = None;
+    if a.wait {
+        eprintln!("mtrace server: waiting for a client before starting {}", a.command[0]);
+        first = Some(accept_client(&listener, &token));
+    }
+    let mut cmd = Command::new(&a.command[0]);
+    cmd.args(&a.command[1..]).env("LD_PRELOAD", &lib).env("MTRACE_OUTPUT", format!("unix:{}", internal.display()));
+    if let Some(d) = a.depth {
+        cmd.env("MTRACE_DEPTH", d.to_string());
+    }
+    let mut child = cmd.spawn().with_context(|| format!("cannot run {}", a.command[0]))?;
+    let sh = shared.clone();
+    std::thread::spawn(move || {
+        use std::os::unix::process::ExitStatusExt;
+        let st = child.wait().ok();
+        let code = st.map_or(1, |s| s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)));
+        // The processes' last bytes before the exit frame.
+        std::thread::sleep(Duration::from_millis(100));
+        sh.exit_status.store(code as u32, Ordering::Release);
+        sh.append(EXIT, 0, &code.to_le_bytes());
+        sh.exited.store(true, Ordering::Release);
+    });
+    loop {
+        let client = match first.take() {
+            Some(c) => c,
+            None => accept_client(&listener, &token),
+        };
+        let Some((conn, who)) = client else { continue };
+        eprintln!("mtrace server: {who} connected");
+        if serve(conn, &shared) {
+            eprintln!("mtrace server: {who} has the whole trace; done");
+            return Ok(ExitCode::from(shared.exit_status.load(Ordering::Acquire) as u8));
+        }
+        eprintln!("mtrace server: {who} left; waiting for another client");
+    }
+}
+
+/// A client after its handshake; `None` (with one line on stderr) when it
+/// was refused or was not an mtrace client.
+fn accept_client(l: &Listener, token: &str) -> Option<(Box<dyn Conn>, String)> {
+    let (mut c, who) = match l.accept() {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("mtrace server: accept: {e}");
+            std::thread::sleep(Duration::from_millis(100));
+            return None;
+        }
+    };
+    let hello = read_line(&mut *c).unwrap_or_default();
+    let mut words = hello.split(' ');
+    let reply = match (words.next(), words.next(), words.next().unwrap_or("")) {
+        (Some("mtrace"), Some("1"), t) if t == token => Ok(()),
+        (Some("mtrace"), Some("1"), _) => Err("wrong token"),
+        _ => Err("not an mtrace client"),
+    };
+    match reply {
+        Ok(()) => {
+            let _ = c.write_all(b"ok\n");
+            Some((c, who))
+        }
+        Err(why) => {
+            eprintln!("mtrace server: {who} refused: {why}");
+            let _ = c.write_all(format!("denied: {why}\n").as_bytes());
+            c.close();
+            None
+        }
+    }
+}
+
+/// Accepts the program's processes: each connection is a stream of its own.
+fn accept_processes(l: UnixListener, sh: Arc<Shared>) {
+    for s in l.incoming().flatten() {
+        let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
+        if let Ok(w) = s.try_clone() {
+            sh.procs.lock().expect("procs lock").insert(id, w);
+        }
+        let sh = sh.clone();
+        std::thread::spawn(move || {
+            let mut s = s;
+            let mut buf = vec![0u8; 256 << 10];
+            loop {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => sh.append(DATA, id, &buf[..n]),
+                }
+            }
+            sh.procs.lock().expect("procs lock").remove(&id);
+            sh.append(END, id, &[]);
+        });
+    }
+}
+
+/// Sends the spool from its start to `c`, following it as it grows, and
+/// passes `c`'s commands on. True when the client got everything up to the
+/// program's exit; false when it left first.
+fn serve(c: Box<dyn Conn>, sh: &Arc<Shared>) -> bool {
+    let Ok(mut reader) = c.clone_conn() else { return false };
+    let gone = Arc::new(AtomicBool::new(false));
+    let (sh2, gone2) = (sh.clone(), gone.clone());
+    std::thread::spawn(move || {
+        while let Ok(Some((kind, id, line))) = super::read_frame(&mut *reader) {
+            if kind != COMMAND {
+                break;
+            }
+            let mut procs = sh2.procs.lock().expect("procs lock");
+            let mut line = line;
+            line.push(b'\n');
+            for (_, p) in procs.iter_mut().filter(|(&pid, _)| id == ALL || pid == id) {
+                let _ = p.write_all(&line);
+            }
+        }
+        gone2.store(true, Ordering::Release);
+    });
+    let mut c = c;
+    let Ok(spool) = sh.spool.lock().expect("spool lock").try_clone() else { return false };
+    let mut sent = 0u64;
+    let mut buf = vec![0u8; 256 << 10];
+    loop {
+        let exited = sh.exited.load(Ordering::Acquire);
+        let len = sh.spool_len.load(Ordering::Acquire);
+        if sent == len {
+            if exited {
+                c.close();
+                return true;
+            }
+            if gone.load(Ordering::Acquire) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        }
+        let n = ((len - sent) as usize).min(buf.len());
+        // pread: the appending threads share the file's offset.
+        if spool.read_exact_at(&mut buf[..n], sent).is_err() {
+            return false;
+        }
+        if c.write_all(&buf[..n]).is_err() {
+            return false;
+        }
+        sent += n as u64;
+    }
+}

@@ -1,0 +1,265 @@
+//! `mtrace server` and `mtrace client`: the same report as `mtrace run`
+//! over UNIX and TCP sockets, late and second clients, the console, and
+//! refusals.
+
+mod common;
+use common::*;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `mtrace server --listen ADDR extra… -- prog`, once it listens.
+fn server(addr: &str, extra: &[&str], prog: &Path, stdin: bool) -> Child {
+    let mut c = Command::new(mtrace())
+        .args(["server", "--listen", addr])
+        .args(extra)
+        .arg("--")
+        .arg(prog)
+        .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(c.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(line.starts_with("mtrace server: listening on"), "{line}");
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    c
+}
+
+/// `mtrace client ADDR --json -o REPORT extra…`, run to its end.
+fn client(addr: &str, dir: &Path, extra: &[&str]) -> (serde_json::Value, std::process::Output) {
+    let report = dir.join("client.json");
+    let _ = std::fs::remove_file(&report);
+    let out = Command::new(mtrace()).args(["client", addr, "--json", "-o"]).arg(&report).args(extra).output().unwrap();
+    let text = std::fs::read_to_string(&report).unwrap_or_default();
+    (serde_json::from_str(&text).unwrap_or_default(), out)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn client_reports_equal_run_over_unix_and_tcp() {
+    let dir = scratch("relay-same");
+    let prog = build("families.c", &dir.join("families"), &["-g", "-O0"]);
+    let (plain, _) = run_json(&dir, &[], &prog, &[]);
+    let want = leaks_in(&plain, "families.c");
+    assert_eq!(want.len(), 9);
+    let sock = format!("unix:{}", dir.join("s.sock").display());
+    let tcp = format!("tcp:127.0.0.1:{}", free_port());
+    for addr in [sock.as_str(), tcp.as_str()] {
+        let mut s = server(addr, &["--wait"], &prog, false);
+        let saved = dir.join("saved.mtrace");
+        let (r, out) = client(addr, &dir, &["--save", saved.to_str().unwrap()]);
+        assert!(out.status.success(), "{addr}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(leaks_in(&r, "families.c"), want, "{addr}");
+        assert_eq!(leaks_in(&report_json(&saved), "families.c"), want, "{addr}");
+        assert!(s.wait().unwrap().success());
+    }
+}
+
+#[test]
+fn a_late_client_misses_nothing() {
+    let dir = scratch("relay-late");
+    let prog = build("fork.c", &dir.join("fork"), &["-g", "-O0"]);
+    let m = markers("fork.c");
+    let addr = format!("unix:{}", dir.join("s.sock").display());
+    let mut s = server(&addr, &[], &prog, false);
+    // The program (parent and forked child) is over before the client comes.
+    std::thread::sleep(Duration::from_millis(500));
+    let (r, out) = client(&addr, &dir, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        leaks_in(&r, "fork.c"),
+        vec![leak(401, 1, "malloc", "main", m["before_fork"]), leak(403, 1, "malloc", "main", m["after_fork"])]
+    );
+    assert!(s.wait().unwrap().success());
+}
+
+/// attach_target.c under a server: the program's stdin and stdout are the server's.
+struct Target {
+    server: Child,
+    stdin: std::process::ChildStdin,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Target {
+    fn start(addr: &str, prog: &Path, extra: &[&str]) -> Target {
+        let mut server = server(addr, extra, prog, true);
+        let stdin = server.stdin.take().unwrap();
+        let out = BufReader::new(server.stdout.take().unwrap());
+        Target { server, stdin, out }
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.out.read_line(&mut l).unwrap();
+        l
+    }
+
+    fn ask(&mut self, cmd: &str) -> String {
+        writeln!(self.stdin, "{cmd}").unwrap();
+        self.line()
+    }
+}
+
+#[test]
+fn a_second_client_after_the_first_left() {
+    let dir = scratch("relay-second");
+    let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+    let m = markers("attach_target.c");
+    let addr = format!("unix:{}", dir.join("s.sock").display());
+    let mut t = Target::start(&addr, &prog, &[]);
+    assert_eq!(t.line(), "ready\n");
+    let mut first = Command::new(mtrace()).args(["client", &addr, "-o", "/dev/null"]).spawn().unwrap();
+    assert_eq!(t.ask("leak 10"), "ok leak 10\n");
+    std::thread::sleep(Duration::from_millis(200));
+    first.kill().unwrap();
+    first.wait().unwrap();
+    // The program went on; a second client gets the whole run.
+    assert_eq!(t.ask("leak 20"), "ok leak 20\n");
+    let c = std::thread::spawn({
+        let (addr, dir) = (addr.clone(), dir.clone());
+        move || client(&addr, &dir, &[])
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(t.ask("quit"), "holding 2 blocks\n");
+    let (r, out) = c.join().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        leaks_in(&r, "attach_target.c"),
+        vec![leak(30, 2, "malloc", "keep", m["window"]), leak(1000, 1, "malloc", "main", m["before"])]
+    );
+    assert_eq!(t.server.wait().unwrap().code(), Some(3));
+}
+
+/// Waits until `f` exists and has stopped growing.
+fn written(f: &Path) -> String {
+    let until = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < until {
+        if let Ok(s) = std::fs::read_to_string(f) {
+            std::thread::sleep(Duration::from_millis(100));
+            if std::fs::read_to_string(f).ok().as_deref() == Some(&s) && !s.is_empty() {
+                return s;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{} was not written", f.display());
+}
+
+#[test]
+fn console_on_a_served_program() {
+    let dir = scratch("relay-console");
+    let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+    let m = markers("attach_target.c");
+    let at = |name: &str| format!("({}:{})", ctests_dir().join("attach_target.c").display(), m[name]);
+    let addr = format!("unix:{}", dir.join("s.sock").display());
+    let mut t = Target::start(&addr, &prog, &["--wait"]);
+    let mut c = Command::new(mtrace())
+        .args(["client", &addr, "-i", "-o"])
+        .arg(dir.join("final.txt"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut console = c.stdin.take().unwrap();
+    assert_eq!(t.line(), "ready\n");
+    for cmd in ["leak 100", "leak 100", "leak 50", "lose 33"] {
+        t.ask(cmd);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let f = |n: &str| -> PathBuf { dir.join(n) };
+    // dump usage: the backtraces by bytes held (the block from before the
+    // commands first).
+    writeln!(console, "dump usage >{}", f("dump").display()).unwrap();
+    let d = written(&f("dump"));
+    let entries: Vec<&str> = d.split("\n#").skip(1).collect();
+    assert!(entries[0].starts_with("1: 1,000 bytes in 1 block") && entries[0].contains(&at("before")), "{d}");
+    assert!(entries[1].starts_with("2: 250 bytes in 3 blocks") && entries[1].contains(&at("window")), "{d}");
+    assert!(entries[2].starts_with("3: 33 bytes in 1 block") && entries[2].contains(&at("lost")), "{d}");
+    // scan: the dropped block is lost.
+    writeln!(console, "scan >{}", f("scan").display()).unwrap();
+    let s = written(&f("scan"));
+    assert!(s.contains("definitely lost: 33 bytes in 1 block"), "{s}");
+    // stop: allocations are not recorded.
+    writeln!(console, "stop").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    t.ask("leak 77");
+    // set depth 2: new backtraces have two frames.
+    writeln!(console, "start").unwrap();
+    writeln!(console, "set depth 2").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    t.ask("leak 66");
+    std::thread::sleep(Duration::from_millis(300));
+    writeln!(console, "dump >{}", f("dump2").display()).unwrap();
+    let d = written(&f("dump2"));
+    assert!(!d.contains("77 bytes"), "{d}");
+    let e66 = d.split("\n#").find(|e| e.contains(": 66 bytes")).unwrap_or_else(|| panic!("{d}"));
+    assert_eq!(e66.lines().count(), 3, "two frames: {e66}");
+    // reset: what comes after only.
+    writeln!(console, "reset").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    t.ask("leak 55");
+    std::thread::sleep(Duration::from_millis(300));
+    writeln!(console, "dump >{}", f("dump3").display()).unwrap();
+    let d = written(&f("dump3"));
+    assert!(d.contains("Change in live blocks") && d.contains("+55 bytes in +1 block"), "{d}");
+    assert!(!d.contains("250 bytes") && !d.contains("66 bytes"), "{d}");
+    writeln!(console, "proclist").unwrap();
+    writeln!(console, "quit").unwrap();
+    drop(console);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(t.ask("quit"), "holding 6 blocks\n");
+    let out = c.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let text = String::from_utf8_lossy(&out.stdout);
+    // proclist: the program's process, still traced then.
+    let target = dir.join("target").display().to_string();
+    assert!(text.lines().any(|l| l.contains(" traced ") && l.trim_end().ends_with(&target)), "{text}");
+    t.server.wait().unwrap();
+}
+
+#[test]
+fn refusals_are_one_line_and_the_server_keeps_running() {
+    let dir = scratch("relay-refused");
+    let prog = build("families.c", &dir.join("families"), &["-g", "-O0"]);
+    let port = free_port();
+    let addr = format!("tcp:127.0.0.1:{port}");
+    let token = dir.join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let wrong = dir.join("wrong");
+    std::fs::write(&wrong, "guess\n").unwrap();
+    let mut s = server(&addr, &["--wait", "--token-file", token.to_str().unwrap()], &prog, false);
+    // Garbage on the socket.
+    let mut g = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    g.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    g.read_to_string(&mut answer).unwrap();
+    assert_eq!(answer, "denied: not an mtrace client\n");
+    // A wrong token.
+    let (_, out) = client(&addr, &dir, &["--token-file", wrong.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim(), format!("mtrace: {addr}: denied: wrong token"));
+    // The right one: the whole report.
+    let (r, out) = client(&addr, &dir, &["--token-file", token.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(leaks_in(&r, "families.c").len(), 9);
+    assert!(s.wait().unwrap().success());
+    // Nothing listening.
+    let (_, out) = client(&addr, &dir, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1);
+    assert!(err.contains("cannot connect to") && err.contains("refused"), "{err}");
+    // A non-loopback TCP address needs a token.
+    let out = Command::new(mtrace()).args(["server", "--listen", "tcp:0.0.0.0:0", "--"]).arg(&prog).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("give --token-file"));
+}
