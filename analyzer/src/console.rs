@@ -29,13 +29,22 @@ pub trait Live {
     fn processes(&self) -> Vec<String> {
         Vec::new()
     }
+    /// The stream of process `pid`, where there can be several.
+    fn trace_of(&self, _pid: u32) -> Option<PathBuf> {
+        None
+    }
 }
 
 /// The commands, with their help line.
 const COMMANDS: &[(&str, &str)] = &[
-    ("dump", "dump [usage|allocations|average|total] — live blocks by backtrace, in that order (default usage)"),
-    ("report", "report — the whole report of the stream so far"),
-    ("status", "status — allocation calls, bytes and blocks in use, average size, whether the process is traced"),
+    (
+        "dump",
+        "dump [usage|allocations|average|total|tsc] [PID] — live blocks by backtrace, in that order (default usage)",
+    ),
+    ("report", "report — a report point: everything live the first time, then what changed since the last one"),
+    ("status", "status [PID] — allocation calls, bytes and blocks in use, average size, whether the process is traced"),
+    ("timeline", "timeline — RSS and live heap over time"),
+    ("show", "show info|searchpath — the program and its stream, or where binaries are looked for"),
     ("top", "top [N] — the N backtraces holding the most live bytes (default 10)"),
     ("scan", "scan — stop the process's threads for a snapshot and classify its live blocks as memcheck does"),
     ("proclist", "proclist — the program's processes: pid, state, program"),
@@ -44,11 +53,19 @@ const COMMANDS: &[(&str, &str)] = &[
     ("reset", "reset — forget the books: from now on reports count from this point"),
     ("start", "start — record allocations again"),
     ("stop", "stop — stop recording allocations (frees are still recorded)"),
-    ("set", "set depth N — record at most N frames per backtrace from now on"),
-    ("detach", "detach — stop tracing; the process goes on"),
-    ("quit", "quit — detach and leave"),
+    (
+        "set",
+        "set depth N | set searchpath DIR[:DIR…] — frames per backtrace from now on, or where binaries are looked for",
+    ),
+    ("detach", "detach — stop tracing for good; the process goes on"),
+    ("quit", "quit — leave the console (after mtrace attach: and detach; else tracing goes on to the end)"),
     ("help", "help [COMMAND] — this list, or one command's line"),
 ];
+
+/// A line on standard output; a closed one is not an error worth dying of.
+fn say(line: &str) {
+    let _ = writeln!(std::io::stdout(), "{line}");
+}
 
 /// The command `word` abbreviates: exact, or the only one it is a prefix of.
 fn resolve(word: &str) -> Result<&'static str> {
@@ -63,24 +80,22 @@ fn resolve(word: &str) -> Result<&'static str> {
     }
 }
 
-/// Runs the console until `detach`, `quit`, end of input, or the stream's
-/// end. Returns when the process was asked to detach (or ended).
+/// Runs the console until `detach` (the process told to stop tracing),
+/// `quit` or the end of input (tracing goes on), or the stream's end.
 pub fn run(live: &mut dyn Live, opts: &ReportOpts) -> Result<()> {
     let mut opts = opts.clone();
     let mut ed = rustyline::DefaultEditor::new()?;
-    println!("mtrace console: help lists the commands; detach or quit ends tracing");
+    say("mtrace console: help lists the commands; detach or quit ends tracing");
     loop {
         if live.ended() {
-            println!("the process's stream ended");
+            say("the process's stream ended");
             return Ok(());
         }
         let line = match ed.readline("mtrace> ") {
             Ok(l) => l,
             Err(rustyline::error::ReadlineError::Interrupted) => continue,
-            Err(_) => {
-                live.send("detach")?;
-                return Ok(());
-            }
+            // End of input: as quit.
+            Err(_) => return Ok(()),
         };
         let line = line.trim();
         if line.is_empty() {
@@ -95,7 +110,7 @@ pub fn run(live: &mut dyn Live, opts: &ReportOpts) -> Result<()> {
             Some(f) => match std::fs::File::create(f) {
                 Ok(file) => Box::new(file),
                 Err(e) => {
-                    println!("{f}: {e}");
+                    say(&format!("{f}: {e}"));
                     continue;
                 }
             },
@@ -104,9 +119,9 @@ pub fn run(live: &mut dyn Live, opts: &ReportOpts) -> Result<()> {
         match command(live, &mut opts, line, &mut *out) {
             Ok(true) => return Ok(()),
             Ok(false) => {}
-            Err(e) => println!("{e:#}"),
+            Err(e) => say(&format!("{e:#}")),
         }
-        out.flush()?;
+        let _ = out.flush();
     }
 }
 
@@ -128,17 +143,63 @@ fn command(live: &mut dyn Live, opts: &mut ReportOpts, line: &str, out: &mut dyn
             }
         },
         "report" => {
-            opts.report(&live.trace(), out)?;
+            let n = wait_for_marker(live, "report", |l| l.send("marker report"))?;
+            let mut o = opts.clone();
+            o.since_marker = (n > 1).then(|| format!("report#{}", n - 1));
+            o.until_marker = Some(format!("report#{n}"));
+            o.report(&live.trace(), out)?;
         }
-        "dump" => {
-            let sort = match args.first().copied().unwrap_or("usage") {
-                "usage" => SortKey::Bytes,
-                "allocations" => SortKey::Count,
-                "average" => SortKey::Average,
-                "total" => SortKey::Total,
-                s => bail!("dump: unknown order {s:?} (usage, allocations, average, total)"),
-            };
+        "timeline" => {
             let t = load(live, opts)?;
+            writeln!(out, "{:>12}  {:>12}  {:>14}  {:>8}", "time", "RSS", "heap", "blocks")?;
+            for p in crate::report::thin(&t.timeline, crate::report::TIMELINE_ROWS) {
+                let mib = |b: u64| format!("{:.1} MiB", b as f64 / 1048576.0);
+                writeln!(
+                    out,
+                    "{:>10.3} s  {:>12}  {:>14}  {:>8}",
+                    p.time_ns as f64 / 1e9,
+                    mib(p.rss_bytes),
+                    mib(p.heap_bytes),
+                    p.heap_blocks
+                )?;
+            }
+        }
+        "show" => match args.first().copied().filter(|a| !a.is_empty()) {
+            Some(a) if "info".starts_with(a) => {
+                let t = crate::load::load(&live.trace())?;
+                let h = &t.header;
+                writeln!(out, "program: {} (pid {}, parent {})", h.exe, h.pid, h.ppid)?;
+                writeln!(out, "command: {}", h.cmdline.join(" "))?;
+                writeln!(
+                    out,
+                    "target: {}, {}-bit, {}-endian",
+                    h.arch,
+                    h.pointer_size * 8,
+                    if h.big_endian { "big" } else { "little" }
+                )?;
+                writeln!(out, "stream: {} ({} records so far)", live.trace().display(), t.records)?;
+                if let Some(m) = &opts.since_marker {
+                    writeln!(out, "counting from: {m}")?;
+                }
+            }
+            Some(a) if "searchpath".starts_with(a) => {
+                let root = opts.sysroot.as_ref().map_or("/".into(), |p| p.display().to_string());
+                writeln!(out, "sysroot: {root}")?;
+                for b in &opts.binpath {
+                    writeln!(out, "binpath: {}", b.display())?;
+                }
+            }
+            _ => bail!("show info|searchpath"),
+        },
+        "dump" => {
+            let (pid, args) = pid_arg(&args);
+            let sort = match args.first() {
+                None => SortKey::Bytes,
+                Some(s) => <SortKey as clap::ValueEnum>::from_str(s, true).map_err(|_| {
+                    anyhow::anyhow!("dump: unknown order {s:?} (usage, allocations, average, total, tsc)")
+                })?,
+            };
+            let t = load_pid(live, opts, pid)?;
             let mut sym = opts.symbolizer();
             let mut r = crate::report::build(&t, &mut sym, sort, opts.depth, true);
             r.summary.since_marker = opts.since_marker.clone();
@@ -154,7 +215,8 @@ fn command(live: &mut dyn Live, opts: &mut ReportOpts, line: &str, out: &mut dyn
             crate::report::text::write_entries_only(&r, out)?;
         }
         "status" => {
-            let t = crate::load::load(&live.trace())?;
+            let (pid, _) = pid_arg(&args);
+            let t = crate::load::load(&trace_of(live, pid)?)?;
             let b = &t.books;
             let avg = b.cur_bytes.checked_div(b.cur_blocks).unwrap_or(0);
             let state = match t.end {
@@ -193,12 +255,16 @@ fn command(live: &mut dyn Live, opts: &mut ReportOpts, line: &str, out: &mut dyn
             ["depth", n] if n.parse::<usize>().is_ok_and(|d| (1..=256).contains(&d)) => {
                 live.send(&format!("depth {n}"))?;
             }
-            _ => bail!("set depth N (1 to 256)"),
+            ["searchpath", dirs] => {
+                opts.binpath = dirs.split(':').filter(|d| !d.is_empty()).map(PathBuf::from).collect();
+            }
+            _ => bail!("set depth N (1 to 256) | set searchpath DIR[:DIR…]"),
         },
-        "detach" | "quit" => {
+        "detach" => {
             live.send("detach")?;
             return Ok(true);
         }
+        "quit" => return Ok(true),
         _ => unreachable!("every command is handled"),
     }
     Ok(false)
@@ -206,8 +272,30 @@ fn command(live: &mut dyn Live, opts: &mut ReportOpts, line: &str, out: &mut dyn
 
 /// The stream so far, from the last `reset` on.
 fn load(live: &dyn Live, opts: &ReportOpts) -> Result<crate::load::Trace> {
-    let w = crate::load::Window { since: opts.since_marker.clone().map(crate::load::MarkerSel), until: None };
-    crate::load::load_window(&live.trace(), &w)
+    load_pid(live, opts, None)
+}
+
+/// [`load`] of process `pid`'s stream (default: the program's; another
+/// process's from its start).
+fn load_pid(live: &dyn Live, opts: &ReportOpts, pid: Option<u32>) -> Result<crate::load::Trace> {
+    let since = if pid.is_none() { opts.since_marker.clone().map(crate::load::MarkerSel) } else { None };
+    crate::load::load_window(&trace_of(live, pid)?, &crate::load::Window { since, until: None })
+}
+
+/// The stream of process `pid`, or the program's.
+fn trace_of(live: &dyn Live, pid: Option<u32>) -> Result<PathBuf> {
+    match pid {
+        None => Ok(live.trace()),
+        Some(p) => live.trace_of(p).ok_or_else(|| anyhow::anyhow!("no process {p} (proclist lists them)")),
+    }
+}
+
+/// A trailing PID argument, and the others.
+fn pid_arg<'a>(args: &[&'a str]) -> (Option<u32>, Vec<&'a str>) {
+    match args.split_last() {
+        Some((last, rest)) if last.parse::<u32>().is_ok() => (last.parse().ok(), rest.to_vec()),
+        _ => (None, args.to_vec()),
+    }
 }
 
 /// Runs `ask` and waits (up to 30 s) until one more marker named `name`

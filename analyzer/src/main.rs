@@ -72,10 +72,10 @@ pub struct ReportOpts {
     pub(crate) depth: Option<usize>,
     /// Root folder holding the traced machine's files (for traces made elsewhere).
     #[arg(long)]
-    sysroot: Option<PathBuf>,
+    pub(crate) sysroot: Option<PathBuf>,
     /// Folder to search for binaries by file name; may be repeated.
     #[arg(long)]
-    binpath: Vec<PathBuf>,
+    pub(crate) binpath: Vec<PathBuf>,
     /// Report the change in live blocks since this marker (a report number, or a marker's name).
     #[arg(long, value_name = "MARKER")]
     pub(crate) since_marker: Option<String>,

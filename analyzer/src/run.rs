@@ -33,6 +33,10 @@ pub struct RunArgs {
     /// reachable, all (comma-separated).
     #[arg(long, value_name = "KINDS", default_value = "definite,possible")]
     errors_for_leak_kinds: String,
+    /// The interactive console on the program while it runs (as
+    /// `mtrace attach -i`); the report when it ends.
+    #[arg(short = 'i', long = "interactive")]
+    interactive: bool,
     #[command(flatten)]
     opts: ReportOpts,
     /// The program and its arguments.
@@ -105,7 +109,32 @@ fn wait_forwarding(child: &mut std::process::Child) -> Result<std::process::Exit
     }
 }
 
+/// `mtrace run -i`: the program under a server of our own on a private
+/// socket, this process its client with the console.
+fn run_interactive(a: RunArgs) -> Result<ExitCode> {
+    let dir = tempfile::Builder::new().prefix("mtrace-run.").tempdir()?;
+    let sock = format!("unix:{}", dir.path().join("s.sock").display());
+    let mut server = Command::new(std::env::current_exe()?);
+    server.args(["server", "--quiet", "--wait", "--listen", &sock]);
+    if let Some(d) = a.opts.depth {
+        server.args(["-d", &d.to_string()]);
+    }
+    let mut server = server.arg("--").args(&a.command).stdin(std::process::Stdio::null()).spawn()?;
+    // The server is listening once its socket exists.
+    let path = dir.path().join("s.sock");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !path.exists() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let code = crate::relay::client::client(crate::relay::client::ClientArgs::interactive_on(sock, a.output, a.opts));
+    let _ = server.wait();
+    code
+}
+
 pub fn run(a: RunArgs) -> Result<ExitCode> {
+    if a.interactive {
+        return run_interactive(a);
+    }
     let lib = find_lib()?;
     let mut temp = None;
     let dir: PathBuf = match &a.trace_dir {

@@ -263,3 +263,49 @@ fn refusals_are_one_line_and_the_server_keeps_running() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("give --token-file"));
 }
+
+#[test]
+fn run_interactive_console() {
+    let dir = scratch("run-i");
+    let script = "import time\nd = [str(i) * 10 for i in range(2000)]\ntime.sleep(1.5)\nprint(len(d))";
+    let mut c = Command::new(mtrace())
+        .args(["run", "-i", "-o"])
+        .arg(dir.join("final.txt"))
+        .args(["--", "/usr/bin/python3", "-c", script])
+        .env("PYTHONMALLOC", "malloc")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut console = c.stdin.take().unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    for cmd in [
+        "status",
+        "show info",
+        "show searchpath",
+        "set searchpath /nowhere:/either",
+        "show s",
+        "timeline",
+        "report",
+        "dump tsc 999999",
+        "quit",
+    ] {
+        writeln!(console, "{cmd}").unwrap();
+    }
+    drop(console);
+    let out = c.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let calls = text.lines().find(|l| l.contains("allocation calls:")).unwrap_or_else(|| panic!("{text}"));
+    let n: u64 = calls.split(':').nth(1).unwrap().split(',').next().unwrap().trim().parse().unwrap();
+    assert!(n > 2000, "{calls}");
+    assert!(text.contains("program: /usr/bin/python3"), "{text}");
+    assert!(text.contains("sysroot: /\n"), "{text}");
+    assert!(text.contains("binpath: /nowhere\nbinpath: /either"), "{text}");
+    assert!(text.contains("        time           RSS"), "{text}");
+    assert!(text.contains("mtrace report for /usr/bin/python3"), "{text}");
+    assert!(text.contains("no process 999999 (proclist lists them)"), "{text}");
+    // The final report, when python ended.
+    let fin = std::fs::read_to_string(dir.join("final.txt")).unwrap();
+    assert!(fin.contains("ended by:         exit"), "{fin}");
+}

@@ -126,6 +126,8 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     if a.interactive {
         let mut live = Session { control: control.try_clone()?, trace: trace.clone(), copier: &copier };
         crate::console::run(&mut live, &a.opts)?;
+        // Leaving the console ends the attach.
+        STOP.store(true, Ordering::Relaxed);
     }
     let deadline = a.duration.map(|ns| Instant::now() + Duration::from_nanos(ns));
     let mut next_view = a.interval.map(|ns| (Instant::now() + Duration::from_nanos(ns), ns));

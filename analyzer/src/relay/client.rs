@@ -48,6 +48,13 @@ struct Streams {
     closed: bool,
 }
 
+impl ClientArgs {
+    /// A client of a local server with the console (`mtrace run -i`).
+    pub fn interactive_on(addr: String, output: Option<PathBuf>, opts: ReportOpts) -> ClientArgs {
+        ClientArgs { addr: Some(addr), interactive: true, save: None, token_file: None, output, opts }
+    }
+}
+
 pub fn client(a: ClientArgs) -> Result<ExitCode> {
     let token = Addr::token(&a.token_file)?;
     let addr = Addr::parse(a.addr.as_deref())?;
@@ -182,6 +189,14 @@ impl crate::console::Live for Live {
     fn ended(&self) -> bool {
         let s = self.streams.lock().expect("streams lock");
         s.closed || s.files.get(&1).is_some_and(|f| f.1)
+    }
+
+    fn trace_of(&self, pid: u32) -> Option<PathBuf> {
+        let s = self.streams.lock().expect("streams lock");
+        // The latest stream of that pid (an exec keeps it).
+        let mut ids: Vec<_> = s.files.keys().copied().collect();
+        ids.sort();
+        ids.into_iter().rev().map(|id| s.files[&id].0.clone()).find(|p| header_pid(p) == Some(pid))
     }
 
     fn processes(&self) -> Vec<String> {

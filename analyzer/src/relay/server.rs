@@ -41,6 +41,9 @@ pub struct ServerArgs {
     /// Record at most N frames per backtrace.
     #[arg(short = 'd', long = "depth")]
     depth: Option<usize>,
+    /// No messages of the server's own (`mtrace run -i` uses a server).
+    #[arg(long, hide = true)]
+    quiet: bool,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROG")]
     command: Vec<String>,
@@ -137,12 +140,17 @@ pub fn server(a: ServerArgs) -> Result<ExitCode> {
         exited: AtomicBool::new(false),
         exit_status: AtomicU32::new(0),
     });
-    eprintln!("mtrace server: listening on {addr}");
+    let say = |m: String| {
+        if !a.quiet {
+            eprintln!("mtrace server: {m}");
+        }
+    };
+    say(format!("listening on {addr}"));
     let sh = shared.clone();
     std::thread::spawn(move || accept_processes(procs, sh));
     let mut first = None;
     if a.wait {
-        eprintln!("mtrace server: waiting for a client before starting {}", a.command[0]);
+        say(format!("waiting for a client before starting {}", a.command[0]));
         first = Some(accept_client(&listener, &token));
     }
     let mut cmd = Command::new(&a.command[0]);
@@ -168,12 +176,12 @@ pub fn server(a: ServerArgs) -> Result<ExitCode> {
             None => accept_client(&listener, &token),
         };
         let Some((conn, who)) = client else { continue };
-        eprintln!("mtrace server: {who} connected");
+        say(format!("{who} connected"));
         if serve(conn, &shared) {
-            eprintln!("mtrace server: {who} has the whole trace; done");
+            say(format!("{who} has the whole trace; done"));
             return Ok(ExitCode::from(shared.exit_status.load(Ordering::Acquire) as u8));
         }
-        eprintln!("mtrace server: {who} left; waiting for another client");
+        say(format!("{who} left; waiting for another client"));
     }
 }
 

@@ -19,14 +19,18 @@ pub use text::write_text;
 /// Order of the "not freed" entries (the keys of mtrace-ng).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum SortKey {
-    /// Bytes not freed (default).
+    /// Bytes not freed (default; mtrace-ng's `usage`).
+    #[value(alias = "usage")]
     Bytes,
-    /// Blocks not freed.
+    /// Blocks not freed (mtrace-ng's `allocations`).
+    #[value(alias = "allocations")]
     Count,
     /// All allocations made from the backtrace over the run.
     Total,
     /// Average size of the blocks not freed.
     Average,
+    /// The backtrace with the most recent allocation first (mtrace-ng's `tsc`).
+    Tsc,
 }
 
 #[derive(Serialize, Debug)]
@@ -53,8 +57,10 @@ pub struct Summary {
     pub truncated: bool,
     /// Why reading stopped early, with the byte offset.
     pub error: Option<String>,
-    /// How the process ended: exit, _exit, abort, signal N, exec.
+    /// How the process ended: exit, _exit, abort, signal N, exec, detach.
     pub ended_by: Option<String>,
+    /// Traced from an attach (`mtrace attach`): blocks from before it are unknown.
+    pub attached: bool,
     /// Frees of blocks allocated before tracing started.
     pub unmatched_frees: u64,
     /// The report is the change since this marker ...
@@ -183,7 +189,9 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
         None
     };
     let marking = started.elapsed().as_secs_f64();
-    let mut groups: HashMap<(u32, Option<Kind>), (i64, i64, mtrace_format::Family)> = HashMap::default();
+    // Per (backtrace, kind): bytes, blocks, family, latest allocation (ns).
+    type Group = (i64, i64, mtrace_format::Family, u64);
+    let mut groups: HashMap<(u32, Option<Kind>), Group> = HashMap::default();
     let mut kinds = classes.as_ref().map(|_| crate::scan::Kinds::default());
     // Indirect bytes per owning definitely lost block.
     let mut owned: HashMap<u64, u64> = HashMap::default();
@@ -209,9 +217,10 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
                 continue;
             }
         }
-        let g = groups.entry((b.stack, kind)).or_insert((0, 0, b.family));
+        let g = groups.entry((b.stack, kind)).or_insert((0, 0, b.family, 0));
         g.0 = g.0.saturating_add(signed(b.size));
         g.1 += 1;
+        g.3 = g.3.max(b.time);
     }
     let mut indirect_of: HashMap<u32, u64> = HashMap::default();
     for (o, bytes) in owned {
@@ -222,22 +231,23 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
     }
     if let Some(base) = &t.baseline {
         for (&s, l) in base {
-            let g = groups.entry((s, None)).or_insert((0, 0, l.family));
+            let g = groups.entry((s, None)).or_insert((0, 0, l.family, 0));
             g.0 = g.0.saturating_sub(signed(l.bytes));
             g.1 = g.1.saturating_sub(signed(l.blocks));
         }
         groups.retain(|_, g| g.0 != 0 || g.1 != 0);
     }
-    type Row = ((u32, Option<Kind>), i64, i64, u64, mtrace_format::Family);
+    type Row = ((u32, Option<Kind>), i64, i64, u64, mtrace_format::Family, u64);
     let mut entries: Vec<Row> = groups
         .into_iter()
-        .map(|(k, (bytes, blocks, fam))| (k, bytes, blocks, t.books.totals_of(k.0).allocations, fam))
+        .map(|(k, (bytes, blocks, fam, latest))| (k, bytes, blocks, t.books.totals_of(k.0).allocations, fam, latest))
         .collect();
     let key = |e: &Row| match sort {
         SortKey::Bytes => e.1,
         SortKey::Count => e.2,
         SortKey::Total => e.3 as i64,
         SortKey::Average => e.1 / e.2.max(1),
+        SortKey::Tsc => signed(e.5),
     };
     // Kinds in memcheck's order (definite first), then by the sort key.
     entries.sort_by(|a, b| a.0 .1.cmp(&b.0 .1).then(key(b).cmp(&key(a))).then(b.1.cmp(&a.1)).then(a.0 .0.cmp(&b.0 .0)));
@@ -250,7 +260,7 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
     };
     let stacks = entries
         .into_iter()
-        .map(|((s, kind), bytes, blocks, total, fam)| {
+        .map(|((s, kind), bytes, blocks, total, fam, _)| {
             let frames = stack_frames(t, sym, s, depth);
             let family = match t.stacks.pool_of.get(&s) {
                 Some(p) => format!("pool {}", t.pools.get(p).map_or("?", String::as_str)),
@@ -281,6 +291,7 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
             truncated: t.error.is_some() || (t.end.is_none() && !t.reached_until),
             error: t.error.as_ref().map(|e| format!("{}: {e}", t.path.display())),
             ended_by: t.end.map(end_text),
+            attached: t.attached,
             unmatched_frees: t.books.unmatched_frees(),
             since_marker: None,
             until_marker: None,

@@ -221,7 +221,8 @@ fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     } else {
         let heading = match (delta, r.summary.ended_by.as_deref()) {
             (true, _) => "Change in live blocks",
-            (false, Some("detach")) => "Allocated while attached and not freed at detach",
+            (false, Some("detach")) if r.summary.attached => "Allocated while attached and not freed at detach",
+            (false, Some("detach")) => "Not freed when tracing stopped (detach)",
             (false, None) => "Live at the end of the trace so far",
             _ => "Not freed at exit",
         };
