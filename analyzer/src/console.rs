@@ -1,8 +1,10 @@
-//! The interactive console (`mtrace attach -i`): a front end on a live
-//! stream, in mtrace-ng's manner. Commands may be abbreviated to their
-//! shortest unique prefix; `>FILE` at the end of a line sends its output
-//! to FILE. Line editing and history come from rustyline (well kept, and
-//! it falls back to plain lines when standard input is not a terminal).
+//! The interactive console (`mtrace attach -i`, `client -i`, `run -i`): a
+//! front end on a live stream, in mtrace-ng's manner. Commands may be
+//! abbreviated to their shortest unique prefix; `>FILE` at the end of a
+//! line sends its output to FILE; long output on a terminal goes through
+//! `$PAGER` (`less -FRX`). Line editing and history come from rustyline
+//! (well kept, and it falls back to plain lines when standard input is not
+//! a terminal).
 //!
 //! The books are those of the stream saved so far: each command reads it
 //! again (a report of a long session costs a read of its trace).
@@ -106,23 +108,54 @@ pub fn run(live: &mut dyn Live, opts: &ReportOpts) -> Result<()> {
             Some((l, f)) if !f.trim().is_empty() => (l.trim(), Some(f.trim().to_owned())),
             _ => (line, None),
         };
-        let mut out: Box<dyn Write> = match &redirect {
-            Some(f) => match std::fs::File::create(f) {
-                Ok(file) => Box::new(file),
+        let mut file = None;
+        if let Some(f) = &redirect {
+            match std::fs::File::create(f) {
+                Ok(h) => file = Some(h),
                 Err(e) => {
                     say(&format!("{f}: {e}"));
                     continue;
                 }
-            },
-            None => Box::new(std::io::stdout().lock()),
+            }
+        }
+        // Output to the terminal is collected, for the pager if it is long.
+        let mut collected = Vec::new();
+        let res = match file.as_mut() {
+            Some(f) => command(live, &mut opts, line, f),
+            None => command(live, &mut opts, line, &mut collected),
         };
-        match command(live, &mut opts, line, &mut *out) {
+        page(&collected);
+        match res {
             Ok(true) => return Ok(()),
             Ok(false) => {}
             Err(e) => say(&format!("{e:#}")),
         }
-        let _ = out.flush();
     }
+}
+
+/// Writes `text` to standard output, through `$PAGER` (default `less
+/// -FRX`) when standard output is a terminal that it would overflow.
+fn page(text: &[u8]) {
+    use std::io::IsTerminal;
+    let lines = text.iter().filter(|&&b| b == b'\n').count();
+    let rows = std::env::var("LINES").ok().and_then(|l| l.parse().ok()).unwrap_or(24usize);
+    if std::io::stdout().is_terminal() && lines + 1 > rows {
+        let pager = std::env::var("PAGER").unwrap_or_else(|_| "less -FRX".to_owned());
+        let mut words = pager.split_whitespace();
+        if let Some(prog) = words.next() {
+            let child = std::process::Command::new(prog).args(words).stdin(std::process::Stdio::piped()).spawn();
+            if let Ok(mut c) = child {
+                if let Some(mut i) = c.stdin.take() {
+                    let _ = i.write_all(text);
+                }
+                let _ = c.wait();
+                return;
+            }
+        }
+    }
+    let mut o = std::io::stdout().lock();
+    let _ = o.write_all(text);
+    let _ = o.flush();
 }
 
 /// Carries out one command line; true when it ended tracing.

@@ -309,3 +309,26 @@ fn run_interactive_console() {
     let fin = std::fs::read_to_string(dir.join("final.txt")).unwrap();
     assert!(fin.contains("ended by:         exit"), "{fin}");
 }
+
+#[test]
+fn the_console_in_a_pseudo_terminal() {
+    // A terminal: rustyline edits lines; a long answer goes to the pager
+    // (one that marks its lines here), a short one does not.
+    let cmd = format!(
+        "env 'PAGER=sed s/^/PAGED:/' LINES=5 {} run -i -o /dev/null -- /usr/bin/python3 -c 'import time; time.sleep(3)'",
+        mtrace().display()
+    );
+    let mut p = rexpect::spawn(&cmd, Some(20_000)).unwrap();
+    p.exp_string("mtrace> ").unwrap();
+    p.send_line("stat").unwrap();
+    p.exp_string("\n  allocation calls:").unwrap();
+    p.exp_string("mtrace> ").unwrap();
+    p.send_line("help").unwrap();
+    // (rexpect reads bytes as Latin-1: only ASCII is compared.)
+    p.exp_string("PAGED:  quit").unwrap();
+    p.exp_string("mtrace> ").unwrap();
+    p.send_line("nonsense").unwrap();
+    p.exp_string("unknown command \"nonsense\"").unwrap();
+    p.send_line("quit").unwrap();
+    p.exp_eof().unwrap();
+}
