@@ -39,23 +39,9 @@ impl Target {
 /// Starts `mtrace attach PID --json -o REPORT extra…` and waits until it
 /// says it is attached.
 fn attach(pid: u32, report: &Path, extra: &[&str]) -> Child {
-    let mut c = Command::new(mtrace())
-        .arg("attach")
-        .arg(pid.to_string())
-        .arg("--json")
-        .arg("-o")
-        .arg(report)
-        .args(extra)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(c.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    assert!(line.contains("attached to process"), "{line}");
-    // Keep reading stderr so that mtrace never blocks on it.
-    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    c
+    let mut c = Command::new(mtrace());
+    c.arg("attach").arg(pid.to_string()).arg("--json").arg("-o").arg(report).args(extra);
+    spawn_until(&mut c, "attached to process")
 }
 
 fn wait_ok(c: &mut Child) {
@@ -249,17 +235,13 @@ fn interval_views_show_what_stays_live() {
     let m = markers("attach_target.c");
     let mut t = Target::start(&prog);
     let report = dir.join("report.json");
-    let mut a = Command::new(mtrace())
-        .args(["attach", &t.child.id().to_string(), "--interval", "400ms", "--older-than", "200ms", "--json", "-o"])
-        .arg(&report)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(a.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    assert!(line.contains("attached to process"), "{line}");
+    let a = spawn_until(
+        Command::new(mtrace())
+            .args(["attach", &t.child.id().to_string(), "--interval", "400ms", "--older-than", "200ms", "--json", "-o"])
+            .arg(&report)
+            .stdout(Stdio::piped()),
+        "attached to process",
+    );
     for _ in 0..5 {
         t.ask("leak 1000");
         t.ask("tmp 64");
@@ -309,18 +291,14 @@ fn console_commands_on_an_attached_process() {
     let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
     let m = markers("attach_target.c");
     let mut t = Target::start(&prog);
-    let mut a = Command::new(mtrace())
-        .args(["attach", &t.child.id().to_string(), "-i", "-o"])
-        .arg(dir.join("final.txt"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(a.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    assert!(line.contains("attached to process"), "{line}");
+    let mut a = spawn_until(
+        Command::new(mtrace())
+            .args(["attach", &t.child.id().to_string(), "-i", "-o"])
+            .arg(dir.join("final.txt"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped()),
+        "attached to process",
+    );
     t.ask("leak 100");
     t.ask("leak 100");
     t.ask("lose 33");

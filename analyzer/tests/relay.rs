@@ -12,22 +12,16 @@ use std::time::{Duration, Instant};
 
 /// `mtrace server --listen ADDR extra… -- prog`, once it listens.
 fn server(addr: &str, extra: &[&str], prog: &Path, stdin: bool) -> Child {
-    let mut c = Command::new(mtrace())
-        .args(["server", "--listen", addr])
-        .args(extra)
-        .arg("--")
-        .arg(prog)
-        .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(c.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    assert!(line.starts_with("mtrace server: listening on"), "{line}");
-    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    c
+    spawn_until(
+        Command::new(mtrace())
+            .args(["server", "--listen", addr])
+            .args(extra)
+            .arg("--")
+            .arg(prog)
+            .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped()),
+        "mtrace server: listening on",
+    )
 }
 
 /// `mtrace client ADDR --json -o REPORT extra…`, run to its end.

@@ -160,3 +160,17 @@ pub fn traces(dir: &Path) -> Vec<(PathBuf, Value)> {
         })
         .collect()
 }
+
+/// Spawns `cmd` with its standard error piped, waits for its first line
+/// there, which must contain `expect`, and drains the rest (so that the
+/// process never blocks on it).
+pub fn spawn_until(cmd: &mut Command, expect: &str) -> std::process::Child {
+    use std::io::BufRead;
+    let mut c = cmd.stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let mut err = std::io::BufReader::new(c.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(line.contains(expect), "{line}");
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    c
+}
