@@ -326,3 +326,32 @@ fn the_console_in_a_pseudo_terminal() {
     p.send_line("quit").unwrap();
     p.exp_eof().unwrap();
 }
+
+#[test]
+fn proclist_shows_every_process_of_a_forking_and_execing_program() {
+    let dir = scratch("relay-proclist");
+    let script = dir.join("prog.sh");
+    std::fs::write(&script, "#!/bin/sh\nls / >/dev/null\ncat /dev/null\nsleep 1\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let addr = format!("unix:{}", dir.join("s.sock").display());
+    let mut s = server(&addr, &["--wait"], &script, false);
+    let mut c = Command::new(mtrace())
+        .args(["client", &addr, "-i", "-o", "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut console = c.stdin.take().unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    writeln!(console, "proclist").unwrap();
+    writeln!(console, "quit").unwrap();
+    drop(console);
+    let out = c.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    // The shell, and the programs it forked and exec'd, each a stream.
+    for prog in ["/dash", "/ls", "/cat"] {
+        assert!(text.lines().any(|l| l.trim_end().ends_with(prog)), "{prog}: {text}");
+    }
+    assert!(s.wait().unwrap().success());
+}
