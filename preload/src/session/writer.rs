@@ -25,14 +25,14 @@ impl Session {
     }
 
     /// Writes every thread's buffered records, the buffer being filled
-    /// included, so that no event waits in a quiet thread for long (the
-    /// analyzer orders events of different threads by time, and a crash or
-    /// SIGKILL loses at most one poll interval). The caller holds the file lock.
-    /// Returns the bytes of records written.
+    /// included, so that no event waits in a quiet thread for long (a crash
+    /// or SIGKILL loses about a poll interval, and the analyzer's books
+    /// restore cross-thread order within a few rounds). The caller holds the
+    /// file lock. Returns the bytes of records written.
     pub(super) fn collect(&self, exited_only: bool) -> usize {
         let threads: Vec<Arc<ThreadBuf>> = self.threads.lock().clone();
         let mut batch = Vec::new();
-        let mut counted = 0;
+        let (mut counted, mut written) = (0, 0);
         for t in &threads {
             let exited = t.exited.load(Ordering::Acquire);
             if exited_only && !exited {
@@ -54,9 +54,9 @@ impl Session {
                     self.write_compressed(&std::mem::take(&mut batch));
                 }
                 batch.extend_from_slice(buf);
+                written += buf.len();
             }
         }
-        let written = counted.max(batch.len());
         self.write_compressed(&batch);
         self.pending.fetch_sub(counted, Ordering::Relaxed);
         self.threads.lock().retain(|t| {
