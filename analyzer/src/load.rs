@@ -265,8 +265,7 @@ pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Re
     let mut r = Reader::new(src);
     let header = r.header().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let mut t = Trace::new(path, header);
-    let mut now = 0u64;
-    let mut regions = Vec::new();
+    let mut keeper = Keeper::new(w);
     // Decoding (decompression included) on a second thread, a batch of
     // records at a time, while this one keeps the books.
     std::thread::scope(|sc| {
@@ -274,150 +273,185 @@ pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Re
         sc.spawn(move || decode_batches(r, tx));
         'outer: for batch in rx {
             for item in batch {
-                let (tid, rec) = match item {
-                    Ok(x) => x,
+                match item {
+                    Ok((tid, rec)) => {
+                        if keeper.apply(&mut t, tid, rec) == Flow::Until {
+                            break 'outer;
+                        }
+                    }
                     Err(e) => {
                         t.error = Some(e);
                         break 'outer;
                     }
-                };
-                t.records += 1;
-                match rec {
-                    Record::Thread { time_ns, .. } => now = time_ns,
-                    Record::Stack { id, frames } => t.stacks.define(id, frames, now),
-                    Record::Alloc { time_ns, family, addr, size, stack } => {
-                        now = time_ns;
-                        let stack = t.stacks.canon(stack);
-                        t.books.alloc(tid, addr, Block { size, stack, family, time: time_ns });
-                        if family != Family::Internal {
-                            t.stats.alloc(tid, addr, size, stack);
-                        }
-                    }
-                    Record::Free { time_ns, addr, .. } => {
-                        now = time_ns;
-                        t.books.free(tid, addr, time_ns);
-                        t.stats.free(tid, addr);
-                    }
-                    Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => {
-                        now = time_ns;
-                        let stack = t.stacks.canon(stack);
-                        t.books.realloc(
-                            tid,
-                            old,
-                            free_time_ns,
-                            new,
-                            Block { size, stack, family: Family::Malloc, time: time_ns },
-                        );
-                        t.stats.alloc(tid, new, size, stack);
-                    }
-                    Record::Mmap { time_ns, addr, len, stack, .. } => {
-                        now = time_ns;
-                        let stack = t.stacks.canon(stack);
-                        t.books.mmap(addr, Block { size: len, stack, family: Family::Mmap, time: time_ns });
-                    }
-                    Record::Munmap { time_ns, addr, len } => {
-                        now = time_ns;
-                        t.books.munmap(addr, len);
-                    }
-                    Record::Mremap { time_ns, old, old_len, new, new_len, stack } => {
-                        now = time_ns;
-                        let stack = t.stacks.canon(stack);
-                        t.books.mremap(
-                            old,
-                            old_len,
-                            new,
-                            Block { size: new_len, stack, family: Family::Mmap, time: time_ns },
-                        );
-                    }
-                    Record::Modules { time_ns, modules } => {
-                        now = time_ns;
-                        for m in modules {
-                            let known = t.modules.iter().any(|s| {
-                                s.module.path == m.path && s.module.bias == m.bias && s.module.build_id == m.build_id
-                            });
-                            if !known {
-                                t.modules.push(ModuleSeen { module: m, time: time_ns });
-                            }
-                        }
-                    }
-                    Record::End { time_ns, reason } => {
-                        now = time_ns;
-                        t.end = Some(reason);
-                    }
-                    Record::PoolName { id, name } => {
-                        t.pools.insert(id, name);
-                    }
-                    Record::PoolAlloc { time_ns, pool, addr, size, stack } => {
-                        now = time_ns;
-                        let canon = t.stacks.canon(stack);
-                        let stack = t.stacks.for_pool(canon, pool);
-                        t.books.alloc(
-                            tid,
-                            pool_key(pool, addr),
-                            Block { size, stack, family: Family::Pool, time: time_ns },
-                        );
-                    }
-                    Record::PoolFree { time_ns, pool, addr } => {
-                        now = time_ns;
-                        t.books.free(tid, pool_key(pool, addr), time_ns);
-                    }
-                    Record::ScanRegion { kind, addr, bytes, .. } => regions.push(crate::scan::Region {
-                        kind: kind & !region_kind::SAME_MAPPING,
-                        continues: kind & region_kind::SAME_MAPPING != 0,
-                        addr,
-                        bytes,
-                    }),
-                    Record::ScanEnd { time_ns } => {
-                        t.snapshot = Some(std::mem::take(&mut regions));
-                        t.snapshot_time = time_ns;
-                        t.snapshot_on_demand = false;
-                    }
-                    Record::Sample { time_ns, rss } => {
-                        now = time_ns;
-                        t.timeline.push(TimePoint {
-                            time_ns,
-                            rss_bytes: rss,
-                            heap_bytes: t.books.cur_bytes,
-                            heap_blocks: t.books.cur_blocks,
-                        });
-                    }
-                    Record::Marker { time_ns, seq, name } => {
-                        now = time_ns;
-                        let nth = 1 + t.markers.iter().filter(|m| m.name == name).count();
-                        let since =
-                            w.since.as_ref().is_some_and(|m| m.matches(seq, &name, nth)) && t.baseline.is_none();
-                        let until = w.until.as_ref().is_some_and(|m| m.matches(seq, &name, nth));
-                        t.snapshot_on_demand |= t.snapshot.is_some() && name == SCAN_MARKER;
-                        t.attached |= seq == 0 && name == ATTACH_MARKER;
-                        t.markers.push(MarkerSeen { seq, name, time_ns });
-                        if since {
-                            t.baseline = Some(t.books.live_by_stack());
-                        }
-                        if until {
-                            t.last_time = t.last_time.max(now);
-                            t.reached_until = true;
-                            break 'outer;
-                        }
-                    }
                 }
-                t.last_time = t.last_time.max(now);
             }
         }
     });
-    // An on-demand scan describes its own moment: a report that reads past
-    // it (the program went on) does not classify with it. But the scan
-    // `mtrace attach --scan` asks for right before its detach is the
-    // window's last moment.
-    let scan_at_detach = t.end == Some(EndReason::Detach);
-    if t.snapshot_on_demand && !t.reached_until && !scan_at_detach {
-        t.snapshot = None;
-        t.snapshot_time = u64::MAX;
-    }
-    if let Some(m) = &w.since {
-        anyhow::ensure!(t.baseline.is_some(), "{}: no marker {:?} in the trace", path.display(), m.0);
-    }
-    if let Some(m) = &w.until {
-        anyhow::ensure!(t.reached_until, "{}: no marker {:?} in the trace", path.display(), m.0);
-    }
+    keeper.finish(&mut t)?;
     Ok(t)
+}
+
+/// What the reader does after a record: go on, or stop (the window's
+/// `until` marker was reached).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    Go,
+    Until,
+}
+
+/// Keeps the books of a stream one record at a time: what [`load_from`]
+/// does with each record, and what `mtrace`'s console does with a stream
+/// that is still arriving.
+pub struct Keeper<'w> {
+    w: &'w Window,
+    /// Latest event time, ns.
+    now: u64,
+    /// The regions of a snapshot being read (until its ScanEnd).
+    regions: Vec<crate::scan::Region>,
+}
+
+impl<'w> Keeper<'w> {
+    pub fn new(w: &'w Window) -> Keeper<'w> {
+        Keeper { w, now: 0, regions: Vec::new() }
+    }
+
+    /// Enters record `rec` of thread `tid` into `t`.
+    pub fn apply(&mut self, t: &mut Trace, tid: u32, rec: Record) -> Flow {
+        t.records += 1;
+        let now = &mut self.now;
+        match rec {
+            Record::Thread { time_ns, .. } => *now = time_ns,
+            Record::Stack { id, frames } => t.stacks.define(id, frames, *now),
+            Record::Alloc { time_ns, family, addr, size, stack } => {
+                *now = time_ns;
+                let stack = t.stacks.canon(stack);
+                t.books.alloc(tid, addr, Block { size, stack, family, time: time_ns });
+                if family != Family::Internal {
+                    t.stats.alloc(tid, addr, size, stack);
+                }
+            }
+            Record::Free { time_ns, addr, .. } => {
+                *now = time_ns;
+                t.books.free(tid, addr, time_ns);
+                t.stats.free(tid, addr);
+            }
+            Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => {
+                *now = time_ns;
+                let stack = t.stacks.canon(stack);
+                t.books.realloc(
+                    tid,
+                    old,
+                    free_time_ns,
+                    new,
+                    Block { size, stack, family: Family::Malloc, time: time_ns },
+                );
+                t.stats.alloc(tid, new, size, stack);
+            }
+            Record::Mmap { time_ns, addr, len, stack, .. } => {
+                *now = time_ns;
+                let stack = t.stacks.canon(stack);
+                t.books.mmap(addr, Block { size: len, stack, family: Family::Mmap, time: time_ns });
+            }
+            Record::Munmap { time_ns, addr, len } => {
+                *now = time_ns;
+                t.books.munmap(addr, len);
+            }
+            Record::Mremap { time_ns, old, old_len, new, new_len, stack } => {
+                *now = time_ns;
+                let stack = t.stacks.canon(stack);
+                t.books.mremap(old, old_len, new, Block { size: new_len, stack, family: Family::Mmap, time: time_ns });
+            }
+            Record::Modules { time_ns, modules } => {
+                *now = time_ns;
+                for m in modules {
+                    let known = t
+                        .modules
+                        .iter()
+                        .any(|s| s.module.path == m.path && s.module.bias == m.bias && s.module.build_id == m.build_id);
+                    if !known {
+                        t.modules.push(ModuleSeen { module: m, time: time_ns });
+                    }
+                }
+            }
+            Record::End { time_ns, reason } => {
+                *now = time_ns;
+                t.end = Some(reason);
+            }
+            Record::PoolName { id, name } => {
+                t.pools.insert(id, name);
+            }
+            Record::PoolAlloc { time_ns, pool, addr, size, stack } => {
+                *now = time_ns;
+                let canon = t.stacks.canon(stack);
+                let stack = t.stacks.for_pool(canon, pool);
+                t.books.alloc(tid, pool_key(pool, addr), Block { size, stack, family: Family::Pool, time: time_ns });
+            }
+            Record::PoolFree { time_ns, pool, addr } => {
+                *now = time_ns;
+                t.books.free(tid, pool_key(pool, addr), time_ns);
+            }
+            Record::ScanRegion { kind, addr, bytes, .. } => self.regions.push(crate::scan::Region {
+                kind: kind & !region_kind::SAME_MAPPING,
+                continues: kind & region_kind::SAME_MAPPING != 0,
+                addr,
+                bytes,
+            }),
+            Record::ScanEnd { time_ns } => {
+                t.snapshot = Some(std::mem::take(&mut self.regions));
+                t.snapshot_time = time_ns;
+                t.snapshot_on_demand = false;
+            }
+            Record::Sample { time_ns, rss } => {
+                *now = time_ns;
+                t.timeline.push(TimePoint {
+                    time_ns,
+                    rss_bytes: rss,
+                    heap_bytes: t.books.cur_bytes,
+                    heap_blocks: t.books.cur_blocks,
+                });
+            }
+            Record::Marker { time_ns, seq, name } => {
+                *now = time_ns;
+                let nth = 1 + t.markers.iter().filter(|m| m.name == name).count();
+                let w = self.w;
+                let since = w.since.as_ref().is_some_and(|m| m.matches(seq, &name, nth)) && t.baseline.is_none();
+                let until = w.until.as_ref().is_some_and(|m| m.matches(seq, &name, nth));
+                t.snapshot_on_demand |= t.snapshot.is_some() && name == SCAN_MARKER;
+                t.attached |= seq == 0 && name == ATTACH_MARKER;
+                t.markers.push(MarkerSeen { seq, name, time_ns });
+                if since {
+                    t.baseline = Some(t.books.live_by_stack());
+                }
+                if until {
+                    t.last_time = t.last_time.max(*now);
+                    t.reached_until = true;
+                    return Flow::Until;
+                }
+            }
+        }
+        t.last_time = t.last_time.max(*now);
+        Flow::Go
+    }
+
+    /// After the last record: drops an on-demand snapshot the window read
+    /// past, and fails when a marker of the window was not in the trace.
+    pub fn finish(&self, t: &mut Trace) -> Result<()> {
+        // An on-demand scan describes its own moment: a report that reads past
+        // it (the program went on) does not classify with it. But the scan
+        // `mtrace attach --scan` asks for right before its detach is the
+        // window's last moment.
+        let scan_at_detach = t.end == Some(EndReason::Detach);
+        if t.snapshot_on_demand && !t.reached_until && !scan_at_detach {
+            t.snapshot = None;
+            t.snapshot_time = u64::MAX;
+        }
+        let path = t.path.display();
+        if let Some(m) = &self.w.since {
+            anyhow::ensure!(t.baseline.is_some(), "{path}: no marker {:?} in the trace", m.0);
+        }
+        if let Some(m) = &self.w.until {
+            anyhow::ensure!(t.reached_until, "{path}: no marker {:?} in the trace", m.0);
+        }
+        Ok(())
+    }
 }

@@ -5,7 +5,7 @@ mod console;
 mod relay;
 mod run;
 
-use mtrace_analyzer::{load, malloc_trace, report, scan, symbolize};
+use mtrace_analyzer::{books, live, load, malloc_trace, report, scan, symbolize};
 
 use std::io::Write;
 use std::path::PathBuf;

@@ -309,7 +309,7 @@ fn the_console_in_a_pseudo_terminal() {
     // A terminal: rustyline edits lines; a long answer goes to the pager
     // (one that marks its lines here), a short one does not.
     let cmd = format!(
-        "env 'PAGER=sed s/^/PAGED:/' LINES=5 {} run -i -o /dev/null -- /usr/bin/python3 -c 'import time; time.sleep(3)'",
+        "env 'PAGER=sed s/^/PAGED:/' LINES=8 {} run -i -o /dev/null -- /usr/bin/python3 -c 'import time; time.sleep(3)'",
         mtrace().display()
     );
     let mut p = rexpect::spawn(&cmd, Some(20_000)).unwrap();

@@ -182,6 +182,19 @@ impl crate::console::Live for Live {
         Ok(())
     }
 
+    fn send_to(&mut self, pid: Option<u32>, cmd: &str) -> Result<()> {
+        let Some(pid) = pid else { return self.send(cmd) };
+        let id = {
+            let s = self.streams.lock().expect("streams lock");
+            let mut ids: Vec<_> = s.files.iter().filter(|(_, f)| !f.1).map(|(&id, _)| id).collect();
+            ids.sort();
+            ids.into_iter().rev().find(|id| header_pid(&s.files[id].0) == Some(pid))
+        };
+        let id = id.ok_or_else(|| anyhow!("no traced process {pid} (proclist lists them)"))?;
+        write_frame(&mut *self.conn, COMMAND, id, cmd.as_bytes())?;
+        Ok(())
+    }
+
     fn trace(&self) -> PathBuf {
         self.wait_first().unwrap_or_default()
     }

@@ -31,6 +31,29 @@ pub enum SortKey {
     Average,
     /// The backtrace with the most recent allocation first (mtrace-ng's `tsc`).
     Tsc,
+    /// Bytes lost (definitely or indirectly) at the leak scan; in the
+    /// console, at the last `scan`.
+    BytesLeaked,
+    /// Blocks lost (definitely or indirectly) at the leak scan, or the last `scan`.
+    Leaks,
+    /// Every backtrace that allocated, also those with nothing live now,
+    /// by allocation calls (mtrace-ng's `stacks`).
+    Stacks,
+}
+
+/// What a report shows beyond the trace's own books: the console's
+/// `scan new|leak` and its memory of the last scan.
+#[derive(Default, Clone, Copy)]
+pub struct View<'a> {
+    /// Only the live blocks (address, block) this accepts are shown and counted.
+    pub keep: Option<&'a dyn Fn(u64, &crate::books::Block) -> bool>,
+    /// The classification of the trace's snapshot, already made (else
+    /// [`build`] classifies when the trace has a snapshot).
+    pub classes: Option<&'a HashMap<u64, crate::scan::Classified>>,
+    /// Blocks (address, allocation time in ns) an earlier scan found
+    /// definitely or indirectly lost: what the sort keys `bytes-leaked`
+    /// and `leaks` count when the report has no scan of its own.
+    pub lost_before: Option<&'a rustc_hash::FxHashSet<(u64, u64)>>,
 }
 
 #[derive(Serialize, Debug)]
@@ -87,6 +110,10 @@ pub struct LeakEntry {
     /// (memcheck's "(D direct, I indirect)").
     #[serde(skip_serializing_if = "Option::is_none")]
     pub indirect_bytes: Option<u64>,
+    /// With the sort keys `bytes-leaked` and `leaks`: this entry's bytes
+    /// and blocks found definitely or indirectly lost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost: Option<crate::scan::Total>,
     pub frames: Vec<Frame>,
 }
 
@@ -181,16 +208,41 @@ pub fn stack_frames(t: &Trace, sym: &mut Symbolizer, stack: u32, depth: Option<u
 /// baseline at the `since` marker, if any), sorts by `sort`, and symbolizes
 /// up to `depth` recorded frames of each.
 pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize>, show_reachable: bool) -> Report {
+    build_view(t, sym, sort, depth, show_reachable, View::default())
+}
+
+/// One entry's totals while grouping.
+#[derive(Clone, Copy)]
+struct Group {
+    bytes: i64,
+    blocks: i64,
+    family: mtrace_format::Family,
+    /// Latest allocation, ns.
+    latest: u64,
+    lost: crate::scan::Total,
+}
+
+/// [`build`], with what `view` adds.
+pub fn build_view(
+    t: &Trace,
+    sym: &mut Symbolizer,
+    sort: SortKey,
+    depth: Option<usize>,
+    show_reachable: bool,
+    view: View,
+) -> Report {
     // With a leak scan, entries are per (backtrace, kind).
     let started = std::time::Instant::now();
-    let classes: Option<HashMap<u64, crate::scan::Classified>> = if t.baseline.is_none() {
-        crate::scan::classify(t).map(|v| v.into_iter().map(|c| (c.addr, c)).collect())
-    } else {
-        None
+    let own: Option<HashMap<u64, crate::scan::Classified>>;
+    let classes = match view.classes {
+        Some(c) => Some(c),
+        None if t.baseline.is_none() => {
+            own = crate::scan::classify(t).map(|v| v.into_iter().map(|c| (c.addr, c)).collect());
+            own.as_ref()
+        }
+        None => None,
     };
     let marking = started.elapsed().as_secs_f64();
-    // Per (backtrace, kind): bytes, blocks, family, latest allocation (ns).
-    type Group = (i64, i64, mtrace_format::Family, u64);
     let mut groups: HashMap<(u32, Option<Kind>), Group> = HashMap::default();
     let mut kinds = classes.as_ref().map(|_| crate::scan::Kinds::default());
     // Indirect bytes per owning definitely lost block.
@@ -198,10 +250,18 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
     let mut owner_group: HashMap<u64, u32> = HashMap::default();
     let mut live_total = (0i64, 0i64);
     for (addr, b) in t.books.live_blocks() {
+        if view.keep.is_some_and(|k| !k(addr, b)) {
+            continue;
+        }
         live_total.0 = live_total.0.saturating_add(signed(b.size));
         live_total.1 += 1;
         let class = classes.as_ref().and_then(|c| c.get(&addr));
         let kind = class.map(|c| c.kind);
+        let lost = match (kind, view.lost_before) {
+            (Some(k), _) => matches!(k, Kind::Definite | Kind::Indirect),
+            (None, Some(l)) => l.contains(&(addr, b.time)),
+            (None, None) => false,
+        };
         if let (Some(k), Some(c)) = (kind.as_ref(), class) {
             let slot = kinds.as_mut().expect("with classes").get_mut(*k);
             slot.bytes = slot.bytes.saturating_add(b.size);
@@ -217,10 +277,20 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
                 continue;
             }
         }
-        let g = groups.entry((b.stack, kind)).or_insert((0, 0, b.family, 0));
-        g.0 = g.0.saturating_add(signed(b.size));
-        g.1 += 1;
-        g.3 = g.3.max(b.time);
+        let g = groups.entry((b.stack, kind)).or_insert(Group {
+            bytes: 0,
+            blocks: 0,
+            family: b.family,
+            latest: 0,
+            lost: Default::default(),
+        });
+        g.bytes = g.bytes.saturating_add(signed(b.size));
+        g.blocks += 1;
+        g.latest = g.latest.max(b.time);
+        if lost {
+            g.lost.bytes = g.lost.bytes.saturating_add(b.size);
+            g.lost.blocks += 1;
+        }
     }
     let mut indirect_of: HashMap<u32, u64> = HashMap::default();
     for (o, bytes) in owned {
@@ -231,43 +301,71 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
     }
     if let Some(base) = &t.baseline {
         for (&s, l) in base {
-            let g = groups.entry((s, None)).or_insert((0, 0, l.family, 0));
-            g.0 = g.0.saturating_sub(signed(l.bytes));
-            g.1 = g.1.saturating_sub(signed(l.blocks));
+            let g = groups.entry((s, None)).or_insert(Group {
+                bytes: 0,
+                blocks: 0,
+                family: l.family,
+                latest: 0,
+                lost: Default::default(),
+            });
+            g.bytes = g.bytes.saturating_sub(signed(l.bytes));
+            g.blocks = g.blocks.saturating_sub(signed(l.blocks));
         }
-        groups.retain(|_, g| g.0 != 0 || g.1 != 0);
+        groups.retain(|_, g| g.bytes != 0 || g.blocks != 0);
     }
-    type Row = ((u32, Option<Kind>), i64, i64, u64, mtrace_format::Family, u64);
-    let mut entries: Vec<Row> = groups
-        .into_iter()
-        .map(|(k, (bytes, blocks, fam, latest))| (k, bytes, blocks, t.books.totals_of(k.0).allocations, fam, latest))
-        .collect();
-    let key = |e: &Row| match sort {
-        SortKey::Bytes => e.1,
-        SortKey::Count => e.2,
-        SortKey::Total => e.3 as i64,
-        SortKey::Average => e.1 / e.2.max(1),
-        SortKey::Tsc => signed(e.5),
+    // `stacks`: also the backtraces with nothing live.
+    if sort == SortKey::Stacks && view.keep.is_none() {
+        for s in 0..t.stacks.frames.len() as u32 {
+            let used = groups.keys().any(|k| k.0 == s);
+            if !used && t.books.totals_of(s).allocations > 0 {
+                let family = mtrace_format::Family::Malloc;
+                groups.insert((s, None), Group { bytes: 0, blocks: 0, family, latest: 0, lost: Default::default() });
+            }
+        }
+    }
+    let mut entries: Vec<((u32, Option<Kind>), Group, u64)> =
+        groups.into_iter().map(|(k, g)| (k, g, t.books.totals_of(k.0).allocations)).collect();
+    let key = |(_, g, total): &((u32, Option<Kind>), Group, u64)| match sort {
+        SortKey::Bytes => g.bytes,
+        SortKey::Count => g.blocks,
+        SortKey::Total | SortKey::Stacks => signed(*total),
+        SortKey::Average => g.bytes / g.blocks.max(1),
+        SortKey::Tsc => signed(g.latest),
+        SortKey::BytesLeaked => signed(g.lost.bytes),
+        SortKey::Leaks => signed(g.lost.blocks),
     };
     // Kinds in memcheck's order (definite first), then by the sort key.
-    entries.sort_by(|a, b| a.0 .1.cmp(&b.0 .1).then(key(b).cmp(&key(a))).then(b.1.cmp(&a.1)).then(a.0 .0.cmp(&b.0 .0)));
+    entries.sort_by(|a, b| {
+        a.0 .1.cmp(&b.0 .1).then(key(b).cmp(&key(a))).then(b.1.bytes.cmp(&a.1.bytes)).then(a.0 .0.cmp(&b.0 .0))
+    });
     // Not freed: every live block (also the reachable ones an entry list
     // without --show-reachable leaves out); in a window, the net change.
     let (leaked_bytes, leaked_blocks) = if t.baseline.is_some() {
-        entries.iter().fold((0, 0), |acc, e| (acc.0 + e.1, acc.1 + e.2))
+        entries.iter().fold((0, 0), |acc, e| (acc.0 + e.1.bytes, acc.1 + e.1.blocks))
     } else {
         live_total
     };
+    let show_lost = matches!(sort, SortKey::BytesLeaked | SortKey::Leaks);
     let stacks = entries
         .into_iter()
-        .map(|((s, kind), bytes, blocks, total, fam, _)| {
+        .map(|((s, kind), g, total)| {
             let frames = stack_frames(t, sym, s, depth);
             let family = match t.stacks.pool_of.get(&s) {
                 Some(p) => format!("pool {}", t.pools.get(p).map_or("?", String::as_str)),
-                None => fam.name().to_owned(),
+                None => g.family.name().to_owned(),
             };
             let indirect_bytes = (kind == Some(Kind::Definite)).then(|| indirect_of.get(&s).copied().unwrap_or(0));
-            LeakEntry { bytes, blocks, total_allocations: total, family, kind, indirect_bytes, frames }
+            let lost = show_lost.then_some(g.lost);
+            LeakEntry {
+                bytes: g.bytes,
+                blocks: g.blocks,
+                total_allocations: total,
+                family,
+                kind,
+                indirect_bytes,
+                lost,
+                frames,
+            }
         })
         .collect();
     let h = &t.header;

@@ -303,6 +303,10 @@ fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
             e.family,
             plural(e.total_allocations, "allocation", "allocations"),
         )?;
+        if let Some(l) = e.lost {
+            let (b, n) = (plural(l.bytes, "byte", "bytes"), plural(l.blocks, "block", "blocks"));
+            writeln!(w, "    of which lost at the last scan: {b} in {n}")?;
+        }
         for (j, f) in e.frames.iter().enumerate() {
             writeln!(w, "{}", frame_line(f, j == 0))?;
         }

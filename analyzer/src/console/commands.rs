@@ -1,0 +1,371 @@
+//! What each console command does, on books kept while the stream arrives.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+
+use super::{resolve, Live, COMMANDS};
+use crate::books::{Block, LiveTotals};
+use crate::live::{LiveBooks, State};
+use crate::load::{Trace, SCAN_MARKER};
+use crate::report::{SortKey, View};
+use crate::scan::{Classified, Kind};
+use crate::ReportOpts;
+
+/// How long a report point, a reset or a scan may take to answer.
+const ANSWER: Duration = Duration::from_secs(30);
+
+/// What the last `scan` of a process found.
+struct LastScan {
+    /// When its snapshot was taken, ns.
+    snapshot_time: u64,
+    /// Its definitely and indirectly lost blocks: (address, allocation time).
+    lost: HashSet<(u64, u64)>,
+    lost_bytes: u64,
+}
+
+/// The console's state: the process, options, and the books per stream.
+pub(super) struct Console<'a> {
+    pub(super) live: &'a mut dyn Live,
+    opts: ReportOpts,
+    /// Books per stream file, started when first asked for.
+    books: HashMap<PathBuf, LiveBooks>,
+    /// The last scan of each stream file.
+    scans: HashMap<PathBuf, LastScan>,
+}
+
+/// Runs `f` on `t` as a report at this moment sees it: with `baseline` as
+/// the `since` marker's live blocks, the on-demand snapshot only when
+/// `snapshot`, and reading stopped here (no End record is missing).
+fn view<T>(
+    t: &mut Trace,
+    baseline: Option<HashMap<u32, LiveTotals>>,
+    snapshot: bool,
+    f: impl FnOnce(&Trace) -> T,
+) -> T {
+    let base = std::mem::replace(&mut t.baseline, baseline);
+    let snap = if snapshot { None } else { t.snapshot.take() };
+    let reached = std::mem::replace(&mut t.reached_until, true);
+    let out = f(t);
+    t.baseline = base;
+    if snap.is_some() {
+        t.snapshot = snap;
+    }
+    t.reached_until = reached;
+    out
+}
+
+impl<'a> Console<'a> {
+    pub(super) fn new(live: &'a mut dyn Live, opts: ReportOpts) -> Console<'a> {
+        Console { live, opts, books: HashMap::default(), scans: HashMap::default() }
+    }
+
+    /// The stream file of process `pid`, or the program's.
+    fn path_of(&self, pid: Option<u32>) -> Result<PathBuf> {
+        match pid {
+            None => Ok(self.live.trace()),
+            Some(p) => self.live.trace_of(p).ok_or_else(|| anyhow!("no process {p} (proclist lists them)")),
+        }
+    }
+
+    /// The stream file of process `pid`, its books started if they were not.
+    fn books(&mut self, pid: Option<u32>) -> Result<PathBuf> {
+        let path = self.path_of(pid)?;
+        self.books.entry(path.clone()).or_insert_with(|| LiveBooks::follow(&path));
+        Ok(path)
+    }
+
+    /// Carries out one command line; true when it ended tracing.
+    pub(super) fn command(&mut self, line: &str, out: &mut dyn Write) -> Result<bool> {
+        let mut words = line.split_whitespace();
+        let verb = resolve(words.next().unwrap_or_default())?;
+        let args: Vec<&str> = words.collect();
+        match verb {
+            "help" => match args.first() {
+                Some(w) => {
+                    let c = resolve(w)?;
+                    writeln!(out, "{}", COMMANDS.iter().find(|(n, _)| *n == c).map_or("", |x| x.1))?;
+                }
+                None => {
+                    for (_, h) in COMMANDS {
+                        writeln!(out, "  {h}")?;
+                    }
+                }
+            },
+            "report" => self.report(out)?,
+            "timeline" => self.with(None, |_, t| -> Result<()> {
+                writeln!(out, "{:>12}  {:>12}  {:>14}  {:>8}", "time", "RSS", "heap", "blocks")?;
+                for p in crate::report::thin(&t.timeline, crate::report::TIMELINE_ROWS) {
+                    let mib = |b: u64| format!("{:.1} MiB", b as f64 / 1048576.0);
+                    let (rss, heap) = (mib(p.rss_bytes), mib(p.heap_bytes));
+                    let time = p.time_ns as f64 / 1e9;
+                    writeln!(out, "{time:>10.3} s  {rss:>12}  {heap:>14}  {:>8}", p.heap_blocks)?;
+                }
+                Ok(())
+            })??,
+            "show" => self.show(&args, out)?,
+            "dump" => {
+                let (pid, args) = pid_arg(&args);
+                let sort = match args.first() {
+                    None => SortKey::Bytes,
+                    Some(s) => <SortKey as clap::ValueEnum>::from_str(s, true).map_err(|_| {
+                        anyhow!("dump: unknown order {s:?} (usage, allocations, average, total, tsc, bytes-leaked, leaks, stacks)")
+                    })?,
+                };
+                self.entries(pid, sort, usize::MAX, out)?;
+            }
+            "top" => {
+                let n = args.first().map_or(Ok(10), |a| a.parse::<usize>())?;
+                self.entries(None, SortKey::Bytes, n, out)?;
+            }
+            "status" => self.status(&args, out)?,
+            "proclist" => {
+                for l in self.live.processes() {
+                    writeln!(out, "{l}")?;
+                }
+            }
+            "markers" => self.with(None, |_, t| -> Result<()> {
+                for m in &t.markers {
+                    writeln!(out, "{:>10.3} s  {}", m.time_ns as f64 / 1e9, m.name)?;
+                }
+                Ok(())
+            })??,
+            "marker" => {
+                let Some(name) = args.first() else { bail!("marker NAME") };
+                self.live.send(&format!("marker {name}"))?;
+            }
+            "scan" => self.scan(&args, out)?,
+            "reset" => {
+                let path = self.books(None)?;
+                let live = &mut *self.live;
+                let n = self.books[&path].at_next_marker("reset", ANSWER, || live.send("marker reset"), |_, n| n)?;
+                self.opts.since_marker = Some(format!("reset#{n}"));
+                writeln!(out, "counting from now")?;
+            }
+            "start" | "stop" => self.live.send(verb)?,
+            "set" => match args.as_slice() {
+                ["depth", n] if n.parse::<usize>().is_ok_and(|d| (1..=256).contains(&d)) => {
+                    self.live.send(&format!("depth {n}"))?;
+                }
+                ["searchpath", dirs] => {
+                    self.opts.binpath = dirs.split(':').filter(|d| !d.is_empty()).map(PathBuf::from).collect();
+                }
+                _ => bail!("set depth N (1 to 256) | set searchpath DIR[:DIR…]"),
+            },
+            "detach" => {
+                self.live.send("detach")?;
+                return Ok(true);
+            }
+            "quit" => return Ok(true),
+            _ => unreachable!("every command is handled"),
+        }
+        Ok(false)
+    }
+
+    /// Runs `f` on the books of process `pid` (default: the program's),
+    /// once they hold everything saved so far.
+    fn with<T>(&mut self, pid: Option<u32>, f: impl FnOnce(&mut State, &mut Trace) -> T) -> Result<T> {
+        let path = self.books(pid)?;
+        self.books[&path].with(|st| {
+            let mut t = st.trace.take().expect("with() checks the header");
+            let out = f(st, &mut t);
+            st.trace = Some(t);
+            out
+        })
+    }
+
+    /// `dump` and `top`: the live blocks by backtrace (since the last
+    /// `reset`, for the program's process), at most `n` entries.
+    fn entries(&mut self, pid: Option<u32>, sort: SortKey, n: usize, out: &mut dyn Write) -> Result<()> {
+        let mut sym = self.opts.symbolizer();
+        let path = self.books(pid)?;
+        let since = if pid.is_none() { self.opts.since_marker.clone() } else { None };
+        let depth = self.opts.depth;
+        let lost = self.scans.get(&path).map(|s| &s.lost);
+        let b = &self.books[&path];
+        let mut r = b.with(|st| {
+            let base = since.as_ref().and_then(|_| st.baselines.get("reset")).map(|(_, m)| m.clone());
+            let t = st.trace.as_mut().expect("with() checks the header");
+            view(t, base, false, |t| {
+                let v = View { lost_before: lost, ..View::default() };
+                crate::report::build_view(t, &mut sym, sort, depth, true, v)
+            })
+        })?;
+        r.summary.since_marker = since;
+        r.stacks.truncate(n);
+        crate::report::text::write_entries_only(&r, out)?;
+        Ok(())
+    }
+
+    /// `report`: a report point; everything live the first time, then the
+    /// change since the last one.
+    fn report(&mut self, out: &mut dyn Write) -> Result<()> {
+        let mut sym = self.opts.symbolizer();
+        let path = self.books(None)?;
+        let live = &mut *self.live;
+        let opts = &self.opts;
+        let r = self.books[&path].at_next_marker(
+            "report",
+            ANSWER,
+            || live.send("marker report"),
+            |st, n| {
+                // The follower keeps this marker's totals after we are done:
+                // the ones held now are the previous report point's.
+                let base = (n > 1).then(|| st.baselines.get("report").map(|(_, m)| m.clone())).flatten();
+                let t = st.trace.as_mut().expect("a marker came, so the header did");
+                let mut r = view(t, base, false, |t| crate::report::build(t, &mut sym, opts.sort, opts.depth, true));
+                r.summary.since_marker = (n > 1).then(|| format!("report#{}", n - 1));
+                r.summary.until_marker = Some(format!("report#{n}"));
+                r
+            },
+        )?;
+        self.write(&r, out)
+    }
+
+    fn write(&self, r: &crate::report::Report, out: &mut dyn Write) -> Result<()> {
+        if self.opts.json {
+            serde_json::to_writer_pretty(&mut *out, r)?;
+            writeln!(out)?;
+        } else {
+            crate::report::write_text(r, out)?;
+        }
+        Ok(())
+    }
+
+    /// `scan [all|new|leak] [PID]`: a snapshot, classified at its moment;
+    /// shows all live blocks, those allocated since the last scan, or
+    /// those the last scan found lost (and whether they still are).
+    fn scan(&mut self, args: &[&str], out: &mut dyn Write) -> Result<()> {
+        let (pid, rest) = pid_arg(args);
+        let mode = match rest.as_slice() {
+            [] | ["all"] => "all",
+            ["new"] => "new",
+            ["leak"] => "leak",
+            _ => bail!("scan [all|new|leak] [PID]"),
+        };
+        let mut sym = self.opts.symbolizer();
+        let path = self.books(pid)?;
+        let last = self.scans.get(&path);
+        if mode == "leak" && last.is_none() {
+            bail!("scan leak: no earlier scan of this process to check again");
+        }
+        let b = &self.books[&path];
+        let live = &mut *self.live;
+        let opts = &self.opts;
+        let res = b.at_next_marker(
+            SCAN_MARKER,
+            ANSWER,
+            || live.send_to(pid, "scan"),
+            |st, n| {
+                let t = st.trace.as_mut().expect("a marker came, so the header did");
+                let res = view(t, None, true, |t| {
+                    let classes: HashMap<u64, Classified> =
+                        crate::scan::classify(t)?.into_iter().map(|c| (c.addr, c)).collect();
+                    let keep = |addr: u64, b: &Block| match (mode, last) {
+                        ("new", Some(l)) => b.time > l.snapshot_time,
+                        ("leak", Some(l)) => l.lost.contains(&(addr, b.time)),
+                        _ => true,
+                    };
+                    let v = View { keep: Some(&keep), classes: Some(&classes), lost_before: None };
+                    let mut r = crate::report::build_view(t, &mut sym, opts.sort, opts.depth, opts.show_reachable, v);
+                    r.summary.until_marker = Some(format!("{SCAN_MARKER}#{n}"));
+                    let mut found =
+                        LastScan { snapshot_time: t.snapshot_time, lost: HashSet::default(), lost_bytes: 0 };
+                    for (addr, b) in t.books.live_blocks() {
+                        if classes.get(&addr).is_some_and(|c| matches!(c.kind, Kind::Definite | Kind::Indirect)) {
+                            found.lost.insert((addr, b.time));
+                            found.lost_bytes += b.size;
+                        }
+                    }
+                    Some((r, found))
+                });
+                // The snapshot (stacks and writable memory) is not needed again.
+                t.snapshot = None;
+                res
+            },
+        )?;
+        let (r, found) = res.ok_or_else(|| anyhow!("the process answered without a snapshot"))?;
+        self.write(&r, out)?;
+        self.scans.insert(path, found);
+        Ok(())
+    }
+
+    /// `status [PID]`.
+    fn status(&mut self, args: &[&str], out: &mut dyn Write) -> Result<()> {
+        let (pid, _) = pid_arg(args);
+        let path = self.books(pid)?;
+        let ended = self.live.ended();
+        let scan = self.scans.get(&path).map(|s| (s.lost.len(), s.lost_bytes));
+        let b = &self.books[&path];
+        b.with(|st| -> Result<()> {
+            let t = st.trace.as_ref().expect("with() checks the header");
+            let k = &t.books;
+            let avg = k.cur_bytes.checked_div(k.cur_blocks).unwrap_or(0);
+            let state = match t.end {
+                Some(e) => format!("ended ({e:?})"),
+                None if ended && pid.is_none() => "ended".to_owned(),
+                None => "traced".to_owned(),
+            };
+            writeln!(out, "process {} ({}): {state}", t.header.pid, t.header.exe)?;
+            writeln!(out, "  allocation calls: {}, frees: {}", k.allocations, k.frees)?;
+            writeln!(out, "  in use: {} bytes in {} blocks (average {} bytes)", k.cur_bytes, k.cur_blocks, avg)?;
+            writeln!(out, "  frees of blocks from before tracing: {}", k.unmatched_frees())?;
+            match scan {
+                Some((blocks, bytes)) => writeln!(out, "  lost at the last scan: {bytes} bytes in {blocks} blocks")?,
+                None => writeln!(out, "  lost at the last scan: no scan yet")?,
+            }
+            Ok(())
+        })??;
+        Ok(())
+    }
+
+    /// `show info|searchpath`.
+    fn show(&mut self, args: &[&str], out: &mut dyn Write) -> Result<()> {
+        match args.first().copied().filter(|a| !a.is_empty()) {
+            Some(a) if "info".starts_with(a) => {
+                let since = self.opts.since_marker.clone();
+                let path = self.live.trace();
+                self.with(None, |_, t| -> Result<()> {
+                    let h = &t.header;
+                    writeln!(out, "program: {} (pid {}, parent {})", h.exe, h.pid, h.ppid)?;
+                    writeln!(out, "command: {}", h.cmdline.join(" "))?;
+                    let order = if h.big_endian { "big" } else { "little" };
+                    writeln!(out, "target: {}, {}-bit, {order}-endian", h.arch, h.pointer_size * 8)?;
+                    writeln!(out, "stream: {} ({} records so far)", path.display(), t.records)?;
+                    if let Some(m) = &since {
+                        writeln!(out, "counting from: {m}")?;
+                    }
+                    Ok(())
+                })??;
+            }
+            Some(a) if "searchpath".starts_with(a) => {
+                let root = self.opts.sysroot.as_ref().map_or("/".into(), |p| p.display().to_string());
+                writeln!(out, "sysroot: {root}")?;
+                for b in &self.opts.binpath {
+                    writeln!(out, "binpath: {}", b.display())?;
+                }
+            }
+            _ => bail!("show info|searchpath"),
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Console<'_> {
+    fn drop(&mut self) {
+        for b in self.books.values() {
+            b.finish();
+        }
+    }
+}
+
+/// A trailing PID argument, and the others.
+fn pid_arg<'a>(args: &[&'a str]) -> (Option<u32>, Vec<&'a str>) {
+    match args.split_last() {
+        Some((last, rest)) if last.parse::<u32>().is_ok() => (last.parse().ok(), rest.to_vec()),
+        _ => (None, args.to_vec()),
+    }
+}

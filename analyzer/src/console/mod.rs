@@ -1,0 +1,170 @@
+//! The interactive console (`mtrace attach -i`, `client -i`, `run -i`): a
+//! front end on a live stream, in mtrace-ng's manner. Commands may be
+//! abbreviated to their shortest unique prefix; `>FILE` at the end of a
+//! line sends its output to FILE; long output on a terminal goes through
+//! `$PAGER` (`less -FRX`). Line editing and history come from rustyline
+//! (well kept, and it falls back to plain lines when standard input is not
+//! a terminal).
+//!
+//! The books are kept while the stream arrives (`mtrace::live`): a
+//! command waits until they hold everything saved so far, and a report
+//! point or a scan describes the moment the process wrote its marker.
+
+mod commands;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+
+use crate::ReportOpts;
+
+/// What the console acts on: a process sending its stream.
+pub trait Live {
+    /// Sends one command line to the process (preload/src/session/control.rs).
+    fn send(&mut self, cmd: &str) -> Result<()>;
+    /// [`Live::send`] to process `pid` of the program (default: the program's).
+    fn send_to(&mut self, pid: Option<u32>, cmd: &str) -> Result<()> {
+        match pid {
+            None => self.send(cmd),
+            Some(p) => bail!("no process {p} to send to: this console reaches the program's process only"),
+        }
+    }
+    /// The stream saved so far.
+    fn trace(&self) -> PathBuf;
+    /// The stream ended (the process exited or detached).
+    fn ended(&self) -> bool;
+    /// One line per process of the program (pid, state, program), where
+    /// there can be several (`mtrace client`).
+    fn processes(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// The stream of process `pid`, where there can be several.
+    fn trace_of(&self, _pid: u32) -> Option<PathBuf> {
+        None
+    }
+}
+
+/// The commands, with their help line.
+const COMMANDS: &[(&str, &str)] = &[
+    (
+        "dump",
+        "dump [usage|allocations|average|total|tsc|bytes-leaked|leaks|stacks] [PID] — live blocks by backtrace, in that order (default usage; bytes-leaked and leaks: lost at the last scan; stacks: every backtrace by allocation calls)",
+    ),
+    ("report", "report — a report point: everything live the first time, then what changed since the last one"),
+    ("status", "status [PID] — allocation calls, bytes and blocks in use, average size, whether the process is traced"),
+    ("timeline", "timeline — RSS and live heap over time"),
+    ("show", "show info|searchpath — the program and its stream, or where binaries are looked for"),
+    ("top", "top [N] — the N backtraces holding the most live bytes (default 10)"),
+    (
+        "scan",
+        "scan [all|new|leak] [PID] — stop the process's threads for a snapshot and classify as memcheck does: all live blocks (default), those allocated since the last scan, or those the last scan found lost",
+    ),
+    ("proclist", "proclist — the program's processes: pid, state, program"),
+    ("markers", "markers — the report points and named points so far"),
+    ("marker", "marker NAME — set a named point now"),
+    ("reset", "reset — forget the books: from now on reports count from this point"),
+    ("start", "start — record allocations again"),
+    ("stop", "stop — stop recording allocations (frees are still recorded)"),
+    (
+        "set",
+        "set depth N | set searchpath DIR[:DIR…] — frames per backtrace from now on, or where binaries are looked for",
+    ),
+    ("detach", "detach — stop tracing for good; the process goes on"),
+    ("quit", "quit — leave the console (after mtrace attach: and detach; else tracing goes on to the end)"),
+    ("help", "help [COMMAND] — this list, or one command's line"),
+];
+
+/// A line on standard output; a closed one is not an error worth dying of.
+fn say(line: &str) {
+    let _ = writeln!(std::io::stdout(), "{line}");
+}
+
+/// The command `word` abbreviates: exact, or the only one it is a prefix of.
+fn resolve(word: &str) -> Result<&'static str> {
+    if let Some(&(c, _)) = COMMANDS.iter().find(|(c, _)| *c == word) {
+        return Ok(c);
+    }
+    let hits: Vec<&str> = COMMANDS.iter().map(|(c, _)| *c).filter(|c| c.starts_with(word)).collect();
+    match hits.as_slice() {
+        [one] => Ok(one),
+        [] => bail!("unknown command {word:?} (help lists them)"),
+        many => bail!("{word:?} is ambiguous: {}", many.join(", ")),
+    }
+}
+
+/// Runs the console until `detach` (the process told to stop tracing),
+/// `quit` or the end of input (tracing goes on), or the stream's end.
+pub fn run(live: &mut dyn Live, opts: &ReportOpts) -> Result<()> {
+    let mut c = commands::Console::new(live, opts.clone());
+    let mut ed = rustyline::DefaultEditor::new()?;
+    say("mtrace console: help lists the commands; detach or quit ends tracing");
+    loop {
+        if c.live.ended() {
+            say("the process's stream ended");
+            return Ok(());
+        }
+        let line = match ed.readline("mtrace> ") {
+            Ok(l) => l,
+            Err(rustyline::error::ReadlineError::Interrupted) => continue,
+            // End of input: as quit.
+            Err(_) => return Ok(()),
+        };
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let _ = ed.add_history_entry(line);
+        let (line, redirect) = match line.rsplit_once('>') {
+            Some((l, f)) if !f.trim().is_empty() => (l.trim(), Some(f.trim().to_owned())),
+            _ => (line, None),
+        };
+        let mut file = None;
+        if let Some(f) = &redirect {
+            match std::fs::File::create(f) {
+                Ok(h) => file = Some(h),
+                Err(e) => {
+                    say(&format!("{f}: {e}"));
+                    continue;
+                }
+            }
+        }
+        // Output to the terminal is collected, for the pager if it is long.
+        let mut collected = Vec::new();
+        let res = match file.as_mut() {
+            Some(f) => c.command(line, f),
+            None => c.command(line, &mut collected),
+        };
+        page(&collected);
+        match res {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => say(&format!("{e:#}")),
+        }
+    }
+}
+
+/// Writes `text` to standard output, through `$PAGER` (default `less
+/// -FRX`) when standard output is a terminal that it would overflow.
+fn page(text: &[u8]) {
+    use std::io::IsTerminal;
+    let lines = text.iter().filter(|&&b| b == b'\n').count();
+    let rows = std::env::var("LINES").ok().and_then(|l| l.parse().ok()).unwrap_or(24usize);
+    if std::io::stdout().is_terminal() && lines + 1 > rows {
+        let pager = std::env::var("PAGER").unwrap_or_else(|_| "less -FRX".to_owned());
+        let mut words = pager.split_whitespace();
+        if let Some(prog) = words.next() {
+            let child = std::process::Command::new(prog).args(words).stdin(std::process::Stdio::piped()).spawn();
+            if let Ok(mut c) = child {
+                if let Some(mut i) = c.stdin.take() {
+                    let _ = i.write_all(text);
+                }
+                let _ = c.wait();
+                return;
+            }
+        }
+    }
+    let mut o = std::io::stdout().lock();
+    let _ = o.write_all(text);
+    let _ = o.flush();
+}
