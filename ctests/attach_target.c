@@ -52,7 +52,7 @@ int main(void) {
         if (sscanf(line, "leak %zu", &n) == 1) {
             kept[nkept++] = keep(n);
         } else if (sscanf(line, "tmp %zu", &n) == 1) {
-            char *volatile p = malloc(n);
+            char *volatile p = malloc(n); // @leak:tmp
             free(p);
         } else if (sscanf(line, "lose %zu", &n) == 1) {
             lose(n);

@@ -197,26 +197,55 @@ fn next_chunk(start: u64, size: u64) -> u64 {
     start - 16 + chunk
 }
 
+/// A pointer as the target stores it: its size (bytes) and byte order,
+/// from the stream's header (a 32-bit big-endian target's words are 4
+/// bytes, most significant first).
+#[derive(Clone, Copy)]
+struct Word {
+    size: usize,
+    big: bool,
+}
+
+impl Word {
+    fn of(h: &mtrace_format::Header) -> Word {
+        Word { size: if h.pointer_size == 4 { 4 } else { 8 }, big: h.big_endian }
+    }
+
+    /// The pointer in `b` (exactly `size` bytes).
+    fn read(self, b: &[u8]) -> u64 {
+        let mut w = [0u8; 8];
+        if self.big {
+            w[8 - self.size..].copy_from_slice(b);
+            u64::from_be_bytes(w)
+        } else {
+            w[..self.size].copy_from_slice(b);
+            u64::from_le_bytes(w)
+        }
+    }
+}
+
 /// The snapshot's memory, sorted by address.
 struct Memory<'a> {
     regions: Vec<&'a Region>,
+    word: Word,
 }
 
 impl Memory<'_> {
     /// Aligned words in `[lo, hi)` that the snapshot holds.
     fn words(&self, lo: u64, hi: u64, mut f: impl FnMut(u64)) {
+        let size = self.word.size as u64;
         let i = self.regions.partition_point(|r| r.addr + r.bytes.len() as u64 <= lo);
         for r in &self.regions[i..] {
             if r.addr >= hi {
                 break;
             }
-            let from = lo.max(r.addr).next_multiple_of(8);
+            let from = lo.max(r.addr).next_multiple_of(size);
             let to = hi.min(r.addr + r.bytes.len() as u64);
             let mut a = from;
-            while a + 8 <= to {
+            while a + size <= to {
                 let o = (a - r.addr) as usize;
-                f(u64::from_le_bytes(r.bytes[o..o + 8].try_into().expect("8 bytes")));
-                a += 8;
+                f(self.word.read(&r.bytes[o..o + self.word.size]));
+                a += size;
             }
         }
     }
@@ -237,7 +266,8 @@ pub fn classify(t: &Trace) -> Option<Vec<Classified>> {
     let heap = Heap::new(blocks);
     let mut regions: Vec<&Region> = snap.iter().filter(|r| r.kind != region_kind::REGISTERS).collect();
     regions.sort_by_key(|r| r.addr);
-    let mem = Memory { regions };
+    let word = Word::of(&t.header);
+    let mem = Memory { regions, word };
     let n = heap.blocks.len();
     let mut state = vec![State::Unreached; n];
     let mut work = Vec::new();
@@ -258,8 +288,8 @@ pub fn classify(t: &Trace) -> Option<Vec<Classified>> {
     while i < snap.len() {
         let r = &snap[i];
         if r.kind == region_kind::REGISTERS {
-            for w in r.bytes.chunks_exact(8) {
-                reach(u64::from_le_bytes(w.try_into().expect("8 bytes")), true, &mut state, &mut work);
+            for w in r.bytes.chunks_exact(word.size) {
+                reach(word.read(w), true, &mut state, &mut work);
             }
             i += 1;
             continue;

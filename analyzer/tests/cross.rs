@@ -104,3 +104,41 @@ fn frames_in_a_powerpc_executable_symbolize() {
     assert_eq!(f["line"].as_u64(), Some(line), "{r}");
     assert!(f["file"].as_str().unwrap().ends_with("families.c"), "{r}");
 }
+
+#[test]
+fn the_scan_of_a_32_bit_big_endian_target_reads_its_words() {
+    // Three 16-byte blocks; the stack holds, as 4-byte big-endian words, a
+    // pointer to the first, one 4 bytes inside the third, and garbage.
+    let dir = scratch("cross-be-scan");
+    let prog = build("families.c", &dir.join("families"), &["-g", "-O0"]);
+    let tdir = dir.join("t");
+    run_json(&dir, &["--trace-dir", tdir.to_str().unwrap()], &prog, &[]);
+    let (path, _) = traces(&tdir).pop().unwrap();
+    let mut h = mtrace_format::Reader::new(std::fs::File::open(&path).unwrap()).header().unwrap();
+    (h.pointer_size, h.big_endian, h.arch) = (4, true, "powerpc".into());
+    let (a, b, c) = (0x2000_0000u64, 0x2000_0100u64, 0x2000_0200u64);
+    let mut words = Vec::new();
+    for w in [a as u32, c as u32 + 4, 0xdead_beef] {
+        words.extend_from_slice(&w.to_be_bytes());
+    }
+    let alloc = |time_ns, addr| Record::Alloc { time_ns, family: Family::Malloc, addr, size: 16, stack: 1 };
+    let recs = [
+        Record::Thread { tid: 7, time_ns: 1 },
+        Record::Stack { id: 1, frames: vec![0x1000_0010] },
+        alloc(10, a),
+        alloc(20, b),
+        alloc(30, c),
+        Record::ScanRegion { time_ns: 40, kind: mtrace_format::region_kind::STACK, addr: 0x7ff0_0000, bytes: words },
+        Record::ScanEnd { time_ns: 40 },
+        Record::End { time_ns: 50, reason: EndReason::Exit },
+    ];
+    let foreign = dir.join("scan.mtrace");
+    std::fs::write(&foreign, stream(&h, &recs)).unwrap();
+    let r = report_json(&foreign);
+    let k = &r["kinds"];
+    let got: Vec<(u64, u64)> = ["definite", "indirect", "possible", "reachable"]
+        .iter()
+        .map(|n| (k[n]["bytes"].as_u64().unwrap(), k[n]["blocks"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(got, [(16, 1), (0, 0), (16, 1), (16, 1)], "{r:#}");
+}

@@ -181,6 +181,33 @@ fn console_on_a_served_program() {
     writeln!(console, "scan >{}", f("scan").display()).unwrap();
     let s = written(&f("scan"));
     assert!(s.contains("definitely lost: 33 bytes in 1 block"), "{s}");
+    // scan new: only what was allocated since (the kept blocks are older).
+    t.ask("lose 21");
+    t.ask("tmp 12");
+    std::thread::sleep(Duration::from_millis(300));
+    writeln!(console, "scan new >{}", f("scan_new").display()).unwrap();
+    let s = written(&f("scan_new"));
+    assert!(s.contains("definitely lost: 21 bytes in 1 block\n"), "{s}");
+    assert!(s.contains("still reachable: 0 bytes in 0 blocks\n"), "{s}");
+    // scan leak: the blocks the last scan found lost, both still lost.
+    writeln!(console, "scan leak >{}", f("scan_leak").display()).unwrap();
+    let s = written(&f("scan_leak"));
+    assert!(s.contains("definitely lost: 54 bytes in 2 blocks\n"), "{s}");
+    assert!(s.contains("still reachable: 0 bytes in 0 blocks\n"), "{s}");
+    // dump leaks: the lost backtrace first, though it holds the fewest bytes.
+    writeln!(console, "dump leaks >{}", f("dump_leaks").display()).unwrap();
+    let d = written(&f("dump_leaks"));
+    let first = d.split("\n#").nth(1).unwrap_or_default();
+    assert!(first.starts_with("1: 54 bytes in 2 blocks not freed") && first.contains(&at("lost")), "{d}");
+    assert!(first.contains("of which lost at the last scan: 54 bytes in 2 blocks"), "{d}");
+    writeln!(console, "status >{}", f("status").display()).unwrap();
+    let st = written(&f("status"));
+    assert!(st.contains("  lost at the last scan: 54 bytes in 2 blocks\n"), "{st}");
+    // dump stacks: also the backtrace whose block was freed, by calls.
+    writeln!(console, "dump stacks >{}", f("dump_stacks").display()).unwrap();
+    let d = written(&f("dump_stacks"));
+    let tmp = d.split("\n#").find(|e| e.contains(&at("tmp"))).unwrap_or_else(|| panic!("{d}"));
+    assert!(tmp.contains(": 0 bytes in 0 blocks not freed (malloc), 1 allocation from this backtrace"), "{d}");
     // stop: allocations are not recorded.
     writeln!(console, "stop").unwrap();
     std::thread::sleep(Duration::from_millis(300));

@@ -219,8 +219,10 @@ fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         };
         writeln!(w, "\n{what}")?;
     } else {
+        let at_marker = r.summary.until_marker.as_ref().map(|m| format!("Live at marker {m}"));
         let heading = match (delta, r.summary.ended_by.as_deref()) {
             (true, _) => "Change in live blocks",
+            (false, _) if at_marker.is_some() => at_marker.as_deref().unwrap_or_default(),
             (false, Some("detach")) if r.summary.attached => "Allocated while attached and not freed at detach",
             (false, Some("detach")) => "Not freed when tracing stopped (detach)",
             (false, None) => "Live at the end of the trace so far",
