@@ -34,7 +34,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "KINDS", default_value = "definite,possible")]
     errors_for_leak_kinds: String,
     /// The interactive console on the program while it runs (as
-    /// `mtrace attach -i`); the report when it ends.
+    /// `mtrace attach -i`); the report when it ends. The console reads the
+    /// terminal, so the program's standard input is /dev/null.
     #[arg(short = 'i', long = "interactive")]
     interactive: bool,
     #[command(flatten)]

@@ -382,3 +382,41 @@ fn proclist_shows_every_process_of_a_forking_and_execing_program() {
     }
     assert!(s.wait().unwrap().success());
 }
+
+#[test]
+fn the_spool_stays_under_its_bound_and_the_program_waits_for_a_client() {
+    // queue.c writes a 4 MB trace; the spool may hold 1 MiB.
+    let dir = scratch("relay-bounded");
+    let prog = build("queue.c", &dir.join("queue"), &["-g", "-O0", "-pthread"]);
+    let m = markers("queue.c");
+    let addr = format!("unix:{}", dir.join("s.sock").display());
+    let spool = dir.join("spool");
+    let mut s = spawn_until(
+        Command::new(mtrace())
+            .args(["server", "--listen", &addr, "--spool-max", "1M", "--spool"])
+            .arg(&spool)
+            .args(["--"])
+            .arg(&prog)
+            .arg("leak")
+            .stdout(Stdio::null()),
+        "mtrace server: listening on",
+    );
+    // Without a client the program stops at the bound: the spool holds
+    // at most 1 MiB on disk, and stops growing.
+    let on_disk = || std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&spool).unwrap()) * 512;
+    std::thread::sleep(Duration::from_millis(1500));
+    let (a, len_a) = (on_disk(), std::fs::metadata(&spool).unwrap().len());
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(std::fs::metadata(&spool).unwrap().len(), len_a, "the program waits");
+    assert!(a > 0 && a <= 1 << 20, "{a} bytes on disk");
+    // A client gets everything; what it took is cut from the spool.
+    let (r, out) = client(&addr, &dir, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        leaks_in(&r, "queue.c"),
+        vec![leak(1090, 10, "malloc", "producer", m["kept"]), leak(1554, 2, "malloc", "producer", m["producer"])]
+    );
+    assert!(std::fs::metadata(&spool).unwrap().len() > 3 << 20);
+    assert!(on_disk() <= 1 << 20, "{} bytes on disk", on_disk());
+    assert!(s.wait().unwrap().success());
+}

@@ -6,6 +6,13 @@
 //! nothing. Commands from the client go back to the process they name.
 //! Thin: it never decodes the streams; its memory does not grow with them
 //! (the spool is on disk).
+//!
+//! The spool is bounded (`--spool-max`): when it holds that much, the
+//! server stops reading the processes' streams, so their threads wait as
+//! they do for a slow writer (nothing is lost); once a client has taken
+//! bytes, they are cut out of the file (a hole punched, so its offsets
+//! stay) to make room. A client that comes after such a cut cannot get the
+//! stream's start, and is refused with the reason.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -34,6 +41,10 @@ pub struct ServerArgs {
     /// (default: a file in a temporary folder, removed at the end).
     #[arg(long, value_name = "FILE")]
     spool: Option<PathBuf>,
+    /// Bytes the spool may hold on disk (K, M, G suffixes: powers of 1024);
+    /// at the bound the program waits for a client.
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
+    spool_max: u64,
     /// The secret clients must present (first line of FILE); required for a
     /// TCP address other than loopback.
     #[arg(long, value_name = "FILE")]
@@ -54,6 +65,12 @@ struct Shared {
     spool: Mutex<std::fs::File>,
     /// Bytes of whole frames in the spool.
     spool_len: AtomicU64,
+    /// At most this many bytes on disk (`--spool-max`).
+    spool_max: u64,
+    /// Bytes at the spool's start cut out after a client took them.
+    dropped: AtomicU64,
+    /// The spool's file system cannot punch holes: the bound is not kept.
+    unbounded: AtomicBool,
     /// The processes' connections, by stream id, for commands.
     procs: Mutex<HashMap<u32, UnixStream>>,
     next_id: AtomicU32,
@@ -62,8 +79,42 @@ struct Shared {
     exit_status: AtomicU32,
 }
 
+/// The smallest `--spool-max`, bytes: a few of the largest frames (256 KiB).
+const MIN_SPOOL: u64 = 1 << 20;
+
+/// Parses `--spool-max`: bytes, or a number with K, M or G (powers of 1024).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, scale) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 1u64 << 10),
+        Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
+        Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("{s:?} is not a size (like 4096, 64K, 256M, 1G)"))
+}
+
 impl Shared {
+    /// Bytes the spool holds on disk.
+    fn on_disk(&self) -> u64 {
+        self.spool_len.load(Ordering::Acquire) - self.dropped.load(Ordering::Acquire)
+    }
+
+    /// Appends a frame, first waiting while the spool is at its bound (a
+    /// frame into an empty spool always goes in).
     fn append(&self, kind: u8, id: u32, payload: &[u8]) {
+        let need = 9 + payload.len() as u64;
+        loop {
+            let held = self.on_disk();
+            if held == 0 || held + need <= self.spool_max || self.unbounded.load(Ordering::Acquire) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let mut f = self.spool.lock().expect("spool lock");
         if write_frame(&mut *f, kind, id, payload).is_ok() && f.flush().is_ok() {
             self.spool_len.fetch_add(9 + payload.len() as u64, Ordering::Release);
@@ -116,6 +167,9 @@ pub fn server(a: ServerArgs) -> Result<ExitCode> {
             bail!("-d {d}: the depth must be 1 to 256");
         }
     }
+    if a.spool_max < MIN_SPOOL {
+        bail!("--spool-max {}: at least 1M (the bound must hold a few frames)", a.spool_max);
+    }
     let token = Addr::token(&a.token_file)?;
     let addr = Addr::parse(a.listen.as_deref())?;
     let listener = Listener::bind(&addr, &token)?;
@@ -135,6 +189,9 @@ pub fn server(a: ServerArgs) -> Result<ExitCode> {
     let shared = Arc::new(Shared {
         spool: Mutex::new(spool),
         spool_len: AtomicU64::new(0),
+        spool_max: a.spool_max,
+        dropped: AtomicU64::new(0),
+        unbounded: AtomicBool::new(false),
         procs: Mutex::new(HashMap::new()),
         next_id: AtomicU32::new(1),
         exited: AtomicBool::new(false),
@@ -151,7 +208,7 @@ pub fn server(a: ServerArgs) -> Result<ExitCode> {
     let mut first = None;
     if a.wait {
         say(format!("waiting for a client before starting {}", a.command[0]));
-        first = Some(accept_client(&listener, &token));
+        first = Some(accept_client(&listener, &token, &shared));
     }
     let mut cmd = Command::new(&a.command[0]);
     cmd.args(&a.command[1..]).env("LD_PRELOAD", &lib).env("MTRACE_OUTPUT", format!("unix:{}", internal.display()));
@@ -173,7 +230,7 @@ pub fn server(a: ServerArgs) -> Result<ExitCode> {
     loop {
         let client = match first.take() {
             Some(c) => c,
-            None => accept_client(&listener, &token),
+            None => accept_client(&listener, &token, &shared),
         };
         let Some((conn, who)) = client else { continue };
         say(format!("{who} connected"));
@@ -187,7 +244,7 @@ pub fn server(a: ServerArgs) -> Result<ExitCode> {
 
 /// A client after its handshake; `None` (with one line on stderr) when it
 /// was refused or was not an mtrace client.
-fn accept_client(l: &Listener, token: &str) -> Option<(Box<dyn Conn>, String)> {
+fn accept_client(l: &Listener, token: &str, sh: &Shared) -> Option<(Box<dyn Conn>, String)> {
     let (mut c, who) = match l.accept() {
         Ok(x) => x,
         Err(e) => {
@@ -198,7 +255,14 @@ fn accept_client(l: &Listener, token: &str) -> Option<(Box<dyn Conn>, String)> {
     };
     let hello = read_line(&mut *c).unwrap_or_default();
     let mut words = hello.split(' ');
+    let dropped = sh.dropped.load(Ordering::Acquire);
+    let cut = format!(
+        "the stream's first {dropped} bytes were cut from the spool after the last client took them \
+         (--spool-max {}); a larger --spool-max keeps them",
+        sh.spool_max
+    );
     let reply = match (words.next(), words.next(), words.next().unwrap_or("")) {
+        (Some("mtrace"), Some("1"), t) if t == token && dropped > 0 => Err(cut.as_str()),
         (Some("mtrace"), Some("1"), t) if t == token => Ok(()),
         (Some("mtrace"), Some("1"), _) => Err("wrong token"),
         _ => Err("not an mtrace client"),
@@ -288,5 +352,29 @@ fn serve(c: Box<dyn Conn>, sh: &Arc<Shared>) -> bool {
             return false;
         }
         sent += n as u64;
+        cut_taken(sh, &spool, sent);
+    }
+}
+
+/// Near the spool's bound, cuts out (punches a hole over) the bytes
+/// before `sent`, which the client has taken, so the program can go on.
+fn cut_taken(sh: &Shared, spool: &std::fs::File, sent: u64) {
+    use nix::fcntl::{fallocate, FallocateFlags};
+    use std::os::fd::AsRawFd;
+    let dropped = sh.dropped.load(Ordering::Acquire);
+    // Whole pages only: a partial page is zeroed, not freed.
+    let upto = sent & !4095;
+    // Within two frames (256 KiB each at most) of the bound.
+    if sh.on_disk() + (512 << 10) < sh.spool_max || upto <= dropped {
+        return;
+    }
+    let flags = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
+    match fallocate(spool.as_raw_fd(), flags, dropped as i64, (upto - dropped) as i64) {
+        Ok(()) => sh.dropped.store(upto, Ordering::Release),
+        Err(e) => {
+            if !sh.unbounded.swap(true, Ordering::AcqRel) {
+                eprintln!("mtrace server: the spool cannot be cut ({e}): it grows past --spool-max from now on");
+            }
+        }
     }
 }

@@ -41,12 +41,15 @@ pub enum SortKey {
     Stacks,
 }
 
+/// Whether a live block (address, block) is shown.
+pub type BlockFilter<'a> = dyn Fn(u64, &crate::books::Block) -> bool + 'a;
+
 /// What a report shows beyond the trace's own books: the console's
 /// `scan new|leak` and its memory of the last scan.
 #[derive(Default, Clone, Copy)]
 pub struct View<'a> {
     /// Only the live blocks (address, block) this accepts are shown and counted.
-    pub keep: Option<&'a dyn Fn(u64, &crate::books::Block) -> bool>,
+    pub keep: Option<&'a BlockFilter<'a>>,
     /// The classification of the trace's snapshot, already made (else
     /// [`build`] classifies when the trace has a snapshot).
     pub classes: Option<&'a HashMap<u64, crate::scan::Classified>>,
