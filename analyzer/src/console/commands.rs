@@ -35,6 +35,8 @@ pub(super) struct Console<'a> {
     books: HashMap<PathBuf, LiveBooks>,
     /// The last scan of each stream file.
     scans: HashMap<PathBuf, LastScan>,
+    /// Kept between commands: the debug info it opened stays open.
+    sym: crate::symbolize::Symbolizer,
 }
 
 /// Runs `f` on `t` as a report at this moment sees it: with `baseline` as
@@ -59,8 +61,13 @@ fn view<T>(
 }
 
 impl<'a> Console<'a> {
+    /// A console on `live`; the program's books start now, so they catch
+    /// up with a long stream while the user types.
     pub(super) fn new(live: &'a mut dyn Live, opts: ReportOpts) -> Console<'a> {
-        Console { live, opts, books: HashMap::default(), scans: HashMap::default() }
+        let sym = opts.symbolizer();
+        let mut c = Console { live, opts, books: HashMap::default(), scans: HashMap::default(), sym };
+        let _ = c.books(None);
+        c
     }
 
     /// The stream file of process `pid`, or the program's.
@@ -152,6 +159,7 @@ impl<'a> Console<'a> {
                 }
                 ["searchpath", dirs] => {
                     self.opts.binpath = dirs.split(':').filter(|d| !d.is_empty()).map(PathBuf::from).collect();
+                    self.sym = self.opts.symbolizer();
                 }
                 _ => bail!("set depth N (1 to 256) | set searchpath DIR[:DIR…]"),
             },
@@ -180,8 +188,8 @@ impl<'a> Console<'a> {
     /// `dump` and `top`: the live blocks by backtrace (since the last
     /// `reset`, for the program's process), at most `n` entries.
     fn entries(&mut self, pid: Option<u32>, sort: SortKey, n: usize, out: &mut dyn Write) -> Result<()> {
-        let mut sym = self.opts.symbolizer();
         let path = self.books(pid)?;
+        let sym = &mut self.sym;
         let since = if pid.is_none() { self.opts.since_marker.clone() } else { None };
         let depth = self.opts.depth;
         let lost = self.scans.get(&path).map(|s| &s.lost);
@@ -191,7 +199,7 @@ impl<'a> Console<'a> {
             let t = st.trace.as_mut().expect("with() checks the header");
             view(t, base, false, |t| {
                 let v = View { lost_before: lost, ..View::default() };
-                crate::report::build_view(t, &mut sym, sort, depth, true, v)
+                crate::report::build_view(t, sym, sort, depth, true, v)
             })
         })?;
         r.summary.since_marker = since;
@@ -203,8 +211,8 @@ impl<'a> Console<'a> {
     /// `report`: a report point; everything live the first time, then the
     /// change since the last one.
     fn report(&mut self, out: &mut dyn Write) -> Result<()> {
-        let mut sym = self.opts.symbolizer();
         let path = self.books(None)?;
+        let sym = &mut self.sym;
         let live = &mut *self.live;
         let opts = &self.opts;
         let r = self.books[&path].at_next_marker(
@@ -216,7 +224,7 @@ impl<'a> Console<'a> {
                 // the ones held now are the previous report point's.
                 let base = (n > 1).then(|| st.baselines.get("report").map(|(_, m)| m.clone())).flatten();
                 let t = st.trace.as_mut().expect("a marker came, so the header did");
-                let mut r = view(t, base, false, |t| crate::report::build(t, &mut sym, opts.sort, opts.depth, true));
+                let mut r = view(t, base, false, |t| crate::report::build(t, sym, opts.sort, opts.depth, true));
                 r.summary.since_marker = (n > 1).then(|| format!("report#{}", n - 1));
                 r.summary.until_marker = Some(format!("report#{n}"));
                 r
@@ -246,8 +254,8 @@ impl<'a> Console<'a> {
             ["leak"] => "leak",
             _ => bail!("scan [all|new|leak] [PID]"),
         };
-        let mut sym = self.opts.symbolizer();
         let path = self.books(pid)?;
+        let sym = &mut self.sym;
         let last = self.scans.get(&path);
         if mode == "leak" && last.is_none() {
             bail!("scan leak: no earlier scan of this process to check again");
@@ -270,7 +278,7 @@ impl<'a> Console<'a> {
                         _ => true,
                     };
                     let v = View { keep: Some(&keep), classes: Some(&classes), lost_before: None };
-                    let mut r = crate::report::build_view(t, &mut sym, opts.sort, opts.depth, opts.show_reachable, v);
+                    let mut r = crate::report::build_view(t, sym, opts.sort, opts.depth, opts.show_reachable, v);
                     r.summary.until_marker = Some(format!("{SCAN_MARKER}#{n}"));
                     let mut found =
                         LastScan { snapshot_time: t.snapshot_time, lost: HashSet::default(), lost_bytes: 0 };
