@@ -225,16 +225,18 @@ fn follow(path: &Path, sh: &Arc<Shared>) {
         let _: Flow = keeper.apply(t, r.tid(), rec);
         if let Some(name) = marker {
             let n = t.markers.iter().filter(|m| m.name == name).count();
-            if BASELINE_MARKERS.contains(&name.as_str()) {
-                let live = t.books.live_by_stack();
-                g.baselines.insert(name.clone(), (n, live));
-            }
             if g.hold.as_ref().is_some_and(|(h, k)| *h == name && n >= *k) {
                 g.held = true;
                 sh.cv.notify_all();
                 while g.held {
                     g = sh.cv.wait(g).unwrap_or_else(|e| e.into_inner());
                 }
+            }
+            // After the hold: while held, the baseline is the previous
+            // marker's (a report point compares with it).
+            if BASELINE_MARKERS.contains(&name.as_str()) {
+                let live = g.trace.as_ref().expect("set above").books.live_by_stack();
+                g.baselines.insert(name.clone(), (n, live));
             }
         }
         if end {

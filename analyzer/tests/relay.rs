@@ -420,3 +420,59 @@ fn the_spool_stays_under_its_bound_and_the_program_waits_for_a_client() {
     assert!(on_disk() <= 1 << 20, "{} bytes on disk", on_disk());
     assert!(s.wait().unwrap().success());
 }
+
+#[test]
+fn report_points_top_and_markers_in_the_console() {
+    let dir = scratch("relay-points");
+    let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+    let m = markers("attach_target.c");
+    let at = |name: &str| format!("({}:{})", ctests_dir().join("attach_target.c").display(), m[name]);
+    let addr = format!("unix:{}", dir.join("s.sock").display());
+    let mut t = Target::start(&addr, &prog, &["--wait"]);
+    let mut c = Command::new(mtrace())
+        .args(["client", &addr, "-i", "-o", "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut console = c.stdin.take().unwrap();
+    assert_eq!(t.line(), "ready\n");
+    let f = |n: &str| -> PathBuf { dir.join(n) };
+    t.ask("leak 100");
+    std::thread::sleep(Duration::from_millis(300));
+    // The first report point: everything live.
+    writeln!(console, "report >{}", f("r1").display()).unwrap();
+    let r = written(&f("r1"));
+    assert!(r.contains("  not freed:        1,100 bytes in 2 blocks\n"), "{r}");
+    assert!(r.contains("Live at marker report#1, by backtrace (2 backtraces)"), "{r}");
+    // The next: the change since the first.
+    t.ask("leak 40");
+    t.ask("leak 2");
+    t.ask("tmp 5000");
+    std::thread::sleep(Duration::from_millis(300));
+    writeln!(console, "report >{}", f("r2").display()).unwrap();
+    let r = written(&f("r2"));
+    assert!(r.contains("  change:           since marker report#1 until marker report#2\n"), "{r}");
+    assert!(r.contains("  live change:      +42 bytes in +2 blocks\n"), "{r}");
+    let e: Vec<&str> = r.split("\n#").skip(1).collect();
+    assert_eq!(e.len(), 1, "{r}");
+    assert!(e[0].starts_with("1: +42 bytes in +2 blocks live (malloc)") && e[0].contains(&at("window")), "{r}");
+    // top 1: the backtrace holding the most bytes.
+    writeln!(console, "top 1 >{}", f("top").display()).unwrap();
+    let top = written(&f("top"));
+    let e: Vec<&str> = top.split("\n#").skip(1).collect();
+    assert_eq!(e.len(), 1, "{top}");
+    assert!(e[0].starts_with("1: 1,000 bytes in 1 block not freed") && e[0].contains(&at("before")), "{top}");
+    // marker, then markers: the two report points and the named one.
+    writeln!(console, "marker here").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    writeln!(console, "markers >{}", f("markers").display()).unwrap();
+    let names: Vec<String> =
+        written(&f("markers")).lines().map(|l| l.split_whitespace().last().unwrap_or_default().to_owned()).collect();
+    assert_eq!(names, ["report", "report", "here"]);
+    writeln!(console, "quit").unwrap();
+    drop(console);
+    assert_eq!(t.ask("quit"), "holding 3 blocks\n");
+    assert_eq!(c.wait_with_output().unwrap().status.code(), Some(3));
+    t.server.wait().unwrap();
+}
