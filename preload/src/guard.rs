@@ -114,7 +114,7 @@ impl Drop for Guard {
             v = STATE.with(|g| g.replace(g.get() & NESTED));
         }
         if v & PARK_PENDING != 0 {
-            crate::stop::park_here();
+            crate::stop::park_here(self.own.get().0);
         }
     }
 }

@@ -72,7 +72,9 @@ extern "C" fn fini() {
     let _g = Guard::enter();
     if let Some(s) = session::current() {
         if s.scan && s.pid == sys::getpid() && !s.is_finished() {
-            snapshot::take(s, snapshot::By::Program);
+            // The roots: the program's frame that called exit (a return
+            // from main calls it too), not the exit path below it.
+            snapshot::take(s, snapshot::By::program_calling(real::libc_exit()));
         }
     }
     recorder::final_flush(EndReason::Exit, false);

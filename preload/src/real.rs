@@ -158,6 +158,14 @@ fn arena_base() -> usize {
     ARENA.0.get() as usize
 }
 
+static EXIT: NextFn = NextFn::new(c"exit");
+
+/// The address of libc's `exit` (0 when it cannot be found): the leak scan
+/// at exit takes its roots from the frame that called it.
+pub fn libc_exit() -> usize {
+    EXIT.get().unwrap_or(0)
+}
+
 /// True when `p` was served by the bootstrap arena (free ignores it).
 pub fn in_arena(p: *const c_void) -> bool {
     let a = p as usize;

@@ -237,12 +237,21 @@ fn interrupted(_: *mut libc::c_void) -> ([u64; REGS], u64) {
 }
 
 /// Parks the calling thread, which is leaving a hook, if a stop is on.
-pub fn park_here() {
+/// `returning` is the block the hook is about to return (0 for none): the
+/// program does not hold it anywhere yet, so it is a root of its own.
+pub fn park_here(returning: u64) {
     if ACTIVE.load(Ordering::Acquire) == 0 {
         return;
     }
-    let regs = own_registers();
-    park(&regs, regs[regs.len() - 1]);
+    // The roots of this thread start at the program's frame that called
+    // the hook, not in the hook's own frames (docs/SCAN.md).
+    let (lo, hi) = crate::unwind::own_range();
+    let find = crate::unwind::program_frame::Find::Outside(lo as usize, hi as usize);
+    let at = crate::unwind::program_frame::find(find).unwrap_or_else(own_registers);
+    let mut regs = [0u64; 8];
+    regs[..7].copy_from_slice(&at);
+    regs[7] = returning;
+    park(&regs, at[6]);
 }
 
 /// Saves `regs` in this thread's slot and waits until the stop is over.

@@ -40,10 +40,24 @@ fn writable_mappings() -> Vec<(u64, u64, String)> {
 /// Who takes the snapshot.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum By {
-    /// A thread of the program (at exit): its registers and stack are roots.
-    Program,
+    /// A thread of the program (at exit, `mtrace_scan()`): its callee-saved
+    /// registers and stack pointer (last) at the program's frame, as
+    /// `stop::own_registers` orders them; the stack from there up is a root.
+    Program([u64; 7]),
     /// The writer thread (on demand): the tracer's own, not a root.
     Writer,
+}
+
+impl By {
+    /// The calling thread, a thread of the program, whose own frame is the
+    /// caller of the innermost call of `func` (libc's `exit`, the API's
+    /// `mtrace_scan`): the frames below it (the exit path, the tracer's)
+    /// are not roots. Where unwinding cannot reach that frame, the calling
+    /// thread's registers and stack from here.
+    pub fn program_calling(func: usize) -> By {
+        use crate::unwind::program_frame::{find, Find};
+        By::Program(find(Find::CallerOf(func)).unwrap_or_else(crate::stop::own_registers))
+    }
 }
 
 /// `[lo, hi)` minus each of `out` (ranges that may overlap it or not).
@@ -81,7 +95,10 @@ pub fn take(s: &Session, by: By) -> u64 {
     let file = s.hold_file();
     // Registers: the stopped threads', the calling thread's if it is the
     // program's; threads not stopped get an empty (unknown) set.
-    let own_regs = (by == By::Program).then(crate::stop::own_registers);
+    let own_regs = match by {
+        By::Program(r) => Some(r),
+        By::Writer => None,
+    };
     let mut stacks: Vec<u64> = Vec::new();
     if let Some(r) = &own_regs {
         scratch.registers(&file, me, r);

@@ -18,6 +18,7 @@ mod cfi;
 #[cfg(target_arch = "x86_64")]
 pub mod fast;
 pub mod libgcc;
+pub mod program_frame;
 #[cfg(target_arch = "x86_64")]
 mod rule_cache;
 #[cfg(target_arch = "x86_64")]

@@ -1,0 +1,104 @@
+//! The program's registers at the frame where it called into libc's exit
+//! path or into the tracer: the roots of the leak scan's calling thread
+//! (docs/SCAN.md). A snapshot taken from inside `exit` or a hook sees, below
+//! that frame, the exit path's and the tracer's frames, whose unwritten
+//! slots hold words of frames that died long ago (a pointer that was the
+//! program's only one to a block makes it look reachable). Those frames
+//! are not roots: the caller's frame is where the program's state is.
+//!
+//! libgcc's unwinder is used (not the fast one): it restores every
+//! callee-saved register through each frame's CFI, which the fast one
+//! does not track, and this runs once per scan, not per allocation.
+
+use std::ffi::c_void;
+
+/// `_Unwind_Context`, opaque.
+#[repr(C)]
+struct Context {
+    _private: [u8; 0],
+}
+
+type Trace = extern "C" fn(ctx: *mut Context, arg: *mut c_void) -> i32;
+
+/// `_URC_NO_REASON`: go on to the next frame; anything else stops.
+const GO_ON: i32 = 0;
+const STOP: i32 = 4;
+
+extern "C" {
+    fn _Unwind_Backtrace(f: Trace, arg: *mut c_void) -> i32;
+    fn _Unwind_GetIP(ctx: *mut Context) -> usize;
+    fn _Unwind_GetCFA(ctx: *mut Context) -> usize;
+    fn _Unwind_GetGR(ctx: *mut Context, reg: i32) -> usize;
+    fn _Unwind_FindEnclosingFunction(pc: *mut c_void) -> *mut c_void;
+}
+
+/// DWARF numbers (x86-64 psABI) of rbx, rbp, r12, r13, r14, r15: the
+/// callee-saved registers, in the order of `stop::own_registers`.
+const CALLEE_SAVED: [i32; 6] = [3, 6, 12, 13, 14, 15];
+
+/// Which frame is the program's.
+#[derive(Clone, Copy)]
+pub enum Find {
+    /// The caller of the innermost frame of the function at this address
+    /// (libc's `exit`, the API's `mtrace_scan`).
+    CallerOf(usize),
+    /// The first frame outside `[lo, hi)` (the tracer's own code).
+    Outside(usize, usize),
+}
+
+struct Walk {
+    find: Find,
+    /// The previous frame was the one `CallerOf` names.
+    after: bool,
+    /// The previous frame's CFA: the stack pointer of this frame at its call.
+    prev_cfa: usize,
+    frames: usize,
+    found: Option<[u64; 7]>,
+}
+
+extern "C" fn frame(ctx: *mut Context, arg: *mut c_void) -> i32 {
+    // SAFETY: `arg` is the `Walk` that `find` passes, alive for the call;
+    // the context is libgcc's for this frame, valid during the callback.
+    let (w, ip) = unsafe { (&mut *(arg as *mut Walk), _Unwind_GetIP(ctx)) };
+    w.frames += 1;
+    if ip == 0 || w.frames > 512 {
+        return STOP;
+    }
+    let take = match w.find {
+        Find::CallerOf(_) => w.after,
+        // The first frame is this module's own (the walk starts here).
+        Find::Outside(lo, hi) => w.frames > 1 && !(lo..hi).contains(&ip),
+    };
+    if take {
+        let mut regs = [0u64; 7];
+        for (r, &n) in regs.iter_mut().zip(&CALLEE_SAVED) {
+            // SAFETY: libgcc's initial context saves every callee-saved
+            // register, and each frame's rules keep them known.
+            *r = unsafe { _Unwind_GetGR(ctx, n) } as u64;
+        }
+        // The stack pointer at the call: the callee's CFA.
+        regs[6] = w.prev_cfa as u64;
+        w.found = Some(regs);
+        return STOP;
+    }
+    if let Find::CallerOf(f) = w.find {
+        // A return address may be just past its call's function (a call
+        // that does not return ends it): look up the byte before.
+        // SAFETY: a pure lookup in the loaded modules' unwind tables.
+        let start = unsafe { _Unwind_FindEnclosingFunction((ip - 1) as *mut c_void) } as usize;
+        w.after = start == f;
+    }
+    // SAFETY: as above.
+    w.prev_cfa = unsafe { _Unwind_GetCFA(ctx) };
+    GO_ON
+}
+
+/// The program frame's callee-saved registers and stack pointer (last),
+/// as `stop::own_registers` gives them, or None when the walk does not
+/// reach that frame (no unwind information on the way).
+pub fn find(find: Find) -> Option<[u64; 7]> {
+    let mut w = Walk { find, after: false, prev_cfa: 0, frames: 0, found: None };
+    // SAFETY: the callback only reads the context it is given; `w` outlives the walk.
+    unsafe { _Unwind_Backtrace(frame, &mut w as *mut Walk as *mut c_void) };
+    w.found
+}
