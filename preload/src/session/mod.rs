@@ -386,16 +386,7 @@ impl Session {
     /// With `wait`, returns whether the report was written.
     pub fn report_point(&self, name: &str, out: Option<&str>, wait: bool) -> bool {
         let seq = self.reporter.next_seq();
-        {
-            let _f = self.file.lock();
-            self.collect(false);
-            let now = self.now();
-            let mut buf = Vec::with_capacity(64 + name.len());
-            let mut enc = Encoder::new();
-            enc.encode(&mut buf, &Record::Thread { tid: sys::gettid(), time_ns: now });
-            enc.encode(&mut buf, &Record::Marker { time_ns: now, seq, name: name.to_owned() });
-            self.out.write(&buf);
-        }
+        self.marker(seq, name);
         if name == SIGNAL_REPORT {
             self.reporter.marked();
         }
