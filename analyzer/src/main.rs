@@ -96,6 +96,12 @@ pub struct ReportOpts {
     /// (LeakSanitizer's format; PATTERN against function, file or module).
     #[arg(long, value_name = "FILE")]
     suppressions: Option<PathBuf>,
+    /// memcheck's heuristics for interior pointers, with the leak scan: all,
+    /// none, or some of stdstring, length64, newarray, multipleinheritance
+    /// (comma-separated); a block a heuristic's pointer reaches is still
+    /// reachable, not possibly lost (docs/SCAN.md).
+    #[arg(long, value_name = "SET", default_value = "all", value_parser = scan::Heuristics::parse)]
+    pub(crate) leak_check_heuristics: scan::Heuristics,
     /// Also show, per time window of DURATION, the allocations still live at
     /// the end, backtraces that leak in every window first.
     #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
@@ -148,7 +154,8 @@ impl ReportOpts {
             (t, warm.join().unwrap_or_else(|_| self.symbolizer()))
         });
         let t = t?;
-        let mut r = report::build(&t, &mut sym, self.sort, self.depth, self.show_reachable);
+        let view = report::View { heuristics: self.leak_check_heuristics, ..report::View::default() };
+        let mut r = report::build_view(&t, &mut sym, self.sort, self.depth, self.show_reachable, view);
         if let Some(f) = &self.suppressions {
             let mut rules = report::suppress::read(f)?;
             report::suppress::apply(&mut r, &mut rules);

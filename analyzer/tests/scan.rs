@@ -352,3 +352,48 @@ fn the_exit_scans_roots_are_the_frames_live_at_exit() {
         }
     }
 }
+
+#[test]
+fn memchecks_heuristics_make_interior_pointers_reachable() {
+    // A COW string's data, new[] of objects with a destructor, a
+    // length-prefixed block, a second polymorphic base: reachable through
+    // a heuristic each (as memcheck, byte for byte), possibly lost without.
+    let dir = scratch("scan-heuristics");
+    let prog = build("scan_heuristics.cpp", &dir.join("heur"), &["-g", "-O0"]);
+    let (r, out) = run_json(&dir, &["--scan"], &prog, &[]);
+    assert!(out.status.success());
+    let k = &r["kinds"];
+    let t = |v: &serde_json::Value| (v["bytes"].as_u64().unwrap(), v["blocks"].as_u64().unwrap());
+    let via = &k["reachable_via_heuristic"];
+    let want =
+        [("stdstring", (65, 1)), ("length64", (108, 1)), ("newarray", (28, 1)), ("multipleinheritance", (40, 1))];
+    for (h, n) in want {
+        assert_eq!(t(&via[h]), n, "{h}: {k}");
+    }
+    assert_eq!(t(&k["possible"]), (0, 0), "{k}");
+    // Without: the same four blocks possibly lost.
+    let (r, _) = run_json(&dir, &["--scan", "--leak-check-heuristics", "none"], &prog, &[]);
+    assert_eq!(t(&r["kinds"]["possible"]), (241, 4), "{}", r["kinds"]);
+    assert_eq!(t(&r["kinds"]["reachable_via_heuristic"]["stdstring"]), (0, 0));
+    // Only some: the others fall back to possibly lost.
+    let (r, _) = run_json(&dir, &["--scan", "--leak-check-heuristics", "stdstring,length64"], &prog, &[]);
+    assert_eq!(t(&r["kinds"]["possible"]), (28 + 40, 2), "{}", r["kinds"]);
+    // The text names them as memcheck does.
+    let txt = dir.join("report.txt");
+    let st = std::process::Command::new(mtrace()).args(["run", "--scan", "-o"]).arg(&txt).arg(&prog).status().unwrap();
+    assert!(st.success());
+    let text = std::fs::read_to_string(&txt).unwrap();
+    assert!(
+        text.contains("    of which reachable via heuristic:\n      stdstring:           65 bytes in 1 block\n"),
+        "{text}"
+    );
+    // valgrind's own numbers, where it is installed.
+    if std::process::Command::new("valgrind").arg("--version").output().is_ok() {
+        let v = valgrind(&dir, &prog, &[]);
+        for (h, (bytes, blocks)) in want {
+            let line = format!("{h:<19}: {bytes} bytes in {blocks} blocks");
+            assert!(v.contains(&line), "valgrind: {line} in {v}");
+        }
+        assert!(v.contains("possibly lost: 0 bytes in 0 blocks"), "{v}");
+    }
+}

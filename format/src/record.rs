@@ -214,6 +214,10 @@ pub mod region_kind {
     /// A readable, writable mapping (module data and bss, anonymous
     /// mappings, the heap); the analyzer tells heap blocks from roots.
     pub const MAPPING: u8 = 2;
+    /// A module's read-only data that was relocated at load (its RELRO:
+    /// vtables, the GOT); not a root. Read for memcheck's
+    /// multipleinheritance heuristic, which looks at vtables. Since version 5.
+    pub const READ_ONLY: u8 = 3;
     /// Flag added to a kind: this region is the next piece of the same
     /// mapping (or stack) as the ScanRegion before it.
     pub const SAME_MAPPING: u8 = 0x80;

@@ -192,13 +192,14 @@ impl<'a> Console<'a> {
         let sym = &mut self.sym;
         let since = if pid.is_none() { self.opts.since_marker.clone() } else { None };
         let depth = self.opts.depth;
+        let heuristics = self.opts.leak_check_heuristics;
         let lost = self.scans.get(&path).map(|s| &s.lost);
         let b = &self.books[&path];
         let mut r = b.with(|st| {
             let base = since.as_ref().and_then(|_| st.baselines.get("reset")).map(|(_, m)| m.clone());
             let t = st.trace.as_mut().expect("with() checks the header");
             view(t, base, false, |t| {
-                let v = View { lost_before: lost, ..View::default() };
+                let v = View { lost_before: lost, heuristics, ..View::default() };
                 crate::report::build_view(t, sym, sort, depth, true, v)
             })
         })?;
@@ -270,14 +271,16 @@ impl<'a> Console<'a> {
             |st, n| {
                 let t = st.trace.as_mut().expect("a marker came, so the header did");
                 let res = view(t, None, true, |t| {
-                    let classes: HashMap<u64, Classified> =
-                        crate::scan::classify(t)?.into_iter().map(|c| (c.addr, c)).collect();
+                    let classes: HashMap<u64, Classified> = crate::scan::classify(t, opts.leak_check_heuristics)?
+                        .into_iter()
+                        .map(|c| (c.addr, c))
+                        .collect();
                     let keep = |addr: u64, b: &Block| match (mode, last) {
                         ("new", Some(l)) => b.time > l.snapshot_time,
                         ("leak", Some(l)) => l.lost.contains(&(addr, b.time)),
                         _ => true,
                     };
-                    let v = View { keep: Some(&keep), classes: Some(&classes), lost_before: None };
+                    let v = View { keep: Some(&keep), classes: Some(&classes), ..View::default() };
                     let mut r = crate::report::build_view(t, sym, opts.sort, opts.depth, opts.show_reachable, v);
                     r.summary.until_marker = Some(format!("{SCAN_MARKER}#{n}"));
                     let mut found =

@@ -57,6 +57,8 @@ pub struct View<'a> {
     /// definitely or indirectly lost: what the sort keys `bytes-leaked`
     /// and `leaks` count when the report has no scan of its own.
     pub lost_before: Option<&'a rustc_hash::FxHashSet<(u64, u64)>>,
+    /// memcheck's heuristics the classification uses (all by default).
+    pub heuristics: crate::scan::Heuristics,
 }
 
 #[derive(Serialize, Debug)]
@@ -240,7 +242,7 @@ pub fn build_view(
     let classes = match view.classes {
         Some(c) => Some(c),
         None if t.baseline.is_none() => {
-            own = crate::scan::classify(t).map(|v| v.into_iter().map(|c| (c.addr, c)).collect());
+            own = crate::scan::classify(t, view.heuristics).map(|v| v.into_iter().map(|c| (c.addr, c)).collect());
             own.as_ref()
         }
         None => None,
@@ -266,7 +268,13 @@ pub fn build_view(
             (None, None) => false,
         };
         if let (Some(k), Some(c)) = (kind.as_ref(), class) {
-            let slot = kinds.as_mut().expect("with classes").get_mut(*k);
+            let all = kinds.as_mut().expect("with classes");
+            if let Some(h) = c.via {
+                let v = all.reachable_via_heuristic.get_mut(h);
+                v.bytes = v.bytes.saturating_add(b.size);
+                v.blocks += 1;
+            }
+            let slot = all.get_mut(*k);
             slot.bytes = slot.bytes.saturating_add(b.size);
             slot.blocks += 1;
             if let Some(o) = c.owner {

@@ -268,6 +268,15 @@ fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         ] {
             writeln!(w, "  {what}: {} in {}", plural(t.bytes, "byte", "bytes"), plural(t.blocks, "block", "blocks"))?;
         }
+        let via = &k.reachable_via_heuristic;
+        if crate::scan::Heuristic::ALL.iter().any(|&h| via.get(h).blocks > 0) {
+            writeln!(w, "    of which reachable via heuristic:")?;
+            for h in crate::scan::Heuristic::ALL {
+                let t = via.get(h);
+                let (b, n) = (plural(t.bytes, "byte", "bytes"), plural(t.blocks, "block", "blocks"));
+                writeln!(w, "      {:<20} {b} in {n}", format!("{}:", h.name()))?;
+            }
+        }
     }
     for (i, e) in r.stacks.iter().enumerate() {
         if let Some(kind) = e.kind {

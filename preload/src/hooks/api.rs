@@ -57,7 +57,15 @@ pub unsafe extern "C" fn mtrace_scan(path: *const c_char) -> i32 {
     let Some(_g) = Guard::enter() else { return -1 };
     let out = text(path);
     match session::get() {
-        Some(s) if s.scan_point(crate::snapshot::By::program_calling(mtrace_scan as *const () as usize), out.as_deref(), true) => 0,
+        Some(s)
+            if s.scan_point(
+                crate::snapshot::By::program_calling(mtrace_scan as *const () as usize),
+                out.as_deref(),
+                true,
+            ) =>
+        {
+            0
+        }
         _ => -1,
     }
 }

@@ -7,6 +7,8 @@
 //! stopped thread's registers and its stack from the stack pointer up, and
 //! every other readable, writable mapping except the tracer's own (this
 //! library's data, the writer's stack) and the kernel's ([vvar], [vdso]).
+//! Also each module's RELRO (not a root; the analyzer recognises vtables
+//! there for memcheck's multipleinheritance heuristic).
 //! Memory is read with process_vm_readv, which fails where a read would
 //! fault (guard pages, mappings whose file shrank) instead of crashing,
 //! into working memory the snapshot leaves out (scratch.rs).
@@ -21,8 +23,9 @@ use crate::sys;
 mod scratch;
 use scratch::Scratch;
 
-/// The readable, writable mappings: (start, end, name).
-fn writable_mappings() -> Vec<(u64, u64, String)> {
+/// The mappings of `/proc/self/maps`: (start, end, writable, name), the
+/// readable ones only.
+fn readable_mappings() -> Vec<(u64, u64, bool, String)> {
     let Some(maps) = sys::read_file(c"/proc/self/maps") else { return Vec::new() };
     String::from_utf8_lossy(&maps)
         .lines()
@@ -32,8 +35,18 @@ fn writable_mappings() -> Vec<(u64, u64, String)> {
             let name = f.nth(3).unwrap_or("").to_owned();
             let (lo, hi) = range.split_once('-')?;
             let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
-            perms.starts_with("rw").then_some((lo, hi, name))
+            perms.starts_with('r').then_some((lo, hi, perms.as_bytes().get(1) == Some(&b'w'), name))
         })
+        .collect()
+}
+
+/// The RELRO parts of modules: a read-only file mapping that ends where a
+/// writable mapping of the same file begins (the loader made the start of
+/// the data segment read-only after relocating it). Vtables live there.
+fn relro(maps: &[(u64, u64, bool, String)]) -> Vec<(u64, u64)> {
+    maps.windows(2)
+        .filter(|w| !w[0].2 && w[1].2 && w[0].1 == w[1].0 && w[0].3.starts_with('/') && w[0].3 == w[1].3)
+        .map(|w| (w[0].0, w[0].1))
         .collect()
 }
 
@@ -116,7 +129,11 @@ pub fn take(s: &Session, by: By) -> u64 {
     let mut tracer = vec![writer_stack, s.zstd_range(), scratch.range()];
     tracer.extend(own);
     tracer.extend(crate::allocator::range());
-    for (lo, hi, name) in writable_mappings() {
+    let maps = readable_mappings();
+    for (lo, hi) in relro(&maps) {
+        scratch.memory(&file, region_kind::READ_ONLY, lo, hi);
+    }
+    for (lo, hi, _, name) in maps.into_iter().filter(|m| m.2) {
         if name == "[vvar]" || name == "[vdso]" || name == "[vsyscall]" {
             continue;
         }

@@ -18,6 +18,9 @@ use serde::Serialize;
 use crate::load::Trace;
 use mtrace_format::{region_kind, Family};
 
+pub mod heuristics;
+pub use heuristics::{Heuristic, Heuristics};
+
 /// One region of the snapshot.
 pub struct Region {
     /// One of [`region_kind`]'s kinds (without the SAME_MAPPING flag).
@@ -63,6 +66,9 @@ pub struct Kinds {
     pub indirect: Total,
     pub possible: Total,
     pub reachable: Total,
+    /// Of the still reachable: those only a heuristic's interior pointer
+    /// reaches, per heuristic (heuristics.rs).
+    pub reachable_via_heuristic: heuristics::ViaHeuristic,
 }
 
 impl Kinds {
@@ -127,6 +133,8 @@ pub struct Classified {
     pub addr: u64,
     pub kind: Kind,
     pub owner: Option<u64>,
+    /// Still reachable only through an interior pointer this heuristic accepted.
+    pub via: Option<Heuristic>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -231,6 +239,24 @@ struct Memory<'a> {
 }
 
 impl Memory<'_> {
+    /// The pointer-sized word at `a`, if the snapshot holds it.
+    fn word_at(&self, a: u64) -> Option<u64> {
+        self.bytes_at(a, self.word.size).map(|b| self.word.read(b))
+    }
+
+    /// The 8-byte number at `a` in the target's byte order, if held.
+    fn u64_at(&self, a: u64) -> Option<u64> {
+        let b: [u8; 8] = self.bytes_at(a, 8)?.try_into().ok()?;
+        Some(if self.word.big { u64::from_be_bytes(b) } else { u64::from_le_bytes(b) })
+    }
+
+    fn bytes_at(&self, a: u64, n: usize) -> Option<&[u8]> {
+        let i = self.regions.partition_point(|r| r.addr <= a).checked_sub(1)?;
+        let r = self.regions[i];
+        let o = (a - r.addr) as usize;
+        r.bytes.get(o..o.checked_add(n)?)
+    }
+
     /// Aligned words in `[lo, hi)` that the snapshot holds.
     fn words(&self, lo: u64, hi: u64, mut f: impl FnMut(u64)) {
         let size = self.word.size as u64;
@@ -254,7 +280,9 @@ impl Memory<'_> {
 /// Classifies the heap blocks (malloc family, new, aligned) live in `t`
 /// and allocated before the snapshot was taken against `t.snapshot`. Mappings and pool blocks are not classified: like
 /// memcheck, the scan covers heap blocks.
-pub fn classify(t: &Trace) -> Option<Vec<Classified>> {
+/// Interior pointers that match one of `set` count as start pointers
+/// (memcheck's heuristics, heuristics.rs).
+pub fn classify(t: &Trace, set: Heuristics) -> Option<Vec<Classified>> {
     let snap = t.snapshot.as_ref()?;
     let mut blocks: Vec<(u64, u64)> = t
         .books
@@ -270,13 +298,30 @@ pub fn classify(t: &Trace) -> Option<Vec<Classified>> {
     let mem = Memory { regions, word };
     let n = heap.blocks.len();
     let mut state = vec![State::Unreached; n];
+    let mut via: Vec<Option<Heuristic>> = vec![None; n];
     let mut work = Vec::new();
-    let reach = |p: u64, from_reachable: bool, state: &mut Vec<State>, work: &mut Vec<usize>| {
+    let segments = heuristics::Segments::of(&t.modules);
+    let mut reach = |p: u64, from_reachable: bool, state: &mut Vec<State>, work: &mut Vec<usize>| {
         if let Some((i, at_start)) = heap.find(p) {
-            let new = if from_reachable && at_start { State::Reachable } else { State::Possible };
+            // As memcheck: a heuristic is asked only for an interior pointer
+            // from a root or a reachable block; a start pointer reaching a
+            // block a heuristic reached clears the heuristic.
+            let (start, size) = heap.blocks[i];
+            let h = if from_reachable && !at_start && state[i] != State::Reachable {
+                heuristics::matching(set, p, start, size, &mem, &segments)
+            } else {
+                None
+            };
+            if from_reachable && at_start && state[i] == State::Reachable {
+                via[i] = None;
+            }
+            let new = if from_reachable && (at_start || h.is_some()) { State::Reachable } else { State::Possible };
             let better = matches!((state[i], new), (State::Unreached, _) | (State::Possible, State::Reachable));
             if better {
                 state[i] = new;
+                if new == State::Reachable {
+                    via[i] = h;
+                }
                 work.push(i);
             }
         }
@@ -287,6 +332,11 @@ pub fn classify(t: &Trace) -> Option<Vec<Classified>> {
     let mut i = 0;
     while i < snap.len() {
         let r = &snap[i];
+        if r.kind == region_kind::READ_ONLY {
+            // Not a root: read only to recognise vtables.
+            i += 1;
+            continue;
+        }
         if r.kind == region_kind::REGISTERS {
             for w in r.bytes.chunks_exact(word.size) {
                 reach(word.read(w), true, &mut state, &mut work);
@@ -380,7 +430,7 @@ pub fn classify(t: &Trace) -> Option<Vec<Classified>> {
                     _ => Kind::Indirect,
                 };
                 let owner = (kind == Kind::Indirect).then(|| heap.blocks[roots[i]].0);
-                Classified { addr: heap.blocks[i].0, kind, owner }
+                Classified { addr: heap.blocks[i].0, kind, owner, via: via[i] }
             })
             .collect(),
     )
@@ -400,7 +450,7 @@ mod tests {
             t.books.alloc(0, a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0 });
         }
         t.snapshot = Some(regions);
-        let mut c = classify(&t).unwrap();
+        let mut c = classify(&t, Heuristics::ALL).unwrap();
         c.sort_by_key(|c| c.addr);
         c.into_iter().map(|c| c.kind).collect()
     }
@@ -501,7 +551,7 @@ mod tests {
             t.books.alloc(0, a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0 });
         }
         t.snapshot = Some(vec![region(HEAP, &words, region_kind::MAPPING)]);
-        let c = classify(&t).unwrap();
+        let c = classify(&t, Heuristics::ALL).unwrap();
         let definite: Vec<u64> = c.iter().filter(|c| c.kind == Kind::Definite).map(|c| c.addr).collect();
         assert_eq!(definite, vec![b(n - 1)]);
         assert!(c.iter().filter(|c| c.kind == Kind::Indirect).all(|c| c.owner == Some(b(n - 1))));
