@@ -301,6 +301,14 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Vec<Classified>> {
     let mut via: Vec<Option<Heuristic>> = vec![None; n];
     let mut work = Vec::new();
     let segments = heuristics::Segments::of(&t.modules);
+    // The program's own mappings (mmap records), sorted.
+    let mut program_maps: Vec<(u64, u64)> = t
+        .books
+        .live_blocks()
+        .filter(|(_, b)| b.family == Family::Mmap && b.time <= t.snapshot_time)
+        .map(|(a, b)| (a, a + b.size))
+        .collect();
+    program_maps.sort_unstable();
     let mut reach = |p: u64, from_reachable: bool, state: &mut Vec<State>, work: &mut Vec<usize>| {
         if let Some((i, at_start)) = heap.find(p) {
             // As memcheck: a heuristic is asked only for an interior pointer
@@ -364,6 +372,21 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Vec<Classified>> {
                 at = at.max(start + size);
             }
             mem.words(at, hi, |w| reach(w, true, &mut state, &mut work));
+        } else {
+            // The program's own mmaps are roots even where the kernel merged
+            // them into one mapping with malloc's (an anonymous mapping next
+            // to a large block's): python's object arenas beside a big
+            // malloc block made the dict tables they point to look lost,
+            // depending on where the kernel placed them.
+            for &(mlo, mhi) in program_maps.iter().filter(|m| m.0 < hi && m.1 > lo) {
+                let (mlo, mhi) = (mlo.max(lo), mhi.min(hi));
+                let mut at = mlo;
+                for &(start, size) in heap.blocks.iter().skip_while(|b| b.0 + b.1 <= mlo).take_while(|b| b.0 < mhi) {
+                    mem.words(at, start, |w| reach(w, true, &mut state, &mut work));
+                    at = at.max(start + size);
+                }
+                mem.words(at, mhi, |w| reach(w, true, &mut state, &mut work));
+            }
         }
         i = j;
     }
