@@ -306,14 +306,14 @@ fn the_exit_scans_roots_are_the_frames_live_at_exit() {
     // Pointers in frames that returned before exit are not roots, whether
     // the program returns from main or calls exit() deeper down, at -O0
     // and -O2 (where the analyzer of before called the ring reachable
-    // through a stale word in 6 runs of 6). Ten runs each; memcheck's totals.
+    // through a stale word in 6 runs of 6). Twenty runs each; memcheck's totals.
     let dir = scratch("scan-stale");
     let m = markers("scan_stale.c");
     let want = [("definite", (144, 3)), ("indirect", (128, 5)), ("possible", (0, 0)), ("reachable", (24, 1))];
     for opt in ["-O0", "-O2"] {
         let prog = build("scan_stale.c", &dir.join(format!("stale{opt}")), &["-g", opt]);
         for args in [&[][..], &["exit"][..]] {
-            for run in 0..10 {
+            for run in 0..20 {
                 let (r, out) = run_json(&dir, &["--scan"], &prog, args);
                 assert!(out.status.success());
                 let k = &r["kinds"];

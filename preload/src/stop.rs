@@ -243,11 +243,11 @@ pub fn park_here(returning: u64) {
     if ACTIVE.load(Ordering::Acquire) == 0 {
         return;
     }
-    // The roots of this thread start at the program's frame that called
-    // the hook, not in the hook's own frames (docs/SCAN.md).
-    let (lo, hi) = crate::unwind::own_range();
-    let find = crate::unwind::program_frame::Find::Outside(lo as usize, hi as usize);
-    let at = crate::unwind::program_frame::find(find).unwrap_or_else(own_registers);
+    // The hook's own frames stay roots: they hold the program's
+    // callee-saved registers that the hook saved. Finding the program's
+    // frame with libgcc's unwinder here (as for exit) made a parked thread
+    // miss the stop's one-second deadline under load (docs/SCAN.md).
+    let at = own_registers();
     let mut regs = [0u64; 8];
     regs[..7].copy_from_slice(&at);
     regs[7] = returning;

@@ -68,8 +68,7 @@ impl By {
     /// are not roots. Where unwinding cannot reach that frame, the calling
     /// thread's registers and stack from here.
     pub fn program_calling(func: usize) -> By {
-        use crate::unwind::program_frame::{find, Find};
-        By::Program(find(Find::CallerOf(func)).unwrap_or_else(crate::stop::own_registers))
+        By::Program(crate::unwind::program_frame::caller_of(func).unwrap_or_else(crate::stop::own_registers))
     }
 }
 

@@ -1,5 +1,5 @@
 //! The program's registers at the frame where it called into libc's exit
-//! path or into the tracer: the roots of the leak scan's calling thread
+//! path or the tracer's API: the roots of the leak scan's calling thread
 //! (docs/SCAN.md). A snapshot taken from inside `exit` or a hook sees, below
 //! that frame, the exit path's and the tracer's frames, whose unwritten
 //! slots hold words of frames that died long ago (a pointer that was the
@@ -36,19 +36,10 @@ extern "C" {
 /// callee-saved registers, in the order of `stop::own_registers`.
 const CALLEE_SAVED: [i32; 6] = [3, 6, 12, 13, 14, 15];
 
-/// Which frame is the program's.
-#[derive(Clone, Copy)]
-pub enum Find {
-    /// The caller of the innermost frame of the function at this address
-    /// (libc's `exit`, the API's `mtrace_scan`).
-    CallerOf(usize),
-    /// The first frame outside `[lo, hi)` (the tracer's own code).
-    Outside(usize, usize),
-}
-
 struct Walk {
-    find: Find,
-    /// The previous frame was the one `CallerOf` names.
+    /// The function whose caller is wanted.
+    func: usize,
+    /// The previous frame was `func`'s.
     after: bool,
     /// The previous frame's CFA: the stack pointer of this frame at its call.
     prev_cfa: usize,
@@ -64,12 +55,7 @@ extern "C" fn frame(ctx: *mut Context, arg: *mut c_void) -> i32 {
     if ip == 0 || w.frames > 512 {
         return STOP;
     }
-    let take = match w.find {
-        Find::CallerOf(_) => w.after,
-        // The first frame is this module's own (the walk starts here).
-        Find::Outside(lo, hi) => w.frames > 1 && !(lo..hi).contains(&ip),
-    };
-    if take {
+    if w.after {
         let mut regs = [0u64; 7];
         for (r, &n) in regs.iter_mut().zip(&CALLEE_SAVED) {
             // SAFETY: libgcc's initial context saves every callee-saved
@@ -81,23 +67,23 @@ extern "C" fn frame(ctx: *mut Context, arg: *mut c_void) -> i32 {
         w.found = Some(regs);
         return STOP;
     }
-    if let Find::CallerOf(f) = w.find {
-        // A return address may be just past its call's function (a call
-        // that does not return ends it): look up the byte before.
-        // SAFETY: a pure lookup in the loaded modules' unwind tables.
-        let start = unsafe { _Unwind_FindEnclosingFunction((ip - 1) as *mut c_void) } as usize;
-        w.after = start == f;
-    }
+    // A return address may be just past its call's function (a call that
+    // does not return ends it): look up the byte before.
+    // SAFETY: a pure lookup in the loaded modules' unwind tables.
+    let start = unsafe { _Unwind_FindEnclosingFunction((ip - 1) as *mut c_void) } as usize;
+    w.after = start == w.func;
     // SAFETY: as above.
     w.prev_cfa = unsafe { _Unwind_GetCFA(ctx) };
     GO_ON
 }
 
-/// The program frame's callee-saved registers and stack pointer (last),
-/// as `stop::own_registers` gives them, or None when the walk does not
-/// reach that frame (no unwind information on the way).
-pub fn find(find: Find) -> Option<[u64; 7]> {
-    let mut w = Walk { find, after: false, prev_cfa: 0, frames: 0, found: None };
+/// The callee-saved registers and stack pointer (last), as
+/// `stop::own_registers` orders them, of the caller of the innermost call
+/// of the function at address `func` (libc's `exit`, the API's
+/// `mtrace_scan`); None when the walk does not reach that frame (no
+/// unwind information on the way).
+pub fn caller_of(func: usize) -> Option<[u64; 7]> {
+    let mut w = Walk { func, after: false, prev_cfa: 0, frames: 0, found: None };
     // SAFETY: the callback only reads the context it is given; `w` outlives the walk.
     unsafe { _Unwind_Backtrace(frame, &mut w as *mut Walk as *mut c_void) };
     w.found
