@@ -13,18 +13,15 @@
 //! times never go back). Elsewhere, or with `MTRACE_CLOCK=monotonic`,
 //! events read CLOCK_MONOTONIC.
 //!
-//! Ordering across threads: a block freed by one thread and returned by
-//! malloc to another must be stamped in that order, and so must a block
-//! allocated by one thread and freed by another. Every stamp is `lfence;
-//! rdtsc`, so the counter is read after the loads before it (the one that
-//! found the block) completed. A bare `rdtsc` may run early: a consumer's
-//! free stamped that way was seen 11 ns before the producer's malloc of
-//! the same block (a producer/consumer program handing 2,000,000 blocks
-//! over, 1 run in 11; with `lfence` first, 0 in 80). Invariant TSCs of one
-//! machine are synchronized across cores. (The analyzer cannot make up for
-//! an inversion afterwards: pairing a free with a block allocated just
-//! after it also pairs a block allocated before tracing, freed, with the
-//! next traced allocation at its address, as ctests/startstop.c shows.)
+//! Ordering across threads is not the clock's job: a bare `rdtsc` may run
+//! some tens of cycles early, so a consumer's free of a block can be
+//! stamped a few ns before the producer's malloc of it (11 ns seen, a
+//! producer/consumer program handing 2,000,000 blocks over, 1 run in 11).
+//! The analyzer's books order the events of one address by the allocator's
+//! contract and each thread's program order, and use times only between
+//! events more than `EPS` (250 ns) apart (analyzer/src/books/heap.rs).
+//! Until they did, every stamp was `lfence; rdtsc` (17 ns against 10).
+//! Invariant TSCs of one machine are synchronized across cores.
 
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
@@ -70,7 +67,7 @@ impl Clock {
     #[inline]
     pub fn now(&self) -> u64 {
         match &self.tsc {
-            Some(l) => l.at(ordered_tsc),
+            Some(l) => l.at(tsc),
             None => sys::monotonic_ns().saturating_sub(self.start_mono),
         }
     }
@@ -153,9 +150,9 @@ fn slope(a: (u64, u64), b: (u64, u64)) -> u64 {
 fn pair(start_mono: u64) -> (u64, u64) {
     let mut best = (u64::MAX, 0, 0);
     for _ in 0..3 {
-        let t1 = ordered_tsc();
+        let t1 = tsc();
         let ns = sys::monotonic_ns().saturating_sub(start_mono);
-        let t2 = ordered_tsc();
+        let t2 = tsc();
         if t2.wrapping_sub(t1) < best.0 {
             best = (t2.wrapping_sub(t1), t1 + t2.wrapping_sub(t1) / 2, ns);
         }
@@ -165,17 +162,14 @@ fn pair(start_mono: u64) -> (u64, u64) {
 
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn ordered_tsc() -> u64 {
-    // SAFETY: lfence only orders; rdtsc reads a counter, usable in user
-    // mode on Linux (CR4.TSD clear), checked by tsc_usable() before any call.
-    unsafe {
-        core::arch::x86_64::_mm_lfence();
-        core::arch::x86_64::_rdtsc()
-    }
+fn tsc() -> u64 {
+    // SAFETY: rdtsc reads a counter, usable in user mode on Linux (CR4.TSD
+    // clear), checked by tsc_usable() before any call.
+    unsafe { core::arch::x86_64::_rdtsc() }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn ordered_tsc() -> u64 {
+fn tsc() -> u64 {
     0
 }
 
