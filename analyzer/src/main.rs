@@ -118,6 +118,19 @@ struct ReportArgs {
     /// List the trace's markers (report points and named points) instead.
     #[arg(long)]
     markers: bool,
+    /// Write the collapsed stacks of --cost to FILE instead of the report
+    /// (flamegraph.pl's, inferno's and speedscope's input).
+    #[arg(long, value_name = "FILE")]
+    folded: Option<PathBuf>,
+    /// Write an interactive flamegraph SVG of --cost to FILE instead of the report.
+    #[arg(long, value_name = "FILE")]
+    flamegraph: Option<PathBuf>,
+    /// What --folded and --flamegraph measure per backtrace.
+    #[arg(long, value_enum, default_value = "leaked")]
+    cost: report::flame::Cost,
+    /// Draw the flamegraph upside down (roots at the top).
+    #[arg(long)]
+    icicle: bool,
     #[command(flatten)]
     opts: ReportOpts,
 }
@@ -209,9 +222,47 @@ fn list_markers(trace: &std::path::Path, json: bool, out: &mut dyn Write) -> any
 
 pub(crate) fn open_output(p: &Option<PathBuf>) -> anyhow::Result<Box<dyn Write>> {
     Ok(match p {
-        Some(p) => Box::new(std::fs::File::create(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?),
+        Some(p) => Box::new(create_private(p)?),
         None => Box::new(std::io::stdout().lock()),
     })
+}
+
+/// Creates (or truncates) the file at `p` for a report, mode 0600 when new.
+pub(crate) fn create_private(p: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(p)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+}
+
+/// `mtrace report --folded/--flamegraph`: writes the collapsed stacks and
+/// the SVG of the trace's cost per backtrace.
+fn write_flame(a: &ReportArgs) -> anyhow::Result<()> {
+    let window = load::Window {
+        since: a.opts.since_marker.clone().map(load::MarkerSel),
+        until: a.opts.until_marker.clone().map(load::MarkerSel),
+    };
+    let t = load::load_window(&a.trace, &window)?;
+    let mut sym = a.opts.symbolizer();
+    let lines = report::flame::folded(&t, &mut sym, a.cost, a.opts.depth);
+    if let Some(f) = &a.folded {
+        let mut w = std::io::BufWriter::new(create_private(f)?);
+        for l in &lines {
+            writeln!(w, "{l}")?;
+        }
+        w.flush()?;
+        eprintln!("mtrace: wrote {} ({} stacks)", f.display(), lines.len());
+    }
+    if let Some(f) = &a.flamegraph {
+        let w = std::io::BufWriter::new(create_private(f)?);
+        report::flame::flamegraph(&lines, a.cost, &t.header.exe, a.icicle, w)?;
+        eprintln!("mtrace: wrote {}", f.display());
+    }
+    Ok(())
 }
 
 /// `mtrace [PROG] LOG` without a subcommand: glibc's mtrace script's usage.
@@ -248,6 +299,10 @@ fn main() -> ExitCode {
             unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
             if a.markers {
                 list_markers(&a.trace, a.opts.json, &mut *out)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            if a.folded.is_some() || a.flamegraph.is_some() {
+                write_flame(&a)?;
                 return Ok(ExitCode::SUCCESS);
             }
             let r = a.opts.report(&a.trace, &mut *out)?;

@@ -1,0 +1,59 @@
+//! `mtrace report --folded` and `--flamegraph`: the collapsed stacks of
+//! each cost, exact on families.c, and the SVG inferno draws from them.
+
+mod common;
+use common::*;
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+
+fn report(trace: &std::path::Path, args: &[&str]) {
+    let out = Command::new(mtrace()).arg("report").arg(trace).args(args).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn folded_stacks_and_flamegraphs_of_each_cost() {
+    let dir = scratch("flame");
+    let prog = build("families.c", &dir.join("families"), &["-g", "-O0"]);
+    let tdir = dir.join("t");
+    run_json(&dir, &["--trace-dir", tdir.to_str().unwrap()], &prog, &[]);
+    let (trace, _) = traces(&tdir).pop().unwrap();
+    let folded = dir.join("leaked.folded");
+    report(&trace, &["--folded", folded.to_str().unwrap()]);
+    let base = "_start;__libc_start_main_impl;__libc_start_call_main;main";
+    let want: Vec<String> = [
+        ("leak_aligned_alloc", 106),
+        ("leak_calloc", 102),
+        ("leak_malloc", 101),
+        ("leak_memalign", 108),
+        ("leak_posix_memalign", 105),
+        ("leak_pvalloc", 109),
+        ("leak_realloc", 103),
+        ("leak_reallocarray", 104),
+        ("leak_valloc", 107),
+    ]
+    .iter()
+    .map(|(f, n)| format!("{base};{f} {n}"))
+    .collect();
+    let got: Vec<String> = std::fs::read_to_string(&folded).unwrap().lines().map(str::to_owned).collect();
+    assert_eq!(got, want);
+    assert_eq!(std::fs::metadata(&folded).unwrap().permissions().mode() & 0o777, 0o600);
+    // Calls: every backtrace that allocated, also main's own (freed) ones.
+    let calls = dir.join("calls.folded");
+    report(&trace, &["--folded", calls.to_str().unwrap(), "--cost", "calls"]);
+    let got = std::fs::read_to_string(&calls).unwrap();
+    assert_eq!(got.lines().count(), 10, "{got}");
+    assert!(got.lines().any(|l| l == format!("{base};leak_malloc 1")), "{got}");
+    assert!(got.lines().any(|l| l == format!("{base} 3")), "{got}");
+    let allocated = dir.join("allocated.folded");
+    report(&trace, &["--folded", allocated.to_str().unwrap(), "--cost", "allocated"]);
+    let got = std::fs::read_to_string(&allocated).unwrap();
+    assert!(got.lines().any(|l| l == format!("{base};leak_calloc 102")), "{got}");
+    // The SVG: inferno's, with the functions and the cost's title.
+    let svg = dir.join("leaked.svg");
+    report(&trace, &["--flamegraph", svg.to_str().unwrap(), "--icicle"]);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<?xml") && text.trim_end().ends_with("</svg>"), "{}", &text[..200.min(text.len())]);
+    assert!(text.contains("Memory not freed") && text.contains("leak_pvalloc"), "{text}");
+}
