@@ -30,6 +30,9 @@ enum Cmd {
     /// Run a program under the tracer and print its report when it ends.
     #[command(after_help = ENV_HELP)]
     Run(run::RunArgs),
+    /// Compare two traces (two runs, or two builds): per backtrace, the
+    /// change in bytes not freed, at the peak, and in allocation calls.
+    Diff(DiffArgs),
     /// Trace a running process for a while, then report what it allocated
     /// meanwhile and still holds; the process goes on untraced.
     Attach(attach::AttachArgs),
@@ -106,6 +109,49 @@ pub struct ReportOpts {
     /// the end, backtraces that leak in every window first.
     #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
     intervals: Option<u64>,
+}
+
+#[derive(Args)]
+struct DiffArgs {
+    /// The trace of the earlier run.
+    old: PathBuf,
+    /// The trace of the later run.
+    new: PathBuf,
+    /// Print one JSON document instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Write the comparison to FILE instead of standard output.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Match backtraces on at most this many recorded frames.
+    #[arg(short = 'd', long = "depth")]
+    depth: Option<usize>,
+    /// Show at most N backtraces in the text (JSON has all).
+    #[arg(long, value_name = "N", default_value = "30")]
+    limit: usize,
+    /// Root folder holding the traced machine's files.
+    #[arg(long)]
+    sysroot: Option<PathBuf>,
+    /// Folder to search for binaries by file name; may be repeated.
+    #[arg(long)]
+    binpath: Vec<PathBuf>,
+}
+
+/// `mtrace diff OLD NEW`.
+fn diff(a: DiffArgs) -> anyhow::Result<ExitCode> {
+    let old = load::load(&a.old)?;
+    let new = load::load(&a.new)?;
+    let mut sym = Symbolizer::new(SearchPaths { sysroot: a.sysroot.clone(), binpath: a.binpath.clone() });
+    let d = report::diff::diff(&old, &new, &mut sym, a.depth);
+    let mut out = open_output(&a.output)?;
+    if a.json {
+        serde_json::to_writer_pretty(&mut *out, &d)?;
+        writeln!(out)?;
+    } else {
+        report::diff::write_text(&d, a.limit, &mut *out)?;
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Args)]
@@ -321,6 +367,7 @@ fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }),
         Cmd::Run(a) => run::run(a),
+        Cmd::Diff(a) => diff(a),
         Cmd::Attach(a) => attach::attach(a),
         Cmd::Server(a) => relay::server::server(a),
         Cmd::Client(a) => relay::client::client(a),

@@ -1,5 +1,6 @@
 //! The leak report: built once from a loaded trace, printed as text or JSON.
 
+pub mod diff;
 pub mod flame;
 pub mod intervals;
 pub mod sections;

@@ -1,5 +1,6 @@
-//! `mtrace report --folded` and `--flamegraph`: the collapsed stacks of
-//! each cost, exact on families.c, and the SVG inferno draws from them.
+//! Views of traces besides the report: `mtrace report --folded` and
+//! `--flamegraph` (the collapsed stacks of each cost, exact on families.c,
+//! and the SVG inferno draws from them), and `mtrace diff` of two runs.
 
 mod common;
 use common::*;
@@ -56,4 +57,38 @@ fn folded_stacks_and_flamegraphs_of_each_cost() {
     let text = std::fs::read_to_string(&svg).unwrap();
     assert!(text.starts_with("<?xml") && text.trim_end().ends_with("</svg>"), "{}", &text[..200.min(text.len())]);
     assert!(text.contains("Memory not freed") && text.contains("leak_pvalloc"), "{text}");
+}
+
+#[test]
+fn diff_of_two_runs_by_backtrace() {
+    let dir = scratch("diff");
+    let prog = build("diff_leak.c", &dir.join("diff_leak"), &["-g", "-O0"]);
+    let m = markers("diff_leak.c");
+    let trace_of = |name: &str, args: &[&str]| {
+        let tdir = dir.join(name);
+        let _ = std::fs::remove_dir_all(&tdir);
+        run_json(&dir, &["--trace-dir", tdir.to_str().unwrap()], &prog, args);
+        traces(&tdir).pop().unwrap().0
+    };
+    let (old, new) = (trace_of("old", &[]), trace_of("new", &["5"]));
+    let out = Command::new(mtrace()).arg("diff").arg(&old).arg(&new).arg("--json").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((d["leaked_bytes"].as_i64(), d["leaked_blocks"].as_i64()), (Some(160), Some(5)), "{d:#}");
+    assert_eq!(d["peak_bytes"], 160);
+    assert_eq!(d["calls"], 0);
+    // One backtrace changed (the loop's); the always-kept block did not.
+    let s = d["stacks"].as_array().unwrap();
+    assert_eq!(s.len(), 1, "{d:#}");
+    assert_eq!(
+        (s[0]["leaked_bytes"].as_i64(), s[0]["leaked_blocks"].as_i64(), s[0]["calls"].as_i64()),
+        (Some(160), Some(5), Some(0))
+    );
+    assert_eq!(s[0]["frames"][0]["line"], m["loop"]);
+    // Text, and the other way round.
+    let out = Command::new(mtrace()).arg("diff").arg(&new).arg(&old).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("  not freed:        -160 bytes in -5 blocks\n"), "{text}");
+    assert!(text.contains("#1: not freed -160 bytes in -5 blocks, peak -160 bytes, 0 allocation calls\n"), "{text}");
+    assert!(text.contains(&format!("main ({}:{})", ctests_dir().join("diff_leak.c").display(), m["loop"])), "{text}");
 }
