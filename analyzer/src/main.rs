@@ -42,6 +42,14 @@ enum Cmd {
     /// Connect to an `mtrace server`, keep and report the program's trace
     /// here (the host); `-i` for the console while it runs.
     Client(relay::client::ClientArgs),
+    /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write the manual pages, mtrace(1) and one per subcommand
+    /// (mtrace-report(1), …), into DIR (e.g. ~/.local/share/man/man1).
+    Manpage { dir: PathBuf },
 }
 
 /// The environment variables of libmtrace.so, for `mtrace run --help`.
@@ -135,6 +143,24 @@ struct DiffArgs {
     /// Folder to search for binaries by file name; may be repeated.
     #[arg(long)]
     binpath: Vec<PathBuf>,
+}
+
+/// `mtrace manpage DIR`: mtrace.1 and mtrace-SUBCOMMAND.1 (clap_mangen).
+fn write_manpages(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let cmd = <Cli as clap::CommandFactory>::command();
+    let mut pages = vec![("mtrace".to_owned(), cmd.clone())];
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        let name = format!("mtrace-{}", sub.get_name());
+        let bin = format!("mtrace {}", sub.get_name());
+        pages.push((name.clone(), sub.clone().display_name(name).bin_name(bin)));
+    }
+    for (name, c) in pages {
+        let path = dir.join(format!("{name}.1"));
+        let mut f = std::fs::File::create(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        clap_mangen::Man::new(c).render(&mut f)?;
+        println!("{}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `mtrace diff OLD NEW`.
@@ -313,7 +339,21 @@ fn write_flame(a: &ReportArgs) -> anyhow::Result<()> {
 
 /// `mtrace [PROG] LOG` without a subcommand: glibc's mtrace script's usage.
 fn glibc_compat(args: &[String]) -> Option<ExitCode> {
-    let known = ["report", "run", "attach", "server", "client", "help", "-h", "--help", "-V", "--version"];
+    let known = [
+        "report",
+        "run",
+        "diff",
+        "attach",
+        "server",
+        "client",
+        "completions",
+        "manpage",
+        "help",
+        "-h",
+        "--help",
+        "-V",
+        "--version",
+    ];
     if args.len() < 2 || args.len() > 3 || known.contains(&args[1].as_str()) || args[1].starts_with('-') {
         return None;
     }
@@ -371,6 +411,12 @@ fn main() -> ExitCode {
         Cmd::Attach(a) => attach::attach(a),
         Cmd::Server(a) => relay::server::server(a),
         Cmd::Client(a) => relay::client::client(a),
+        Cmd::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "mtrace", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Manpage { dir } => write_manpages(&dir),
     };
     match res {
         Ok(code) => code,

@@ -92,3 +92,19 @@ fn diff_of_two_runs_by_backtrace() {
     assert!(text.contains("#1: not freed -160 bytes in -5 blocks, peak -160 bytes, 0 allocation calls\n"), "{text}");
     assert!(text.contains(&format!("main ({}:{})", ctests_dir().join("diff_leak.c").display(), m["loop"])), "{text}");
 }
+
+#[test]
+fn manual_pages_and_completions_come_from_the_cli() {
+    let dir = scratch("manpages");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(mtrace()).arg("manpage").arg(&dir).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let diff = std::fs::read_to_string(dir.join("mtrace-diff.1")).unwrap();
+    assert!(diff.contains(".TH mtrace-diff 1") && diff.contains("mtrace diff"), "{diff}");
+    let top = std::fs::read_to_string(dir.join("mtrace.1")).unwrap();
+    assert!(top.contains("mtrace\\-report(1)"), "{top}");
+    let out = Command::new(mtrace()).args(["completions", "bash"]).output().unwrap();
+    let bash = String::from_utf8_lossy(&out.stdout);
+    assert!(bash.contains("_mtrace()") && bash.contains("--flamegraph"), "{bash}");
+}
