@@ -36,9 +36,10 @@ const POLL: Duration = Duration::from_millis(5);
 pub struct State {
     /// None until the stream's header has arrived.
     pub trace: Option<Trace>,
-    /// Per name in [`BASELINE_MARKERS`]: how many markers of that name have
-    /// passed, and the live totals per backtrace at the latest.
-    pub baselines: HashMap<String, (usize, HashMap<u32, LiveTotals>)>,
+    /// Per name in [`BASELINE_MARKERS`]: the live totals per backtrace at
+    /// the latest marker of that name (while the follower is held at one,
+    /// the one before it).
+    pub baselines: HashMap<String, HashMap<u32, LiveTotals>>,
     /// Stop after the marker `name` when there are this many of that name.
     hold: Option<(String, usize)>,
     /// The follower is stopped at `hold`'s marker.
@@ -236,7 +237,7 @@ fn follow(path: &Path, sh: &Arc<Shared>) {
             // marker's (a report point compares with it).
             if BASELINE_MARKERS.contains(&name.as_str()) {
                 let live = g.trace.as_ref().expect("set above").books.live_by_stack();
-                g.baselines.insert(name.clone(), (n, live));
+                g.baselines.insert(name.clone(), live);
             }
         }
         if end {

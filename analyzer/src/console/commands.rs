@@ -196,7 +196,7 @@ impl<'a> Console<'a> {
         let lost = self.scans.get(&path).map(|s| &s.lost);
         let b = &self.books[&path];
         let mut r = b.with(|st| {
-            let base = since.as_ref().and_then(|_| st.baselines.get("reset")).map(|(_, m)| m.clone());
+            let base = since.as_ref().and_then(|_| st.baselines.get("reset")).cloned();
             let t = st.trace.as_mut().expect("with() checks the header");
             view(t, base, false, |t| {
                 let v = View { lost_before: lost, heuristics, ..View::default() };
@@ -223,7 +223,7 @@ impl<'a> Console<'a> {
             |st, n| {
                 // The follower keeps this marker's totals after we are done:
                 // the ones held now are the previous report point's.
-                let base = (n > 1).then(|| st.baselines.get("report").map(|(_, m)| m.clone())).flatten();
+                let base = (n > 1).then(|| st.baselines.get("report").cloned()).flatten();
                 let t = st.trace.as_mut().expect("a marker came, so the header did");
                 let mut r = view(t, base, false, |t| crate::report::build(t, sym, opts.sort, opts.depth, true));
                 r.summary.since_marker = (n > 1).then(|| format!("report#{}", n - 1));

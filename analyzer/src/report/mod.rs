@@ -328,9 +328,9 @@ pub fn build_view(
     }
     // `stacks`: also the backtraces with nothing live.
     if sort == SortKey::Stacks && view.keep.is_none() {
+        let used: rustc_hash::FxHashSet<u32> = groups.keys().map(|k| k.0).collect();
         for s in 0..t.stacks.frames.len() as u32 {
-            let used = groups.keys().any(|k| k.0 == s);
-            if !used && t.books.totals_of(s).allocations > 0 {
+            if !used.contains(&s) && t.books.totals_of(s).allocations > 0 {
                 let family = mtrace_format::Family::Malloc;
                 groups.insert((s, None), Group { bytes: 0, blocks: 0, family, latest: 0, lost: Default::default() });
             }

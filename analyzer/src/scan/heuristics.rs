@@ -109,8 +109,12 @@ impl ViaHeuristic {
     }
 
     pub fn get(&self, h: Heuristic) -> Total {
-        let mut c = *self;
-        *c.get_mut(h)
+        match h {
+            Heuristic::StdString => self.stdstring,
+            Heuristic::Length64 => self.length64,
+            Heuristic::NewArray => self.newarray,
+            Heuristic::MultipleInheritance => self.multipleinheritance,
+        }
     }
 }
 
