@@ -33,6 +33,19 @@ fn client(addr: &str, dir: &Path, extra: &[&str]) -> (serde_json::Value, std::pr
     (serde_json::from_str(&text).unwrap_or_default(), out)
 }
 
+/// `mtrace client ADDR -i -o REPORT`, its console's input held here.
+fn console_client(addr: &str, report: &Path) -> (Child, std::process::ChildStdin) {
+    let mut c = Command::new(mtrace())
+        .args(["client", addr, "-i", "-o"])
+        .arg(report)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let console = c.stdin.take().unwrap();
+    (c, console)
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -155,14 +168,7 @@ fn console_on_a_served_program() {
     let at = |name: &str| format!("({}:{})", ctests_dir().join("attach_target.c").display(), m[name]);
     let addr = format!("unix:{}", dir.join("s.sock").display());
     let mut t = Target::start(&addr, &prog, &["--wait"]);
-    let mut c = Command::new(mtrace())
-        .args(["client", &addr, "-i", "-o"])
-        .arg(dir.join("final.txt"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut console = c.stdin.take().unwrap();
+    let (c, mut console) = console_client(&addr, &dir.join("final.txt"));
     assert_eq!(t.line(), "ready\n");
     for cmd in ["leak 100", "leak 100", "leak 50", "lose 33"] {
         t.ask(cmd);
@@ -362,13 +368,7 @@ fn proclist_shows_every_process_of_a_forking_and_execing_program() {
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let addr = format!("unix:{}", dir.join("s.sock").display());
     let mut s = server(&addr, &["--wait"], &script, false);
-    let mut c = Command::new(mtrace())
-        .args(["client", &addr, "-i", "-o", "/dev/null"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut console = c.stdin.take().unwrap();
+    let (c, mut console) = console_client(&addr, Path::new("/dev/null"));
     std::thread::sleep(Duration::from_millis(600));
     writeln!(console, "proclist").unwrap();
     writeln!(console, "quit").unwrap();
@@ -429,13 +429,7 @@ fn report_points_top_and_markers_in_the_console() {
     let at = |name: &str| format!("({}:{})", ctests_dir().join("attach_target.c").display(), m[name]);
     let addr = format!("unix:{}", dir.join("s.sock").display());
     let mut t = Target::start(&addr, &prog, &["--wait"]);
-    let mut c = Command::new(mtrace())
-        .args(["client", &addr, "-i", "-o", "/dev/null"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut console = c.stdin.take().unwrap();
+    let (c, mut console) = console_client(&addr, Path::new("/dev/null"));
     assert_eq!(t.line(), "ready\n");
     let f = |n: &str| -> PathBuf { dir.join(n) };
     t.ask("leak 100");
