@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use mtrace_format::{region_kind, EndReason, Family, Header, Module, ReadError, Reader, Record};
 
+use crate::books::wrong::Dealloc;
 use crate::books::{Block, Books};
 // FxHash as in books.rs.
 use rustc_hash::FxHashMap as HashMap;
@@ -227,7 +228,9 @@ fn decode_batches<R: std::io::Read>(mut r: Reader<R>, tx: std::sync::mpsc::SyncS
             Ok(Some(Record::Alloc { time_ns, family, addr, size, stack })) => {
                 Ok((r.tid(), Record::Alloc { time_ns, family, addr, size, stack }))
             }
-            Ok(Some(Record::Free { time_ns, family, addr })) => Ok((r.tid(), Record::Free { time_ns, family, addr })),
+            Ok(Some(Record::Free { time_ns, family, addr, stack })) => {
+                Ok((r.tid(), Record::Free { time_ns, family, addr, stack }))
+            }
             Ok(Some(rec)) => Ok((r.tid(), rec)),
             Ok(None) => break,
             Err(e) => Err(e),
@@ -330,10 +333,15 @@ impl<'w> Keeper<'w> {
                     t.stats.alloc(tid, addr, size, stack);
                 }
             }
-            Record::Free { time_ns, addr, .. } => {
+            Record::Free { time_ns, family, addr, stack } => {
                 *now = time_ns;
-                t.books.free(tid, addr, time_ns);
+                let stack = (stack != 0).then(|| t.stacks.canon(stack));
+                t.books.dealloc(tid, addr, time_ns, Dealloc { family, stack, realloc: false });
                 t.stats.free(tid, addr);
+            }
+            Record::Coverage { time_ns, whole } => {
+                *now = time_ns;
+                t.books.whole = whole && !t.attached;
             }
             Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => {
                 *now = time_ns;
@@ -388,7 +396,8 @@ impl<'w> Keeper<'w> {
             }
             Record::PoolFree { time_ns, pool, addr } => {
                 *now = time_ns;
-                t.books.free(tid, pool_key(pool, addr), time_ns);
+                let d = Dealloc { family: Family::Pool, stack: None, realloc: false };
+                t.books.dealloc(tid, pool_key(pool, addr), time_ns, d);
             }
             Record::ScanRegion { kind, addr, bytes, .. } => self.regions.push(crate::scan::Region {
                 kind: kind & !region_kind::SAME_MAPPING,
@@ -418,6 +427,7 @@ impl<'w> Keeper<'w> {
                 let until = w.until.as_ref().is_some_and(|m| m.matches(seq, &name, nth));
                 t.snapshot_on_demand |= t.snapshot.is_some() && name == SCAN_MARKER;
                 t.attached |= seq == 0 && name == ATTACH_MARKER;
+                t.books.whole &= !t.attached;
                 t.markers.push(MarkerSeen { seq, name, time_ns });
                 if since {
                     t.baseline = Some(t.books.live_by_stack());

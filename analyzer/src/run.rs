@@ -25,10 +25,20 @@ pub struct RunArgs {
     /// Scan memory at exit and classify leaks as memcheck does (MTRACE_SCAN=1).
     #[arg(long)]
     scan: bool,
+    /// Record the backtrace of every free too (MTRACE_CHECK_FREES=1), so that
+    /// wrong frees (mismatched, double, invalid) show where they were
+    /// freed; they are found without it too. Costs a second unwinding per
+    /// free (docs/PERFORMANCE.md).
+    #[arg(short = 'S', long = "check-frees")]
+    check_frees: bool,
     /// Exit with N when the scan finds blocks of the kinds in
-    /// --errors-for-leak-kinds (after suppressions); implies --scan.
+    /// --errors-for-leak-kinds (after suppressions), or when there were
+    /// wrong frees (unless --ignore-wrong-frees); implies --scan.
     #[arg(long, value_name = "N")]
     error_exitcode: Option<u8>,
+    /// Wrong frees do not count for --error-exitcode (they are still reported).
+    #[arg(long)]
+    ignore_wrong_frees: bool,
     /// Kinds that count for --error-exitcode: definite, indirect, possible,
     /// reachable, all (comma-separated).
     #[arg(long, value_name = "KINDS", default_value = "definite,possible")]
@@ -178,6 +188,9 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     if a.scan || a.error_exitcode.is_some() {
         cmd.env("MTRACE_SCAN", "1");
     }
+    if a.check_frees {
+        cmd.env("MTRACE_CHECK_FREES", "1");
+    }
     let error_kinds = parse_kinds(&a.errors_for_leak_kinds)?;
     // Before the spawn (the program's exec resets the handlers): mtrace
     // stays to report, and passes on what was sent to it.
@@ -190,7 +203,9 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     let r = report_processes(&dir, pid, &a.opts, show_paths, &mut *out)?;
     // From the kind totals (after suppressions): the entry list leaves out
     // reachable blocks unless --show-reachable.
-    let leak_error = r.and_then(|r| r.kinds).is_some_and(|k| error_kinds.iter().any(|&kind| k.get(kind).blocks > 0));
+    let leak_error =
+        r.as_ref().and_then(|r| r.kinds).is_some_and(|k| error_kinds.iter().any(|&kind| k.get(kind).blocks > 0));
+    let free_error = !a.ignore_wrong_frees && r.is_some_and(|r| !r.errors.is_empty());
     if a.keep_traces && a.trace_dir.is_none() {
         writeln!(out, "\ntraces kept in {}", dir.display())?;
         if let Some(t) = temp {
@@ -198,7 +213,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         }
     }
     out.flush()?;
-    if let (Some(code), true) = (a.error_exitcode, leak_error) {
+    if let (Some(code), true) = (a.error_exitcode, leak_error || free_error) {
         return Ok(ExitCode::from(code));
     }
     Ok(match (status.code(), status.signal()) {

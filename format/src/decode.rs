@@ -377,7 +377,13 @@ impl<R: Read> Reader<R> {
                 size: self.varint()?,
                 stack: self.u32("stack id")?,
             },
-            tag::FREE => Record::Free { time_ns: self.time()?, family: self.family()?, addr: self.varint()? },
+            tag::FREE => Record::Free { time_ns: self.time()?, family: self.family()?, addr: self.varint()?, stack: 0 },
+            tag::FREE_STACK => Record::Free {
+                time_ns: self.time()?,
+                family: self.family()?,
+                addr: self.varint()?,
+                stack: self.u32("stack id")?,
+            },
             tag::REALLOC => Record::Realloc {
                 time_ns: self.time()?,
                 free_time_ns: self.last_time.wrapping_sub(unzigzag(self.varint()?) as u64),
@@ -438,6 +444,15 @@ impl<R: Read> Reader<R> {
                 bytes: self.bytes()?,
             },
             tag::SCAN_END => Record::ScanEnd { time_ns: self.time()? },
+            tag::COVERAGE => {
+                let time_ns = self.time()?;
+                let whole = match self.u8()? {
+                    0 => false,
+                    1 => true,
+                    v => return Err(ReadErrorKind::Corrupt(format!("coverage {v}"))),
+                };
+                Record::Coverage { time_ns, whole }
+            }
             tag::SAMPLE => Record::Sample { time_ns: self.time()?, rss: self.varint()? },
             tag::MARKER => Record::Marker { time_ns: self.time()?, seq: self.varint()?, name: self.string()? },
             other => return Err(ReadErrorKind::Corrupt(format!("unknown record tag {other}"))),

@@ -90,11 +90,14 @@ impl Encoder {
                 put_varint(out, size);
                 put_varint(out, stack as u64);
             }
-            Record::Free { time_ns, family, addr } => {
-                out.push(tag::FREE);
+            Record::Free { time_ns, family, addr, stack } => {
+                out.push(if stack == 0 { tag::FREE } else { tag::FREE_STACK });
                 self.time(out, time_ns);
                 out.push(family as u8);
                 put_varint(out, addr);
+                if stack != 0 {
+                    put_varint(out, stack as u64);
+                }
             }
             Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => {
                 out.push(tag::REALLOC);
@@ -175,6 +178,11 @@ impl Encoder {
             Record::ScanEnd { time_ns } => {
                 out.push(tag::SCAN_END);
                 self.time(out, time_ns);
+            }
+            Record::Coverage { time_ns, whole } => {
+                out.push(tag::COVERAGE);
+                self.time(out, time_ns);
+                out.push(u8::from(whole));
             }
             Record::End { time_ns, reason } => {
                 out.push(tag::END);

@@ -21,7 +21,7 @@ pub use varint::{put_varint, unzigzag, zigzag};
 pub const MAGIC: [u8; 8] = *b"MTRACE\0\x1a";
 
 /// Format version written in the header. Readers reject newer versions.
-pub const VERSION: u64 = 5;
+pub const VERSION: u64 = 6;
 
 /// The most bytes of records a compressed block may hold (16 MiB): writers
 /// split larger batches, readers reject larger claims as corrupt, so that a

@@ -160,9 +160,13 @@ pub enum Record {
     /// A block of `size` requested bytes at `addr` from `family`.
     Alloc { time_ns: u64, family: Family, addr: u64, size: u64, stack: u32 },
     /// The block at `addr` was freed (an unknown `addr` was allocated before
-    /// tracing). The time is taken before the real free, an `Alloc`'s after
-    /// the real malloc, so times order the events of one address.
-    Free { time_ns: u64, family: Family, addr: u64 },
+    /// tracing, or is a wrong free). The time is taken before the real free,
+    /// an `Alloc`'s after the real malloc, so times order the events of one
+    /// address; the record is buffered before the real free runs too, so
+    /// that a free glibc aborts on (a double free) is in the trace.
+    /// `stack` is the free's backtrace (`mtrace run -S`), 0 for none:
+    /// written as tag 4 without it, tag 19 with it.
+    Free { time_ns: u64, family: Family, addr: u64, stack: u32 },
     /// A successful realloc: block `old` is gone and block `new` of `size`
     /// bytes exists (glibc's realloc(NULL, n) is an `Alloc`, realloc(p, 0) a
     /// `Free`; a failed realloc writes nothing because `old` survives).
@@ -202,6 +206,15 @@ pub enum Record {
     ScanRegion { time_ns: u64, kind: u8, addr: u64, bytes: Vec<u8> },
     /// The snapshot whose regions precede it is complete.
     ScanEnd { time_ns: u64 },
+    /// What the stream knows of the process's heap from `time_ns` on.
+    /// `whole`: every heap block the process allocated up to here is in
+    /// the stream (the producer traced it from its first allocation; the
+    /// first record after the module list). Not `whole`: from here on
+    /// allocations may go unrecorded (collection stopped). A stream with
+    /// no such record may lack blocks from before it began (fork child,
+    /// attach). Analyzers call a free of an unknown address an invalid
+    /// free only while the stream is whole. Since version 6.
+    Coverage { time_ns: u64, whole: bool },
 }
 
 /// The kinds of [`Record::ScanRegion`].
@@ -244,4 +257,7 @@ pub(crate) mod tag {
     pub const POOL_FREE: u8 = 16;
     pub const SCAN_REGION: u8 = 17;
     pub const SCAN_END: u8 = 18;
+    /// A [`super::Record::Free`] with its backtrace.
+    pub const FREE_STACK: u8 = 19;
+    pub const COVERAGE: u8 = 20;
 }

@@ -37,6 +37,9 @@ pub struct Config {
     pub start: bool,
     /// `MTRACE_SCAN=1`: a memory snapshot for the leak scan at exit.
     pub scan: bool,
+    /// `MTRACE_CHECK_FREES=1` (`mtrace run -S`): every free records its
+    /// backtrace too, for the report of wrong frees.
+    pub check_frees: bool,
     /// `MTRACE_SCAN_SIGNAL`: the signal that asks for a leak scan and its
     /// report while the program runs (default off).
     pub scan_signal: Option<i32>,
@@ -145,14 +148,8 @@ pub fn load() -> Config {
         ok
     });
     let start = on_off(c"MTRACE_START");
-    let scan = match var(c"MTRACE_SCAN").as_deref().map(str::trim) {
-        None | Some("0") | Some("off") => false,
-        Some("1") | Some("on") => true,
-        Some(v) => {
-            sys::warn_once_per_run(&format!("MTRACE_SCAN={v:?} is neither 1 nor 0; using 0"));
-            false
-        }
-    };
+    let scan = zero_one(c"MTRACE_SCAN");
+    let check_frees = zero_one(c"MTRACE_CHECK_FREES");
     let scan_signal = match var(c"MTRACE_SCAN_SIGNAL") {
         None => None,
         Some(v) => parse_signal(&v).unwrap_or_else(|| {
@@ -172,10 +169,24 @@ pub fn load() -> Config {
         report_signal,
         start,
         scan,
+        check_frees,
         scan_signal,
         follow_fork,
         follow_exec,
         report_dir,
+    }
+}
+
+/// A 0/1 variable whose default is 0 (`on` and `off` are accepted too).
+fn zero_one(name: &std::ffi::CStr) -> bool {
+    match var(name).as_deref().map(str::trim) {
+        None | Some("0") | Some("off") => false,
+        Some("1") | Some("on") => true,
+        Some(v) => {
+            let name = name.to_string_lossy();
+            sys::warn_once_per_run(&format!("{name}={v:?} is neither 1 nor 0; using 0"));
+            false
+        }
     }
 }
 

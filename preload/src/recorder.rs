@@ -23,6 +23,39 @@ pub fn collecting() -> bool {
     COLLECTING.load(Ordering::Relaxed)
 }
 
+/// Stops recording allocations (`mtrace_stop()`, glibc's `muntrace()`, the
+/// console's `stop`), and says so in the stream: from here on, a free of a
+/// block the stream never saw may be of one allocated while stopped, not
+/// an invalid free. The caller holds the reentrancy guard.
+pub fn stop_collecting() {
+    if COLLECTING.swap(false, Ordering::AcqRel) {
+        if let Some(s) = session::get() {
+            s.write_now(|time_ns| Record::Coverage { time_ns, whole: false });
+        }
+    }
+}
+
+thread_local! {
+    /// The block this thread's realloc is freeing while the real realloc
+    /// runs, and when (ns; (0, 0): none). glibc aborts inside realloc on
+    /// some pointers that are not live blocks; the fatal signal's flush
+    /// then writes this free, so that the report shows the wrong free.
+    /// Const-initialised, no destructor: safe in the first malloc.
+    static REALLOC_OLD: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// The calling thread's realloc is about to free `old` (stamped `t`).
+#[inline]
+pub fn realloc_begins(old: *mut libc::c_void, t: u64) {
+    REALLOC_OLD.with(|c| c.set((old as u64, t)));
+}
+
+/// The real realloc returned.
+#[inline]
+pub fn realloc_ends() {
+    REALLOC_OLD.with(|c| c.set((0, 0)));
+}
+
 /// Records an event with the backtrace from the hook's frame `at`.
 #[inline]
 fn with_stack(at: Here, make: impl FnOnce(u64, u32) -> Record) {
@@ -111,7 +144,7 @@ pub fn write_nested(own_alloc: u64, own_free: u64) {
                 stack: 0,
             }),
             nested::Event::Free(addr, t) => {
-                thread::push(s, t, None, |time_ns, _| Record::Free { time_ns, family: Family::Malloc, addr })
+                thread::push(s, t, None, |time_ns, _| Record::Free { time_ns, family: Family::Malloc, addr, stack: 0 })
             }
         }
     });
@@ -124,12 +157,22 @@ pub fn now() -> u64 {
     session::get().map_or(0, |s| s.now())
 }
 
-/// Records a free whose time `t` was taken with [`now`] before the real free.
-pub fn free(family: Family, addr: *mut libc::c_void, t: u64) {
+/// Records a free whose time `t` was taken with [`now`] before the real
+/// free, with its backtrace from the hook's frame `at` when the session
+/// checks frees (`MTRACE_CHECK_FREES`) and allocations are collected.
+pub fn free(at: Here, family: Family, addr: *mut libc::c_void, t: u64) {
     if addr.is_null() {
         return;
     }
-    without_stack(Some(t), |time_ns| Record::Free { time_ns, family, addr: addr as u64 });
+    let addr = addr as u64;
+    match session::get() {
+        Some(s) if s.check_frees && collecting() => {
+            let errno = sys::errno();
+            thread::push(s, t, Some(at), |time_ns, stack| Record::Free { time_ns, family, addr, stack });
+            sys::set_errno(errno);
+        }
+        _ => without_stack(Some(t), |time_ns| Record::Free { time_ns, family, addr, stack: 0 }),
+    }
 }
 
 /// Records the outcome of `realloc(old, size)` that returned `new`, by
@@ -168,11 +211,11 @@ fn realloc_in_hook(at: Here, old: *mut libc::c_void, new: *mut libc::c_void, siz
     } else if !collecting() {
         // The old block goes; the new one is not recorded.
         if !new.is_null() || size == 0 {
-            free(Family::Malloc, old, t0);
+            free(at, Family::Malloc, old, t0);
         }
     } else if new.is_null() {
         if size == 0 {
-            free(Family::Malloc, old, t0);
+            free(at, Family::Malloc, old, t0);
         }
     } else {
         with_stack(at, |time_ns, stack| Record::Realloc {
@@ -270,11 +313,13 @@ pub fn modules_changed() {
     without_stack(None, move |time_ns| Record::Modules { time_ns, modules: list });
 }
 
-/// Writes everything out before the process ends or execs.
+/// Writes everything out before the process ends or execs (with the free
+/// of a realloc this thread was inside of, see [`realloc_begins`]).
 pub fn final_flush(reason: EndReason, in_signal: bool) {
     if let Some(s) = session::current() {
         if s.pid == sys::getpid() {
-            s.final_flush(reason, in_signal);
+            let pending = REALLOC_OLD.with(|c| c.replace((0, 0)));
+            s.final_flush(reason, in_signal, (pending.0 != 0).then_some(pending));
             if s.unwinder == crate::config::Unwinder::Check && !in_signal {
                 sys::warn(&crate::unwind::check_summary());
             }

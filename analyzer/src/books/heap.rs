@@ -37,6 +37,7 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
+use super::wrong::Suspect;
 use super::Block;
 
 /// Events kept per address.
@@ -54,7 +55,7 @@ pub const EPS: u64 = 250;
 pub const HORIZON: u64 = 1_000_000_000;
 
 mod slot;
-use slot::{Ev, Frozen, Window};
+use slot::{Before, Ev, Frozen, Window};
 
 /// One address: its window of events and the blocks of its two latest
 /// allocations in it (the live one, if any, among them).
@@ -66,7 +67,13 @@ struct Slot {
     blocks: [Option<Block>; 2],
     /// The latest event is the allocation of `blocks[0]`.
     live: bool,
+    /// The backtrace of the latest free read ([`NO_STACK`]: none), the
+    /// first free of a double free.
+    free_stack: u32,
 }
+
+/// A backtrace index that stands for none.
+pub const NO_STACK: u32 = u32::MAX;
 
 /// An unmatched event outside its address's window.
 struct Wait {
@@ -91,6 +98,32 @@ pub struct Change {
     /// A block now live: the event's own, or (when the events were put in
     /// another order) an earlier one.
     pub born: Option<Block>,
+    /// For a free: what it follows in the address's history.
+    pub outcome: Outcome,
+    /// The change in unmatched frees of the address: positive when the
+    /// event made some (the books then add as many [`Suspect`]s with
+    /// [`Heap::suspect`]); the heap drops suspects itself when it is
+    /// negative.
+    pub orphans: i64,
+}
+
+/// What a free follows in its address's history, as the events read so far
+/// order it.
+#[derive(Clone, Debug, Default)]
+pub enum Outcome {
+    /// Not a free.
+    #[default]
+    None,
+    /// The allocation of this block: the free ends it.
+    Freed(Block),
+    /// A free: the block freed again is the latest allocation before it,
+    /// if still known, first freed at backtrace `first_free`.
+    Again { block: Option<Block>, first_free: u32 },
+    /// Nothing: the stream never saw a block allocated at the address.
+    Unknown,
+    /// Older than its address's window (a late thread's chunk): matched
+    /// with what the window shifted out, or waiting; not judged.
+    Late,
 }
 
 /// The heap: every address with a live block or recent events.
@@ -102,6 +135,10 @@ pub struct Heap {
     waiting: HashMap<u64, Waiting>,
     /// Frees now unmatched (allocated before tracing, as far as is known).
     unmatched: u64,
+    /// Unmatched frees the books judged wrong (double or invalid), by
+    /// address: dropped again, latest first, when a late event matches
+    /// frees of the address.
+    suspects: HashMap<u64, Vec<Suspect>>,
     /// Latest time read, ns.
     now: u64,
     sweep_at: usize,
@@ -110,29 +147,73 @@ pub struct Heap {
 impl Heap {
     /// An allocation at `addr` by thread `tid`; `b.time` is its time.
     pub fn alloc(&mut self, tid: u32, addr: u64, b: Block) -> Change {
-        self.event(tid, addr, b.time, Some(b))
+        self.event(tid, addr, b.time, Some(b), NO_STACK)
     }
 
-    /// A free of `addr` by thread `tid` at `time`.
-    pub fn free(&mut self, tid: u32, addr: u64, time: u64) -> Change {
-        self.event(tid, addr, time, None)
+    /// A free of `addr` by thread `tid` at `time`, from backtrace `stack`
+    /// ([`NO_STACK`]: not recorded).
+    pub fn free(&mut self, tid: u32, addr: u64, time: u64, stack: u32) -> Change {
+        self.event(tid, addr, time, None, stack)
     }
 
-    fn event(&mut self, tid: u32, addr: u64, time: u64, block: Option<Block>) -> Change {
+    /// Keeps `s`, a wrong free the books made of an unmatched free at `addr`.
+    pub fn suspect(&mut self, addr: u64, s: Suspect) {
+        self.suspects.entry(addr).or_default().push(s);
+    }
+
+    /// The wrong frees kept, with their addresses.
+    pub fn suspects(&self) -> impl Iterator<Item = (u64, &Suspect)> {
+        self.suspects.iter().flat_map(|(&a, v)| v.iter().map(move |s| (a, s)))
+    }
+
+    /// `n` unmatched frees of `addr` were matched after all: the latest
+    /// suspects of the address go.
+    fn matched(&mut self, addr: u64, n: u64) {
+        if let Some(v) = self.suspects.get_mut(&addr) {
+            v.truncate(v.len().saturating_sub(n as usize));
+            if v.is_empty() {
+                self.suspects.remove(&addr);
+            }
+        }
+    }
+
+    /// The block whose bytes hold `addr`, with its start: a live one, else
+    /// one already freed whose address has not been forgotten (the second
+    /// of the pair says it is freed). Looks at every address kept: for the
+    /// rare free of an address that is not a block's.
+    pub fn containing(&self, addr: u64) -> Option<(u64, &Block, bool)> {
+        let mut found = self.slots.iter().filter_map(|(&a, s)| {
+            let b = s.blocks[0].as_ref()?;
+            (a <= addr && addr - a < b.size.max(1)).then_some((a, b, !s.live))
+        });
+        let first = found.next()?;
+        Some(if first.2 { found.find(|f| !f.2).unwrap_or(first) } else { first })
+    }
+
+    fn event(&mut self, tid: u32, addr: u64, time: u64, block: Option<Block>, stack: u32) -> Change {
         self.now = self.now.max(time);
         if self.slots.len() >= self.sweep_at {
             self.sweep();
         }
         let alloc = block.is_some();
-        let slot =
-            self.slots.entry(addr).or_insert_with(|| Slot { window: Window::new(), blocks: [None, None], live: false });
+        let slot = self.slots.entry(addr).or_insert_with(|| Slot {
+            window: Window::new(),
+            blocks: [None, None],
+            live: false,
+            free_stack: NO_STACK,
+        });
         let known = [0, 1].map(|i| slot.blocks[i].as_ref().map(|b| b.time));
         let e = Ev { time, tid, alloc };
         let Some(added) = slot.window.add(e, &|t| known.contains(&Some(t))) else {
-            self.late(addr, time, alloc);
-            return Change::default();
+            let orphans = self.late(addr, time, alloc);
+            let outcome = if alloc { Outcome::None } else { Outcome::Late };
+            return Change { outcome, orphans, ..Change::default() };
         };
         self.unmatched = self.unmatched.wrapping_add_signed(added.unmatched);
+        let first_free = slot.free_stack;
+        if !alloc {
+            slot.free_stack = stack;
+        }
         let old = slot.live.then(|| slot.blocks[0].clone()).flatten();
         if added.appended {
             if let Some(b) = block {
@@ -150,10 +231,27 @@ impl Heap {
         }
         slot.live = added.last.alloc;
         let new = slot.live.then(|| slot.blocks[0].clone()).flatten();
-        let mut change = Change::default();
+        let (prev, prev_time) = added.prev;
+        let outcome = match (alloc, prev) {
+            (true, _) => Outcome::None,
+            (false, Before::Alloc) => match slot.blocks.iter().flatten().find(|b| b.time == prev_time) {
+                Some(b) => Outcome::Freed(b.clone()),
+                None => Outcome::Late,
+            },
+            (false, Before::Free) => {
+                // The latest allocation before the free it follows.
+                let block = slot.blocks.iter().flatten().find(|b| b.time <= prev_time).cloned();
+                Outcome::Again { block, first_free }
+            }
+            (false, Before::Nothing) => Outcome::Unknown,
+        };
+        let mut change = Change { outcome, orphans: added.unmatched, ..Change::default() };
         if old.as_ref().map(|b| b.time) != new.as_ref().map(|b| b.time) {
             change.ended = old;
             change.born = new;
+        }
+        if added.unmatched < 0 {
+            self.matched(addr, added.unmatched.unsigned_abs());
         }
         match added.frozen {
             Some(Frozen::Orphan(t)) => {
@@ -188,7 +286,8 @@ impl Heap {
     /// allocation); one that came late too (a late thread's chunk frees a
     /// block and allocates the address again, both older than the window);
     /// else the event waits, as an orphan or open.
-    fn late(&mut self, addr: u64, time: u64, alloc: bool) {
+    /// Returns the change in unmatched frees.
+    fn late(&mut self, addr: u64, time: u64, alloc: bool) -> i64 {
         let w = self.waiting.entry(addr).or_default();
         let (mine, theirs) = if alloc { (&mut w.open, &mut w.orphans) } else { (&mut w.orphans, &mut w.open) };
         // The nearest the times allow: the latest open allocation before a
@@ -196,20 +295,26 @@ impl Heap {
         let gap = |o: &Wait| if alloc { o.time.checked_sub(time) } else { time.checked_sub(o.time) };
         let nearest = theirs.iter().enumerate().filter_map(|(k, o)| Some((gap(o)?, k))).min().map(|(_, k)| k);
         let k = nearest.or_else(|| theirs.iter().position(|o| o.late));
+        let mut orphans = 0;
         if let Some(k) = k {
             theirs.swap_remove(k);
             if alloc {
-                self.unmatched -= 1;
+                orphans = -1;
             }
         } else {
             mine.push(Wait { time, late: true });
             if !alloc {
-                self.unmatched += 1;
+                orphans = 1;
             }
         }
         if w.orphans.is_empty() && w.open.is_empty() {
             self.waiting.remove(&addr);
         }
+        self.unmatched = self.unmatched.wrapping_add_signed(orphans);
+        if orphans < 0 {
+            self.matched(addr, 1);
+        }
+        orphans
     }
 
     /// Frees whose block was never seen.

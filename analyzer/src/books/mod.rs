@@ -8,8 +8,10 @@
 use std::collections::BTreeMap;
 
 mod heap;
+pub mod wrong;
 
 use mtrace_format::Family;
+use wrong::{Concerned, Dealloc, WrongFree, WrongKind};
 // FxHash: the keys are addresses and ids from our own producer, not
 // attacker-chosen, and SipHash was a fifth of the analyzer's time.
 use rustc_hash::FxHashMap as HashMap;
@@ -54,7 +56,6 @@ pub struct LiveTotals {
     pub family: Family,
 }
 
-#[derive(Default)]
 pub struct Books {
     /// Heap blocks (and pool blocks, at their own keys) by address, with
     /// blocks glibc allocated inside a hook (`Family::Internal`): kept so
@@ -77,6 +78,45 @@ pub struct Books {
     pub peak_bytes: u64,
     pub peak_blocks: u64,
     pub peak_time: u64,
+    /// The stream holds every heap block of the process so far
+    /// ([`mtrace_format::Record::Coverage`]): a free of an address it never
+    /// saw allocated is an invalid free, not one of a block from before
+    /// tracing.
+    pub whole: bool,
+    /// Mismatched frees found so far.
+    mismatches: wrong::Mismatches,
+    /// How many more invalid frees may look for the block their address
+    /// points into (a walk over every address kept).
+    lookups_left: u32,
+    /// munmap calls that unmapped nothing the program had mapped with its
+    /// own traced mmap (allowed by POSIX; counted, not an error).
+    pub unknown_munmaps: u64,
+}
+
+/// Invalid frees that look for the block they point into, per trace.
+const LOOKUPS: u32 = 1000;
+
+impl Default for Books {
+    fn default() -> Books {
+        Books {
+            heap: Default::default(),
+            maps: Default::default(),
+            per_stack: Default::default(),
+            peak_id: 0,
+            allocations: 0,
+            frees: 0,
+            bytes_allocated: 0,
+            cur_bytes: 0,
+            cur_blocks: 0,
+            peak_bytes: 0,
+            peak_blocks: 0,
+            peak_time: 0,
+            whole: false,
+            mismatches: Default::default(),
+            lookups_left: LOOKUPS,
+            unknown_munmaps: 0,
+        }
+    }
 }
 
 impl Books {
@@ -186,21 +226,87 @@ impl Books {
         self.heap.live().filter(|(_, b)| b.family == Family::Internal).map(|(a, b)| (a, b.size, b.time))
     }
 
-    /// A free call at `time` in thread `tid`.
+    /// A `free()` call at `time` in thread `tid`, without backtrace.
     pub fn free(&mut self, tid: u32, addr: u64, time: u64) {
-        self.frees += 1;
-        self.remove(tid, addr, time);
+        self.dealloc(tid, addr, time, Dealloc::free());
     }
 
-    fn remove(&mut self, tid: u32, addr: u64, time: u64) {
-        let c = self.heap.free(tid, addr, time);
+    /// A deallocation call `d` (free, delete, delete[], a pool's free) of
+    /// `addr` at `time` in thread `tid`.
+    pub fn dealloc(&mut self, tid: u32, addr: u64, time: u64, d: Dealloc) {
+        self.frees += 1;
+        self.remove(tid, addr, time, d);
+    }
+
+    fn remove(&mut self, tid: u32, addr: u64, time: u64, d: Dealloc) {
+        let c = self.heap.free(tid, addr, time, d.stack.unwrap_or(heap::NO_STACK));
+        if d.family != Family::Pool {
+            self.judge(addr, time, d, &c);
+        }
         self.apply(c);
     }
 
-    /// A successful realloc in thread `tid`: `old` freed at `free_time`, `new` allocated.
+    /// Finds what is wrong with the free `d` of `addr` that made change `c`.
+    fn judge(&mut self, addr: u64, time: u64, d: Dealloc, c: &heap::Change) {
+        let wrong = |kind, block, first_free| WrongFree { kind, call: d, addr, time, block, first_free };
+        if let heap::Outcome::Freed(b) = &c.outcome {
+            if wrong::mismatched(b.family, d.family) {
+                let block = Concerned { addr, block: b.clone(), freed: false };
+                self.mismatches.add(wrong(WrongKind::Mismatched, Some(block), None));
+            }
+        }
+        for _ in 0..c.orphans.max(0) {
+            let freed = |b: &Block| Concerned { addr, block: b.clone(), freed: true };
+            let s = match &c.outcome {
+                heap::Outcome::Again { block, first_free } => {
+                    let first = (*first_free != heap::NO_STACK).then_some(*first_free);
+                    wrong(WrongKind::DoubleFree, block.as_ref().map(freed), first)
+                }
+                // Put in another order, the events made another free of the
+                // block unmatched: one of the two frees is wrong.
+                heap::Outcome::Freed(b) => wrong(WrongKind::DoubleFree, Some(freed(b)), None),
+                heap::Outcome::Unknown if self.whole => {
+                    let inside = if self.lookups_left > 0 {
+                        self.lookups_left -= 1;
+                        self.heap.containing(addr).map(|(a, b, freed)| Concerned { addr: a, block: b.clone(), freed })
+                    } else {
+                        None
+                    };
+                    wrong(WrongKind::InvalidFree, inside, None)
+                }
+                // A block from before tracing, or a late chunk's free.
+                _ => continue,
+            };
+            self.heap.suspect(addr, s);
+        }
+    }
+
+    /// A successful realloc in thread `tid`: `old` freed at `free_time`,
+    /// `new` allocated (`b.stack`, the realloc's backtrace, is the free's too).
     pub fn realloc(&mut self, tid: u32, old: u64, free_time: u64, new: u64, b: Block) {
-        self.remove(tid, old, free_time);
+        let d = Dealloc { family: Family::Malloc, stack: Some(b.stack), realloc: true };
+        self.remove(tid, old, free_time, d);
         self.alloc(tid, new, b);
+    }
+
+    /// The wrong frees found, grouped by kind, call and backtraces (see
+    /// [`wrong::key`]): each group's first wrong free (the earliest) and
+    /// how many there were, earliest group first.
+    pub fn wrong_frees(&self) -> Vec<(WrongFree, u64)> {
+        let mut groups: HashMap<wrong::GroupKey, (WrongFree, u64)> = HashMap::default();
+        for (w, n) in self.mismatches.groups() {
+            groups.insert(wrong::key(w), (w.clone(), n));
+        }
+        for (_, s) in self.heap.suspects() {
+            let g = groups.entry(wrong::key(s)).or_insert_with(|| (s.clone(), 0));
+            if s.time < g.0.time {
+                g.0 = s.clone();
+            }
+            g.1 += 1;
+        }
+        let mut v: Vec<_> = groups.into_values().collect();
+        v.sort_by_key(|(w, _)| (w.time, w.addr));
+        v
     }
 
     /// A new mapping; it replaces whatever it overlaps (MAP_FIXED).
@@ -214,7 +320,9 @@ impl Books {
     /// munmap of `[addr, addr+len)`, which may cut mappings in pieces.
     pub fn munmap(&mut self, addr: u64, len: u64) {
         self.frees += 1;
-        self.unmap_range(addr, len);
+        if !self.unmap_range(addr, len) {
+            self.unknown_munmaps += 1;
+        }
     }
 
     /// mremap: the old range goes, the new one is a new mapping.
@@ -223,12 +331,14 @@ impl Books {
         self.mmap(new, b);
     }
 
-    fn unmap_range(&mut self, addr: u64, len: u64) {
+    /// Removes what `[addr, addr+len)` covers; false when it covered no mapping.
+    fn unmap_range(&mut self, addr: u64, len: u64) -> bool {
         let end = addr.saturating_add(page_len(len));
         // Mappings never overlap each other, so walking down from `end`
         // stops at the first one that ends before `addr`.
         let overlapping: Vec<u64> =
             self.maps.range(..end).rev().take_while(|(&s, b)| s + page_len(b.size) > addr).map(|(&s, _)| s).collect();
+        let any = !overlapping.is_empty();
         for s in overlapping {
             let b = self.maps.remove(&s).expect("listed above");
             self.shrink(&b);
@@ -244,6 +354,7 @@ impl Books {
                 self.maps.insert(end, tail);
             }
         }
+        any
     }
 
     /// Everything still live: heap blocks and mappings, with their addresses.
@@ -262,9 +373,10 @@ impl Books {
         m
     }
 
-    /// Frees whose block was never seen: allocated before tracing started.
+    /// Frees whose block was never seen and that are not wrong frees:
+    /// allocated before tracing started (or while it was stopped).
     pub fn unmatched_frees(&self) -> u64 {
-        self.heap.unmatched()
+        self.heap.unmatched().saturating_sub(self.heap.suspects().count() as u64)
     }
 }
 

@@ -1,6 +1,7 @@
 //! The leak report: built once from a loaded trace, printed as text or JSON.
 
 pub mod diff;
+pub mod errors;
 pub mod flame;
 pub mod intervals;
 pub mod sections;
@@ -41,6 +42,14 @@ pub enum SortKey {
     /// Every backtrace that allocated, also those with nothing live now,
     /// by allocation calls (mtrace-ng's `stacks`).
     Stacks,
+    /// The wrong frees by how many double and invalid frees each entry
+    /// counts, then the mismatched ones (mtrace-ng's `badfree`); the
+    /// not-freed entries by bytes.
+    Badfree,
+    /// The wrong frees by how many mismatched frees each entry counts,
+    /// then the others (mtrace-ng's `mismatched`); the not-freed entries
+    /// by bytes.
+    Mismatched,
 }
 
 /// Whether a live block (address, block) is shown.
@@ -91,8 +100,15 @@ pub struct Summary {
     pub ended_by: Option<String>,
     /// Traced from an attach (`mtrace attach`): blocks from before it are unknown.
     pub attached: bool,
-    /// Frees of blocks allocated before tracing started.
+    /// Frees of blocks allocated before tracing started (not wrong frees).
     pub unmatched_frees: u64,
+    /// Double and invalid frees (the entries of `errors`).
+    pub bad_frees: u64,
+    /// Mismatched frees (the entries of `errors`).
+    pub mismatched_frees: u64,
+    /// munmap calls that unmapped nothing the program had mapped with a
+    /// traced mmap (allowed; not an error).
+    pub unknown_munmaps: u64,
     /// The report is the change since this marker ...
     pub since_marker: Option<String>,
     /// ... up to this one (else to the end of the trace).
@@ -135,6 +151,8 @@ pub struct Report {
     pub ppid: u32,
     pub cmdline: Vec<String>,
     pub summary: Summary,
+    /// Wrong frees: mismatched, double and invalid frees.
+    pub errors: Vec<errors::ErrorEntry>,
     pub stacks: Vec<LeakEntry>,
     /// With `--timeline`: RSS and live heap over time.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -339,7 +357,7 @@ pub fn build_view(
     let mut entries: Vec<((u32, Option<Kind>), Group, u64)> =
         groups.into_iter().map(|(k, g)| (k, g, t.books.totals_of(k.0).allocations)).collect();
     let key = |(_, g, total): &((u32, Option<Kind>), Group, u64)| match sort {
-        SortKey::Bytes => g.bytes,
+        SortKey::Bytes | SortKey::Badfree | SortKey::Mismatched => g.bytes,
         SortKey::Count => g.blocks,
         SortKey::Total | SortKey::Stacks => signed(*total),
         SortKey::Average => g.bytes / g.blocks.max(1),
@@ -381,6 +399,8 @@ pub fn build_view(
             }
         })
         .collect();
+    let errors = errors::build(t, sym, sort, depth);
+    let (bad_frees, mismatched_frees) = errors::counts(&errors);
     let h = &t.header;
     Report {
         trace: t.path.display().to_string(),
@@ -404,9 +424,13 @@ pub fn build_view(
             ended_by: t.end.map(end_text),
             attached: t.attached,
             unmatched_frees: t.books.unmatched_frees(),
+            bad_frees,
+            mismatched_frees,
+            unknown_munmaps: t.books.unknown_munmaps,
             since_marker: None,
             until_marker: None,
         },
+        errors,
         stacks,
         timeline: None,
         sections: None,

@@ -74,6 +74,7 @@ fn write_timeline(r: &Report, w: &mut dyn Write) -> io::Result<()> {
 /// Writes the text report to `w`.
 pub fn write_text(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     write_summary(r, w)?;
+    super::errors::write_text(&r.errors, w)?;
     write_timeline(r, w)?;
     write_entries(r, w)?;
     write_intervals(r, w)?;
@@ -186,8 +187,15 @@ fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         count(s.leaked_bytes, "byte", "bytes", delta),
         count(s.leaked_blocks, "block", "blocks", delta)
     )?;
+    if s.bad_frees + s.mismatched_frees > 0 {
+        let (bad, mis) = (thousands(s.bad_frees), thousands(s.mismatched_frees));
+        writeln!(w, "  wrong frees:      {bad} double or invalid, {mis} mismatched (below)")?;
+    }
     if s.unmatched_frees > 0 {
         writeln!(w, "  frees of blocks allocated before tracing: {}", thousands(s.unmatched_frees))?;
+    }
+    if s.unknown_munmaps > 0 {
+        writeln!(w, "  munmaps of ranges the program had not mapped: {}", thousands(s.unknown_munmaps))?;
     }
     match (&s.error, &s.ended_by) {
         (Some(e), _) => writeln!(w, "  WARNING: {e}; the report covers what was read before it")?,

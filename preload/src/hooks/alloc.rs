@@ -47,11 +47,16 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     let t0 = std::cell::Cell::new(0);
     traced(
         || {
-            if !p.is_null() {
-                t0.set(recorder::now());
+            if p.is_null() {
+                // SAFETY: forwarded under the caller's contract.
+                return unsafe { real::realloc(p, size) };
             }
+            t0.set(recorder::now());
+            recorder::realloc_begins(p, t0.get());
             // SAFETY: forwarded under the caller's contract.
-            unsafe { real::realloc(p, size) }
+            let r = unsafe { real::realloc(p, size) };
+            recorder::realloc_ends();
+            r
         },
         |&r, at| {
             // An arena block moving to real memory is a new allocation.

@@ -79,7 +79,10 @@ pub extern "C" fn mtrace_start() {
 /// Stops recording allocations; frees are still recorded.
 #[no_mangle]
 pub extern "C" fn mtrace_stop() {
-    recorder::set_collecting(false);
+    match Guard::enter() {
+        Some(_g) => recorder::stop_collecting(),
+        None => recorder::set_collecting(false),
+    }
 }
 
 static GLIBC_MTRACE_CALLS: AtomicU64 = AtomicU64::new(0);
@@ -102,7 +105,7 @@ pub extern "C" fn glibc_mtrace() {
 #[export_name = "muntrace"]
 pub extern "C" fn glibc_muntrace() {
     let Some(_g) = Guard::enter() else { return };
-    recorder::set_collecting(false);
+    recorder::stop_collecting();
     if let Some(s) = session::get() {
         s.report_point("muntrace()", None, true);
     }

@@ -67,12 +67,16 @@ fn traced_free(family: Family, p: *mut libc::c_void, forwarding: bool, call: imp
             if g.waiting() {
                 recorder::write_nested(0, 0);
             }
-            let t = if p.is_null() { 0 } else { recorder::now() };
+            if !p.is_null() {
+                // Buffered before the real free runs: glibc aborts on the
+                // double and invalid frees it detects, and the report of
+                // that run must still show them.
+                recorder::free(Here::now(), family, p, recorder::now());
+            }
             call();
             if forwarding {
                 g.end_forwarding();
             }
-            recorder::free(family, p, t);
             g.set_own((0, p as u64));
         }
     }

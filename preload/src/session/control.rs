@@ -47,7 +47,7 @@ impl Session {
         match verb {
             "" => {}
             "start" => recorder::set_collecting(true),
-            "stop" => recorder::set_collecting(false),
+            "stop" => recorder::stop_collecting(),
             "depth" => match arg.parse::<usize>() {
                 Ok(d) if (1..=MAX_DEPTH).contains(&d) => self.set_depth(d),
                 _ => warn_once(line),
@@ -68,13 +68,19 @@ impl Session {
 
     /// Writes a Marker record after everything buffered so far.
     pub fn marker(&self, seq: u64, name: &str) {
+        self.write_now(|time_ns| Record::Marker { time_ns, seq, name: name.to_owned() });
+    }
+
+    /// Writes the record `make` builds from the time now after everything
+    /// the threads buffered so far.
+    pub fn write_now(&self, make: impl FnOnce(u64) -> Record) {
         let _f = self.file.lock();
         self.collect(false);
         let now = self.now();
-        let mut buf = Vec::with_capacity(64 + name.len());
+        let mut buf = Vec::with_capacity(128);
         let mut enc = Encoder::new();
         enc.encode(&mut buf, &Record::Thread { tid: sys::gettid(), time_ns: now });
-        enc.encode(&mut buf, &Record::Marker { time_ns: now, seq, name: name.to_owned() });
+        enc.encode(&mut buf, &make(now));
         self.out.write(&buf);
     }
 
@@ -83,7 +89,7 @@ impl Session {
     /// an End record (reason detach) are written, the stream is closed.
     pub fn detach(&self) {
         crate::attach::undo();
-        self.final_flush(EndReason::Detach, false);
+        self.final_flush(EndReason::Detach, false, None);
         super::stop_tracing();
         self.out.close();
     }

@@ -85,6 +85,8 @@ pub struct Session {
     pub scan_signal: Option<i32>,
     /// Snapshot memory for the leak scan at exit (`MTRACE_SCAN`).
     pub scan: bool,
+    /// Frees record their backtraces (`MTRACE_CHECK_FREES`).
+    pub check_frees: bool,
     /// Kernel thread id of the writer thread (0 until it runs): it is the
     /// tracer's, never stopped or scanned.
     pub writer_tid: AtomicU32,
@@ -144,7 +146,9 @@ pub fn get() -> Option<&'static Session> {
             DISABLED => return None,
             UNINIT => {
                 if STATE.compare_exchange(UNINIT, INITIALIZING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                    install(Session::create());
+                    // The first event of a process that loaded the library
+                    // at its start: the stream has all of its heap.
+                    install(Session::create(true));
                 }
             }
             _ => std::thread::yield_now(),
@@ -237,7 +241,12 @@ fn stop_tracing() {
 }
 
 impl Session {
-    fn create() -> Option<Session> {
+    /// A new stream. `from_start`: the process has made no heap block
+    /// that this session does not see (its first event, not a fork child's
+    /// or an attach's): with collection on, the stream says it is whole
+    /// ([`Record::Coverage`]), so that the analyzer can call a free of an
+    /// unknown address invalid.
+    fn create(from_start: bool) -> Option<Session> {
         crate::real::init();
         #[cfg(not(test))]
         crate::hooks::fds::init();
@@ -275,6 +284,9 @@ impl Session {
         let mut enc = Encoder::new();
         enc.encode(&mut out, &Record::Thread { tid: sys::gettid(), time_ns: 0 });
         enc.encode(&mut out, &Record::Modules { time_ns: 0, modules: modules::list() });
+        if from_start && cfg.start {
+            enc.encode(&mut out, &Record::Coverage { time_ns: 0, whole: true });
+        }
         out_file.write(&out);
         Some(Session {
             gen: GEN.fetch_add(1, Ordering::Relaxed) + 1,
@@ -287,6 +299,7 @@ impl Session {
             report_signal: cfg.report_signal.filter(|_| !out_file.is_socket()),
             scan_signal: cfg.scan_signal.filter(|_| !out_file.is_socket()),
             scan: cfg.scan,
+            check_frees: cfg.check_frees,
             writer_tid: AtomicU32::new(0),
             writer_started: AtomicBool::new(false),
             writer_stack: [AtomicU64::new(0), AtomicU64::new(0)],
@@ -303,7 +316,7 @@ impl Session {
             next_stack: AtomicU32::new(1),
             finished: AtomicBool::new(false),
             ended: AtomicBool::new(false),
-            end_buf: Mutex::new(Vec::with_capacity(64)),
+            end_buf: Mutex::new(Vec::with_capacity(128)),
             modules_gen: Mutex::new(modules_gen),
         })
     }
@@ -408,7 +421,10 @@ impl Session {
     /// Writes everything buffered and an End record; afterwards events are
     /// written synchronously. In a signal handler (`in_signal`) it neither
     /// allocates nor frees and gives up on a lock held for more than ~2 s.
-    pub fn final_flush(&self, reason: EndReason, in_signal: bool) {
+    /// `last_free` (address, time in ns) is a free the calling thread was
+    /// making when the process ended (a realloc glibc aborted in), written
+    /// before the End record.
+    pub fn final_flush(&self, reason: EndReason, in_signal: bool, last_free: Option<(u64, u64)>) {
         // A report asked for just before the end still gets made.
         if !in_signal && !self.is_finished() && self.reporter.take_request() {
             self.report_point(SIGNAL_REPORT, None, false);
@@ -438,6 +454,10 @@ impl Session {
                 let now = self.now();
                 let mut enc = Encoder::new();
                 enc.encode(&mut e, &Record::Thread { tid: sys::gettid(), time_ns: now });
+                if let Some((addr, time_ns)) = last_free {
+                    let family = mtrace_format::Family::Malloc;
+                    enc.encode(&mut e, &Record::Free { time_ns, family, addr, stack: 0 });
+                }
                 enc.encode(&mut e, &Record::End { time_ns: now, reason });
                 self.out.write(&e);
             }
@@ -493,7 +513,7 @@ pub fn start_attached() -> bool {
     if state == READY || STATE.compare_exchange(state, INITIALIZING, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return false;
     }
-    install(Session::create());
+    install(Session::create(false));
     STATE.load(Ordering::Acquire) == READY
 }
 
@@ -503,6 +523,7 @@ pub fn restart_in_child(follow: bool) {
         STATE.store(DISABLED, Ordering::Release);
         return;
     }
-    install(Session::create());
+    // The parent's blocks are the child's too, unseen by its stream.
+    install(Session::create(false));
     start_writer();
 }

@@ -42,6 +42,9 @@ pub struct Added {
     /// The change in unmatched frees, kept and frozen (an orphan shifted
     /// out stays unmatched).
     pub unmatched: i64,
+    /// What the new event follows in the order now: the event right before
+    /// it (or what came before the window), and that event's time, ns.
+    pub prev: (Before, u64),
 }
 
 /// Whether an event (`alloc` or free) may follow `x` in a history: an
@@ -115,6 +118,7 @@ impl Window {
         if natural == n && !close {
             // The common case: the event is the latest.
             let prev = kept.last().map_or(self.before, kind);
+            let prev_time = kept.last().map_or(self.before_time, |k| k.time);
             let mut frozen = None;
             if n == RING {
                 frozen = self.freeze(self.ev[0], *self.ev.get(1).unwrap_or(&e));
@@ -124,12 +128,15 @@ impl Window {
             self.ev[self.n as usize] = e;
             self.n += 1;
             let unmatched = i64::from(!e.alloc && prev != Before::Alloc);
-            return Some(Added { appended: true, last: e, frozen, before_open: None, unmatched });
+            let prev = (prev, prev_time);
+            return Some(Added { appended: true, last: e, frozen, before_open: None, unmatched, prev });
         }
         let mut items = [Ev::default(); RING + 1];
         items[..natural].copy_from_slice(&kept[..natural]);
         items[natural] = e;
         items[natural + 1..=n].copy_from_slice(&kept[natural..]);
+        // Where the new event ends up.
+        let mut at = natural;
         if close {
             // A few events: try every order the threads and times allow.
             let mut order = [0u8; RING + 1];
@@ -139,12 +146,17 @@ impl Window {
             search(&items[..=n], (self.before, self.before_time), &can_end, &mut order, 0, 0, 0, 0, &mut best);
             // No order passed (the kept ones break the time rule): as read.
             let order = best.2;
+            at = order[..=n].iter().position(|&k| k as usize == natural).unwrap_or(natural);
             let mut sorted = items;
             for (o, &k) in sorted.iter_mut().zip(&order[..=n]) {
                 *o = items[k as usize];
             }
             items = sorted;
         }
+        let prev = match at {
+            0 => (self.before, self.before_time),
+            _ => (kind(&items[at - 1]), items[at - 1].time),
+        };
         let old = unmatched(self.before, kept);
         let was_open = n > 0 && kept[0].alloc;
         let before_open =
@@ -159,7 +171,7 @@ impl Window {
         self.n = items.len() as u8;
         let orphan = i64::from(matches!(frozen, Some(Frozen::Orphan(_))));
         let unmatched = unmatched(self.before, self.kept()) + orphan - old;
-        Some(Added { appended: false, last: *items.last().unwrap(), frozen, before_open, unmatched })
+        Some(Added { appended: false, last: *items.last().unwrap(), frozen, before_open, unmatched, prev })
     }
 
     /// `first`, followed by `next`, leaves the window: it is what came

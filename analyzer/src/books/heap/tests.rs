@@ -25,7 +25,7 @@ fn replay(h: &[Ev], order: &[usize]) -> (Option<usize>, u64) {
         if e.alloc {
             heap.alloc(e.tid, 0x10, blk(i, e.time));
         } else {
-            heap.free(e.tid, 0x10, e.time);
+            heap.free(e.tid, 0x10, e.time, NO_STACK);
         }
     }
     let live: Vec<_> = heap.live().map(|(_, b)| b.size as usize - 1).collect();

@@ -1,0 +1,149 @@
+//! The report's wrong frees (books/wrong.rs): one entry per kind, call and
+//! backtraces, in JSON as `errors` and in text as the section "Wrong
+//! frees", worded as valgrind memcheck words its errors.
+
+use std::io::{self, Write};
+
+use serde::Serialize;
+
+use super::text::{frame_line, plural, thousands};
+use super::{stack_frames, SortKey};
+use crate::books::wrong::WrongKind;
+use crate::load::Trace;
+use crate::symbolize::{Frame, Symbolizer};
+
+/// Wrong frees of one kind, call and backtraces.
+#[derive(Serialize, Debug)]
+pub struct ErrorEntry {
+    /// `mismatched`, `double_free` or `invalid_free`.
+    pub kind: WrongKind,
+    /// The deallocating call: `free`, `delete`, `delete[]`, `realloc`.
+    pub call: &'static str,
+    /// How many times it happened.
+    pub count: u64,
+    /// The address freed, the first time.
+    pub address: u64,
+    /// The block concerned, the first time: the one allocated at `address`
+    /// (mismatched, double free) or the one `address` points into (invalid
+    /// free); none when the trace knows no such block.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block: Option<BlockInfo>,
+    /// Where the block was allocated (empty without a block).
+    pub alloc_frames: Vec<Frame>,
+    /// Where the wrong free was called: recorded with `mtrace run -S`
+    /// (always for realloc, whose backtrace is recorded anyway).
+    pub free_frames: Vec<Frame>,
+    /// Double free: where the block was freed the time before (with `-S`).
+    pub first_free_frames: Vec<Frame>,
+}
+
+/// The block a wrong free concerns.
+#[derive(Serialize, Debug)]
+pub struct BlockInfo {
+    pub address: u64,
+    /// Requested size, bytes.
+    pub size: u64,
+    /// Bytes from the block's start to the address freed.
+    pub offset: u64,
+    /// The family that allocated it: malloc, new, new[], aligned.
+    pub family: &'static str,
+    /// It had been freed already.
+    pub freed: bool,
+}
+
+/// The wrong frees of `t`, most frequent of the sort key's kind first with
+/// `--sort badfree` (double and invalid) or `mismatched`, else in the
+/// order they first happened; `depth` recorded frames each.
+pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize>) -> Vec<ErrorEntry> {
+    let mut found = t.books.wrong_frees();
+    let first_kind = |k: WrongKind| match sort {
+        SortKey::Badfree => k == WrongKind::Mismatched,
+        SortKey::Mismatched => k != WrongKind::Mismatched,
+        _ => false,
+    };
+    if matches!(sort, SortKey::Badfree | SortKey::Mismatched) {
+        // Stable: equal counts stay in time order.
+        found.sort_by_key(|(w, n)| (first_kind(w.kind), std::cmp::Reverse(*n)));
+    }
+    let mut frames = |s: Option<u32>| s.map_or_else(Vec::new, |s| stack_frames(t, sym, s, depth));
+    found
+        .into_iter()
+        .map(|(w, count)| ErrorEntry {
+            kind: w.kind,
+            call: w.call.call_name(),
+            count,
+            address: w.addr,
+            block: w.block.as_ref().map(|c| BlockInfo {
+                address: c.addr,
+                size: c.block.size,
+                offset: w.addr.wrapping_sub(c.addr),
+                family: c.block.family.name(),
+                freed: c.freed,
+            }),
+            alloc_frames: frames(w.block.as_ref().map(|c| c.block.stack)),
+            free_frames: frames(w.call.stack),
+            first_free_frames: frames(w.first_free),
+        })
+        .collect()
+}
+
+/// Counts per kind: (double and invalid, mismatched).
+pub fn counts(errors: &[ErrorEntry]) -> (u64, u64) {
+    errors.iter().fold((0, 0), |(bad, mis), e| match e.kind {
+        WrongKind::Mismatched => (bad, mis + e.count),
+        _ => (bad + e.count, mis),
+    })
+}
+
+/// What the entry's free did wrong, in a few words.
+fn what(e: &ErrorEntry) -> String {
+    let call = e.call;
+    match (e.kind, &e.block) {
+        (WrongKind::Mismatched, Some(b)) => format!("{call} of a block from {}", b.family),
+        (WrongKind::Mismatched, None) => format!("{call} of a block from another family"),
+        (WrongKind::DoubleFree, _) => format!("{call} of a block already freed (double free)"),
+        (WrongKind::InvalidFree, _) => format!("{call} of an address that is no block's start (invalid free)"),
+    }
+}
+
+fn frames(f: &[Frame], w: &mut dyn Write) -> io::Result<()> {
+    for (j, fr) in f.iter().enumerate() {
+        writeln!(w, "{}", frame_line(fr, j == 0))?;
+    }
+    Ok(())
+}
+
+/// The section "Wrong frees" of the text report (nothing without any).
+pub fn write_text(errors: &[ErrorEntry], w: &mut dyn Write) -> io::Result<()> {
+    if errors.is_empty() {
+        return Ok(());
+    }
+    let (bad, mis) = counts(errors);
+    writeln!(w, "\nWrong frees: {} double or invalid, {} mismatched:", thousands(bad), thousands(mis))?;
+    for (i, e) in errors.iter().enumerate() {
+        let times = plural(e.count, "time", "times");
+        writeln!(w, "\n#{}: {}: {}, {times}", i + 1, e.kind.heading(), what(e))?;
+        if e.free_frames.is_empty() {
+            writeln!(w, "    (where it was freed: mtrace run -S records the backtraces of frees)")?;
+        }
+        frames(&e.free_frames, w)?;
+        let Some(b) = &e.block else {
+            writeln!(w, "  Address {:#x} is not inside any block the trace knows", e.address)?;
+            continue;
+        };
+        let size = thousands(b.size);
+        let offset = plural(b.offset, "byte", "bytes");
+        if b.freed {
+            writeln!(w, "  Address {:#x} is {offset} inside a block of size {size} free'd", e.address)?;
+            if e.first_free_frames.is_empty() && b.offset == 0 {
+                writeln!(w, "    (where: mtrace run -S records the backtraces of frees)")?;
+            }
+            frames(&e.first_free_frames, w)?;
+            writeln!(w, "  Block was alloc'd at")?;
+        } else {
+            writeln!(w, "  Address {:#x} is {offset} inside a block of size {size} alloc'd", e.address)?;
+        }
+        frames(&e.alloc_frames, w)?;
+    }
+    Ok(())
+}
