@@ -339,9 +339,10 @@ impl<'w> Keeper<'w> {
                 t.books.dealloc(tid, addr, time_ns, Dealloc { family, stack, realloc: false });
                 t.stats.free(tid, addr);
             }
-            Record::Coverage { time_ns, whole } => {
+            Record::Coverage { time_ns, collecting, whole } => {
                 *now = time_ns;
                 t.books.whole = whole && !t.attached;
+                t.books.collecting_since = collecting.then_some(time_ns);
             }
             Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => {
                 *now = time_ns;

@@ -85,6 +85,7 @@ fn leaks_made_while_attached_to_a_program_waiting_in_read() {
     assert_eq!(leaks_in(&r, "attach_target.c"), vec![leak(300, 2, "malloc", "keep", m["window"])]);
     assert_eq!((s["allocations"].as_u64(), s["frees"].as_u64()), (Some(3), Some(2)), "{s}");
     assert_eq!(s["unmatched_frees"], 1, "{s}");
+    assert_eq!(r["errors"], serde_json::json!([]), "{s}");
     assert_eq!(s["ended_by"], "detach", "{s}");
 }
 

@@ -4,20 +4,21 @@
 mod common;
 use common::*;
 
-/// Runs `prog args` under `mtrace run` `runs` times; the reports.
-fn reports(name: &str, prog: &std::path::Path, args: &[&str], runs: usize) -> Vec<serde_json::Value> {
+/// Runs `prog args` under `mtrace run extra` `runs` times; the reports.
+fn reports(name: &str, extra: &[&str], prog: &std::path::Path, args: &[&str], runs: usize) -> Vec<serde_json::Value> {
     let dir = scratch(name);
-    (0..runs).map(|_| run_json(&dir, &[], prog, args).0).collect()
+    (0..runs).map(|_| run_json(&dir, extra, prog, args).0).collect()
 }
 
 #[test]
 fn blocks_swapped_with_a_thousand_threads_are_all_freed() {
     let dir = scratch("handoff-build");
     let prog = build("handoff.c", &dir.join("handoff"), &["-g", "-O0"]);
-    for (run, r) in reports("handoff", &prog, &[], 20).iter().enumerate() {
+    for (run, r) in reports("handoff", &[], &prog, &[], 20).iter().enumerate() {
         let s = &r["summary"];
         assert_eq!(leaks_in(r, "handoff.c"), vec![], "run {run}: {s}");
         assert_eq!(s["unmatched_frees"], 0, "run {run}: {s}");
+        assert_eq!(r["errors"], serde_json::json!([]), "run {run}: no wrong frees");
         // 2,000 blocks of the program, and the DTVs of the threads (glibc
         // keeps the last few with their cached stacks).
         let program = r["stacks"].as_array().unwrap().iter().filter(|e| line_in(e, "handoff.c").is_some());
@@ -34,10 +35,13 @@ fn blocks_swapped_with_a_thousand_threads_are_all_freed() {
 fn a_million_queue_operations_balance() {
     let dir = scratch("queue-build");
     let prog = build("queue.c", &dir.join("queue"), &["-g", "-O0"]);
-    for (run, r) in reports("queue", &prog, &[], 20).iter().enumerate() {
+    // With the frees' backtraces (-S): the consumers free what the
+    // producers allocated, a million times, and none is a wrong free.
+    for (run, r) in reports("queue", &["-S"], &prog, &[], 20).iter().enumerate() {
         let s = &r["summary"];
         assert_eq!(leaks_in(r, "queue.c"), vec![], "run {run}: {s}");
         assert_eq!(s["unmatched_frees"], 0, "run {run}: {s}");
+        assert_eq!(r["errors"], serde_json::json!([]), "run {run}: no wrong frees");
         assert!(s["allocations"].as_u64().unwrap() >= 500_000, "run {run}: {s}");
     }
 }
@@ -47,7 +51,7 @@ fn blocks_kept_by_other_threads_are_the_leaks() {
     let dir = scratch("queue-leak-build");
     let prog = build("queue.c", &dir.join("queue"), &["-g", "-O0"]);
     let m = markers("queue.c");
-    for (run, r) in reports("queue-leak", &prog, &["leak"], 10).iter().enumerate() {
+    for (run, r) in reports("queue-leak", &[], &prog, &["leak"], 10).iter().enumerate() {
         assert_eq!(
             leaks_in(r, "queue.c"),
             vec![leak(1090, 10, "malloc", "producer", m["kept"]), leak(1554, 2, "malloc", "producer", m["producer"])],

@@ -446,12 +446,14 @@ impl<R: Read> Reader<R> {
             tag::SCAN_END => Record::ScanEnd { time_ns: self.time()? },
             tag::COVERAGE => {
                 let time_ns = self.time()?;
-                let whole = match self.u8()? {
-                    0 => false,
-                    1 => true,
+                // Bit 0: collecting; bit 1: whole, which needs bit 0.
+                let (collecting, whole) = match self.u8()? {
+                    0 => (false, false),
+                    1 => (true, false),
+                    3 => (true, true),
                     v => return Err(ReadErrorKind::Corrupt(format!("coverage {v}"))),
                 };
-                Record::Coverage { time_ns, whole }
+                Record::Coverage { time_ns, collecting, whole }
             }
             tag::SAMPLE => Record::Sample { time_ns: self.time()?, rss: self.varint()? },
             tag::MARKER => Record::Marker { time_ns: self.time()?, seq: self.varint()?, name: self.string()? },

@@ -179,10 +179,10 @@ impl Encoder {
                 out.push(tag::SCAN_END);
                 self.time(out, time_ns);
             }
-            Record::Coverage { time_ns, whole } => {
+            Record::Coverage { time_ns, collecting, whole } => {
                 out.push(tag::COVERAGE);
                 self.time(out, time_ns);
-                out.push(u8::from(whole));
+                out.push(u8::from(collecting) | u8::from(whole) << 1);
             }
             Record::End { time_ns, reason } => {
                 out.push(tag::END);

@@ -206,15 +206,19 @@ pub enum Record {
     ScanRegion { time_ns: u64, kind: u8, addr: u64, bytes: Vec<u8> },
     /// The snapshot whose regions precede it is complete.
     ScanEnd { time_ns: u64 },
-    /// What the stream knows of the process's heap from `time_ns` on.
-    /// `whole`: every heap block the process allocated up to here is in
-    /// the stream (the producer traced it from its first allocation; the
-    /// first record after the module list). Not `whole`: from here on
-    /// allocations may go unrecorded (collection stopped). A stream with
-    /// no such record may lack blocks from before it began (fork child,
-    /// attach). Analyzers call a free of an unknown address an invalid
-    /// free only while the stream is whole. Since version 6.
-    Coverage { time_ns: u64, whole: bool },
+    /// What the stream records of the process's heap from `time_ns` on.
+    /// `collecting`: allocations are recorded (else only frees are:
+    /// `MTRACE_START=off`, `mtrace_stop()`). `whole` (only with
+    /// `collecting`): every heap block the process allocated up to here is
+    /// in the stream — the producer traced it from its first allocation
+    /// (written after the first module list). A stream starts as
+    /// collecting but not whole until a Coverage record says otherwise (a
+    /// forked child's or an attach's stream lacks the blocks from before
+    /// it). Analyzers call a free of an address never seen an invalid free
+    /// only while the stream is whole, and a second free of an address a
+    /// double free only if allocations were collected since the first.
+    /// Since version 6.
+    Coverage { time_ns: u64, collecting: bool, whole: bool },
 }
 
 /// The kinds of [`Record::ScanRegion`].

@@ -15,7 +15,9 @@ use crate::{nested, session, sys, thread};
 /// allocated while collecting and freed while not are not reported.
 static COLLECTING: AtomicBool = AtomicBool::new(true);
 
-pub fn set_collecting(on: bool) {
+/// Sets whether allocations are recorded as a session starts (its stream
+/// says so in its first records).
+pub fn init_collecting(on: bool) {
     COLLECTING.store(on, Ordering::Release);
 }
 
@@ -23,14 +25,18 @@ pub fn collecting() -> bool {
     COLLECTING.load(Ordering::Relaxed)
 }
 
-/// Stops recording allocations (`mtrace_stop()`, glibc's `muntrace()`, the
-/// console's `stop`), and says so in the stream: from here on, a free of a
-/// block the stream never saw may be of one allocated while stopped, not
-/// an invalid free. The caller holds the reentrancy guard.
-pub fn stop_collecting() {
-    if COLLECTING.swap(false, Ordering::AcqRel) {
-        if let Some(s) = session::get() {
-            s.write_now(|time_ns| Record::Coverage { time_ns, whole: false });
+/// Starts or stops recording allocations (`mtrace_start()`, `mtrace_stop()`,
+/// glibc's `mtrace()`/`muntrace()`, the console's `start`/`stop`) and says
+/// so in the stream ([`Record::Coverage`]): a free of a block the stream
+/// never saw, or a second free of an address, may then involve a block
+/// allocated while stopped rather than be a wrong free. The caller holds
+/// the reentrancy guard (or is the writer thread).
+pub fn set_collecting(on: bool) {
+    // First: a session starting now sets the flag from MTRACE_START.
+    let s = session::get();
+    if COLLECTING.swap(on, Ordering::AcqRel) != on {
+        if let Some(s) = s {
+            s.write_now(|time_ns| Record::Coverage { time_ns, collecting: on, whole: false });
         }
     }
 }

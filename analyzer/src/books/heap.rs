@@ -116,9 +116,10 @@ pub enum Outcome {
     None,
     /// The allocation of this block: the free ends it.
     Freed(Block),
-    /// A free: the block freed again is the latest allocation before it,
-    /// if still known, first freed at backtrace `first_free`.
-    Again { block: Option<Block>, first_free: u32 },
+    /// A free at `after` (ns): the block freed again is the latest
+    /// allocation before it, if still known, first freed at backtrace
+    /// `first_free`.
+    Again { block: Option<Block>, after: u64, first_free: u32 },
     /// Nothing: the stream never saw a block allocated at the address.
     Unknown,
     /// Older than its address's window (a late thread's chunk): matched
@@ -241,7 +242,7 @@ impl Heap {
             (false, Before::Free) => {
                 // The latest allocation before the free it follows.
                 let block = slot.blocks.iter().flatten().find(|b| b.time <= prev_time).cloned();
-                Outcome::Again { block, first_free }
+                Outcome::Again { block, after: prev_time, first_free }
             }
             (false, Before::Nothing) => Outcome::Unknown,
         };

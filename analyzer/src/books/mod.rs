@@ -83,6 +83,11 @@ pub struct Books {
     /// saw allocated is an invalid free, not one of a block from before
     /// tracing.
     pub whole: bool,
+    /// Since when allocations have been collected without a break (ns;
+    /// `None`: not now): a second free of an address is a double free only
+    /// if the first came after this, or an allocation between the two may
+    /// have gone unrecorded.
+    pub collecting_since: Option<u64>,
     /// Mismatched frees found so far.
     mismatches: wrong::Mismatches,
     /// How many more invalid frees may look for the block their address
@@ -112,6 +117,7 @@ impl Default for Books {
             peak_blocks: 0,
             peak_time: 0,
             whole: false,
+            collecting_since: Some(0),
             mismatches: Default::default(),
             lookups_left: LOOKUPS,
             unknown_munmaps: 0,
@@ -258,13 +264,17 @@ impl Books {
         for _ in 0..c.orphans.max(0) {
             let freed = |b: &Block| Concerned { addr, block: b.clone(), freed: true };
             let s = match &c.outcome {
-                heap::Outcome::Again { block, first_free } => {
+                heap::Outcome::Again { block, after, first_free }
+                    if self.collecting_since.is_some_and(|since| *after >= since) =>
+                {
                     let first = (*first_free != heap::NO_STACK).then_some(*first_free);
                     wrong(WrongKind::DoubleFree, block.as_ref().map(freed), first)
                 }
                 // Put in another order, the events made another free of the
                 // block unmatched: one of the two frees is wrong.
-                heap::Outcome::Freed(b) => wrong(WrongKind::DoubleFree, Some(freed(b)), None),
+                heap::Outcome::Freed(b) if self.collecting_since.is_some() => {
+                    wrong(WrongKind::DoubleFree, Some(freed(b)), None)
+                }
                 heap::Outcome::Unknown if self.whole => {
                     let inside = if self.lookups_left > 0 {
                         self.lookups_left -= 1;
@@ -274,7 +284,8 @@ impl Books {
                     };
                     wrong(WrongKind::InvalidFree, inside, None)
                 }
-                // A block from before tracing, or a late chunk's free.
+                // A block from before tracing or allocated while not
+                // collecting, or a late chunk's free.
                 _ => continue,
             };
             self.heap.suspect(addr, s);

@@ -73,15 +73,18 @@ pub unsafe extern "C" fn mtrace_scan(path: *const c_char) -> i32 {
 /// Starts recording allocations (after `MTRACE_START=off` or `mtrace_stop()`).
 #[no_mangle]
 pub extern "C" fn mtrace_start() {
-    recorder::set_collecting(true);
+    match Guard::enter() {
+        Some(_g) => recorder::set_collecting(true),
+        None => recorder::init_collecting(true),
+    }
 }
 
 /// Stops recording allocations; frees are still recorded.
 #[no_mangle]
 pub extern "C" fn mtrace_stop() {
     match Guard::enter() {
-        Some(_g) => recorder::stop_collecting(),
-        None => recorder::set_collecting(false),
+        Some(_g) => recorder::set_collecting(false),
+        None => recorder::init_collecting(false),
     }
 }
 
@@ -105,7 +108,7 @@ pub extern "C" fn glibc_mtrace() {
 #[export_name = "muntrace"]
 pub extern "C" fn glibc_muntrace() {
     let Some(_g) = Guard::enter() else { return };
-    recorder::stop_collecting();
+    recorder::set_collecting(false);
     if let Some(s) = session::get() {
         s.report_point("muntrace()", None, true);
     }

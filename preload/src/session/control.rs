@@ -47,7 +47,7 @@ impl Session {
         match verb {
             "" => {}
             "start" => recorder::set_collecting(true),
-            "stop" => recorder::stop_collecting(),
+            "stop" => recorder::set_collecting(false),
             "depth" => match arg.parse::<usize>() {
                 Ok(d) if (1..=MAX_DEPTH).contains(&d) => self.set_depth(d),
                 _ => warn_once(line),

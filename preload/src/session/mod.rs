@@ -245,7 +245,8 @@ impl Session {
     /// that this session does not see (its first event, not a fork child's
     /// or an attach's): with collection on, the stream says it is whole
     /// ([`Record::Coverage`]), so that the analyzer can call a free of an
-    /// unknown address invalid.
+    /// unknown address invalid. With `MTRACE_START=off` it says that
+    /// allocations are not collected.
     fn create(from_start: bool) -> Option<Session> {
         crate::real::init();
         #[cfg(not(test))]
@@ -258,7 +259,7 @@ impl Session {
             .filter(|s| !s.is_empty())
             .map(|s| String::from_utf8_lossy(s).into_owned())
             .collect();
-        crate::recorder::set_collecting(cfg.start);
+        crate::recorder::init_collecting(cfg.start);
         let prog = program_name(&cmdline);
         let (out_file, path) = open_output(&cfg, pid, &prog)?;
         sys::open_statm();
@@ -284,8 +285,9 @@ impl Session {
         let mut enc = Encoder::new();
         enc.encode(&mut out, &Record::Thread { tid: sys::gettid(), time_ns: 0 });
         enc.encode(&mut out, &Record::Modules { time_ns: 0, modules: modules::list() });
-        if from_start && cfg.start {
-            enc.encode(&mut out, &Record::Coverage { time_ns: 0, whole: true });
+        if !cfg.start || from_start {
+            let (collecting, whole) = (cfg.start, from_start && cfg.start);
+            enc.encode(&mut out, &Record::Coverage { time_ns: 0, collecting, whole });
         }
         out_file.write(&out);
         Some(Session {
