@@ -10,6 +10,7 @@
    interior            free of a pointer 16 bytes into a block: glibc aborts
    stack               free of a stack address: glibc aborts
    realloc-freed       realloc of a freed block (glibc returns it); exit 0
+   realloc-stack       realloc of a stack address: glibc aborts
    mixed               new_free twice, then double-undetected; exit 0
    stopped             with MTRACE_START=off: frees whose allocations were
                        not recorded (not wrong), then a double free glibc
@@ -108,6 +109,13 @@ __attribute__((noinline)) static void realloc_freed() {
     sink = realloc(p, 16); // @leak:f2_realloc_freed
 }
 
+__attribute__((noinline)) static void realloc_stack() {
+    char buf[64];
+    memset(buf, 0, sizeof buf);
+    sink = buf;
+    sink = realloc(buf + 16, 100); // @leak:f_realloc_stack
+}
+
 /* Run with MTRACE_START=off. */
 __attribute__((noinline)) static void stopped() {
     char *p = (char *)malloc(24);
@@ -151,6 +159,8 @@ int main(int argc, char **argv) {
         stack();
     } else if (!strcmp(c, "realloc-freed")) {
         realloc_freed();
+    } else if (!strcmp(c, "realloc-stack")) {
+        realloc_stack();
     } else if (!strcmp(c, "stopped")) {
         stopped();
     } else if (!strcmp(c, "mixed")) {

@@ -344,6 +344,12 @@ impl<'w> Keeper<'w> {
                 t.books.whole = whole && !t.attached;
                 t.books.collecting_since = collecting.then_some(time_ns);
             }
+            Record::Realloc { time_ns, free_time_ns, old, new: 0, stack, .. } => {
+                // The process ended inside this realloc.
+                *now = time_ns;
+                let stack = (stack != 0).then(|| t.stacks.canon(stack));
+                t.books.realloc_ended(tid, old, free_time_ns, stack);
+            }
             Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => {
                 *now = time_ns;
                 let stack = t.stacks.canon(stack);

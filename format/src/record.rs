@@ -172,7 +172,9 @@ pub enum Record {
     /// `Free`; a failed realloc writes nothing because `old` survives).
     /// `free_time_ns` is taken before the call and `time_ns` after it, so
     /// that the analyzer can order them against other threads' events on the
-    /// same addresses.
+    /// same addresses. `new` 0: the process ended inside the realloc (glibc
+    /// aborted on `old`, which is no live block); written by the fatal
+    /// signal's flush, only the free is meant.
     Realloc { time_ns: u64, free_time_ns: u64, old: u64, new: u64, size: u64, stack: u32 },
     /// A successful mmap of `len` bytes; `fd` is -1 for anonymous mappings.
     Mmap { time_ns: u64, addr: u64, len: u64, prot: u32, flags: u32, fd: i32, stack: u32 },

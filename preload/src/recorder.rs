@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use mtrace_format::{EndReason, Family, Record};
 
+use crate::thread::Backtrace;
 use crate::unwind::Here;
 use crate::{nested, session, sys, thread};
 
@@ -47,30 +48,54 @@ thread_local! {
     /// some pointers that are not live blocks; the fatal signal's flush
     /// then writes this free, so that the report shows the wrong free.
     /// Const-initialised, no destructor: safe in the first malloc.
-    static REALLOC_OLD: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+    static REALLOC_OLD: std::cell::Cell<(u64, u64, u32)> = const { std::cell::Cell::new((0, 0, 0)) };
 }
 
-/// The calling thread's realloc is about to free `old` (stamped `t`).
+/// With frees' backtraces on (`MTRACE_CHECK_FREES`): the backtrace of the
+/// realloc whose hook frame is `at`, defined in the stream before the real
+/// realloc runs (so that a realloc glibc aborts in is reported with it)
+/// and used again for its record afterwards; else 0. The caller has
+/// entered the hook (not nested in one).
+pub fn realloc_stack(at: Here) -> u32 {
+    match session::get() {
+        Some(s) if s.check_frees && collecting() => {
+            let errno = sys::errno();
+            let id = thread::intern(s, at);
+            sys::set_errno(errno);
+            id
+        }
+        _ => 0,
+    }
+}
+
+/// The calling thread's realloc is about to free `old` (stamped `t`; its
+/// backtrace `stack` from [`realloc_stack`], or 0).
 #[inline]
-pub fn realloc_begins(old: *mut libc::c_void, t: u64) {
-    REALLOC_OLD.with(|c| c.set((old as u64, t)));
+pub fn realloc_begins(old: *mut libc::c_void, t: u64, stack: u32) {
+    REALLOC_OLD.with(|c| c.set((old as u64, t, stack)));
 }
 
 /// The real realloc returned.
 #[inline]
 pub fn realloc_ends() {
-    REALLOC_OLD.with(|c| c.set((0, 0)));
+    REALLOC_OLD.with(|c| c.set((0, 0, 0)));
 }
 
 /// Records an event with the backtrace from the hook's frame `at`.
 #[inline]
 fn with_stack(at: Here, make: impl FnOnce(u64, u32) -> Record) {
+    with_bt(Backtrace::From(at), make)
+}
+
+/// Records an event with backtrace `bt`, if allocations are collected.
+#[inline]
+fn with_bt(bt: Backtrace, make: impl FnOnce(u64, u32) -> Record) {
     if !collecting() {
         return;
     }
     let errno = sys::errno();
     if let Some(s) = session::get() {
-        thread::push(s, s.now(), Some(at), make);
+        thread::push_as(s, s.now(), bt, make);
     }
     sys::set_errno(errno);
 }
@@ -167,6 +192,11 @@ pub fn now() -> u64 {
 /// free, with its backtrace from the hook's frame `at` when the session
 /// checks frees (`MTRACE_CHECK_FREES`) and allocations are collected.
 pub fn free(at: Here, family: Family, addr: *mut libc::c_void, t: u64) {
+    free_as(Backtrace::From(at), family, addr, t)
+}
+
+/// [`free`] with backtrace `bt` (when the session checks frees).
+fn free_as(bt: Backtrace, family: Family, addr: *mut libc::c_void, t: u64) {
     if addr.is_null() {
         return;
     }
@@ -174,7 +204,7 @@ pub fn free(at: Here, family: Family, addr: *mut libc::c_void, t: u64) {
     match session::get() {
         Some(s) if s.check_frees && collecting() => {
             let errno = sys::errno();
-            thread::push(s, t, Some(at), |time_ns, stack| Record::Free { time_ns, family, addr, stack });
+            thread::push_as(s, t, bt, |time_ns, stack| Record::Free { time_ns, family, addr, stack });
             sys::set_errno(errno);
         }
         _ => without_stack(Some(t), |time_ns| Record::Free { time_ns, family, addr, stack: 0 }),
@@ -184,8 +214,9 @@ pub fn free(at: Here, family: Family, addr: *mut libc::c_void, t: u64) {
 /// Records the outcome of `realloc(old, size)` that returned `new`, by
 /// glibc's rules: realloc(NULL, n) allocates, realloc(p, 0) returning NULL
 /// freed p, any other NULL is a failure that leaves `old` live.
-/// `t0` is [`now`] before the call.
-pub fn realloc(at: Caller, old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: u64) -> Own {
+/// `t0` is [`now`] before the call; `known` the backtrace's id from
+/// [`realloc_stack`], or 0 to unwind now.
+pub fn realloc(at: Caller, old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: u64, known: u32) -> Own {
     let own = (new as u64, old as u64);
     let at = match at {
         Caller::Hook(at) => at,
@@ -199,14 +230,15 @@ pub fn realloc(at: Caller, old: *mut libc::c_void, new: *mut libc::c_void, size:
             return own;
         }
     };
-    realloc_in_hook(at, old, new, size, t0);
+    let bt = if known != 0 { Backtrace::Known(known) } else { Backtrace::From(at) };
+    realloc_in_hook(bt, old, new, size, t0);
     own
 }
 
-fn realloc_in_hook(at: Here, old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: u64) {
+fn realloc_in_hook(bt: Backtrace, old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: u64) {
     if old.is_null() {
         if !new.is_null() {
-            with_stack(at, |time_ns, stack| Record::Alloc {
+            with_bt(bt, |time_ns, stack| Record::Alloc {
                 time_ns,
                 family: Family::Malloc,
                 addr: new as u64,
@@ -217,14 +249,14 @@ fn realloc_in_hook(at: Here, old: *mut libc::c_void, new: *mut libc::c_void, siz
     } else if !collecting() {
         // The old block goes; the new one is not recorded.
         if !new.is_null() || size == 0 {
-            free(at, Family::Malloc, old, t0);
+            free_as(bt, Family::Malloc, old, t0);
         }
     } else if new.is_null() {
         if size == 0 {
-            free(at, Family::Malloc, old, t0);
+            free_as(bt, Family::Malloc, old, t0);
         }
     } else {
-        with_stack(at, |time_ns, stack| Record::Realloc {
+        with_bt(bt, |time_ns, stack| Record::Realloc {
             time_ns,
             free_time_ns: t0,
             old: old as u64,
@@ -324,7 +356,7 @@ pub fn modules_changed() {
 pub fn final_flush(reason: EndReason, in_signal: bool) {
     if let Some(s) = session::current() {
         if s.pid == sys::getpid() {
-            let pending = REALLOC_OLD.with(|c| c.replace((0, 0)));
+            let pending = REALLOC_OLD.with(|c| c.replace((0, 0, 0)));
             s.final_flush(reason, in_signal, (pending.0 != 0).then_some(pending));
             if s.unwinder == crate::config::Unwinder::Check && !in_signal {
                 sys::warn(&crate::unwind::check_summary());

@@ -10,7 +10,7 @@ use mtrace_format::{Encoder, Record};
 use rustc_hash::FxHashMap;
 
 use crate::config::{Unwinder, MAX_DEPTH};
-use crate::session::{Session, ThreadBuf, BUF_CAP, FLUSH_AT};
+use crate::session::{BufInner, Session, ThreadBuf, BUF_CAP, FLUSH_AT};
 use crate::unwind::Here;
 use crate::{sys, unwind};
 
@@ -124,38 +124,80 @@ fn state(s: &Session) -> Option<&'static mut ThreadState> {
     Some(unsafe { &mut *st })
 }
 
+/// Where an event's backtrace comes from.
+#[derive(Clone, Copy)]
+pub enum Backtrace {
+    None,
+    /// Unwound from the hook's frame.
+    From(Here),
+    /// Defined in the stream already, by [`intern`].
+    Known(u32),
+}
+
 /// Appends one event at time `now` (ns since the start) to this thread's
 /// buffer, with this thread's backtrace from the hook's frame `stack_at`
 /// when given; `make` builds the record from the time and the backtrace id.
 pub fn push(s: &Session, now: u64, stack_at: Option<Here>, make: impl FnOnce(u64, u32) -> Record) {
+    push_as(s, now, stack_at.map_or(Backtrace::None, Backtrace::From), make)
+}
+
+/// Defines this thread's backtrace from the hook's frame `at` in the
+/// stream (unless it was already) without an event; returns its id, for
+/// an event [`push_as`] writes later (0 when this thread can no longer
+/// buffer).
+pub fn intern(s: &Session, at: Here) -> u32 {
+    let Some(st) = state(s) else { return 0 };
+    let n = st.capture(s, at);
+    let mut guard = st.buf.inner.lock();
+    if s.is_finished() {
+        return 0;
+    }
+    let b = &mut *guard;
+    if b.cur.is_empty() {
+        b.enc.encode(&mut b.cur, &Record::Thread { tid: st.tid, time_ns: s.now() });
+    }
+    intern_in(s, &mut st.stacks, b, &st.frames[..n])
+}
+
+/// The id of backtrace `f` in this thread's table, defined in buffer `b` if new.
+fn intern_in(s: &Session, stacks: &mut FxHashMap<Box<[u64]>, u32>, b: &mut BufInner, f: &[u64]) -> u32 {
+    match stacks.get(f) {
+        Some(&id) => id,
+        None => {
+            let id = s.new_stack_id();
+            stacks.insert(f.into(), id);
+            b.enc.stack(&mut b.cur, id, f);
+            id
+        }
+    }
+}
+
+/// [`push`] with a backtrace from `bt`.
+pub fn push_as(s: &Session, now: u64, bt: Backtrace, make: impl FnOnce(u64, u32) -> Record) {
     let Some(st) = state(s) else {
         let mut buf = [0u64; MAX_DEPTH];
-        let n = if stack_at.is_some() { unwind::libgcc::capture(&mut buf, s.depth()) } else { 0 };
-        return write_sync(s, sys::gettid(), now, stack_at.map(|_| &buf[..n]), make);
+        let n = if matches!(bt, Backtrace::From(_)) { unwind::libgcc::capture(&mut buf, s.depth()) } else { 0 };
+        let frames = matches!(bt, Backtrace::From(_)).then_some(&buf[..n]);
+        return write_sync(s, sys::gettid(), now, frames, known(bt), make);
     };
     // Unwind before taking the buffer's lock: the writer may want it.
-    let n = stack_at.map(|at| st.capture(s, at));
+    let n = match bt {
+        Backtrace::From(at) => Some(st.capture(s, at)),
+        _ => None,
+    };
     let frames = n.map(|n| &st.frames[..n]);
     let mut guard = st.buf.inner.lock();
     if s.is_finished() {
         drop(guard);
-        return write_sync(s, st.tid, now, frames, make);
+        return write_sync(s, st.tid, now, frames, known(bt), make);
     }
     let b = &mut *guard;
     if b.cur.is_empty() {
         b.enc.encode(&mut b.cur, &Record::Thread { tid: st.tid, time_ns: now });
     }
     let id = match frames {
-        None => 0,
-        Some(f) => match st.stacks.get(f) {
-            Some(&id) => id,
-            None => {
-                let id = s.new_stack_id();
-                st.stacks.insert(f.into(), id);
-                b.enc.stack(&mut b.cur, id, f);
-                id
-            }
-        },
+        None => known(bt),
+        Some(f) => intern_in(s, &mut st.stacks, b, f),
     };
     b.enc.encode(&mut b.cur, &make(now, id));
     let mut behind = false;
@@ -171,14 +213,30 @@ pub fn push(s: &Session, now: u64, stack_at: Option<Here>, make: impl FnOnce(u64
     }
 }
 
+/// The id of a backtrace [`intern`] defined, else 0.
+fn known(bt: Backtrace) -> u32 {
+    match bt {
+        Backtrace::Known(id) => id,
+        _ => 0,
+    }
+}
+
 /// The slow path after the final flush or after this thread's exit: encode
-/// the event on its own (defining its backtrace again) and write it now.
-fn write_sync(s: &Session, tid: u32, now: u64, frames: Option<&[u64]>, make: impl FnOnce(u64, u32) -> Record) {
+/// the event on its own (defining its backtrace again, or with the id
+/// `known` defined before) and write it now.
+fn write_sync(
+    s: &Session,
+    tid: u32,
+    now: u64,
+    frames: Option<&[u64]>,
+    known: u32,
+    make: impl FnOnce(u64, u32) -> Record,
+) {
     let mut out = Vec::with_capacity(256);
     let mut enc = Encoder::new();
     enc.encode(&mut out, &Record::Thread { tid, time_ns: now });
     let id = match frames {
-        None => 0,
+        None => known,
         Some(f) => {
             let id = s.new_stack_id();
             enc.stack(&mut out, id, f);

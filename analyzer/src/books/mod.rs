@@ -300,6 +300,13 @@ impl Books {
         self.alloc(tid, new, b);
     }
 
+    /// A realloc of `old` (at `free_time`, from backtrace `stack`) the
+    /// process ended in: glibc aborted on `old`, no live block.
+    pub fn realloc_ended(&mut self, tid: u32, old: u64, free_time: u64, stack: Option<u32>) {
+        let d = Dealloc { family: Family::Malloc, stack, realloc: true };
+        self.remove(tid, old, free_time, d);
+    }
+
     /// The wrong frees found, grouped by kind, call and backtraces (see
     /// [`wrong::key`]): each group's first wrong free (the earliest) and
     /// how many there were, earliest group first.

@@ -5,9 +5,10 @@ use std::ffi::c_void;
 
 use mtrace_format::Family;
 
-use super::{traced, traced_free};
+use super::{traced, traced_free, traced_knowing};
 use crate::real::{self, next, NextFn};
 use crate::recorder;
+use crate::unwind::Here;
 
 #[no_mangle]
 pub extern "C" fn malloc(size: usize) -> *mut c_void {
@@ -44,15 +45,24 @@ pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 /// `p` is null or a live block from this allocator.
 #[no_mangle]
 pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    // The hook's frame, for a backtrace taken before the real call.
+    let here = Here::now();
     let t0 = std::cell::Cell::new(0);
-    traced(
-        || {
+    let known = std::cell::Cell::new(0);
+    traced_knowing(
+        false,
+        |in_hook| {
             if p.is_null() {
                 // SAFETY: forwarded under the caller's contract.
                 return unsafe { real::realloc(p, size) };
             }
             t0.set(recorder::now());
-            recorder::realloc_begins(p, t0.get());
+            if in_hook {
+                known.set(recorder::realloc_stack(here));
+            }
+            // glibc may abort inside on a pointer that is no live block:
+            // the fatal signal's flush then writes this free.
+            recorder::realloc_begins(p, t0.get(), known.get());
             // SAFETY: forwarded under the caller's contract.
             let r = unsafe { real::realloc(p, size) };
             recorder::realloc_ends();
@@ -61,7 +71,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         |&r, at| {
             // An arena block moving to real memory is a new allocation.
             let old = if real::in_arena(p) { std::ptr::null_mut() } else { p };
-            recorder::realloc(at, old, r, size, t0.get())
+            recorder::realloc(at, old, r, size, t0.get(), known.get())
         },
     )
 }

@@ -30,10 +30,17 @@ fn traced<T>(call: impl FnOnce() -> T, record: impl FnOnce(&T, Caller) -> Own) -
 /// for nested.rs during it, at no cost per nested call.
 #[inline(always)]
 fn traced_as<T>(forwarding: bool, call: impl FnOnce() -> T, record: impl FnOnce(&T, Caller) -> Own) -> T {
+    traced_knowing(forwarding, |_| call(), record)
+}
+
+/// [`traced_as`] whose `call` is told whether the thread entered the hook
+/// (true), or was inside one already.
+#[inline(always)]
+fn traced_knowing<T>(forwarding: bool, call: impl FnOnce(bool) -> T, record: impl FnOnce(&T, Caller) -> Own) -> T {
     match Guard::enter_as(forwarding) {
-        Entry::Nested { forwarding: true } => call(),
+        Entry::Nested { forwarding: true } => call(false),
         Entry::Nested { forwarding: false } => {
-            let r = call();
+            let r = call(false);
             record(&r, Caller::Nested);
             r
         }
@@ -41,7 +48,7 @@ fn traced_as<T>(forwarding: bool, call: impl FnOnce() -> T, record: impl FnOnce(
             if g.waiting() {
                 recorder::write_nested(0, 0);
             }
-            let r = call();
+            let r = call(true);
             if forwarding {
                 g.end_forwarding();
             }

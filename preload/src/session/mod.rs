@@ -423,10 +423,11 @@ impl Session {
     /// Writes everything buffered and an End record; afterwards events are
     /// written synchronously. In a signal handler (`in_signal`) it neither
     /// allocates nor frees and gives up on a lock held for more than ~2 s.
-    /// `last_free` (address, time in ns) is a free the calling thread was
-    /// making when the process ended (a realloc glibc aborted in), written
-    /// before the End record.
-    pub fn final_flush(&self, reason: EndReason, in_signal: bool, last_free: Option<(u64, u64)>) {
+    /// `last_free` (address, time in ns, backtrace id or 0) is the block a
+    /// realloc of the calling thread was freeing when the process ended
+    /// (glibc aborted in it), written before the End record as a Realloc
+    /// that returned nothing.
+    pub fn final_flush(&self, reason: EndReason, in_signal: bool, last_free: Option<(u64, u64, u32)>) {
         // A report asked for just before the end still gets made.
         if !in_signal && !self.is_finished() && self.reporter.take_request() {
             self.report_point(SIGNAL_REPORT, None, false);
@@ -456,9 +457,8 @@ impl Session {
                 let now = self.now();
                 let mut enc = Encoder::new();
                 enc.encode(&mut e, &Record::Thread { tid: sys::gettid(), time_ns: now });
-                if let Some((addr, time_ns)) = last_free {
-                    let family = mtrace_format::Family::Malloc;
-                    enc.encode(&mut e, &Record::Free { time_ns, family, addr, stack: 0 });
+                if let Some((old, t, stack)) = last_free {
+                    enc.encode(&mut e, &Record::Realloc { time_ns: t, free_time_ns: t, old, new: 0, size: 0, stack });
                 }
                 enc.encode(&mut e, &Record::End { time_ns: now, reason });
                 self.out.write(&e);
