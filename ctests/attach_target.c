@@ -6,8 +6,13 @@
      lose N   allocate N bytes and drop the only pointer (@leak:lost)
      hang N   allocate N bytes, pointed to only from the block from before
               any attach (@leak:hang)
+     mismatch N  allocate N bytes with malloc and free them with C++'s
+              operator delete where one is loaded (libmtrace.so has one): a
+              mismatched free (@leak:mismatch_alloc, @leak:mismatch_free)
      quit     print how many blocks it holds and exit with status 3
    It holds one block from before any attach (@leak:before). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +65,14 @@ int main(void) {
         } else if (sscanf(line, "hang %zu", &n) == 1) {
             before[0] = malloc(n); // @leak:hang
             scrub();
+        } else if (sscanf(line, "mismatch %zu", &n) == 1) {
+            char *p = malloc(n); // @leak:mismatch_alloc
+            void (*del)(void *) = (void (*)(void *))dlsym(RTLD_DEFAULT, "_ZdlPv");
+            if (del) {
+                del(p); // @leak:mismatch_free
+            } else {
+                free(p);
+            }
         } else if (strncmp(line, "free", 4) == 0 && first < nkept) {
             free(kept[first++]);
         } else if (strncmp(line, "quit", 4) == 0) {

@@ -130,6 +130,9 @@ fn run_interactive(a: RunArgs) -> Result<ExitCode> {
     if let Some(d) = a.opts.depth {
         server.args(["-d", &d.to_string()]);
     }
+    if a.check_frees {
+        server.arg("-S");
+    }
     let mut server = server.arg("--").args(&a.command).stdin(std::process::Stdio::null()).spawn()?;
     // The server is listening once its socket exists.
     let path = dir.path().join("s.sock");

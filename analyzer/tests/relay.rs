@@ -167,7 +167,7 @@ fn console_on_a_served_program() {
     let m = markers("attach_target.c");
     let at = |name: &str| format!("({}:{})", ctests_dir().join("attach_target.c").display(), m[name]);
     let addr = format!("unix:{}", dir.join("s.sock").display());
-    let mut t = Target::start(&addr, &prog, &["--wait"]);
+    let mut t = Target::start(&addr, &prog, &["--wait", "-S"]);
     let (c, mut console) = console_client(&addr, &dir.join("final.txt"));
     assert_eq!(t.line(), "ready\n");
     for cmd in ["leak 100", "leak 100", "leak 50", "lose 33"] {
@@ -206,9 +206,19 @@ fn console_on_a_served_program() {
     let first = d.split("\n#").nth(1).unwrap_or_default();
     assert!(first.starts_with("1: 54 bytes in 2 blocks not freed") && first.contains(&at("lost")), "{d}");
     assert!(first.contains("of which lost at the last scan: 54 bytes in 2 blocks"), "{d}");
+    // A mismatched free: dump badfree shows it with both backtraces.
+    t.ask("mismatch 33");
+    std::thread::sleep(Duration::from_millis(300));
+    writeln!(console, "dump badfree >{}", f("dump_badfree").display()).unwrap();
+    let d = written(&f("dump_badfree"));
+    let e = d.split("\n#").nth(1).unwrap_or_else(|| panic!("{d}"));
+    assert!(e.starts_with("1: Mismatched free() / delete / delete []: delete of a block from malloc, 1 time"), "{d}");
+    let (free_at, alloc_at) = e.split_once("inside a block of size 33 alloc'd").unwrap_or_else(|| panic!("{d}"));
+    assert!(free_at.contains(&at("mismatch_free")) && alloc_at.contains(&at("mismatch_alloc")), "{d}");
     writeln!(console, "status >{}", f("status").display()).unwrap();
     let st = written(&f("status"));
     assert!(st.contains("  lost at the last scan: 54 bytes in 2 blocks\n"), "{st}");
+    assert!(st.contains("  wrong frees: 0 double or invalid, 1 mismatched\n"), "{st}");
     // dump stacks: also the backtrace whose block was freed, by calls.
     writeln!(console, "dump stacks >{}", f("dump_stacks").display()).unwrap();
     let d = written(&f("dump_stacks"));

@@ -51,6 +51,10 @@ pub struct AttachArgs {
     /// a root (see docs/SCAN.md).
     #[arg(long)]
     scan: bool,
+    /// Record the backtrace of every free too, for the report of wrong
+    /// frees (as `mtrace run -S`).
+    #[arg(short = 'S', long = "check-frees")]
+    check_frees: bool,
     /// Every DURATION, print the backtraces whose blocks have been live
     /// longer than --older-than (default: DURATION), most bytes first.
     #[arg(long, value_name = "DURATION", value_parser = crate::report::parse_duration)]
@@ -100,6 +104,9 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
         format!("MTRACE_OUTPUT=unix:{}\nMTRACE_FOLLOW_FORK=off\nMTRACE_FOLLOW_EXEC=off\n", sock.display());
     if let Some(d) = a.opts.depth {
         settings.push_str(&format!("MTRACE_DEPTH={d}\n"));
+    }
+    if a.check_frees {
+        settings.push_str("MTRACE_CHECK_FREES=1\n");
     }
     let started = Instant::now();
     inject_library(a.pid, &t, &lib, &settings)?;

@@ -307,6 +307,12 @@ impl Books {
         self.remove(tid, old, free_time, d);
     }
 
+    /// How many wrong frees were found: (double and invalid, mismatched).
+    pub fn wrong_free_counts(&self) -> (u64, u64) {
+        let mismatched = self.mismatches.groups().map(|(_, n)| n).sum();
+        (self.heap.suspects().count() as u64, mismatched)
+    }
+
     /// The wrong frees found, grouped by kind, call and backtraces (see
     /// [`wrong::key`]): each group's first wrong free (the earliest) and
     /// how many there were, earliest group first.

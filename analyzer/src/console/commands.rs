@@ -119,7 +119,7 @@ impl<'a> Console<'a> {
                 let sort = match args.first() {
                     None => SortKey::Bytes,
                     Some(s) => <SortKey as clap::ValueEnum>::from_str(s, true).map_err(|_| {
-                        anyhow!("dump: unknown order {s:?} (usage, allocations, average, total, tsc, bytes-leaked, leaks, stacks)")
+                        anyhow!("dump: unknown order {s:?} (usage, allocations, average, total, tsc, bytes-leaked, leaks, stacks, badfree, mismatched)")
                     })?,
                 };
                 self.entries(pid, sort, usize::MAX, out)?;
@@ -204,6 +204,14 @@ impl<'a> Console<'a> {
             })
         })?;
         r.summary.since_marker = since;
+        if matches!(sort, SortKey::Badfree | SortKey::Mismatched) {
+            // These keys order the wrong frees (mtrace-ng's meaning).
+            if r.errors.is_empty() {
+                writeln!(out, "No wrong frees.")?;
+            }
+            r.errors.truncate(n);
+            return Ok(crate::report::errors::write_text(&r.errors, out)?);
+        }
         r.stacks.truncate(n);
         crate::report::text::write_entries_only(&r, out)?;
         Ok(())
@@ -324,6 +332,8 @@ impl<'a> Console<'a> {
             writeln!(out, "  allocation calls: {}, frees: {}", k.allocations, k.frees)?;
             writeln!(out, "  in use: {} bytes in {} blocks (average {} bytes)", k.cur_bytes, k.cur_blocks, avg)?;
             writeln!(out, "  frees of blocks from before tracing: {}", k.unmatched_frees())?;
+            let (bad, mismatched) = k.wrong_free_counts();
+            writeln!(out, "  wrong frees: {bad} double or invalid, {mismatched} mismatched")?;
             match scan {
                 Some((blocks, bytes)) => writeln!(out, "  lost at the last scan: {bytes} bytes in {blocks} blocks")?,
                 None => writeln!(out, "  lost at the last scan: no scan yet")?,

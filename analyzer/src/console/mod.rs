@@ -49,7 +49,7 @@ pub trait Live {
 const COMMANDS: &[(&str, &str)] = &[
     (
         "dump",
-        "dump [usage|allocations|average|total|tsc|bytes-leaked|leaks|stacks] [PID] — live blocks by backtrace, in that order (default usage; bytes-leaked and leaks: lost at the last scan; stacks: every backtrace by allocation calls)",
+        "dump [usage|allocations|average|total|tsc|bytes-leaked|leaks|stacks|badfree|mismatched] [PID] — live blocks by backtrace, in that order (default usage; bytes-leaked and leaks: lost at the last scan; stacks: every backtrace by allocation calls; badfree and mismatched: the wrong frees, those kinds first)",
     ),
     ("report", "report — a report point: everything live the first time, then what changed since the last one"),
     ("status", "status [PID] — allocation calls, bytes and blocks in use, average size, whether the process is traced"),

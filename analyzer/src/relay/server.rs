@@ -52,6 +52,10 @@ pub struct ServerArgs {
     /// Record at most N frames per backtrace.
     #[arg(short = 'd', long = "depth")]
     depth: Option<usize>,
+    /// Record the backtrace of every free too, for the report of wrong
+    /// frees (as `mtrace run -S`).
+    #[arg(short = 'S', long = "check-frees")]
+    check_frees: bool,
     /// No messages of the server's own (`mtrace run -i` uses a server).
     #[arg(long, hide = true)]
     quiet: bool,
@@ -212,6 +216,9 @@ pub fn server(a: ServerArgs) -> Result<ExitCode> {
     }
     let mut cmd = Command::new(&a.command[0]);
     cmd.args(&a.command[1..]).env("LD_PRELOAD", &lib).env("MTRACE_OUTPUT", format!("unix:{}", internal.display()));
+    if a.check_frees {
+        cmd.env("MTRACE_CHECK_FREES", "1");
+    }
     if let Some(d) = a.depth {
         cmd.env("MTRACE_DEPTH", d.to_string());
     }
