@@ -59,6 +59,7 @@ Environment (read by libmtrace.so; an invalid value warns once and the default i
   MTRACE_DEPTH=N              frames per backtrace, 1-256 (default 64; `run -d` sets it)
   MTRACE_START=on|off         off: record no allocations until mtrace_start() or mtrace()
   MTRACE_SCAN=0|1             1: memory snapshot at exit for the leak scan (`run --scan`)
+  MTRACE_CHECK_FREES=0|1      1: frees record their backtraces too (`run -S`)
   MTRACE_SCAN_SIGNAL=SIG      signal that scans for leaks now and writes a .memlog (default off)
   MTRACE_FOLLOW_FORK=on|off   off: forked children run untraced
   MTRACE_FOLLOW_EXEC=on|off   off: programs this one execs run untraced
