@@ -201,14 +201,11 @@ fn free_as(bt: Backtrace, family: Family, addr: *mut libc::c_void, t: u64) {
         return;
     }
     let addr = addr as u64;
-    match session::get() {
-        Some(s) if s.check_frees && collecting() => {
-            let errno = sys::errno();
-            thread::push_as(s, t, bt, |time_ns, stack| Record::Free { time_ns, family, addr, stack });
-            sys::set_errno(errno);
-        }
-        _ => without_stack(Some(t), |time_ns| Record::Free { time_ns, family, addr, stack: 0 }),
-    }
+    let Some(s) = session::get() else { return };
+    let bt = if s.check_frees && collecting() { bt } else { Backtrace::None };
+    let errno = sys::errno();
+    thread::push_as(s, t, bt, |time_ns, stack| Record::Free { time_ns, family, addr, stack });
+    sys::set_errno(errno);
 }
 
 /// Records the outcome of `realloc(old, size)` that returned `new`, by

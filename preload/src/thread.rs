@@ -137,6 +137,7 @@ pub enum Backtrace {
 /// Appends one event at time `now` (ns since the start) to this thread's
 /// buffer, with this thread's backtrace from the hook's frame `stack_at`
 /// when given; `make` builds the record from the time and the backtrace id.
+#[inline(always)]
 pub fn push(s: &Session, now: u64, stack_at: Option<Here>, make: impl FnOnce(u64, u32) -> Record) {
     push_as(s, now, stack_at.map_or(Backtrace::None, Backtrace::From), make)
 }
