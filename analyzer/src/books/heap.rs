@@ -108,18 +108,21 @@ pub struct Change {
 }
 
 /// What a free follows in its address's history, as the events read so far
-/// order it.
-#[derive(Clone, Debug, Default)]
+/// order it. Small: every event returns one (the blocks it names are asked
+/// for with [`Heap::block`] in the rare cases that need them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Outcome {
     /// Not a free.
     #[default]
     None,
-    /// The allocation of this block: the free ends it.
-    Freed(Block),
+    /// The allocation of the block in [`Change::ended`] (the common case:
+    /// the free came after the allocation, nothing moved).
+    Ended,
+    /// The allocation at this time (ns): the free ends that block.
+    Freed(u64),
     /// A free at `after` (ns): the block freed again is the latest
-    /// allocation before it, if still known, first freed at backtrace
-    /// `first_free`.
-    Again { block: Option<Block>, after: u64, first_free: u32 },
+    /// allocation before it, first freed at backtrace `first_free`.
+    Again { after: u64, first_free: u32 },
     /// Nothing: the stream never saw a block allocated at the address.
     Unknown,
     /// Older than its address's window (a late thread's chunk): matched
@@ -178,6 +181,13 @@ impl Heap {
         }
     }
 
+    /// The block allocated at `addr` at `time` (ns), or, with `before`, the
+    /// latest allocated there at or before `time`, if still kept.
+    pub fn block(&self, addr: u64, time: u64, before: bool) -> Option<&Block> {
+        let s = self.slots.get(&addr)?;
+        s.blocks.iter().flatten().find(|b| if before { b.time <= time } else { b.time == time })
+    }
+
     /// The block whose bytes hold `addr`, with its start: a live one, else
     /// one already freed whose address has not been forgotten (the second
     /// of the pair says it is freed). Looks at every address kept: for the
@@ -233,17 +243,12 @@ impl Heap {
         slot.live = added.last.alloc;
         let new = slot.live.then(|| slot.blocks[0].clone()).flatten();
         let (prev, prev_time) = added.prev;
+        let ends_old = added.appended && old.is_some();
         let outcome = match (alloc, prev) {
             (true, _) => Outcome::None,
-            (false, Before::Alloc) => match slot.blocks.iter().flatten().find(|b| b.time == prev_time) {
-                Some(b) => Outcome::Freed(b.clone()),
-                None => Outcome::Late,
-            },
-            (false, Before::Free) => {
-                // The latest allocation before the free it follows.
-                let block = slot.blocks.iter().flatten().find(|b| b.time <= prev_time).cloned();
-                Outcome::Again { block, after: prev_time, first_free }
-            }
+            (false, Before::Alloc) if ends_old => Outcome::Ended,
+            (false, Before::Alloc) => Outcome::Freed(prev_time),
+            (false, Before::Free) => Outcome::Again { after: prev_time, first_free },
             (false, Before::Nothing) => Outcome::Unknown,
         };
         let mut change = Change { outcome, orphans: added.unmatched, ..Change::default() };

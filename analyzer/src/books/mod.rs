@@ -239,41 +239,53 @@ impl Books {
 
     /// A deallocation call `d` (free, delete, delete[], a pool's free) of
     /// `addr` at `time` in thread `tid`.
+    #[inline]
     pub fn dealloc(&mut self, tid: u32, addr: u64, time: u64, d: Dealloc) {
         self.frees += 1;
         self.remove(tid, addr, time, d);
     }
 
+    #[inline]
     fn remove(&mut self, tid: u32, addr: u64, time: u64, d: Dealloc) {
         let c = self.heap.free(tid, addr, time, d.stack.unwrap_or(heap::NO_STACK));
-        if d.family != Family::Pool {
+        // The common case, a free of the block just allocated there by its
+        // own family, is right at once.
+        let right = c.orphans <= 0
+            && c.outcome == heap::Outcome::Ended
+            && c.ended.as_ref().is_some_and(|b| !wrong::mismatched(b.family, d.family));
+        if !right && d.family != Family::Pool {
             self.judge(addr, time, d, &c);
         }
         self.apply(c);
     }
 
     /// Finds what is wrong with the free `d` of `addr` that made change `c`.
+    #[cold]
+    #[inline(never)]
     fn judge(&mut self, addr: u64, time: u64, d: Dealloc, c: &heap::Change) {
         let wrong = |kind, block, first_free| WrongFree { kind, call: d, addr, time, block, first_free };
-        if let heap::Outcome::Freed(b) = &c.outcome {
-            if wrong::mismatched(b.family, d.family) {
-                let block = Concerned { addr, block: b.clone(), freed: false };
-                self.mismatches.add(wrong(WrongKind::Mismatched, Some(block), None));
-            }
+        let freed = match c.outcome {
+            heap::Outcome::Ended => c.ended.as_ref(),
+            heap::Outcome::Freed(t) => self.heap.block(addr, t, false),
+            _ => None,
+        };
+        if let Some(b) = freed.filter(|b| wrong::mismatched(b.family, d.family)) {
+            let block = Concerned { addr, block: b.clone(), freed: false };
+            self.mismatches.add(wrong(WrongKind::Mismatched, Some(block), None));
         }
         for _ in 0..c.orphans.max(0) {
             let freed = |b: &Block| Concerned { addr, block: b.clone(), freed: true };
-            let s = match &c.outcome {
-                heap::Outcome::Again { block, after, first_free }
-                    if self.collecting_since.is_some_and(|since| *after >= since) =>
+            let s = match c.outcome {
+                heap::Outcome::Again { after, first_free }
+                    if self.collecting_since.is_some_and(|since| after >= since) =>
                 {
-                    let first = (*first_free != heap::NO_STACK).then_some(*first_free);
-                    wrong(WrongKind::DoubleFree, block.as_ref().map(freed), first)
+                    let first = (first_free != heap::NO_STACK).then_some(first_free);
+                    wrong(WrongKind::DoubleFree, self.heap.block(addr, after, true).map(freed), first)
                 }
                 // Put in another order, the events made another free of the
                 // block unmatched: one of the two frees is wrong.
-                heap::Outcome::Freed(b) if self.collecting_since.is_some() => {
-                    wrong(WrongKind::DoubleFree, Some(freed(b)), None)
+                heap::Outcome::Freed(t) if self.collecting_since.is_some() => {
+                    wrong(WrongKind::DoubleFree, self.heap.block(addr, t, false).map(freed), None)
                 }
                 heap::Outcome::Unknown if self.whole => {
                     let inside = if self.lookups_left > 0 {
@@ -410,123 +422,4 @@ fn page_len(len: u64) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn blk(size: u64, time: u64) -> Block {
-        Block { size, stack: 1, family: Family::Malloc, time }
-    }
-
-    #[test]
-    fn free_read_before_reuse_frees_the_older_block() {
-        // Thread A frees 0x10 at t=5, thread B reuses it at t=6, but B's
-        // buffer is read first.
-        let mut b = Books::default();
-        b.alloc(0, 0x10, blk(8, 1));
-        b.alloc(2, 0x10, blk(16, 6));
-        b.free(1, 0x10, 5);
-        let live: Vec<_> = b.live_blocks().map(|(_, b)| b.size).collect();
-        assert_eq!(live, vec![16]);
-        assert_eq!(b.cur_bytes, 16);
-    }
-
-    #[test]
-    fn a_block_swapped_with_another_thread_is_freed() {
-        // main allocates 0x10 (t=1) and hands it to a thread, which frees it
-        // (t=2) and returns a block at the same address (t=3), which main
-        // frees (t=4). main's chunk is read first.
-        let mut b = Books::default();
-        b.alloc(0, 0x10, blk(8, 1));
-        b.free(0, 0x10, 4);
-        b.free(1, 0x10, 2);
-        b.alloc(1, 0x10, blk(16, 3));
-        assert_eq!((b.live_blocks().count(), b.unmatched_frees(), b.cur_bytes), (0, 0, 0));
-        assert_eq!((b.allocations, b.frees), (2, 2));
-    }
-
-    #[test]
-    fn live_at_peak_is_the_state_when_the_total_last_rose() {
-        let at = |stack: u32, size: u64, time: u64| Block { size, stack, family: Family::Malloc, time };
-        let mut b = Books::default();
-        b.alloc(0, 0x10, at(0, 100, 1));
-        b.alloc(0, 0x20, at(1, 50, 2));
-        b.free(0, 0x10, 3);
-        b.alloc(0, 0x30, at(2, 30, 4));
-        // Peak: 150 bytes at t=2 (stacks 0 and 1); stack 1 grows past it
-        // later while the total stays lower, stack 2 came after it.
-        b.alloc(0, 0x40, at(1, 60, 5));
-        b.free(0, 0x20, 6);
-        let peak = b.live_at_peak();
-        let mut got: Vec<_> = peak.iter().map(|(&s, l)| (s, l.bytes, l.blocks)).collect();
-        got.sort();
-        assert_eq!(got, vec![(0, 100, 1), (1, 50, 1)]);
-        assert_eq!((b.peak_bytes, b.peak_time), (150, 2));
-        // A new peak: everything live now.
-        b.alloc(0, 0x50, at(2, 200, 7));
-        let mut got: Vec<_> = b.live_at_peak().iter().map(|(&s, l)| (s, l.bytes, l.blocks)).collect();
-        got.sort();
-        assert_eq!(got, vec![(1, 60, 1), (2, 230, 2)]);
-        assert_eq!(b.totals_of(2).allocations, 2);
-        assert_eq!(b.totals().count(), 3);
-    }
-
-    #[test]
-    fn internal_blocks_are_freed_but_neither_counted_nor_live() {
-        let internal = |size: u64, time: u64| Block { size, stack: 0, family: Family::Internal, time };
-        let mut b = Books::default();
-        // The program frees a block, glibc reuses its address inside a hook
-        // (a thread's DTV), then the program frees that (pthread_join).
-        b.alloc(0, 0x10, blk(8, 1));
-        b.free(0, 0x10, 2);
-        b.alloc(0, 0x10, internal(288, 3));
-        assert_eq!((b.live_blocks().count(), b.internal_blocks().count()), (0, 1));
-        b.free(0, 0x10, 4);
-        assert_eq!((b.unmatched_frees(), b.internal_blocks().count()), (0, 0));
-        assert_eq!((b.allocations, b.frees, b.cur_bytes, b.peak_bytes), (1, 2, 0, 8));
-        // A free read before its internal block also finds it.
-        b.free(1, 0x20, 9);
-        b.alloc(0, 0x20, internal(16, 8));
-        assert_eq!((b.unmatched_frees(), b.internal_blocks().count()), (0, 0));
-        // A program block at the address of an internal one: the internal
-        // block was freed untraced (an address is not handed out twice).
-        b.alloc(0, 0x30, internal(16, 10));
-        b.alloc(0, 0x30, blk(24, 11));
-        assert_eq!((b.internal_blocks().count(), b.live_blocks().count()), (0, 1));
-        b.free(0, 0x30, 12);
-        assert_eq!((b.internal_blocks().count(), b.live_blocks().count(), b.unmatched_frees()), (0, 0, 0));
-    }
-
-    #[test]
-    fn free_read_before_its_alloc_cancels_it() {
-        let mut b = Books::default();
-        b.free(1, 0x20, 9);
-        b.alloc(0, 0x20, blk(8, 3));
-        assert_eq!(b.live_blocks().count(), 0);
-        assert_eq!(b.unmatched_frees(), 0);
-        assert_eq!((b.allocations, b.frees), (1, 1));
-    }
-
-    #[test]
-    fn partial_munmap_splits_a_mapping() {
-        let mut b = Books::default();
-        b.mmap(0x10000, blk(4 * 4096, 1));
-        b.munmap(0x11000, 4096);
-        let mut live: Vec<_> = b.live_blocks().map(|(a, b)| (a, b.size)).collect();
-        live.sort();
-        assert_eq!(live, vec![(0x10000, 4096), (0x12000, 2 * 4096)]);
-        assert_eq!(b.cur_bytes, 3 * 4096);
-        b.munmap(0x10000, 4 * 4096);
-        assert_eq!(b.live_blocks().count(), 0);
-        assert_eq!(b.cur_bytes, 0);
-    }
-
-    #[test]
-    fn peak_is_tracked() {
-        let mut b = Books::default();
-        b.alloc(0, 1, blk(100, 1));
-        b.alloc(0, 2, blk(50, 2));
-        b.free(0, 1, 3);
-        b.alloc(0, 3, blk(10, 4));
-        assert_eq!((b.peak_bytes, b.peak_blocks, b.peak_time), (150, 2, 2));
-    }
-}
+mod tests;
