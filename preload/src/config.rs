@@ -179,26 +179,30 @@ pub fn load() -> Config {
 
 /// A 0/1 variable whose default is 0 (`on` and `off` are accepted too).
 fn zero_one(name: &std::ffi::CStr) -> bool {
-    match var(name).as_deref().map(str::trim) {
-        None | Some("0") | Some("off") => false,
-        Some("1") | Some("on") => true,
-        Some(v) => {
-            let name = name.to_string_lossy();
-            sys::warn_once_per_run(&format!("{name}={v:?} is neither 1 nor 0; using 0"));
-            false
-        }
-    }
+    switch(name, false, ("1", "0"))
 }
 
-/// An on/off variable whose default is on.
+/// An on/off variable whose default is on (`1` and `0` are accepted too).
 fn on_off(name: &std::ffi::CStr) -> bool {
+    switch(name, true, ("\"on\"", "\"off\""))
+}
+
+/// A variable that is on (`on`, `1`) or off (`off`, `0`), `default` when
+/// unset; `words` name the two values in the warning about any other.
+fn switch(name: &std::ffi::CStr, default: bool, words: (&str, &str)) -> bool {
     match var(name).as_deref().map(str::trim) {
-        None | Some("on") | Some("1") => true,
-        Some("off") | Some("0") => false,
+        None => default,
+        Some("1") | Some("on") => true,
+        Some("0") | Some("off") => false,
         Some(v) => {
             let name = name.to_string_lossy();
-            sys::warn_once_per_run(&format!("{name}={v:?} is neither \"on\" nor \"off\"; using on"));
-            true
+            let (on, off) = words;
+            let using = if default { on } else { off };
+            sys::warn_once_per_run(&format!(
+                "{name}={v:?} is neither {on} nor {off}; using {}",
+                using.trim_matches('"')
+            ));
+            default
         }
     }
 }
