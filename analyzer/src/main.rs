@@ -58,7 +58,7 @@ Environment (read by libmtrace.so; an invalid value warns once and the default i
   MTRACE_OUTPUT=PATH          trace file (%p pid, %e program); `run` sets it
   MTRACE_DEPTH=N              frames per backtrace, 1-256 (default 64; `run -d` sets it)
   MTRACE_START=on|off         off: record no allocations until mtrace_start() or mtrace()
-  MTRACE_SCAN=0|1             1: memory snapshot at exit for the leak scan (`run --scan`)
+  MTRACE_SCAN=0|1             1: memory snapshot at exit for the leak scan (`run` sets it unless --no-scan)
   MTRACE_CHECK_FREES=0|1      1: frees record their backtraces too (`run -S`)
   MTRACE_SCAN_SIGNAL=SIG      signal that scans for leaks now and writes a .memlog (default off)
   MTRACE_FOLLOW_FORK=on|off   off: forked children run untraced
@@ -101,9 +101,15 @@ pub struct ReportOpts {
     /// before the end (500ms, 10s, 2m, …).
     #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
     pub(crate) older_than: Option<u64>,
-    /// With a leak scan, also list the still reachable blocks.
+    /// With a leak scan, also list the still reachable blocks (and the
+    /// program's own mappings).
     #[arg(long)]
     show_reachable: bool,
+    /// In text, also the sections heaptrack users know: most allocation
+    /// calls, temporary allocations, peak consumers, allocation sizes
+    /// (JSON always has them).
+    #[arg(long)]
+    sections: bool,
     /// Leave out entries matched by this file's `leak:PATTERN` lines
     /// (LeakSanitizer's format; PATTERN against function, file or module).
     #[arg(long, value_name = "FILE")]
@@ -249,6 +255,7 @@ impl ReportOpts {
         }
         r.summary.since_marker = self.since_marker.clone();
         r.summary.until_marker = self.until_marker.clone();
+        r.text_sections = self.sections;
         if self.timeline {
             r.timeline = Some(report::thin(&t.timeline, report::TIMELINE_ROWS));
         }

@@ -22,9 +22,15 @@ pub struct RunArgs {
     /// Keep the trace files (in --trace-dir, or the temporary folder).
     #[arg(long)]
     keep_traces: bool,
-    /// Scan memory at exit and classify leaks as memcheck does (MTRACE_SCAN=1).
-    #[arg(long)]
+    /// Scan memory at exit and classify leaks as memcheck does
+    /// (MTRACE_SCAN=1): the default; the report lists definitely,
+    /// indirectly and possibly lost blocks (--show-reachable: all).
+    #[arg(long, hide = true)]
     scan: bool,
+    /// No leak scan at exit: the report lists every block not freed, by
+    /// backtrace (as `mtrace report` of a trace without a scan).
+    #[arg(long, conflicts_with_all = ["scan", "error_exitcode"])]
+    no_scan: bool,
     /// Record the backtrace of every free too (MTRACE_CHECK_FREES=1), so that
     /// wrong frees (mismatched, double, invalid) show where they were
     /// freed; they are found without it too. Costs a second unwinding per
@@ -33,7 +39,7 @@ pub struct RunArgs {
     check_frees: bool,
     /// Exit with N when the scan finds blocks of the kinds in
     /// --errors-for-leak-kinds (after suppressions), or when there were
-    /// wrong frees (unless --ignore-wrong-frees); implies --scan.
+    /// wrong frees (unless --ignore-wrong-frees).
     #[arg(long, value_name = "N")]
     error_exitcode: Option<u8>,
     /// Wrong frees do not count for --error-exitcode (they are still reported).
@@ -188,7 +194,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     }
     // Each warning of the tracer once for the whole run, not per process.
     cmd.env("MTRACE_WARN_DIR", &dir);
-    if a.scan || a.error_exitcode.is_some() {
+    if !a.no_scan {
         cmd.env("MTRACE_SCAN", "1");
     }
     if a.check_frees {

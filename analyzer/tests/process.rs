@@ -204,7 +204,7 @@ fn signals_sent_to_mtrace_run_go_to_the_program() {
     for (sig, name) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGHUP, "SIGHUP"), (libc::SIGINT, "SIGINT")] {
         let report = dir.join(format!("{name}.json"));
         let mut c = std::process::Command::new(mtrace())
-            .args(["run", "--json", "-o"])
+            .args(["run", "--no-scan", "--json", "-o"])
             .arg(&report)
             .arg("--")
             .arg(&prog)

@@ -173,6 +173,13 @@ pub struct Report {
     /// With `--intervals`: unfreed allocations per time window.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub intervals: Option<intervals::Intervals>,
+    /// The text shows `sections` (`--sections`; JSON always has them).
+    #[serde(skip)]
+    pub text_sections: bool,
+    /// The text lists the still reachable blocks and mappings of a scanned
+    /// report (`--show-reachable`).
+    #[serde(skip)]
+    pub show_reachable: bool,
 }
 
 /// Parses a duration for `--older-than`: `500ms`, `10s`, `2m`, `1h`, or
@@ -308,6 +315,12 @@ pub fn build_view(
                 continue;
             }
         }
+        // The program's own mappings are roots to the scan, not blocks it
+        // classifies: listed with the reachable ones (memcheck and LSan
+        // do not track mmap at all).
+        if classes.is_some() && kind.is_none() && b.family == mtrace_format::Family::Mmap && !show_reachable {
+            continue;
+        }
         let g = groups.entry((b.stack, kind)).or_insert(Group {
             bytes: 0,
             blocks: 0,
@@ -435,6 +448,8 @@ pub fn build_view(
         timeline: None,
         sections: None,
         intervals: None,
+        text_sections: false,
+        show_reachable,
         suppressed: None,
         scan: kinds.and(crate::scan::info(t)).map(|s| crate::scan::ScanInfo { marking_s: marking, ..s }),
         kinds,

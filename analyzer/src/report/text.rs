@@ -115,6 +115,10 @@ fn frames(f: &[Frame], w: &mut dyn Write) -> io::Result<()> {
 
 fn write_sections(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     let Some(x) = &r.sections else { return Ok(()) };
+    if !r.text_sections {
+        // Asked for on its own.
+        return write_older_than(r, w);
+    }
     writeln!(w, "\nMost allocation calls:")?;
     for (i, e) in x.most_calls.iter().enumerate() {
         writeln!(w, "#{}: {} ({})", i + 1, plural(e.count, "call", "calls"), plural(e.bytes, "byte", "bytes"))?;
@@ -135,13 +139,7 @@ fn write_sections(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         writeln!(w, "#{}: {} in {}", i + 1, plural(e.bytes, "byte", "bytes"), plural(e.count, "block", "blocks"))?;
         frames(&e.frames, w)?;
     }
-    if let Some(old) = &x.older_than {
-        writeln!(w, "\nStill live, allocated long before the end (--older-than):")?;
-        for (i, e) in old.iter().enumerate() {
-            writeln!(w, "#{}: {} in {}", i + 1, plural(e.bytes, "byte", "bytes"), plural(e.count, "block", "blocks"))?;
-            frames(&e.frames, w)?;
-        }
-    }
+    write_older_than(r, w)?;
     writeln!(w, "\nAllocation sizes:")?;
     for b in &x.histogram {
         let size = b.max_size.map_or_else(|| "larger".to_owned(), |m| format!("<= {}", plural(m, "byte", "bytes")));
@@ -151,6 +149,16 @@ fn write_sections(r: &Report, w: &mut dyn Write) -> io::Result<()> {
             plural(b.calls, "call", "calls"),
             plural(b.bytes, "byte", "bytes")
         )?;
+    }
+    Ok(())
+}
+
+fn write_older_than(r: &Report, w: &mut dyn Write) -> io::Result<()> {
+    let Some(old) = r.sections.as_ref().and_then(|x| x.older_than.as_ref()) else { return Ok(()) };
+    writeln!(w, "\nStill live, allocated long before the end (--older-than):")?;
+    for (i, e) in old.iter().enumerate() {
+        writeln!(w, "#{}: {} in {}", i + 1, plural(e.bytes, "byte", "bytes"), plural(e.count, "block", "blocks"))?;
+        frames(&e.frames, w)?;
     }
     Ok(())
 }
@@ -215,77 +223,109 @@ pub fn write_entries_only(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     write_entries(r, w)
 }
 
-fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
+/// The line before the entries: what they are, or that there are none.
+fn write_heading(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     let delta = r.summary.since_marker.is_some();
     if r.stacks.is_empty() {
+        let reachable = r.kinds.as_ref().map_or(0, |k| k.reachable.blocks as i64);
+        let lost = r.kinds.as_ref().map_or(0, |k| k.definite.blocks + k.indirect.blocks + k.possible.blocks);
         let what = if delta {
             "No change in live blocks."
+        } else if lost > 0 && r.suppressed.is_some() {
+            "No leaks left: the suppressions matched every lost block."
+        } else if r.kinds.is_some() && r.summary.leaked_blocks > reachable {
+            // The program's own mappings are not classified.
+            "No leaks: the blocks not freed are still reachable or mappings the program made (--show-reachable lists them)."
         } else if r.kinds.is_some() && r.summary.leaked_blocks > 0 {
             "No leaks: every block not freed is still reachable (--show-reachable lists them)."
         } else {
             "All blocks were freed."
         };
-        writeln!(w, "\n{what}")?;
-    } else {
-        let at_marker = r.summary.until_marker.as_ref().map(|m| format!("Live at marker {m}"));
-        let heading = match (delta, r.summary.ended_by.as_deref()) {
-            (true, _) => "Change in live blocks",
-            (false, _) if at_marker.is_some() => at_marker.as_deref().unwrap_or_default(),
-            (false, Some("detach")) if r.summary.attached => "Allocated while attached and not freed at detach",
-            (false, Some("detach")) => "Not freed when tracing stopped (detach)",
-            (false, None) => "Live at the end of the trace so far",
-            _ => "Not freed at exit",
+        return writeln!(w, "\n{what}");
+    }
+    let n = plural(r.stacks.len() as u64, "backtrace", "backtraces");
+    if r.kinds.is_some() && !delta && r.summary.until_marker.is_none() {
+        return if r.show_reachable {
+            writeln!(w, "\nNot freed, as the scan classified them, by backtrace ({n}):")
+        } else {
+            writeln!(w, "\nLeaks, by backtrace ({n}; --show-reachable adds the still reachable blocks):")
         };
-        writeln!(w, "\n{heading}, by backtrace ({}):", plural(r.stacks.len() as u64, "backtrace", "backtraces"))?;
     }
-    if let Some(rules) = &r.suppressed {
-        let used: Vec<_> = rules.iter().filter(|r| r.entries > 0).collect();
-        writeln!(w, "\nSuppressed: {} of {} suppressions used", used.len(), rules.len())?;
-        for u in used {
-            writeln!(
-                w,
-                "  {} in {} by leak:{}",
-                plural(u.bytes as u64, "byte", "bytes"),
-                plural(u.blocks as u64, "block", "blocks"),
-                u.pattern
-            )?;
-        }
+    let at_marker = r.summary.until_marker.as_ref().map(|m| format!("Live at marker {m}"));
+    let heading = match (delta, r.summary.ended_by.as_deref()) {
+        (true, _) => "Change in live blocks",
+        (false, _) if at_marker.is_some() => at_marker.as_deref().unwrap_or_default(),
+        (false, Some("detach")) if r.summary.attached => "Allocated while attached and not freed at detach",
+        (false, Some("detach")) => "Not freed when tracing stopped (detach)",
+        (false, None) => "Live at the end of the trace so far",
+        _ => "Not freed at exit",
+    };
+    writeln!(w, "\n{heading}, by backtrace ({n}):")
+}
+
+fn write_suppressed(r: &Report, w: &mut dyn Write) -> io::Result<()> {
+    let Some(rules) = &r.suppressed else { return Ok(()) };
+    let used: Vec<_> = rules.iter().filter(|r| r.entries > 0).collect();
+    writeln!(w, "\nSuppressed: {} of {} suppressions used", used.len(), rules.len())?;
+    for u in used {
+        writeln!(
+            w,
+            "  {} in {} by leak:{}",
+            plural(u.bytes as u64, "byte", "bytes"),
+            plural(u.blocks as u64, "block", "blocks"),
+            u.pattern
+        )?;
     }
-    if let Some(k) = &r.kinds {
-        match &r.scan {
-            Some(s) => {
-                let when = if s.at_exit { "at exit".to_owned() } else { format!("at {:.3} s", s.time_s) };
-                let threads = plural(s.threads_stopped, "thread", "threads");
-                let read = plural(s.bytes, "byte", "bytes");
-                writeln!(
-                    w,
-                    "\nLeak summary (memcheck's kinds, from the scan {when}; {threads} stopped, {read} read):"
-                )?;
-                if s.threads_not_stopped > 0 {
-                    let n = plural(s.threads_not_stopped, "thread", "threads");
-                    writeln!(w, "  ({n} could not be stopped: whole stacks counted as roots, registers unknown)")?;
-                }
-            }
-            None => writeln!(w, "\nLeak summary (memcheck's kinds):")?,
-        }
-        for (what, t) in [
-            ("definitely lost", k.definite),
-            ("indirectly lost", k.indirect),
-            ("possibly lost", k.possible),
-            ("still reachable", k.reachable),
-        ] {
-            writeln!(w, "  {what}: {} in {}", plural(t.bytes, "byte", "bytes"), plural(t.blocks, "block", "blocks"))?;
-        }
-        let via = &k.reachable_via_heuristic;
-        if crate::scan::Heuristic::ALL.iter().any(|&h| via.get(h).blocks > 0) {
-            writeln!(w, "    of which reachable via heuristic:")?;
-            for h in crate::scan::Heuristic::ALL {
-                let t = via.get(h);
-                let (b, n) = (plural(t.bytes, "byte", "bytes"), plural(t.blocks, "block", "blocks"));
-                writeln!(w, "      {:<20} {b} in {n}", format!("{}:", h.name()))?;
+    Ok(())
+}
+
+/// memcheck's four totals, from the scan.
+fn write_leak_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
+    let Some(k) = &r.kinds else { return Ok(()) };
+    match &r.scan {
+        Some(s) => {
+            let when = if s.at_exit { "at exit".to_owned() } else { format!("at {:.3} s", s.time_s) };
+            let threads = plural(s.threads_stopped, "thread", "threads");
+            let read = plural(s.bytes, "byte", "bytes");
+            writeln!(w, "\nLeak summary (memcheck's kinds, from the scan {when}; {threads} stopped, {read} read):")?;
+            if s.threads_not_stopped > 0 {
+                let n = plural(s.threads_not_stopped, "thread", "threads");
+                writeln!(w, "  ({n} could not be stopped: whole stacks counted as roots, registers unknown)")?;
             }
         }
+        None => writeln!(w, "\nLeak summary (memcheck's kinds):")?,
     }
+    for (what, t) in [
+        ("definitely lost", k.definite),
+        ("indirectly lost", k.indirect),
+        ("possibly lost", k.possible),
+        ("still reachable", k.reachable),
+    ] {
+        writeln!(w, "  {what}: {} in {}", plural(t.bytes, "byte", "bytes"), plural(t.blocks, "block", "blocks"))?;
+    }
+    let via = &k.reachable_via_heuristic;
+    if crate::scan::Heuristic::ALL.iter().any(|&h| via.get(h).blocks > 0) {
+        writeln!(w, "    of which reachable via heuristic:")?;
+        for h in crate::scan::Heuristic::ALL {
+            let t = via.get(h);
+            let (b, n) = (plural(t.bytes, "byte", "bytes"), plural(t.blocks, "block", "blocks"));
+            writeln!(w, "      {:<20} {b} in {n}", format!("{}:", h.name()))?;
+        }
+    }
+    Ok(())
+}
+
+fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
+    // With a scan, its verdict comes first, then the leaks it found.
+    if r.kinds.is_some() {
+        write_leak_summary(r, w)?;
+        write_suppressed(r, w)?;
+        write_heading(r, w)?;
+    } else {
+        write_heading(r, w)?;
+        write_suppressed(r, w)?;
+    }
+    let delta = r.summary.since_marker.is_some();
     for (i, e) in r.stacks.iter().enumerate() {
         if let Some(kind) = e.kind {
             let bytes = match (kind, e.indirect_bytes) {

@@ -67,8 +67,11 @@ pub fn run_json(dir: &Path, extra: &[&str], prog: &Path, args: &[&str]) -> (Valu
 }
 
 /// [`run_json`] with extra environment variables for mtrace and the program.
+/// Without `--scan` or `--error-exitcode` in `extra`, the run has no leak
+/// scan (`--no-scan`): the report lists every block not freed.
 pub fn run_json_env(dir: &Path, env: &[(&str, &str)], extra: &[&str], prog: &Path, args: &[&str]) -> (Value, Output) {
     let report = dir.join("report.json");
+    let scan = extra.iter().any(|a| ["--scan", "--error-exitcode", "--no-scan"].contains(a));
     let out = Command::new(mtrace())
         .current_dir(dir)
         .envs(env.iter().copied())
@@ -76,6 +79,7 @@ pub fn run_json_env(dir: &Path, env: &[(&str, &str)], extra: &[&str], prog: &Pat
         .arg("--json")
         .arg("-o")
         .arg(&report)
+        .args(if scan { None } else { Some("--no-scan") })
         .args(extra)
         .arg("--")
         .arg(prog)
