@@ -259,7 +259,11 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
     if crate::malloc_trace::is_log(path) {
         return crate::malloc_trace::load(path, None);
     }
-    load_from(f, path, w)
+    let len = f.metadata().map_or(0, |m| m.len());
+    let bar = crate::progress::Bar::for_file(len);
+    let t = load_from(bar.reader(f), path, w);
+    bar.finish();
+    t
 }
 
 /// [`load_window`] of a stream read from `src` (`path` names it in
