@@ -203,7 +203,7 @@ fn follow(path: &Path, sh: &Arc<Shared>) {
     let mut r = Reader::new(Follow { file, delivered: 0, shared: sh.clone() });
     let Ok(header) = r.header() else { return };
     sh.lock().trace = Some(Trace::new(path, header));
-    static EVERYTHING: Window = Window { since: None, until: None };
+    static EVERYTHING: Window = Window { since: None, until: None, lifetimes: false };
     let mut keeper = Keeper::new(&EVERYTHING);
     loop {
         let rec = match r.next_record() {

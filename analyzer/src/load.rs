@@ -113,6 +113,8 @@ pub struct Window {
     pub since: Option<MarkerSel>,
     /// Stop reading at this marker.
     pub until: Option<MarkerSel>,
+    /// Also keep when each backtrace's blocks lived ([`crate::books::lifetimes`]).
+    pub lifetimes: bool,
 }
 
 /// A marker as read: report number (0 for a named point), name, time (ns).
@@ -272,6 +274,9 @@ pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Re
     let mut r = Reader::new(src);
     let header = r.header().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let mut t = Trace::new(path, header);
+    if w.lifetimes {
+        t.books.lifetimes = Some(Box::default());
+    }
     let mut keeper = Keeper::new(w);
     // Decoding (decompression included) on a second thread, a batch of
     // records at a time, while this one keeps the books.
@@ -373,7 +378,7 @@ impl<'w> Keeper<'w> {
             }
             Record::Munmap { time_ns, addr, len } => {
                 *now = time_ns;
-                t.books.munmap(addr, len);
+                t.books.munmap(addr, len, time_ns);
             }
             Record::Mremap { time_ns, old, old_len, new, new_len, stack } => {
                 *now = time_ns;

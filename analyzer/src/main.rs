@@ -2,8 +2,11 @@
 
 mod attach;
 mod console;
+mod opts;
 mod relay;
 mod run;
+
+pub use opts::ReportOpts;
 
 use mtrace_analyzer::{books, live, load, malloc_trace, report, scan, symbolize};
 
@@ -13,7 +16,6 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use report::SortKey;
 use symbolize::{SearchPaths, Symbolizer};
 
 #[derive(Parser)]
@@ -69,62 +71,6 @@ Environment (read by libmtrace.so; an invalid value warns once and the default i
   MTRACE_CLOCK=tsc|monotonic  event clock (default tsc where the TSC is invariant)
   MTRACE_BIN=PATH             the mtrace binary that writes .memlog reports (`run` sets it)
   MTRACE_LIB=PATH             the libmtrace.so that `run` preloads (default: next to mtrace)";
-
-/// Options shared by `report` and `run`.
-#[derive(Args, Clone)]
-pub struct ReportOpts {
-    /// Print one JSON document instead of text.
-    #[arg(long)]
-    pub(crate) json: bool,
-    /// Order of the "not freed" backtraces.
-    #[arg(long, value_enum, default_value = "bytes")]
-    sort: SortKey,
-    /// Show at most this many recorded frames per backtrace (`run` also records only this many).
-    #[arg(short = 'd', long = "depth")]
-    pub(crate) depth: Option<usize>,
-    /// Root folder holding the traced machine's files (for traces made elsewhere).
-    #[arg(long)]
-    pub(crate) sysroot: Option<PathBuf>,
-    /// Folder to search for binaries by file name; may be repeated.
-    #[arg(long)]
-    pub(crate) binpath: Vec<PathBuf>,
-    /// Report the change in live blocks since this marker (a report number, or a marker's name).
-    #[arg(long, value_name = "MARKER")]
-    pub(crate) since_marker: Option<String>,
-    /// Stop at this marker (a report number, or a marker's name).
-    #[arg(long, value_name = "MARKER")]
-    pub(crate) until_marker: Option<String>,
-    /// Also show RSS and live heap over time (sampled every 10 ms).
-    #[arg(long)]
-    timeline: bool,
-    /// Also list blocks still live that were allocated more than DURATION
-    /// before the end (500ms, 10s, 2m, …).
-    #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
-    pub(crate) older_than: Option<u64>,
-    /// With a leak scan, also list the still reachable blocks (and the
-    /// program's own mappings).
-    #[arg(long)]
-    show_reachable: bool,
-    /// In text, also the sections heaptrack users know: most allocation
-    /// calls, temporary allocations, peak consumers, allocation sizes
-    /// (JSON always has them).
-    #[arg(long)]
-    sections: bool,
-    /// Leave out entries matched by this file's `leak:PATTERN` lines
-    /// (LeakSanitizer's format; PATTERN against function, file or module).
-    #[arg(long, value_name = "FILE")]
-    suppressions: Option<PathBuf>,
-    /// memcheck's heuristics for interior pointers, with the leak scan: all,
-    /// none, or some of stdstring, length64, newarray, multipleinheritance
-    /// (comma-separated); a block a heuristic's pointer reaches is still
-    /// reachable, not possibly lost (docs/SCAN.md).
-    #[arg(long, value_name = "SET", default_value = "all", value_parser = scan::Heuristics::parse)]
-    pub(crate) leak_check_heuristics: scan::Heuristics,
-    /// Also show, per time window of DURATION, the allocations still live at
-    /// the end, backtraces that leak in every window first.
-    #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
-    intervals: Option<u64>,
-}
 
 #[derive(Args)]
 struct DiffArgs {
@@ -214,76 +160,6 @@ struct ReportArgs {
     opts: ReportOpts,
 }
 
-impl ReportOpts {
-    pub(crate) fn symbolizer(&self) -> Symbolizer {
-        Symbolizer::new(SearchPaths { sysroot: self.sysroot.clone(), binpath: self.binpath.clone() })
-    }
-
-    /// Loads `trace` and writes its report to `out`. A trace that breaks off
-    /// is still reported (with its error named); returns whether it was whole.
-    pub fn report(&self, trace: &std::path::Path, out: &mut dyn Write) -> anyhow::Result<report::Report> {
-        let window = load::Window {
-            since: self.since_marker.clone().map(load::MarkerSel),
-            until: self.until_marker.clone().map(load::MarkerSel),
-        };
-        // The debug info of the modules loaded at the start (the program,
-        // libc, ...) is opened and decompressed on a second core while the
-        // trace is read (a fifth of a report's time on churn), until the
-        // reading is done: the rest is opened when first needed, as before.
-        // Not for small traces, read faster than a module is opened.
-        let big = std::fs::metadata(trace).is_ok_and(|m| m.len() >= WARM_FROM_BYTES);
-        let done = std::sync::atomic::AtomicBool::new(!big);
-        let (t, mut sym) = std::thread::scope(|sc| {
-            let warm = sc.spawn(|| {
-                let mut sym = self.symbolizer();
-                if big {
-                    sym.open_modules(&load::first_modules(trace), &done);
-                }
-                sym
-            });
-            let t = load::load_window(trace, &window);
-            done.store(true, std::sync::atomic::Ordering::Relaxed);
-            (t, warm.join().unwrap_or_else(|_| self.symbolizer()))
-        });
-        let t = t?;
-        let view = report::View { heuristics: self.leak_check_heuristics, ..report::View::default() };
-        let mut r = report::build_view(&t, &mut sym, self.sort, self.depth, self.show_reachable, view);
-        if let Some(f) = &self.suppressions {
-            let mut rules = report::suppress::read(f)?;
-            report::suppress::apply(&mut r, &mut rules);
-            r.suppressed = Some(rules);
-        }
-        r.summary.since_marker = self.since_marker.clone();
-        r.summary.until_marker = self.until_marker.clone();
-        r.text_sections = self.sections;
-        if self.timeline {
-            r.timeline = Some(report::thin(&t.timeline, report::TIMELINE_ROWS));
-        }
-        if let Some(d) = self.intervals {
-            r.intervals = Some(report::intervals::build(&t, &mut sym, d, self.depth));
-        }
-        // Whole-run sections, not for a window (and so not in .memlog reports).
-        if self.since_marker.is_none() && self.until_marker.is_none() {
-            let at_peak = t.books.live_at_peak();
-            let inp = report::sections::Inputs { at_peak: &at_peak, older_than_ns: self.older_than, depth: self.depth };
-            r.sections = Some(report::sections::build(&t, &mut sym, &inp));
-        }
-        if self.json {
-            serde_json::to_writer_pretty(&mut *out, &r)?;
-            writeln!(out)?;
-        } else {
-            report::write_text(&r, out)?;
-        }
-        Ok(r)
-    }
-}
-
-/// Traces from this size (bytes) on have their modules' debug info opened
-/// while they are read: a small one is read before the first module is
-/// open, and then waits for it (the benchmark's python3 trace, 27 KiB:
-/// reported in 0.064 s without, 0.080 s with).
-const WARM_FROM_BYTES: u64 = 4 << 20;
-
 /// `mtrace report --markers`: one line per marker (or a JSON array).
 fn list_markers(trace: &std::path::Path, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
     let t = load::load(trace)?;
@@ -325,6 +201,7 @@ fn write_flame(a: &ReportArgs) -> anyhow::Result<()> {
     let window = load::Window {
         since: a.opts.since_marker.clone().map(load::MarkerSel),
         until: a.opts.until_marker.clone().map(load::MarkerSel),
+        lifetimes: false,
     };
     let t = load::load_window(&a.trace, &window)?;
     let mut sym = a.opts.symbolizer();
@@ -399,7 +276,9 @@ fn main() -> ExitCode {
                 write_flame(&a)?;
                 return Ok(ExitCode::SUCCESS);
             }
-            let r = a.opts.report(&a.trace, &mut *out)?;
+            // --html: the page instead of the text.
+            let text = a.opts.html.is_none().then_some(&mut *out as &mut dyn Write);
+            let r = a.opts.report(&a.trace, text)?;
             out.flush()?;
             if let Some(e) = &r.summary.error {
                 eprintln!("mtrace: {e}");

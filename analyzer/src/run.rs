@@ -247,7 +247,7 @@ pub fn report_processes(
     let main =
         traces.iter().filter(|(p, _, _)| *p == pid).max_by_key(|(_, start, _)| *start).map(|(_, _, path)| path.clone());
     let r = match &main {
-        Some(path) => Some(opts.report(path, &mut *out)?),
+        Some(path) => Some(opts.report(path, Some(&mut *out))?),
         None => {
             writeln!(out, "mtrace: no trace was written for pid {pid} (static executable, or preloading failed)")?;
             None

@@ -167,7 +167,7 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     }
     eprintln!("mtrace: detached from process {} ({} bytes of trace)", a.pid, copied);
     let mut out = crate::open_output(&a.output)?;
-    let r = a.opts.report(&trace, &mut *out)?;
+    let r = a.opts.report(&trace, Some(&mut *out))?;
     out.flush()?;
     if let Some(e) = &r.summary.error {
         eprintln!("mtrace: {e}");

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 mod heap;
+pub mod lifetimes;
 pub mod wrong;
 
 use mtrace_format::Family;
@@ -96,6 +97,11 @@ pub struct Books {
     /// munmap calls that unmapped nothing the program had mapped with its
     /// own traced mmap (allowed by POSIX; counted, not an error).
     pub unknown_munmaps: u64,
+    /// When blocks were allocated and freed, per backtrace, if kept (the
+    /// HTML report's time ranges).
+    pub lifetimes: Option<Box<lifetimes::Lifetimes>>,
+    /// The time of the event being entered, ns.
+    clock: u64,
 }
 
 /// Invalid frees that look for the block they point into, per trace.
@@ -121,6 +127,8 @@ impl Default for Books {
             mismatches: Default::default(),
             lookups_left: LOOKUPS,
             unknown_munmaps: 0,
+            lifetimes: None,
+            clock: 0,
         }
     }
 }
@@ -171,6 +179,9 @@ impl Books {
     }
 
     fn shrink(&mut self, b: &Block) {
+        if let Some(l) = &mut self.lifetimes {
+            l.add(b.stack, b.size, b.time, Some(self.clock));
+        }
         let peak_id = self.peak_id;
         let s = self.stack(b.stack);
         if s.snap != peak_id {
@@ -213,6 +224,7 @@ impl Books {
         if b.family != Family::Internal {
             self.count_alloc(b.stack, b.size);
         }
+        self.clock = b.time;
         let c = self.heap.alloc(tid, addr, b);
         self.apply(c);
     }
@@ -247,6 +259,7 @@ impl Books {
 
     #[inline]
     fn remove(&mut self, tid: u32, addr: u64, time: u64, d: Dealloc) {
+        self.clock = time;
         let c = self.heap.free(tid, addr, time, d.stack.unwrap_or(heap::NO_STACK));
         // The common case, a free of the block just allocated there by its
         // own family, is right at once.
@@ -347,15 +360,17 @@ impl Books {
 
     /// A new mapping; it replaces whatever it overlaps (MAP_FIXED).
     pub fn mmap(&mut self, addr: u64, b: Block) {
+        self.clock = b.time;
         self.count_alloc(b.stack, b.size);
         self.unmap_range(addr, b.size);
         self.grow(&b);
         self.maps.insert(addr, b);
     }
 
-    /// munmap of `[addr, addr+len)`, which may cut mappings in pieces.
-    pub fn munmap(&mut self, addr: u64, len: u64) {
+    /// munmap of `[addr, addr+len)` at `time`, which may cut mappings in pieces.
+    pub fn munmap(&mut self, addr: u64, len: u64, time: u64) {
         self.frees += 1;
+        self.clock = time;
         if !self.unmap_range(addr, len) {
             self.unknown_munmaps += 1;
         }
@@ -363,6 +378,7 @@ impl Books {
 
     /// mremap: the old range goes, the new one is a new mapping.
     pub fn mremap(&mut self, old: u64, old_len: u64, new: u64, b: Block) {
+        self.clock = b.time;
         self.unmap_range(old, old_len);
         self.mmap(new, b);
     }

@@ -99,12 +99,12 @@ fn free_read_before_its_alloc_cancels_it() {
 fn partial_munmap_splits_a_mapping() {
     let mut b = Books::default();
     b.mmap(0x10000, blk(4 * 4096, 1));
-    b.munmap(0x11000, 4096);
+    b.munmap(0x11000, 4096, 0);
     let mut live: Vec<_> = b.live_blocks().map(|(a, b)| (a, b.size)).collect();
     live.sort();
     assert_eq!(live, vec![(0x10000, 4096), (0x12000, 2 * 4096)]);
     assert_eq!(b.cur_bytes, 3 * 4096);
-    b.munmap(0x10000, 4 * 4096);
+    b.munmap(0x10000, 4 * 4096, 0);
     assert_eq!(b.live_blocks().count(), 0);
     assert_eq!(b.cur_bytes, 0);
 }
@@ -248,9 +248,9 @@ fn many_mismatches_of_one_backtrace_are_one_entry() {
 fn pool_frees_and_munmaps_are_never_wrong() {
     let mut b = whole();
     b.dealloc(0, 0x10, 1, Dealloc { family: Family::Pool, stack: None, realloc: false });
-    b.munmap(0x7000_0000, 4096);
+    b.munmap(0x7000_0000, 4096, 0);
     assert_eq!((b.wrong_free_counts(), b.unmatched_frees(), b.unknown_munmaps), ((0, 0), 1, 1));
     b.mmap(0x7000_0000, of(Family::Mmap, 8192, 1, 2));
-    b.munmap(0x7000_1000, 4096);
+    b.munmap(0x7000_1000, 4096, 0);
     assert_eq!(b.unknown_munmaps, 1);
 }

@@ -3,6 +3,7 @@
 pub mod diff;
 pub mod errors;
 pub mod flame;
+pub mod html;
 pub mod intervals;
 pub mod sections;
 pub mod suppress;

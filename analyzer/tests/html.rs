@@ -1,0 +1,161 @@
+//! The HTML report (`--html`), loaded in a real headless browser (Debian's
+//! chromium, which .ci/run installs): nothing fails, the chart and every
+//! flamegraph are drawn, the leak table lists the known leaks, and a time
+//! range picked on the chart shows what it left live. A screenshot is kept
+//! at target/tmp/html-report.png.
+
+mod common;
+use common::*;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Headless chromium's flags: no network of its own (this machine has
+/// none), a fresh profile.
+fn chromium(profile: &Path) -> Option<Command> {
+    let exe = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))?;
+    let mut c = Command::new(exe);
+    c.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        "--enable-logging=stderr",
+        "--v=0",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()));
+    Some(c)
+}
+
+/// The page's DOM after its script ran, and chromium's log.
+fn dom(page: &Path, hash: &str, profile: &Path) -> Option<(String, String)> {
+    let out = chromium(profile)?.arg("--dump-dom").arg(format!("file://{}{hash}", page.display())).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    Some((String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned()))
+}
+
+/// The value of attribute `name` in the element with id `id`.
+fn attr(dom: &str, id: &str, name: &str) -> Option<String> {
+    let start = dom.find(&format!("id=\"{id}\""))?;
+    let tag_start = dom[..start].rfind('<')?;
+    let tag = &dom[tag_start..tag_start + dom[tag_start..].find('>')?];
+    let key = format!("{name}=\"");
+    let at = tag.find(&key)? + key.len();
+    Some(tag[at..at + tag[at..].find('"')?].to_owned())
+}
+
+/// (data-function, data-bytes) of the rows of the element with id `id`.
+fn rows(dom: &str, id: &str) -> Vec<(String, u64)> {
+    let Some(start) = dom.find(&format!("id=\"{id}\"")) else { return vec![] };
+    let table = &dom[start..start + dom[start..].find("</table>").unwrap_or(0)];
+    table
+        .split("<tr data-function=\"")
+        .skip(1)
+        .map(|r| {
+            let (f, rest) = r.split_once('"').unwrap();
+            let b = rest.split("data-bytes=\"").nth(1).and_then(|b| b.split('"').next()).unwrap_or("0");
+            (f.to_owned(), b.parse().unwrap())
+        })
+        .collect()
+}
+
+fn markers_of(trace: &Path) -> Vec<(String, f64)> {
+    let out = Command::new(mtrace()).args(["report", "--markers", "--json"]).arg(trace).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["name"].as_str().unwrap().to_owned(), m["time_ns"].as_u64().unwrap() as f64 / 1e9))
+        .collect()
+}
+
+fn page() -> (PathBuf, PathBuf, PathBuf) {
+    let dir = scratch("html");
+    let prog = build("phases.c", &dir.join("phases"), &["-g", "-O0"]);
+    let page = dir.join("page.html");
+    let traces = dir.join("t");
+    let out = Command::new(mtrace())
+        .args(["run", "-o", "/dev/null", "--html"])
+        .arg(&page)
+        .arg("--trace-dir")
+        .arg(&traces)
+        .arg("--")
+        .arg(&prog)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let trace = std::fs::read_dir(&traces).unwrap().next().unwrap().unwrap().path();
+    (dir, page, trace)
+}
+
+#[test]
+fn the_page_is_self_contained_and_private() {
+    let (_, page, _) = page();
+    let html = std::fs::read_to_string(&page).unwrap();
+    // Nothing is fetched: no links, no sources, no address but SVG's namespace.
+    for bad in ["<link", " src=", "@import", "url("] {
+        assert!(!html.contains(bad), "{bad}");
+    }
+    let addresses: Vec<&str> = html.match_indices("http").map(|(i, _)| &html[i..(i + 40).min(html.len())]).collect();
+    assert!(addresses.iter().all(|a| a.starts_with("http://www.w3.org/2000/svg")), "{addresses:?}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&page).unwrap().permissions().mode() & 0o777, 0o600);
+}
+
+#[test]
+fn the_page_draws_in_a_browser_and_a_range_shows_what_it_left() {
+    let (dir, page, trace) = page();
+    let profile = dir.join("chromium");
+    let Some((plain, log)) = dom(&page, "", &profile) else {
+        eprintln!("chromium is not installed: skipped (.ci/run installs it)");
+        return;
+    };
+    // No script error: the page's own check, and chromium's console.
+    assert_eq!(attr(&plain, "status", "data-ok").as_deref(), Some("1"), "{plain}");
+    assert_eq!(attr(&plain, "status", "data-flames").as_deref(), Some("1111"), "{plain}");
+    assert!(!log.contains("CONSOLE"), "{log}");
+    assert!(plain.contains("<pre id=\"errors\"></pre>"), "{plain}");
+    // The leaks, definitely lost (the scan ran), largest first.
+    assert_eq!(
+        rows(&plain, "leak-table"),
+        vec![("phase_two".to_owned(), 15_000), ("phase_one".to_owned(), 10_000), ("phase_three".to_owned(), 7_000)]
+    );
+    assert!(plain.contains("class=\"kind-definite\">definite<"), "{plain}");
+    // No range picked yet.
+    assert_eq!(attr(&plain, "range", "hidden").as_deref(), Some(""), "{plain}");
+
+    // Phase two, from its marker to just before phase three's: its five
+    // blocks; not phase one's (before it), its buffer (freed) or phase three's.
+    let m = markers_of(&trace);
+    let at = |name: &str| m.iter().find(|(n, _)| n == name).unwrap().1;
+    let hash = format!("#range={:.4},{:.4}", at("two"), at("three") - 0.01);
+    let (picked, log) = dom(&page, &hash, &profile).unwrap();
+    assert!(!log.contains("CONSOLE"), "{log}");
+    assert_eq!(attr(&picked, "status", "data-ok").as_deref(), Some("1"), "{picked}");
+    assert_eq!(attr(&picked, "range", "hidden"), None, "{picked}");
+    assert_eq!(rows(&picked, "range-table"), vec![("phase_two".to_owned(), 15_000)], "{hash}");
+    // All three phases, by marker name: the three leaks and no buffer.
+    let (all, _) = dom(&page, "#range=one,end", &profile).unwrap();
+    let mut got = rows(&all, "range-table");
+    got.sort();
+    assert_eq!(got, vec![("phase_one".into(), 10_000), ("phase_three".into(), 7_000), ("phase_two".into(), 15_000)]);
+
+    // A screenshot, kept as the test run's artifact.
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("html-report.png");
+    let _ = std::fs::remove_file(&shot);
+    let out = chromium(&profile)
+        .unwrap()
+        .args(["--window-size=1280,2400"])
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(format!("file://{}{hash}", page.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success() && std::fs::metadata(&shot).is_ok_and(|m| m.len() > 10_000), "{out:?}");
+}
