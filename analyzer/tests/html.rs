@@ -76,8 +76,9 @@ fn markers_of(trace: &Path) -> Vec<(String, f64)> {
         .collect()
 }
 
-fn page() -> (PathBuf, PathBuf, PathBuf) {
-    let dir = scratch("html");
+/// `mtrace run --html` of phases.c in scratch folder `name`: (folder, page, trace).
+fn page(name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let dir = scratch(name);
     let prog = build("phases.c", &dir.join("phases"), &["-g", "-O0"]);
     let page = dir.join("page.html");
     let traces = dir.join("t");
@@ -97,7 +98,7 @@ fn page() -> (PathBuf, PathBuf, PathBuf) {
 
 #[test]
 fn the_page_is_self_contained_and_private() {
-    let (_, page, _) = page();
+    let (_, page, _) = page("html-private");
     let html = std::fs::read_to_string(&page).unwrap();
     // Nothing is fetched: no links, no sources, no address but SVG's namespace.
     for bad in ["<link", " src=", "@import", "url("] {
@@ -111,7 +112,7 @@ fn the_page_is_self_contained_and_private() {
 
 #[test]
 fn the_page_draws_in_a_browser_and_a_range_shows_what_it_left() {
-    let (dir, page, trace) = page();
+    let (dir, page, trace) = page("html-browser");
     let profile = dir.join("chromium");
     let Some((plain, log)) = dom(&page, "", &profile) else {
         eprintln!("chromium is not installed: skipped (.ci/run installs it)");
