@@ -49,6 +49,11 @@ pub struct RunArgs {
     /// reachable, all (comma-separated).
     #[arg(long, value_name = "KINDS", default_value = "definite,possible")]
     errors_for_leak_kinds: String,
+    /// Trace with ptrace instead of libmtrace.so (breakpoints on the
+    /// allocation functions): for statically linked programs and where the
+    /// library cannot be loaded; slower, and no leak scan.
+    #[arg(long, conflicts_with = "interactive")]
+    ptrace: bool,
     /// The interactive console on the program while it runs (as
     /// `mtrace attach -i`); the report when it ends. The console reads the
     /// terminal, so the program's standard input is /dev/null.
@@ -126,6 +131,25 @@ fn wait_forwarding(child: &mut std::process::Child) -> Result<std::process::Exit
     }
 }
 
+/// `mtrace run --ptrace`: the program traced by breakpoints into `dir`;
+/// its pid and exit status (`None`: the tracer detached, it runs on).
+fn trace_with_ptrace(a: &RunArgs, dir: &Path) -> Result<(u32, Option<std::process::ExitStatus>)> {
+    let opts = mtrace_ptrace::Options {
+        output: dir.join("%e.%p.mtrace").display().to_string(),
+        settings: mtrace_ptrace::Settings {
+            depth: a.opts.depth.unwrap_or(64).clamp(1, 256),
+            check_frees: a.check_frees,
+        },
+    };
+    let (pid, outcome) = mtrace_ptrace::run(&a.command, opts)?;
+    let raw = match outcome {
+        mtrace_ptrace::Outcome::Exited(code) => (code & 0xff) << 8,
+        mtrace_ptrace::Outcome::Signaled(sig) => sig & 0x7f,
+        mtrace_ptrace::Outcome::Detached(_) => return Ok((pid as u32, None)),
+    };
+    Ok((pid as u32, Some(std::process::ExitStatus::from_raw(raw))))
+}
+
 /// `mtrace run -i`: the program under a server of our own on a private
 /// socket, this process its client with the console.
 fn run_interactive(a: RunArgs) -> Result<ExitCode> {
@@ -201,12 +225,23 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         cmd.env("MTRACE_CHECK_FREES", "1");
     }
     let error_kinds = parse_kinds(&a.errors_for_leak_kinds)?;
-    // Before the spawn (the program's exec resets the handlers): mtrace
-    // stays to report, and passes on what was sent to it.
-    forward_signals();
-    let mut child = cmd.spawn().with_context(|| format!("cannot run {}", a.command[0]))?;
-    let status = wait_forwarding(&mut child)?;
-    let pid = child.id();
+    let (pid, status) = if a.ptrace {
+        match trace_with_ptrace(&a, &dir)? {
+            (pid, Some(status)) => (pid, status),
+            (pid, None) => {
+                writeln!(out, "mtrace: detached from process {pid}: it runs on, untraced")?;
+                let _ = report_processes(&dir, pid, &a.opts, a.keep_traces || a.trace_dir.is_some(), &mut *out)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+    } else {
+        // Before the spawn (the program's exec resets the handlers): mtrace
+        // stays to report, and passes on what was sent to it.
+        forward_signals();
+        let mut child = cmd.spawn().with_context(|| format!("cannot run {}", a.command[0]))?;
+        let status = wait_forwarding(&mut child)?;
+        (child.id(), status)
+    };
 
     let show_paths = a.keep_traces || a.trace_dir.is_some();
     let r = report_processes(&dir, pid, &a.opts, show_paths, &mut *out)?;

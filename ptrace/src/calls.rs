@@ -1,0 +1,210 @@
+//! What a thread's stop at a breakpoint means: an interposed function's
+//! entry, or its return to the trampoline. Frees are recorded at entry
+//! (before the real free runs), allocations when they return, realloc's
+//! free half stamped at entry. Calls an interposed function makes to
+//! another (libstdc++'s `new` calling malloc, glibc's free calling munmap)
+//! are the outer call's: one event, as libmtrace.so records them.
+
+use mtrace_format::{Family, Record};
+use nix::unistd::Pid;
+
+use crate::arch::{self, Regs};
+use crate::funcs::Call;
+use crate::process::{Breakpoint, Process};
+use crate::target;
+
+/// The outermost interposed call a thread is in.
+#[derive(Clone, Copy, Debug)]
+pub struct Outer {
+    /// The stack pointer at its entry: a later entry with a lower one is
+    /// nested in it; one at or above it means it has returned (or was left
+    /// by an exception or a longjmp).
+    sp: u64,
+    /// For `operator new`: the family and size of the block the
+    /// allocation it makes returns, and its backtrace.
+    new: Option<(Family, u64, u32)>,
+}
+
+/// A call whose return is caught: its return address was replaced by the
+/// trampoline's.
+#[derive(Clone, Copy, Debug)]
+pub struct Pending {
+    /// Where the return address is (the stack slot).
+    slot: u64,
+    ret: u64,
+    call: Call,
+    args: [u64; 5],
+    stack: u32,
+    /// When it was entered, ns.
+    time: u64,
+    /// `operator new`'s family and size, for the allocation it made.
+    new: Option<(Family, u64)>,
+}
+
+/// A thread's state between its stops.
+#[derive(Default, Debug)]
+pub struct Thread {
+    pub outer: Option<Outer>,
+    pub pending: Vec<Pending>,
+}
+
+/// What the tracer records and how deep.
+pub struct Settings {
+    /// Frames per backtrace.
+    pub depth: usize,
+    /// Frees record their backtraces (`-S`).
+    pub check_frees: bool,
+}
+
+/// The backtrace of a call stopped at its entry with return address `ret`.
+fn backtrace(p: &mut Process, tid: u32, r: &Regs, ret: u64, depth: usize, frames: &mut Vec<u64>) -> u32 {
+    frames.clear();
+    p.unwind.walk(p.pid, arch::caller(r, ret), depth, frames);
+    p.stream.stack(tid, frames)
+}
+
+/// Thread `tid` stopped at breakpoint `b` (an interposed function's entry)
+/// with registers `r`. Returns whether the module list may have changed.
+pub fn entry(
+    p: &mut Process,
+    th: &mut Thread,
+    tid: Pid,
+    b: &Breakpoint,
+    r: &Regs,
+    s: &Settings,
+    frames: &mut Vec<u64>,
+) -> bool {
+    if b.call == Call::LoaderState {
+        return true;
+    }
+    let t = tid.as_raw() as u32;
+    let slot = arch::return_slot(r);
+    let Some(ret) = target::read_u64(p.pid, slot) else { return false };
+    // A tail call from a function whose return is caught already
+    // (reallocarray jumps to realloc): its outcome is that function's.
+    if ret == p.trampoline {
+        return false;
+    }
+    if th.outer.is_some_and(|o| slot >= o.sp) {
+        th.outer = None;
+    }
+    // The pending returns the thread left (longjmp) are gone.
+    th.pending.retain(|q| q.slot > slot);
+    let nested = th.outer;
+    // glibc's own mappings (large blocks, thread stacks) are not the program's.
+    if b.call.mapping() && b.module.0 <= ret && ret < b.module.1 {
+        return false;
+    }
+    let args = [r.arg(0), r.arg(1), r.arg(2), r.arg(3), r.arg(4)];
+    let time = p.stream.now();
+    match b.call {
+        Call::LoaderState => {}
+        Call::Free { family } => {
+            if nested.is_none() && args[0] != 0 {
+                let stack = if s.check_frees { backtrace(p, t, r, ret, s.depth, frames) } else { 0 };
+                p.stream.record(t, &Record::Free { time_ns: time, family, addr: args[0], stack });
+            }
+            if nested.is_none() {
+                th.outer = Some(Outer { sp: slot, new: None });
+            }
+        }
+        Call::Munmap => {
+            if nested.is_none() {
+                p.stream.record(t, &Record::Munmap { time_ns: time, addr: args[0], len: args[1] });
+            }
+        }
+        Call::New { family } => {
+            if nested.is_none() {
+                let stack = backtrace(p, t, r, ret, s.depth, frames);
+                th.outer = Some(Outer { sp: slot, new: Some((family, args[0], stack)) });
+            }
+        }
+        call => {
+            let (stack, new) = match nested {
+                // The allocation `operator new` makes: its block is new's.
+                Some(Outer { new: Some((family, size, stack)), .. }) => {
+                    th.outer = Some(Outer { sp: nested.map_or(slot, |o| o.sp), new: None });
+                    (stack, Some((family, size)))
+                }
+                Some(_) => return false,
+                None => {
+                    th.outer = Some(Outer { sp: slot, new: None });
+                    (backtrace(p, t, r, ret, s.depth, frames), None)
+                }
+            };
+            if target::poke(tid, slot, &p.trampoline.to_le_bytes()).is_ok() {
+                th.pending.push(Pending { slot, ret, call, args, stack, time, new });
+            }
+        }
+    }
+    false
+}
+
+/// Thread `tid` came back to the trampoline with registers `r`; sets its
+/// ip to where the call returns to and records the call's outcome.
+/// `false`: no call of this thread was waiting for it.
+pub fn returned(p: &mut Process, th: &mut Thread, tid: Pid, r: &mut Regs) -> bool {
+    // After the return, the stack pointer is one word above the slot.
+    let sp = r.sp();
+    let Some(i) = th.pending.iter().rposition(|q| q.slot + 8 == sp) else { return false };
+    let q = th.pending[i];
+    th.pending.truncate(i);
+    r.set_ip(q.ret);
+    if th.outer.is_some_and(|o| o.sp <= q.slot) {
+        th.outer = None;
+    }
+    let t = tid.as_raw() as u32;
+    let time_ns = p.stream.now();
+    let res = r.result();
+    let [a0, a1, a2, a3, a4] = q.args;
+    let alloc = |addr: u64, family: Family, size: u64| Record::Alloc { time_ns, family, addr, size, stack: q.stack };
+    let rec = match q.call {
+        Call::Alloc { family, size } => {
+            let (family, size) = q.new.unwrap_or((family, q.args[size]));
+            (res != 0).then(|| alloc(res, family, size))
+        }
+        Call::Calloc => (res != 0).then(|| alloc(res, Family::Malloc, a0.wrapping_mul(a1))),
+        Call::PosixMemalign => {
+            let block = if res == 0 { target::read_u64(p.pid, a0).unwrap_or(0) } else { 0 };
+            let (family, size) = q.new.unwrap_or((Family::Aligned, a2));
+            (block != 0).then(|| alloc(block, family, size))
+        }
+        Call::Realloc { array } => {
+            let size = if array { a1.wrapping_mul(a2) } else { a1 };
+            // glibc's rules: realloc(NULL, n) allocates; realloc(p, 0)
+            // that returns NULL freed p; any other NULL failed.
+            match (a0, res) {
+                (0, 0) => None,
+                (0, new) => Some(alloc(new, Family::Malloc, size)),
+                (old, 0) if size == 0 => Some(Record::Free { time_ns: q.time, family: Family::Malloc, addr: old, stack: 0 }),
+                (_, 0) => None,
+                (old, new) => Some(Record::Realloc { time_ns, free_time_ns: q.time, old, new, size, stack: q.stack }),
+            }
+        }
+        // mmap and mremap return MAP_FAILED, -1, when they fail.
+        Call::Mmap => (res != u64::MAX).then(|| Record::Mmap {
+            time_ns,
+            addr: res,
+            len: a1,
+            prot: a2 as u32,
+            flags: a3 as u32,
+            fd: a4 as i32,
+            stack: q.stack,
+        }),
+        Call::Mremap => (res != u64::MAX)
+            .then(|| Record::Mremap { time_ns, old: a0, old_len: a1, new: res, new_len: a2, stack: q.stack }),
+        _ => None,
+    };
+    if let Some(rec) = rec {
+        p.stream.record(t, &rec);
+    }
+    true
+}
+
+/// Puts back the return addresses of the calls thread `tid` is inside of
+/// (when the tracer leaves).
+pub fn restore_returns(th: &mut Thread, tid: Pid) {
+    for q in th.pending.drain(..).rev() {
+        let _ = target::poke(tid, q.slot, &q.ret.to_le_bytes());
+    }
+}

@@ -1,0 +1,27 @@
+//! The ptrace producer of the mtrace stream: the same records as
+//! libmtrace.so writes, made from outside the process, for what a preload
+//! cannot reach — statically linked programs, processes where no library
+//! can be loaded — and, with a port of `arch`, other CPUs.
+//!
+//! How: the program is started seized (`spawn`); at its exec, and
+//! whenever the dynamic loader says the module list changed
+//! (`_dl_debug_state`), every module's interposed functions (`funcs`,
+//! found by symbol) get a breakpoint whose displaced instruction runs out
+//! of line (`process`); at an entry stop the tracer reads the arguments,
+//! unwinds the stack with the modules' CFI (`unwind`), and replaces the
+//! return address by a trampoline breakpoint to see the result (`calls`);
+//! the records go to a stream per process (`stream`). `tracer` is the loop.
+
+mod arch;
+mod calls;
+mod funcs;
+mod modules;
+mod process;
+mod spawn;
+mod stream;
+mod target;
+mod tracer;
+mod unwind;
+
+pub use calls::Settings;
+pub use tracer::{run, Options, Outcome};

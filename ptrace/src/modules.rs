@@ -1,0 +1,151 @@
+//! The target's loaded modules, from /proc/PID/maps and their ELF files:
+//! what the stream's Modules record says of each (load bias, build id,
+//! segments), where the interposed functions are, and their unwind tables.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use mtrace_format::{Module, Segment};
+use nix::unistd::Pid;
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
+
+use crate::funcs::{self, Call};
+use crate::unwind::Bytes;
+
+/// One loaded ELF file.
+pub struct Loaded {
+    pub module: Module,
+    /// [start, end) of its mappings.
+    pub range: (u64, u64),
+    /// Interposed functions it defines: (address, call).
+    pub funcs: Vec<(u64, Call)>,
+    /// .eh_frame_hdr and .eh_frame: (file address, bytes).
+    pub eh_frame_hdr: Option<(u64, Bytes)>,
+    pub eh_frame: Option<(u64, Bytes)>,
+    /// .text: (file address, length).
+    pub text: Option<(u64, u64)>,
+}
+
+/// A line of /proc/PID/maps for a file: (start, end, file offset, path).
+fn file_mappings(pid: Pid) -> Result<Vec<(u64, u64, u64, String)>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).with_context(|| format!("/proc/{pid}/maps"))?;
+    let mut v = Vec::new();
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(_perms), Some(off), Some(_dev), Some(_inode)) = (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        let path: String = f.collect::<Vec<_>>().join(" ");
+        if !path.starts_with('/') || path.ends_with(" (deleted)") {
+            continue;
+        }
+        let Some((a, b)) = range.split_once('-') else { continue };
+        let (Ok(a), Ok(b), Ok(off)) =
+            (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16), u64::from_str_radix(off, 16))
+        else {
+            continue;
+        };
+        v.push((a, b, off, path));
+    }
+    Ok(v)
+}
+
+/// Each file mapped in `pid`: (path, lowest start, highest end, file
+/// offset of the lowest mapping).
+fn files(pid: Pid) -> Result<Vec<(String, u64, u64, u64)>> {
+    let mut paths: Vec<(String, u64, u64, u64)> = Vec::new();
+    for (a, b, off, path) in file_mappings(pid)? {
+        match paths.iter_mut().find(|p| p.0 == path) {
+            Some(p) => {
+                if a < p.1 {
+                    (p.1, p.3) = (a, off);
+                }
+                p.2 = p.2.max(b);
+            }
+            None => paths.push((path, a, b, off)),
+        }
+    }
+    Ok(paths)
+}
+
+/// The files mapped in `pid` now: (path, lowest start).
+pub fn mapped_starts(pid: Pid) -> Result<Vec<(String, u64)>> {
+    Ok(files(pid)?.into_iter().map(|(p, a, _, _)| (p, a)).collect())
+}
+
+/// The modules mapped in `pid` now, each path once, those in `known`
+/// (paths with their starts) left out.
+pub fn scan(pid: Pid, known: &[(String, u64)]) -> Result<Vec<Loaded>> {
+    let paths = files(pid)?;
+    let mut out = Vec::new();
+    for (path, start, end, off) in paths {
+        if known.iter().any(|(p, s)| *p == path && *s == start) {
+            continue;
+        }
+        match load(&path, start, end, off) {
+            Ok(Some(l)) => out.push(l),
+            // Not an ELF file (a mapped data file, a font): nothing to trace.
+            Ok(None) => {}
+            Err(e) => eprintln!("mtrace: {path}: {e:#}"),
+        }
+    }
+    Ok(out)
+}
+
+/// The ELF file at `path`, mapped at [start, end) with its lowest mapping
+/// at file offset `off`.
+fn load(path: &str, start: u64, end: u64, off: u64) -> Result<Option<Loaded>> {
+    let data = match std::fs::read(Path::new(path)) {
+        Ok(d) => d,
+        Err(_) => return Ok(None),
+    };
+    let Ok(file) = object::File::parse(&*data) else { return Ok(None) };
+    if file.format() != object::BinaryFormat::Elf {
+        return Ok(None);
+    }
+    // The load bias: where the segment at the lowest mapping's file offset
+    // landed, minus its address in the file.
+    let Some(seg) = file.segments().find(|s| s.file_range().0 == off || (off == 0 && s.file_range().0 == 0)) else {
+        return Ok(None);
+    };
+    let bias = start.wrapping_sub(seg.address() & !0xfff);
+    let build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec).unwrap_or_default();
+    let segments = file
+        .segments()
+        .map(|s| Segment { vaddr: s.address(), memsz: s.size(), flags: segment_flags(&s) })
+        .collect();
+    let mut funcs: Vec<(u64, Call)> = Vec::new();
+    for sym in file.dynamic_symbols().chain(file.symbols()) {
+        if sym.is_undefined() || sym.kind() != SymbolKind::Text || sym.address() == 0 {
+            continue;
+        }
+        let Ok(name) = sym.name() else { continue };
+        if let Some(call) = funcs::lookup(name) {
+            let at = bias.wrapping_add(sym.address());
+            if !funcs.iter().any(|f| f.0 == at) {
+                funcs.push((at, call));
+            }
+        }
+    }
+    let section = |name: &str| {
+        file.section_by_name(name).and_then(|s| Some((s.address(), Bytes(s.uncompressed_data().ok()?.into()))))
+    };
+    let text = file.section_by_name(".text").map(|s| (s.address(), s.size()));
+    Ok(Some(Loaded {
+        module: Module { path: path.to_owned(), bias, build_id, segments },
+        range: (start, end),
+        funcs,
+        eh_frame_hdr: section(".eh_frame_hdr"),
+        eh_frame: section(".eh_frame"),
+        text,
+    }))
+}
+
+/// ELF p_flags of `s` (PF_X 1, PF_W 2, PF_R 4).
+fn segment_flags(s: &object::Segment<'_, '_>) -> u32 {
+    match s.flags() {
+        object::SegmentFlags::Elf { p_flags, .. } => p_flags.0,
+        _ => 0,
+    }
+}

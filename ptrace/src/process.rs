@@ -1,0 +1,205 @@
+//! One traced process: its stream, modules, breakpoints and the scratch
+//! pages where breakpoints' displaced instructions run.
+//!
+//! A breakpoint never comes out: the instruction it covers was copied,
+//! moved (arch::displaced), to a scratch page in the target followed by a
+//! jump back, and a thread that hits the breakpoint goes on there. So no
+//! thread ever runs the function without its breakpoint, and no thread
+//! waits for another while one steps over it (glibc here has no endbr64 to
+//! skip: Debian 12's functions begin with `push`, `test`, a RIP-relative
+//! `cmpb`…). Scratch pages are mapped in the target by a system call the
+//! tracer makes there, within reach of RIP-relative operands of the code
+//! they serve; their first slot is the breakpoint that catches returns.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+use mtrace_format::Record;
+use nix::unistd::Pid;
+use rustc_hash::FxHashMap as HashMap;
+
+use crate::arch::{self, NEAR, SLOT};
+use crate::funcs::Call;
+use crate::modules::{self, Loaded};
+use crate::stream::Stream;
+use crate::target;
+use crate::unwind::Unwind;
+
+/// A breakpoint: the call it stands for, where its displaced instruction
+/// runs, and the range of the module that defines it.
+#[derive(Clone, Copy, Debug)]
+pub struct Breakpoint {
+    pub call: Call,
+    pub displaced: u64,
+    pub module: (u64, u64),
+    /// The byte the breakpoint replaced.
+    pub orig: u8,
+}
+
+/// A scratch page of the target.
+#[derive(Clone, Copy, Debug)]
+struct Scratch {
+    start: u64,
+    len: u64,
+    used: u64,
+}
+
+/// Bytes per scratch mapping.
+const SCRATCH_LEN: u64 = 64 << 10;
+
+pub struct Process {
+    pub pid: Pid,
+    pub stream: Stream,
+    pub modules: Vec<Arc<Loaded>>,
+    pub breakpoints: HashMap<u64, Breakpoint>,
+    scratch: Vec<Scratch>,
+    /// The breakpoint returns come back to (first slot of the first scratch).
+    pub trampoline: u64,
+    pub unwind: Unwind,
+}
+
+impl Process {
+    /// The process `pid` just after an exec (stopped at its first
+    /// instruction, nothing allocated yet): its stream says it is whole.
+    pub fn exec(pid: Pid, ppid: u32, pattern: &str, signals: &mut Vec<nix::sys::signal::Signal>) -> Result<Process> {
+        target::settle(pid, signals)?;
+        let stream = Stream::create(pattern, pid.as_raw() as u32, ppid)?;
+        let mut p = Process {
+            pid,
+            stream,
+            modules: Vec::new(),
+            breakpoints: HashMap::default(),
+            scratch: Vec::new(),
+            trampoline: 0,
+            unwind: Unwind::default(),
+        };
+        p.update_modules(pid, signals)?;
+        let time_ns = p.stream.now();
+        p.stream.record(pid.as_raw() as u32, &Record::Coverage { time_ns, collecting: true, whole: true });
+        Ok(p)
+    }
+
+    /// The child `pid` a fork of `parent` made: the same modules,
+    /// breakpoints and scratch pages (its memory is a copy), a stream of
+    /// its own that does not know the blocks it inherited.
+    pub fn fork(parent: &Process, pid: Pid, pattern: &str) -> Result<Process> {
+        let stream = Stream::create(pattern, pid.as_raw() as u32, parent.pid.as_raw() as u32)?;
+        let mut unwind = Unwind::default();
+        for m in &parent.modules {
+            unwind.add(m);
+        }
+        let mut p = Process {
+            pid,
+            stream,
+            modules: parent.modules.clone(),
+            breakpoints: parent.breakpoints.clone(),
+            scratch: parent.scratch.clone(),
+            trampoline: parent.trampoline,
+            unwind,
+        };
+        p.write_modules(pid.as_raw() as u32);
+        Ok(p)
+    }
+
+    fn write_modules(&mut self, tid: u32) {
+        let modules = self.modules.iter().map(|m| m.module.clone()).collect();
+        let time_ns = self.stream.now();
+        self.stream.record(tid, &Record::Modules { time_ns, modules });
+    }
+
+    /// Looks at the modules mapped now (stopped thread `tid`): new ones get
+    /// their breakpoints and unwind tables, gone ones are forgotten, and
+    /// the stream gets the list when it changed.
+    pub fn update_modules(&mut self, tid: Pid, signals: &mut Vec<nix::sys::signal::Signal>) -> Result<()> {
+        let maps = modules::mapped_starts(self.pid)?;
+        let gone: Vec<u64> =
+            self.modules.iter().filter(|m| !maps.contains(&(m.module.path.clone(), m.range.0))).map(|m| m.range.0).collect();
+        for start in &gone {
+            self.unwind.remove(*start);
+            self.breakpoints.retain(|_, b| b.module.0 != *start);
+        }
+        self.modules.retain(|m| !gone.contains(&m.range.0));
+        let known: Vec<(String, u64)> = self.modules.iter().map(|m| (m.module.path.clone(), m.range.0)).collect();
+        let new = modules::scan(self.pid, &known)?;
+        let changed = !gone.is_empty() || !new.is_empty();
+        for m in new {
+            self.unwind.add(&m);
+            for &(addr, call) in &m.funcs {
+                if let Err(e) = self.breakpoint(tid, addr, call, m.range, signals) {
+                    eprintln!("mtrace: no breakpoint at {addr:#x} ({}): {e:#}", m.module.path);
+                }
+            }
+            self.modules.push(Arc::new(m));
+        }
+        if changed {
+            self.write_modules(tid.as_raw() as u32);
+        }
+        Ok(())
+    }
+
+    /// A scratch slot within reach of `near` (mapping a new page there if
+    /// none has room).
+    fn slot(&mut self, tid: Pid, near: u64, signals: &mut Vec<nix::sys::signal::Signal>) -> Result<u64> {
+        let fits = |s: &Scratch| s.used + SLOT <= s.len && s.start.abs_diff(near) < NEAR;
+        if let Some(s) = self.scratch.iter_mut().find(|s| fits(s)) {
+            let at = s.start + s.used;
+            s.used += SLOT;
+            return Ok(at);
+        }
+        // Ask for a page near the code (below it: the region under a
+        // module is usually free), without MAP_FIXED.
+        let hint = near.saturating_sub(64 << 20) & !0xfff;
+        let prot = (libc::PROT_READ | libc::PROT_EXEC) as u64;
+        let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+        let at = target::syscall(tid, libc::SYS_mmap as u64, [hint, SCRATCH_LEN, prot, flags, u64::MAX, 0], signals)?;
+        if at > u64::MAX - 4096 {
+            bail!("mmap in the target failed: {}", std::io::Error::from_raw_os_error(-(at as i64) as i32));
+        }
+        if at.abs_diff(near) >= NEAR {
+            bail!("the scratch page at {at:#x} is out of reach of {near:#x}");
+        }
+        let mut s = Scratch { start: at, len: SCRATCH_LEN, used: 0 };
+        if self.trampoline == 0 {
+            // The first slot: the breakpoint returns come back to.
+            target::poke(tid, at, &arch::BREAKPOINT)?;
+            self.trampoline = at;
+            s.used = SLOT;
+        }
+        let slot = s.start + s.used;
+        s.used += SLOT;
+        self.scratch.push(s);
+        Ok(slot)
+    }
+
+    /// Puts a breakpoint for `call` at `addr` of the module at `module`.
+    fn breakpoint(
+        &mut self,
+        tid: Pid,
+        addr: u64,
+        call: Call,
+        module: (u64, u64),
+        signals: &mut Vec<nix::sys::signal::Signal>,
+    ) -> Result<()> {
+        if self.breakpoints.contains_key(&addr) {
+            return Ok(());
+        }
+        let mut code = [0u8; arch::CODE_READ];
+        if target::read(self.pid, addr, &mut code) < code.len() {
+            bail!("cannot read its code");
+        }
+        let slot = self.slot(tid, addr, signals)?;
+        let moved = arch::displaced(&code, addr, slot)?;
+        target::poke(tid, slot, &moved)?;
+        target::poke(tid, addr, &arch::BREAKPOINT)?;
+        self.breakpoints.insert(addr, Breakpoint { call, displaced: slot, module, orig: code[0] });
+        Ok(())
+    }
+
+    /// Puts back every byte a breakpoint replaced (stopped thread `tid`).
+    pub fn remove_breakpoints(&mut self, tid: Pid) {
+        for (&addr, b) in &self.breakpoints {
+            let _ = target::poke(tid, addr, &[b.orig]);
+        }
+        self.breakpoints.clear();
+    }
+}

@@ -1,0 +1,299 @@
+//! The event loop: every stop of every traced thread, in the order the
+//! kernel reports them. Threads (PTRACE_O_TRACECLONE) belong to their
+//! process; a fork or vfork makes a process with a stream of its own; an
+//! exec ends the image's stream and starts the next. Signals go to the
+//! program unchanged; a stop at none of the tracer's breakpoints is the
+//! program's own SIGTRAP.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+
+use anyhow::{Context, Result};
+use mtrace_format::EndReason;
+use nix::errno::Errno;
+use nix::sys::ptrace::{self, Event};
+use nix::sys::signal::Signal;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use rustc_hash::FxHashMap as HashMap;
+
+use crate::arch;
+use crate::calls::{self, Settings, Thread};
+use crate::process::Process;
+use crate::spawn::{self, DETACH};
+use crate::target;
+
+/// How tracing the program ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// It exited with this status.
+    Exited(i32),
+    /// It was killed by this signal.
+    Signaled(i32),
+    /// The tracer was asked to leave (SIGINT, SIGTERM): the program runs
+    /// on, untraced; its pid.
+    Detached(i32),
+}
+
+/// What to write where.
+pub struct Options {
+    /// The trace files: `%p` the pid, `%e` the program (as MTRACE_OUTPUT).
+    pub output: String,
+    pub settings: Settings,
+}
+
+struct Tracer {
+    opts: Options,
+    /// Processes by pid.
+    procs: HashMap<Pid, Process>,
+    /// Threads: their process and state.
+    threads: HashMap<Pid, (Pid, Thread)>,
+    /// New threads or children that stopped before the event that names
+    /// them: resumed once it came.
+    early: HashSet<Pid>,
+    main: Pid,
+    frames: Vec<u64>,
+}
+
+/// Runs `cmd` traced until it ends (and every process it started), or
+/// until the tracer is told to leave; returns its pid and how it ended.
+pub fn run(cmd: &[String], opts: Options) -> Result<(i32, Outcome)> {
+    spawn::catch_signals()?;
+    let main = spawn::spawn(cmd)?;
+    let mut t = Tracer {
+        opts,
+        procs: HashMap::default(),
+        threads: HashMap::default(),
+        early: HashSet::new(),
+        main,
+        frames: Vec::with_capacity(256),
+    };
+    Ok((main.as_raw(), t.event_loop()?))
+}
+
+impl Tracer {
+    fn event_loop(&mut self) -> Result<Outcome> {
+        let mut outcome = None;
+        loop {
+            if DETACH.load(Ordering::Relaxed) {
+                self.detach_all();
+                return Ok(Outcome::Detached(self.main.as_raw()));
+            }
+            let st = match waitpid(None, Some(WaitPidFlag::__WALL)) {
+                Ok(st) => st,
+                Err(Errno::EINTR) => continue,
+                Err(Errno::ECHILD) => break,
+                Err(e) => return Err(e).context("waitpid"),
+            };
+            match st {
+                WaitStatus::Exited(tid, code) => {
+                    self.gone(tid, EndReason::Exit);
+                    if tid == self.main {
+                        outcome = Some(Outcome::Exited(code));
+                    }
+                }
+                WaitStatus::Signaled(tid, sig, _) => {
+                    self.gone(tid, EndReason::Signal(sig as u32));
+                    if tid == self.main {
+                        outcome = Some(Outcome::Signaled(sig as i32));
+                    }
+                }
+                WaitStatus::Stopped(tid, Signal::SIGTRAP) => self.trap(tid),
+                WaitStatus::Stopped(tid, sig) => resume(tid, Some(sig)),
+                WaitStatus::PtraceEvent(tid, _, ev) => self.event(tid, ev),
+                _ => {}
+            }
+            if outcome.is_some() && self.procs.is_empty() {
+                break;
+            }
+        }
+        for p in self.procs.values_mut() {
+            let _ = p.stream.flush();
+        }
+        Ok(outcome.unwrap_or(Outcome::Exited(0)))
+    }
+
+    /// A stop of `tid` at a breakpoint (or the program's own SIGTRAP).
+    fn trap(&mut self, tid: Pid) {
+        let Some((pid, th)) = self.threads.get_mut(&tid) else { return resume(tid, Some(Signal::SIGTRAP)) };
+        let Some(p) = self.procs.get_mut(pid) else { return resume(tid, None) };
+        let Ok(mut r) = target::regs(tid) else { return resume(tid, None) };
+        let at = arch::trapped_at(r.ip());
+        if at == p.trampoline && at != 0 {
+            if calls::returned(p, th, tid, &mut r) {
+                let _ = target::set_regs(tid, &r);
+                return resume(tid, None);
+            }
+        } else if let Some(b) = p.breakpoints.get(&at).copied() {
+            let reload = calls::entry(p, th, tid, &b, &r, &self.opts.settings, &mut self.frames);
+            if reload {
+                let mut signals = Vec::new();
+                if let Err(e) = p.update_modules(tid, &mut signals) {
+                    eprintln!("mtrace: {e:#}");
+                }
+            }
+            r.set_ip(b.displaced);
+            let _ = target::set_regs(tid, &r);
+            return resume(tid, None);
+        }
+        resume(tid, Some(Signal::SIGTRAP))
+    }
+
+    fn event(&mut self, tid: Pid, ev: i32) {
+        let new = || ptrace::getevent(tid).ok().map(|n| Pid::from_raw(n as i32));
+        match ev {
+            e if e == Event::PTRACE_EVENT_EXEC as i32 => self.exec(tid),
+            e if e == Event::PTRACE_EVENT_CLONE as i32 => {
+                if let (Some(child), Some(&(pid, _))) = (new(), self.threads.get(&tid)) {
+                    self.threads.insert(child, (pid, Thread::default()));
+                    if self.early.remove(&child) {
+                        resume(child, None);
+                    }
+                }
+                resume(tid, None);
+            }
+            e if e == Event::PTRACE_EVENT_FORK as i32 || e == Event::PTRACE_EVENT_VFORK as i32 => {
+                if let Some(child) = new() {
+                    self.fork(tid, child);
+                }
+                resume(tid, None);
+            }
+            e if e == Event::PTRACE_EVENT_STOP as i32 => {
+                if self.threads.contains_key(&tid) {
+                    // A group stop (SIGSTOP and the like): the program goes
+                    // on; job control is not kept under --ptrace.
+                    resume(tid, None);
+                } else {
+                    // A new thread or child before the event naming it.
+                    self.early.insert(tid);
+                }
+            }
+            _ => resume(tid, None),
+        }
+    }
+
+    /// `tid`'s process exec'd: its image's stream ends, the new image's
+    /// starts (the thread is now the process's only one, its id the pid).
+    fn exec(&mut self, tid: Pid) {
+        let pid = self.threads.get(&tid).map_or(tid, |t| t.0);
+        let ppid = match self.procs.remove(&pid) {
+            Some(mut old) => {
+                old.stream.end(tid.as_raw() as u32, EndReason::Exec);
+                parent_of(pid)
+            }
+            None => parent_of(pid),
+        };
+        self.threads.retain(|_, (p, _)| *p != pid);
+        let mut signals = Vec::new();
+        match Process::exec(pid, ppid, &self.opts.output, &mut signals) {
+            Ok(p) => {
+                self.procs.insert(pid, p);
+                self.threads.insert(pid, (pid, Thread::default()));
+            }
+            Err(e) => eprintln!("mtrace: process {pid} is not traced: {e:#}"),
+        }
+        resume(pid, signals.first().copied());
+    }
+
+    /// Thread `tid` forked `child`.
+    fn fork(&mut self, tid: Pid, child: Pid) {
+        let Some((pid, th)) = self.threads.get(&tid) else { return };
+        let Some(parent) = self.procs.get(pid) else { return };
+        match Process::fork(parent, child, &self.opts.output) {
+            Ok(p) => {
+                // Only the forking thread lives on in the child, inside the
+                // same calls.
+                let copy = Thread { outer: th.outer, pending: th.pending.clone() };
+                self.procs.insert(child, p);
+                self.threads.insert(child, (child, copy));
+            }
+            Err(e) => eprintln!("mtrace: process {child} is not traced: {e:#}"),
+        }
+        if self.early.remove(&child) {
+            resume(child, None);
+        }
+    }
+
+    /// Thread `tid` is gone: its process ends with it when it was the last.
+    fn gone(&mut self, tid: Pid, reason: EndReason) {
+        let Some((pid, _)) = self.threads.remove(&tid) else { return };
+        if tid == pid {
+            if let Some(mut p) = self.procs.remove(&pid) {
+                p.stream.end(tid.as_raw() as u32, reason);
+            }
+        }
+    }
+
+    /// Leaves every process running untraced: each thread stopped, the
+    /// breakpoints' bytes and the replaced return addresses put back.
+    fn detach_all(&mut self) {
+        let tids: Vec<Pid> = self.threads.keys().copied().collect();
+        let mut stopped = HashSet::new();
+        for &tid in &tids {
+            let _ = ptrace::interrupt(tid);
+        }
+        // Each thread reports a stop (its interrupt, or an event before it).
+        let mut signals: HashMap<Pid, Signal> = HashMap::default();
+        while stopped.len() < tids.len() {
+            match waitpid(None, Some(WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::Stopped(tid, sig)) => {
+                    if sig == Signal::SIGTRAP {
+                        self.unstep(tid);
+                    } else {
+                        signals.insert(tid, sig);
+                    }
+                    stopped.insert(tid);
+                }
+                Ok(WaitStatus::PtraceEvent(tid, _, _)) => {
+                    stopped.insert(tid);
+                }
+                Ok(WaitStatus::Exited(tid, _)) | Ok(WaitStatus::Signaled(tid, _, _)) => {
+                    self.gone(tid, EndReason::Detach);
+                    stopped.insert(tid);
+                }
+                Ok(_) => {}
+                Err(Errno::EINTR) => {}
+                Err(_) => break,
+            }
+        }
+        for (tid, (pid, th)) in self.threads.iter_mut() {
+            calls::restore_returns(th, *tid);
+            if let Some(p) = self.procs.get_mut(pid) {
+                p.remove_breakpoints(*tid);
+            }
+        }
+        for p in self.procs.values_mut() {
+            p.stream.end(p.pid.as_raw() as u32, EndReason::Detach);
+        }
+        for &tid in self.threads.keys() {
+            let _ = ptrace::detach(tid, signals.get(&tid).copied());
+        }
+    }
+
+    /// A thread that trapped at a breakpoint while the tracer was leaving:
+    /// it goes on from the function's first instruction, put back.
+    fn unstep(&mut self, tid: Pid) {
+        let Some((pid, th)) = self.threads.get_mut(&tid) else { return };
+        let Some(p) = self.procs.get_mut(pid) else { return };
+        let Ok(mut r) = target::regs(tid) else { return };
+        let at = arch::trapped_at(r.ip());
+        if at == p.trampoline && calls::returned(p, th, tid, &mut r) {
+            let _ = target::set_regs(tid, &r);
+        } else if p.breakpoints.contains_key(&at) {
+            r.set_ip(at);
+            let _ = target::set_regs(tid, &r);
+        }
+    }
+}
+
+/// Resumes a stopped thread, delivering `sig`.
+fn resume(tid: Pid, sig: Option<Signal>) {
+    let _ = ptrace::cont(tid, sig);
+}
+
+fn parent_of(pid: Pid) -> u32 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
