@@ -16,10 +16,20 @@ use crate::target;
 /// The outermost interposed call a thread is in.
 #[derive(Clone, Copy, Debug)]
 pub struct Outer {
-    /// The stack pointer at its entry: a later entry with a lower one is
-    /// nested in it; one at or above it means it has returned (or was left
-    /// by an exception or a longjmp).
+    /// The stack pointer at its entry (the slot of its return address).
+    /// A later entry with a lower one is nested in it while that slot
+    /// still holds `ret` (after it returned, the caller's next call
+    /// overwrote it); one above it means it has returned (or was left by
+    /// an exception or a longjmp).
     sp: u64,
+    ret: u64,
+    /// Its first argument: a call at the same stack pointer with the same
+    /// one is a tail call it made (libstdc++'s `delete[]` jumps to
+    /// `delete`, `delete` to `free`, `new[]` to `new`), part of it.
+    arg: u64,
+    /// It can make no more tail calls (its event is complete): a call at
+    /// its stack pointer is one its caller made next.
+    done: bool,
     /// For `operator new`: the family and size of the block the
     /// allocation it makes returns, and its backtrace.
     new: Option<(Family, u64, u32)>,
@@ -85,29 +95,47 @@ pub fn entry(
     if ret == p.trampoline {
         return false;
     }
-    if th.outer.is_some_and(|o| slot >= o.sp) {
+    let args = [r.arg(0), r.arg(1), r.arg(2), r.arg(3), r.arg(4)];
+    let nested = match th.outer {
+        // Its return address is still there, or the trampoline's it was replaced by.
+        Some(o) if slot < o.sp && target::read_u64(p.pid, o.sp).is_some_and(|w| w == o.ret || w == p.trampoline) => {
+            Some(o)
+        }
+        Some(o) if slot == o.sp && !o.done && args[0] == o.arg => Some(o),
+        _ => None,
+    };
+    if nested.is_none() {
         th.outer = None;
     }
     // The pending returns the thread left (longjmp) are gone.
     th.pending.retain(|q| q.slot > slot);
-    let nested = th.outer;
     // glibc's own mappings (large blocks, thread stacks) are not the program's.
     if b.call.mapping() && b.module.0 <= ret && ret < b.module.1 {
         return false;
     }
-    let args = [r.arg(0), r.arg(1), r.arg(2), r.arg(3), r.arg(4)];
+    if std::env::var_os("MTRACE_PTRACE_DEBUG").is_some() {
+        eprintln!("entry {:?} slot={slot:#x} ret={ret:#x} args={:x?} nested={nested:?} pending={}", b.call, args, th.pending.len());
+    }
     let time = p.stream.now();
+    let outer = |arg, done, new| Some(Outer { sp: slot, ret, arg, done, new });
     match b.call {
         Call::LoaderState => {}
-        Call::Free { family } => {
-            if nested.is_none() && args[0] != 0 {
-                let stack = if s.check_frees { backtrace(p, t, r, ret, s.depth, frames) } else { 0 };
-                p.stream.record(t, &Record::Free { time_ns: time, family, addr: args[0], stack });
+        Call::Free { family } => match nested {
+            None => {
+                if args[0] != 0 {
+                    let stack = if s.check_frees { backtrace(p, t, r, ret, s.depth, frames) } else { 0 };
+                    p.stream.record(t, &Record::Free { time_ns: time, family, addr: args[0], stack });
+                }
+                // free() calls no other free; delete ends in free.
+                th.outer = outer(args[0], family == Family::Malloc, None);
             }
-            if nested.is_none() {
-                th.outer = Some(Outer { sp: slot, new: None });
+            Some(_) if family == Family::Malloc => {
+                if let Some(o) = th.outer.as_mut() {
+                    o.done = true;
+                }
             }
-        }
+            Some(_) => {}
+        },
         Call::Munmap => {
             if nested.is_none() {
                 p.stream.record(t, &Record::Munmap { time_ns: time, addr: args[0], len: args[1] });
@@ -116,19 +144,22 @@ pub fn entry(
         Call::New { family } => {
             if nested.is_none() {
                 let stack = backtrace(p, t, r, ret, s.depth, frames);
-                th.outer = Some(Outer { sp: slot, new: Some((family, args[0], stack)) });
+                th.outer = outer(args[0], false, Some((family, args[0], stack)));
             }
         }
         call => {
             let (stack, new) = match nested {
                 // The allocation `operator new` makes: its block is new's.
                 Some(Outer { new: Some((family, size, stack)), .. }) => {
-                    th.outer = Some(Outer { sp: nested.map_or(slot, |o| o.sp), new: None });
+                    if let Some(o) = th.outer.as_mut() {
+                        (o.done, o.new) = (true, None);
+                    }
                     (stack, Some((family, size)))
                 }
                 Some(_) => return false,
                 None => {
-                    th.outer = Some(Outer { sp: slot, new: None });
+                    // Its tail calls come back with the trampoline's return address.
+                    th.outer = outer(args[0], true, None);
                     (backtrace(p, t, r, ret, s.depth, frames), None)
                 }
             };
