@@ -73,6 +73,29 @@ fn backtrace(p: &mut Process, tid: u32, r: &Regs, ret: u64, depth: usize, frames
     p.stream.stack(tid, frames)
 }
 
+/// Whether the call of `b`'s function returning to `ret` is one the
+/// library that defines it makes itself, which libmtrace.so does not see
+/// either: glibc's mappings for large blocks and thread stacks; in a
+/// shared library, a direct call to the function (glibc's `__libc_free`
+/// of the blocks in a thread's cache when it exits, which the program
+/// freed already), where calls that go through the PLT are the ones
+/// interposition reaches.
+fn own_call(p: &Process, b: &Breakpoint, ret: u64) -> bool {
+    let inside = b.module.0 <= ret && ret < b.module.1;
+    if !inside {
+        return false;
+    }
+    if b.call.mapping() {
+        return true;
+    }
+    if p.static_exe {
+        return false;
+    }
+    let mut before = [0u8; arch::CALL_LEN];
+    let n = target::read(p.pid, ret - arch::CALL_LEN as u64, &mut before);
+    n == before.len() && arch::direct_call_target(&before, ret) == Some(b.at)
+}
+
 /// Thread `tid` stopped at breakpoint `b` (an interposed function's entry)
 /// with registers `r`. Returns whether the module list may have changed.
 pub fn entry(
@@ -109,12 +132,8 @@ pub fn entry(
     }
     // The pending returns the thread left (longjmp) are gone.
     th.pending.retain(|q| q.slot > slot);
-    // glibc's own mappings (large blocks, thread stacks) are not the program's.
-    if b.call.mapping() && b.module.0 <= ret && ret < b.module.1 {
+    if own_call(p, b, ret) {
         return false;
-    }
-    if std::env::var_os("MTRACE_PTRACE_DEBUG").is_some() {
-        eprintln!("entry {:?} slot={slot:#x} ret={ret:#x} args={:x?} nested={nested:?} pending={}", b.call, args, th.pending.len());
     }
     let time = p.stream.now();
     let outer = |arg, done, new| Some(Outer { sp: slot, ret, arg, done, new });
@@ -122,7 +141,7 @@ pub fn entry(
         Call::LoaderState => {}
         Call::Free { family } => match nested {
             None => {
-                if args[0] != 0 {
+                if args[0] != 0 && (!p.static_exe || p.live.remove(&args[0])) {
                     let stack = if s.check_frees { backtrace(p, t, r, ret, s.depth, frames) } else { 0 };
                     p.stream.record(t, &Record::Free { time_ns: time, family, addr: args[0], stack });
                 }
@@ -227,6 +246,21 @@ pub fn returned(p: &mut Process, th: &mut Thread, tid: Pid, r: &mut Regs) -> boo
         _ => None,
     };
     if let Some(rec) = rec {
+        if p.static_exe {
+            match rec {
+                Record::Alloc { addr, .. } => {
+                    p.live.insert(addr);
+                }
+                Record::Realloc { old, new, .. } => {
+                    p.live.remove(&old);
+                    p.live.insert(new);
+                }
+                Record::Free { addr, .. } => {
+                    p.live.remove(&addr);
+                }
+                _ => {}
+            }
+        }
         p.stream.record(t, &rec);
     }
     true

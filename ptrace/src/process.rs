@@ -29,6 +29,8 @@ use crate::unwind::Unwind;
 /// runs, and the range of the module that defines it.
 #[derive(Clone, Copy, Debug)]
 pub struct Breakpoint {
+    /// The function's address.
+    pub at: u64,
     pub call: Call,
     pub displaced: u64,
     pub module: (u64, u64),
@@ -56,6 +58,12 @@ pub struct Process {
     /// The breakpoint returns come back to (first slot of the first scratch).
     pub trampoline: u64,
     pub unwind: Unwind,
+    /// A statically linked program: the allocator is part of the
+    /// executable, and its own calls cannot be told from the program's.
+    pub static_exe: bool,
+    /// For a static program, the blocks reported live: a free of any other
+    /// address is the allocator's own (its caches), not recorded.
+    pub live: rustc_hash::FxHashSet<u64>,
 }
 
 impl Process {
@@ -72,8 +80,12 @@ impl Process {
             scratch: Vec::new(),
             trampoline: 0,
             unwind: Unwind::default(),
+            static_exe: false,
+            live: Default::default(),
         };
         p.update_modules(pid, signals)?;
+        // No dynamic loader: everything is in the executable.
+        p.static_exe = !p.modules.iter().any(|m| m.module.path.contains("/ld-linux") || m.module.path.contains("/ld-musl"));
         let time_ns = p.stream.now();
         p.stream.record(pid.as_raw() as u32, &Record::Coverage { time_ns, collecting: true, whole: true });
         Ok(p)
@@ -96,6 +108,8 @@ impl Process {
             scratch: parent.scratch.clone(),
             trampoline: parent.trampoline,
             unwind,
+            static_exe: parent.static_exe,
+            live: parent.live.clone(),
         };
         p.write_modules(pid.as_raw() as u32);
         Ok(p)
@@ -146,18 +160,29 @@ impl Process {
             s.used += SLOT;
             return Ok(at);
         }
-        // Ask for a page near the code (below it: the region under a
-        // module is usually free), without MAP_FIXED.
-        let hint = near.saturating_sub(64 << 20) & !0xfff;
+        // A page near the code, at one of a few distances below or above
+        // it, where nothing is mapped (MAP_FIXED_NOREPLACE: never over a
+        // mapping, and exactly there).
         let prot = (libc::PROT_READ | libc::PROT_EXEC) as u64;
-        let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-        let at = target::syscall(tid, libc::SYS_mmap as u64, [hint, SCRATCH_LEN, prot, flags, u64::MAX, 0], signals)?;
-        if at > u64::MAX - 4096 {
-            bail!("mmap in the target failed: {}", std::io::Error::from_raw_os_error(-(at as i64) as i32));
+        let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
+        let mut at = None;
+        for step in [64u64 << 20, 256 << 20, 1 << 30] {
+            for hint in [near.checked_sub(step), near.checked_add(step)].into_iter().flatten() {
+                let hint = hint & !0xfff;
+                if hint < 1 << 20 {
+                    continue;
+                }
+                let got = target::syscall(tid, libc::SYS_mmap as u64, [hint, SCRATCH_LEN, prot, flags, u64::MAX, 0], signals)?;
+                if got == hint {
+                    at = Some(got);
+                    break;
+                }
+            }
+            if at.is_some() {
+                break;
+            }
         }
-        if at.abs_diff(near) >= NEAR {
-            bail!("the scratch page at {at:#x} is out of reach of {near:#x}");
-        }
+        let Some(at) = at else { bail!("no room for a scratch page within reach of {near:#x}") };
         let mut s = Scratch { start: at, len: SCRATCH_LEN, used: 0 };
         if self.trampoline == 0 {
             // The first slot: the breakpoint returns come back to.
@@ -191,7 +216,7 @@ impl Process {
         let moved = arch::displaced(&code, addr, slot)?;
         target::poke(tid, slot, &moved)?;
         target::poke(tid, addr, &arch::BREAKPOINT)?;
-        self.breakpoints.insert(addr, Breakpoint { call, displaced: slot, module, orig: code[0] });
+        self.breakpoints.insert(addr, Breakpoint { at: addr, call, displaced: slot, module, orig: code[0] });
         Ok(())
     }
 

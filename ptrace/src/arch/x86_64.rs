@@ -53,6 +53,16 @@ pub fn caller(r: &Regs, ret: u64) -> (u64, u64, u64) {
     (ret, r.sp() + 8, r.bp())
 }
 
+/// Bytes before a return address that hold a direct call.
+pub const CALL_LEN: usize = 5;
+
+/// The target of the direct call (`call rel32`) whose return address is
+/// `ret`, from the `CALL_LEN` bytes before it; `None` for an indirect call
+/// (through the PLT's GOT slot, a function pointer) or no call.
+pub fn direct_call_target(before: &[u8; CALL_LEN], ret: u64) -> Option<u64> {
+    (before[0] == 0xe8).then(|| ret.wrapping_add_signed(i32::from_le_bytes([before[1], before[2], before[3], before[4]]) as i64))
+}
+
 /// Bytes of code read at a breakpoint's address to decode its instruction.
 pub const CODE_READ: usize = 16;
 /// Room each displaced instruction takes in the scratch page.
