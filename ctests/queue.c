@@ -1,9 +1,10 @@
 /* Producers pass blocks through a queue to consumers, which free them at
    once, so the allocator hands the same addresses out again while the
    tracer's buffers of different threads hold their events. Every block is
-   freed, except LEAK_EVERY-th block of each producer when argv[1] is
-   "leak": consumers keep those (@leak:kept), and each producer leaks one
-   block of its own at the end (@leak:producer). */
+   freed, except one in a fifth of each producer's blocks (5 each) when
+   argv[1] is "leak": consumers keep those (@leak:kept), and each producer
+   leaks one block of its own at the end (@leak:producer). argv[2]: blocks
+   per producer (default 250,000). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,14 +13,13 @@
 #define CONSUMERS 2
 #define PER_PRODUCER 250000
 #define QUEUE 64
-#define LEAK_EVERY 50000
 
 static void *queue[QUEUE];
 static int head, tail, count, done;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t not_empty = PTHREAD_COND_INITIALIZER, not_full = PTHREAD_COND_INITIALIZER;
 static int leak;
-static void *kept[PRODUCERS * PER_PRODUCER / LEAK_EVERY + 1];
+static void *kept[PRODUCERS * 5 + 1];
 static int nkept;
 static void *volatile producer_leak[PRODUCERS];
 
@@ -47,13 +47,16 @@ static void *take(void) {
     return p;
 }
 
+/* Blocks each producer makes (argv[2]); every fifth of them one is kept. */
+static int per_producer = PER_PRODUCER;
+
 static void *producer(void *arg) {
     long id = (long)arg;
-    for (int i = 0; i < PER_PRODUCER; i++) {
+    for (int i = 0; i < per_producer; i++) {
         size_t size = 16 + (i * 7) % 100;
         char *p = malloc(size); // @leak:kept
         memset(p, 0, size);
-        p[0] = (leak && i % LEAK_EVERY == LEAK_EVERY - 1) ? 'k' : 'f';
+        p[0] = (leak && i % (per_producer / 5) == per_producer / 5 - 1) ? 'k' : 'f';
         put(p);
     }
     if (leak) producer_leak[id] = malloc(777); // @leak:producer
@@ -81,6 +84,7 @@ static void *consumer(void *arg) {
 
 int main(int argc, char **argv) {
     leak = argc > 1 && strcmp(argv[1], "leak") == 0;
+    if (argc > 2) per_producer = atoi(argv[2]);
     pthread_t p[PRODUCERS], c[CONSUMERS];
     for (long i = 0; i < CONSUMERS; i++) pthread_create(&c[i], NULL, consumer, NULL);
     for (long i = 0; i < PRODUCERS; i++) pthread_create(&p[i], NULL, producer, (void *)i);

@@ -229,7 +229,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         match trace_with_ptrace(&a, &dir)? {
             (pid, Some(status)) => (pid, status),
             (pid, None) => {
-                writeln!(out, "mtrace: detached from process {pid}: it runs on, untraced")?;
+                eprintln!("mtrace: detached from process {pid}: it runs on, untraced");
                 let _ = report_processes(&dir, pid, &a.opts, a.keep_traces || a.trace_dir.is_some(), &mut *out)?;
                 return Ok(ExitCode::SUCCESS);
             }

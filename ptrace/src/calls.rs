@@ -226,13 +226,15 @@ pub fn returned(p: &mut Process, th: &mut Thread, tid: Pid, r: &mut Regs) -> boo
             match (a0, res) {
                 (0, 0) => None,
                 (0, new) => Some(alloc(new, Family::Malloc, size)),
-                (old, 0) if size == 0 => Some(Record::Free { time_ns: q.time, family: Family::Malloc, addr: old, stack: 0 }),
+                (old, 0) if size == 0 => {
+                    Some(Record::Free { time_ns: q.time, family: Family::Malloc, addr: old, stack: 0 })
+                }
                 (_, 0) => None,
                 (old, new) => Some(Record::Realloc { time_ns, free_time_ns: q.time, old, new, size, stack: q.stack }),
             }
         }
         // mmap and mremap return MAP_FAILED, -1, when they fail.
-        Call::Mmap => (res != u64::MAX).then(|| Record::Mmap {
+        Call::Mmap => (res != u64::MAX).then_some(Record::Mmap {
             time_ns,
             addr: res,
             len: a1,
@@ -241,8 +243,14 @@ pub fn returned(p: &mut Process, th: &mut Thread, tid: Pid, r: &mut Regs) -> boo
             fd: a4 as i32,
             stack: q.stack,
         }),
-        Call::Mremap => (res != u64::MAX)
-            .then(|| Record::Mremap { time_ns, old: a0, old_len: a1, new: res, new_len: a2, stack: q.stack }),
+        Call::Mremap => (res != u64::MAX).then_some(Record::Mremap {
+            time_ns,
+            old: a0,
+            old_len: a1,
+            new: res,
+            new_len: a2,
+            stack: q.stack,
+        }),
         _ => None,
     };
     if let Some(rec) = rec {

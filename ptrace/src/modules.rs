@@ -32,7 +32,8 @@ fn file_mappings(pid: Pid) -> Result<Vec<(u64, u64, u64, String)>> {
     let mut v = Vec::new();
     for line in text.lines() {
         let mut f = line.split_whitespace();
-        let (Some(range), Some(_perms), Some(off), Some(_dev), Some(_inode)) = (f.next(), f.next(), f.next(), f.next(), f.next())
+        let (Some(range), Some(_perms), Some(off), Some(_dev), Some(_inode)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
         else {
             continue;
         };
@@ -111,10 +112,8 @@ fn load(path: &str, start: u64, end: u64, off: u64) -> Result<Option<Loaded>> {
     };
     let bias = start.wrapping_sub(seg.address() & !0xfff);
     let build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec).unwrap_or_default();
-    let segments = file
-        .segments()
-        .map(|s| Segment { vaddr: s.address(), memsz: s.size(), flags: segment_flags(&s) })
-        .collect();
+    let segments =
+        file.segments().map(|s| Segment { vaddr: s.address(), memsz: s.size(), flags: segment_flags(&s) }).collect();
     let mut funcs: Vec<(u64, Call)> = Vec::new();
     for sym in file.dynamic_symbols().chain(file.symbols()) {
         if sym.is_undefined() || sym.kind() != SymbolKind::Text || sym.address() == 0 {

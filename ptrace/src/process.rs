@@ -85,7 +85,8 @@ impl Process {
         };
         p.update_modules(pid, signals)?;
         // No dynamic loader: everything is in the executable.
-        p.static_exe = !p.modules.iter().any(|m| m.module.path.contains("/ld-linux") || m.module.path.contains("/ld-musl"));
+        p.static_exe =
+            !p.modules.iter().any(|m| m.module.path.contains("/ld-linux") || m.module.path.contains("/ld-musl"));
         let time_ns = p.stream.now();
         p.stream.record(pid.as_raw() as u32, &Record::Coverage { time_ns, collecting: true, whole: true });
         Ok(p)
@@ -126,8 +127,12 @@ impl Process {
     /// the stream gets the list when it changed.
     pub fn update_modules(&mut self, tid: Pid, signals: &mut Vec<nix::sys::signal::Signal>) -> Result<()> {
         let maps = modules::mapped_starts(self.pid)?;
-        let gone: Vec<u64> =
-            self.modules.iter().filter(|m| !maps.contains(&(m.module.path.clone(), m.range.0))).map(|m| m.range.0).collect();
+        let gone: Vec<u64> = self
+            .modules
+            .iter()
+            .filter(|m| !maps.contains(&(m.module.path.clone(), m.range.0)))
+            .map(|m| m.range.0)
+            .collect();
         for start in &gone {
             self.unwind.remove(*start);
             self.breakpoints.retain(|_, b| b.module.0 != *start);
@@ -172,7 +177,12 @@ impl Process {
                 if hint < 1 << 20 {
                     continue;
                 }
-                let got = target::syscall(tid, libc::SYS_mmap as u64, [hint, SCRATCH_LEN, prot, flags, u64::MAX, 0], signals)?;
+                let got = target::syscall(
+                    tid,
+                    libc::SYS_mmap as u64,
+                    [hint, SCRATCH_LEN, prot, flags, u64::MAX, 0],
+                    signals,
+                )?;
                 if got == hint {
                     at = Some(got);
                     break;

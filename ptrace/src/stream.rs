@@ -27,7 +27,8 @@ pub struct Stream {
 }
 
 fn monotonic_ns() -> u64 {
-    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap_or(nix::sys::time::TimeSpec::new(0, 0));
+    let t =
+        nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap_or(nix::sys::time::TimeSpec::new(0, 0));
     t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
 }
 
@@ -92,7 +93,8 @@ impl Stream {
                 Err(e) => last = Some(e),
             }
         }
-        Err(last.map_or_else(|| anyhow::anyhow!("no free name"), Into::into)).with_context(|| format!("{base}: cannot create"))
+        Err(last.map_or_else(|| anyhow::anyhow!("no free name"), Into::into))
+            .with_context(|| format!("{base}: cannot create"))
     }
 
     /// ns since the stream started.

@@ -60,7 +60,8 @@ pub const CALL_LEN: usize = 5;
 /// `ret`, from the `CALL_LEN` bytes before it; `None` for an indirect call
 /// (through the PLT's GOT slot, a function pointer) or no call.
 pub fn direct_call_target(before: &[u8; CALL_LEN], ret: u64) -> Option<u64> {
-    (before[0] == 0xe8).then(|| ret.wrapping_add_signed(i32::from_le_bytes([before[1], before[2], before[3], before[4]]) as i64))
+    (before[0] == 0xe8)
+        .then(|| ret.wrapping_add_signed(i32::from_le_bytes([before[1], before[2], before[3], before[4]]) as i64))
 }
 
 /// Bytes of code read at a breakpoint's address to decode its instruction.
@@ -79,8 +80,7 @@ pub fn displaced(code: &[u8], from: u64, to: u64) -> Result<Vec<u8>> {
     if first.is_invalid() {
         bail!("no instruction at {from:#x}");
     }
-    let back = Instruction::with_branch(iced_x86::Code::Jmp_rel32_64, first.next_ip())
-        .context("the jump back")?;
+    let back = Instruction::with_branch(iced_x86::Code::Jmp_rel32_64, first.next_ip()).context("the jump back")?;
     let block = [first, back];
     let r = BlockEncoder::encode(64, InstructionBlock::new(&block, to), BlockEncoderOptions::NONE)
         .map_err(|e| anyhow::anyhow!("cannot move the instruction at {from:#x}: {e}"))?;

@@ -1,0 +1,207 @@
+//! `mtrace run --ptrace`: the same trace as the preload's, made by
+//! breakpoints from outside the process — the same leaks with the same
+//! frames, statically linked programs, threads, forks and execs, wrong
+//! frees, the program's status and output unchanged, and Ctrl-C leaving it
+//! running.
+
+mod common;
+use common::*;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+/// An entry as compared: bytes, blocks, family and all frames (function, line).
+type Entry = (i64, i64, String, Vec<(String, u64)>);
+
+/// Every entry of a report.
+fn entries(r: &Value) -> Vec<Entry> {
+    let mut v: Vec<_> = r["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let frames = e["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| (f["function"].as_str().unwrap_or("?").to_owned(), f["line"].as_u64().unwrap_or(0)))
+                .collect();
+            (
+                e["bytes"].as_i64().unwrap(),
+                e["blocks"].as_i64().unwrap(),
+                e["family"].as_str().unwrap().to_owned(),
+                frames,
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn counts(r: &Value) -> (u64, u64, u64) {
+    let s = &r["summary"];
+    (s["allocations"].as_u64().unwrap(), s["frees"].as_u64().unwrap(), s["unmatched_frees"].as_u64().unwrap())
+}
+
+/// The program under the preload and under --ptrace: the same report.
+fn same_as_preload(name: &str, src: &str, flags: &[&str], args: &[&str]) {
+    let dir = scratch(&format!("ptrace-{name}"));
+    let prog = build(src, &dir.join(name), flags);
+    let (pre, out1) = run_json(&dir, &[], &prog, args);
+    let (pt, out2) = run_json(&dir, &["--ptrace"], &prog, args);
+    assert_eq!(entries(&pt), entries(&pre), "{name}: the entries");
+    assert_eq!(counts(&pt), counts(&pre), "{name}: allocations, frees, unmatched frees");
+    assert_eq!((out2.status.code(), &out2.stdout), (out1.status.code(), &out1.stdout), "{name}: status and output");
+    assert_eq!(pt["errors"], serde_json::json!([]), "{name}");
+}
+
+#[test]
+fn c_families_are_the_preloads() {
+    same_as_preload("families", "families.c", &["-g", "-O0"], &[]);
+    same_as_preload("realloc", "realloc.c", &["-g", "-O0"], &[]);
+    same_as_preload("mmap", "mmap.c", &["-g", "-O0"], &[]);
+}
+
+#[test]
+fn cxx_new_and_delete_are_the_preloads() {
+    // new[] jumps to new, delete to free: one event each, as interposed.
+    same_as_preload("cxx", "cxx.cpp", &["-g", "-O0"], &[]);
+}
+
+#[test]
+fn backtraces_without_frame_pointers_and_inlined_are_the_preloads() {
+    same_as_preload("nofp", "nofp.c", &["-g", "-O2", "-fomit-frame-pointer"], &[]);
+    same_as_preload("inlined", "inlined.c", &["-g", "-O2"], &[]);
+}
+
+#[test]
+fn exec_and_dlopen_are_the_preloads() {
+    // exec.c exits 7 from its second image; dlopen.c loads a library that leaks.
+    same_as_preload("exec", "exec.c", &["-g", "-O0"], &[]);
+    same_as_preload("dlopen", "dlopen.c", &["-g", "-O0"], &[]);
+}
+
+#[test]
+fn a_static_program_is_traced_with_whole_backtraces() {
+    let dir = scratch("ptrace-static");
+    let prog = build("families.c", &dir.join("families"), &["-g", "-O0", "-static"]);
+    let m = markers("families.c");
+    let (r, out) = run_json(&dir, &["--ptrace"], &prog, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut want = vec![
+        leak(101, 1, "malloc", "leak_malloc", m["malloc"]),
+        leak(102, 1, "malloc", "leak_calloc", m["calloc"]),
+        leak(103, 1, "malloc", "leak_realloc", m["realloc"]),
+        leak(104, 1, "malloc", "leak_reallocarray", m["reallocarray"]),
+        leak(105, 1, "aligned", "leak_posix_memalign", m["posix_memalign"]),
+        leak(106, 1, "aligned", "leak_aligned_alloc", m["aligned_alloc"]),
+        leak(107, 1, "aligned", "leak_valloc", m["valloc"]),
+        leak(108, 1, "aligned", "leak_memalign", m["memalign"]),
+        leak(109, 1, "aligned", "leak_pvalloc", m["pvalloc"]),
+    ];
+    want.sort();
+    assert_eq!(leaks_in(&r, "families.c"), want);
+    // Each down to _start, through main.
+    for e in r["stacks"].as_array().unwrap().iter().filter(|e| line_in(e, "families.c").is_some()) {
+        let names: Vec<&str> =
+            e["frames"].as_array().unwrap().iter().map(|f| f["function"].as_str().unwrap_or("?")).collect();
+        assert_eq!(names[1], "main", "{names:?}");
+        assert_eq!(names.last(), Some(&"_start"), "{names:?}");
+    }
+}
+
+#[test]
+fn threads_hand_blocks_over_without_a_wrong_free() {
+    let dir = scratch("ptrace-queue");
+    let prog = build("queue.c", &dir.join("queue"), &["-g", "-O0"]);
+    let m = markers("queue.c");
+    // A smaller queue than threads.rs's: every call stops the thread.
+    let (r, _) = run_json(&dir, &["--ptrace"], &prog, &["leak", "20000"]);
+    assert_eq!(
+        leaks_in(&r, "queue.c"),
+        vec![leak(1090, 10, "malloc", "producer", m["kept"]), leak(1554, 2, "malloc", "producer", m["producer"])]
+    );
+    assert_eq!(r["errors"], serde_json::json!([]));
+    assert_eq!(r["summary"]["unmatched_frees"], 0);
+}
+
+#[test]
+fn a_forked_child_has_its_own_trace() {
+    let dir = scratch("ptrace-fork");
+    let prog = build("fork.c", &dir.join("fork"), &["-g", "-O0"]);
+    let m = markers("fork.c");
+    let tdir = dir.join("traces");
+    let (r, out) = run_json(&dir, &["--ptrace", "--trace-dir", tdir.to_str().unwrap()], &prog, &[]);
+    assert!(out.status.success());
+    let mut want =
+        vec![leak(401, 1, "malloc", "main", m["before_fork"]), leak(403, 1, "malloc", "main", m["after_fork"])];
+    want.sort();
+    assert_eq!(leaks_in(&r, "fork.c"), want);
+    let traces = traces(&tdir);
+    let child = traces.iter().map(|(_, r)| r).find(|t| t["pid"] != r["pid"]).expect("the child's trace");
+    assert_eq!(leaks_in(child, "fork.c"), vec![leak(402, 1, "malloc", "main", m["in_child"])]);
+    assert_eq!(
+        (child["summary"]["unmatched_frees"].as_u64(), child["errors"].as_array().map(Vec::len)),
+        (Some(1), Some(0))
+    );
+}
+
+#[test]
+fn a_double_free_glibc_aborts_on_is_reported_with_both_backtraces() {
+    let dir = scratch("ptrace-double");
+    let prog = build("wrong_frees.cpp", &dir.join("wrong_frees"), &["-g", "-O0"]);
+    let native = Command::new(&prog).arg("double").output().unwrap();
+    let (r, out) = run_json(&dir, &["--ptrace", "-S"], &prog, &["double"]);
+    assert_eq!(out.status.code(), Some(134));
+    assert_eq!(out.stderr, native.stderr, "the program's error output");
+    let e = &r["errors"][0];
+    assert_eq!((e["kind"].as_str(), e["count"].as_u64()), (Some("double_free"), Some(1)), "{r}");
+    let m = markers("wrong_frees.cpp");
+    let at = |k: &str| e[k].as_array().unwrap().iter().find_map(|f| f["line"].as_u64()).unwrap();
+    assert_eq!(
+        (at("alloc_frames"), at("first_free_frames"), at("free_frames")),
+        (m["a_double"] as u64, m["f1_double"] as u64, m["f2_double"] as u64)
+    );
+}
+
+#[test]
+fn ctrl_c_leaves_the_program_running() {
+    let dir = scratch("ptrace-detach");
+    let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+    let report = dir.join("report.json");
+    let mut c = Command::new(mtrace())
+        .args(["run", "--ptrace", "--json", "-o"])
+        .arg(&report)
+        .arg("--")
+        .arg(&prog)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = c.stdin.take().unwrap();
+    let mut out = BufReader::new(c.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let mut ask = |cmd: &str, stdin: &mut std::process::ChildStdin| {
+        writeln!(stdin, "{cmd}").unwrap();
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        line.clone()
+    };
+    assert_eq!(ask("leak 100", &mut stdin), "ok leak 100\n");
+    // SAFETY: kill with our child's pid.
+    unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
+    let st = c.wait().unwrap();
+    assert!(st.success(), "{st:?}");
+    // Untraced now, and answering: no breakpoint is left behind.
+    assert_eq!(ask("leak 200", &mut stdin), "ok leak 200\n");
+    assert_eq!(ask("tmp 50", &mut stdin), "ok tmp 50\n");
+    assert_eq!(ask("quit", &mut stdin), "holding 2 blocks\n");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(r["summary"]["ended_by"], "detach");
+    let m = markers("attach_target.c");
+    assert!(leaks_in(&r, "attach_target.c").contains(&leak(100, 1, "malloc", "keep", m["window"])));
+}
