@@ -205,3 +205,58 @@ fn ctrl_c_leaves_the_program_running() {
     let m = markers("attach_target.c");
     assert!(leaks_in(&r, "attach_target.c").contains(&leak(100, 1, "malloc", "keep", m["window"])));
 }
+
+#[test]
+fn attach_traces_a_window_of_a_running_program() {
+    let dir = scratch("ptrace-attach");
+    let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+    let m = markers("attach_target.c");
+    let mut t = Command::new(&prog).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut stdin = t.stdin.take().unwrap();
+    let mut out = BufReader::new(t.stdout.take().unwrap());
+    let mut ask = |cmd: &str| {
+        writeln!(stdin, "{cmd}").unwrap();
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        line
+    };
+    assert_eq!(ask("leak 100"), "ready\n");
+    let report = dir.join("report.json");
+    // Blocked in read() while it is seized.
+    let mut a = Command::new(mtrace())
+        .args(["attach", "--ptrace", "--json", "-o"])
+        .arg(&report)
+        .arg(t.id().to_string())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(a.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(line.contains("with ptrace; Ctrl-C detaches"), "{line}");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(ask("leak 250"), "ok leak 100\n");
+    assert_eq!(ask("tmp 40"), "ok leak 250\n");
+    assert_eq!(ask("free"), "ok tmp 40\n");
+    // SAFETY: kill with our child's pid.
+    unsafe { libc::kill(a.id() as i32, libc::SIGTERM) };
+    assert!(a.wait().unwrap().success());
+    // After the detach: untraced, and answering as before.
+    assert_eq!(ask("leak 60"), "ok free\n");
+    assert_eq!(ask("quit"), "ok leak 60\n");
+    let mut rest = String::new();
+    out.read_line(&mut rest).unwrap();
+    assert_eq!(rest, "holding 2 blocks\n");
+    assert_eq!(t.wait().unwrap().code(), Some(3));
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let s = &r["summary"];
+    // The window: 250 kept, 40 freed, and the free of the block from before
+    // the attach (100) unmatched, not an error.
+    assert_eq!(leaks_in(&r, "attach_target.c"), vec![leak(250, 1, "malloc", "keep", m["window"])]);
+    assert_eq!(
+        (s["allocations"].as_u64(), s["frees"].as_u64(), s["unmatched_frees"].as_u64()),
+        (Some(2), Some(2), Some(1))
+    );
+    assert_eq!((s["ended_by"].as_str(), s["attached"].as_bool()), (Some("detach"), Some(true)));
+    assert_eq!(r["errors"], serde_json::json!([]));
+}

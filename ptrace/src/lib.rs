@@ -24,4 +24,4 @@ mod tracer;
 mod unwind;
 
 pub use calls::Settings;
-pub use tracer::{run, Options, Outcome};
+pub use tracer::{attach, run, Options, Outcome};

@@ -92,6 +92,34 @@ impl Process {
         Ok(p)
     }
 
+    /// Running process `pid`, just seized and stopped (thread `tid`): a
+    /// stream that does not know the blocks allocated before, marked as an
+    /// attach (the analyzer says "allocated while attached").
+    pub fn attach(pid: Pid, tid: Pid, pattern: &str, signals: &mut Vec<nix::sys::signal::Signal>) -> Result<Process> {
+        let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok())
+            .unwrap_or(0);
+        let stream = Stream::create(pattern, pid.as_raw() as u32, ppid)?;
+        let mut p = Process {
+            pid,
+            stream,
+            modules: Vec::new(),
+            breakpoints: HashMap::default(),
+            scratch: Vec::new(),
+            trampoline: 0,
+            unwind: Unwind::default(),
+            static_exe: false,
+            live: Default::default(),
+        };
+        let time_ns = p.stream.now();
+        p.stream.record(tid.as_raw() as u32, &Record::Marker { time_ns, seq: 0, name: "attach".into() });
+        p.update_modules(tid, signals)?;
+        p.static_exe =
+            !p.modules.iter().any(|m| m.module.path.contains("/ld-linux") || m.module.path.contains("/ld-musl"));
+        Ok(p)
+    }
+
     /// The child `pid` a fork of `parent` made: the same modules,
     /// breakpoints and scratch pages (its memory is a copy), a stream of
     /// its own that does not know the blocks it inherited.

@@ -53,13 +53,73 @@ extern "C" fn on_signal(_: i32) {
     DETACH.store(true, Ordering::Relaxed);
 }
 
-/// SIGINT, SIGTERM and SIGHUP make the tracer detach; its waits are
-/// interrupted (no SA_RESTART) so that it notices.
+/// SIGINT, SIGTERM and SIGHUP (and SIGALRM, which [`detach_after`]
+/// sends) make the tracer detach; its waits are interrupted (no
+/// SA_RESTART) so that it notices.
 pub fn catch_signals() -> Result<()> {
     let sa = SigAction::new(SigHandler::Handler(on_signal), SaFlags::empty(), SigSet::empty());
-    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGALRM] {
         // SAFETY: the handler only stores to an atomic.
         unsafe { signal::sigaction(sig, &sa) }?;
     }
     Ok(())
+}
+
+/// Makes the tracer detach after `d`: a thread of its own sleeps, then
+/// sends this process SIGALRM (which it blocks itself, so that the signal
+/// interrupts the tracer's wait).
+pub fn detach_after(d: std::time::Duration) {
+    std::thread::spawn(move || {
+        let mut block = SigSet::empty();
+        block.add(Signal::SIGALRM);
+        let _ = block.thread_block();
+        std::thread::sleep(d);
+        let _ = signal::kill(nix::unistd::getpid(), Signal::SIGALRM);
+    });
+}
+
+/// Seizes every thread of running process `pid` and stops them; the
+/// threads, stopped. Errors in one line: no such process, not permitted.
+pub fn seize_all(pid: Pid) -> Result<Vec<Pid>> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).with_context(|| format!("no process {pid}"))?;
+    let mut tids: Vec<Pid> =
+        tasks.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).map(Pid::from_raw).collect();
+    tids.sort();
+    let mut seized = Vec::new();
+    for &tid in &tids {
+        match ptrace::seize(tid, options()) {
+            Ok(()) => seized.push(tid),
+            // A thread that ended meanwhile.
+            Err(nix::errno::Errno::ESRCH) => {}
+            Err(e) => {
+                for &t in &seized {
+                    let _ = ptrace::detach(t, None);
+                }
+                let why = match e {
+                    nix::errno::Errno::EPERM => {
+                        "not permitted (another tracer, another user, or kernel.yama.ptrace_scope)".to_owned()
+                    }
+                    e => e.to_string(),
+                };
+                anyhow::bail!("cannot trace process {pid}: {why}");
+            }
+        }
+    }
+    for &tid in &seized {
+        let _ = ptrace::interrupt(tid);
+    }
+    let mut stopped = Vec::new();
+    for &tid in &seized {
+        loop {
+            match nix::sys::wait::waitpid(tid, Some(nix::sys::wait::WaitPidFlag::__WALL)) {
+                Ok(nix::sys::wait::WaitStatus::PtraceEvent(..)) | Ok(nix::sys::wait::WaitStatus::Stopped(..)) => {
+                    stopped.push(tid);
+                    break;
+                }
+                Err(nix::errno::Errno::EINTR) => continue,
+                _ => break,
+            }
+        }
+    }
+    Ok(stopped)
 }

@@ -71,6 +71,46 @@ pub fn run(cmd: &[String], opts: Options) -> Result<(i32, Outcome)> {
     Ok((main.as_raw(), t.event_loop()?))
 }
 
+/// Traces running process `pid` from now on, until `duration` passed (if
+/// given), the tracer is told to leave, or the process ends; then the
+/// process runs on untraced. How it ended.
+pub fn attach(pid: i32, opts: Options, duration: Option<std::time::Duration>) -> Result<Outcome> {
+    spawn::catch_signals()?;
+    let main = Pid::from_raw(pid);
+    let tids = spawn::seize_all(main)?;
+    let mut t = Tracer {
+        opts,
+        procs: HashMap::default(),
+        threads: HashMap::default(),
+        early: HashSet::new(),
+        main,
+        frames: Vec::with_capacity(256),
+    };
+    let mut signals = Vec::new();
+    let first = *tids.first().context("no thread could be stopped")?;
+    match Process::attach(main, first, &t.opts.output, &mut signals) {
+        Ok(p) => {
+            t.procs.insert(main, p);
+        }
+        Err(e) => {
+            for &tid in &tids {
+                let _ = ptrace::detach(tid, None);
+            }
+            return Err(e);
+        }
+    }
+    for &tid in &tids {
+        t.threads.insert(tid, (main, Thread::default()));
+    }
+    for &tid in &tids {
+        resume(tid, if tid == first { signals.first().copied() } else { None });
+    }
+    if let Some(d) = duration {
+        spawn::detach_after(d);
+    }
+    t.event_loop()
+}
+
 impl Tracer {
     fn event_loop(&mut self) -> Result<Outcome> {
         let mut outcome = None;

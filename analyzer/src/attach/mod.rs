@@ -55,6 +55,11 @@ pub struct AttachArgs {
     /// frees (as `mtrace run -S`).
     #[arg(short = 'S', long = "check-frees")]
     check_frees: bool,
+    /// Trace with breakpoints from outside (ptrace) instead of loading
+    /// libmtrace.so into the process: for static programs, or where the
+    /// library cannot be loaded; far slower (docs/PTRACE.md).
+    #[arg(long, conflicts_with_all = ["interactive", "scan", "interval"])]
+    ptrace: bool,
     /// Every DURATION, print the backtraces whose blocks have been live
     /// longer than --older-than (default: DURATION), most bytes first.
     #[arg(long, value_name = "DURATION", value_parser = crate::report::parse_duration)]
@@ -85,6 +90,9 @@ const DETACH_TIMEOUT: Duration = Duration::from_secs(10);
 /// `mtrace attach`. Exit status 0 after a report; 2, with one line on
 /// stderr, when it could not attach (the process untouched) or report.
 pub fn attach(a: AttachArgs) -> Result<ExitCode> {
+    if a.ptrace {
+        return attach_ptrace(a);
+    }
     // From the start: a SIGTERM during the injection detaches right after it.
     catch_stop_signals();
     let lib = crate::run::find_lib()?;
@@ -166,6 +174,38 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
         bail!("process {} ended before libmtrace.so sent anything", a.pid);
     }
     eprintln!("mtrace: detached from process {} ({} bytes of trace)", a.pid, copied);
+    let mut out = crate::open_output(&a.output)?;
+    let r = a.opts.report(&trace, Some(&mut *out))?;
+    out.flush()?;
+    if let Some(e) = &r.summary.error {
+        eprintln!("mtrace: {e}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `mtrace attach --ptrace`: the ptrace tracer on the process for the
+/// window, then the report of it.
+fn attach_ptrace(a: AttachArgs) -> Result<ExitCode> {
+    let dir = tempfile::Builder::new().prefix("mtrace-attach.").tempdir()?;
+    let pattern = match &a.save {
+        Some(p) => p.display().to_string(),
+        None => dir.path().join("%p.mtrace").display().to_string(),
+    };
+    let opts = mtrace_ptrace::Options {
+        output: pattern.clone(),
+        settings: mtrace_ptrace::Settings {
+            depth: a.opts.depth.unwrap_or(64).clamp(1, 256),
+            check_frees: a.check_frees,
+        },
+    };
+    let duration = a.duration.map(Duration::from_nanos);
+    eprintln!("mtrace: tracing process {} with ptrace; Ctrl-C detaches", a.pid);
+    let outcome = mtrace_ptrace::attach(a.pid, opts, duration)?;
+    match outcome {
+        mtrace_ptrace::Outcome::Detached(_) => eprintln!("mtrace: detached from process {}", a.pid),
+        o => eprintln!("mtrace: process {} ended ({o:?})", a.pid),
+    }
+    let trace = PathBuf::from(pattern.replace("%p", &a.pid.to_string()));
     let mut out = crate::open_output(&a.output)?;
     let r = a.opts.report(&trace, Some(&mut *out))?;
     out.flush()?;
