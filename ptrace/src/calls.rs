@@ -68,8 +68,11 @@ pub struct Settings {
 
 /// The backtrace of a call stopped at its entry with return address `ret`.
 fn backtrace(p: &mut Process, tid: u32, r: &Regs, ret: u64, depth: usize, frames: &mut Vec<u64>) -> u32 {
+    let t = std::time::Instant::now();
     frames.clear();
     p.unwind.walk(p.pid, arch::caller(r, ret), depth, frames);
+    crate::stats::add(&crate::stats::UNWIND_NS, t);
+    crate::stats::UNWINDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     p.stream.stack(tid, frames)
 }
 

@@ -18,6 +18,7 @@ mod funcs;
 mod modules;
 mod process;
 mod spawn;
+mod stats;
 mod stream;
 mod target;
 mod tracer;

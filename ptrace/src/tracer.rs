@@ -21,6 +21,7 @@ use crate::arch;
 use crate::calls::{self, Settings, Thread};
 use crate::process::Process;
 use crate::spawn::{self, DETACH};
+use crate::stats;
 use crate::target;
 
 /// How tracing the program ended.
@@ -86,6 +87,7 @@ pub fn attach(pid: i32, opts: Options, duration: Option<std::time::Duration>) ->
         main,
         frames: Vec::with_capacity(256),
     };
+    let started = std::time::Instant::now();
     let mut signals = Vec::new();
     let first = *tids.first().context("no thread could be stopped")?;
     match Process::attach(main, first, &t.opts.output, &mut signals) {
@@ -105,6 +107,10 @@ pub fn attach(pid: i32, opts: Options, duration: Option<std::time::Duration>) ->
     for &tid in &tids {
         resume(tid, if tid == first { signals.first().copied() } else { None });
     }
+    eprintln!(
+        "mtrace: attached to process {pid} with ptrace ({} ms to put the breakpoints in); Ctrl-C detaches",
+        started.elapsed().as_millis()
+    );
     if let Some(d) = duration {
         spawn::detach_after(d);
     }
@@ -119,12 +125,16 @@ impl Tracer {
                 self.detach_all();
                 return Ok(Outcome::Detached(self.main.as_raw()));
             }
+            let waited = std::time::Instant::now();
             let st = match waitpid(None, Some(WaitPidFlag::__WALL)) {
                 Ok(st) => st,
                 Err(Errno::EINTR) => continue,
                 Err(Errno::ECHILD) => break,
                 Err(e) => return Err(e).context("waitpid"),
             };
+            stats::add(&stats::WAIT_NS, waited);
+            stats::STOPS.fetch_add(1, Ordering::Relaxed);
+            let handling = std::time::Instant::now();
             match st {
                 WaitStatus::Exited(tid, code) => {
                     self.gone(tid, EndReason::Exit);
@@ -143,6 +153,7 @@ impl Tracer {
                 WaitStatus::PtraceEvent(tid, _, ev) => self.event(tid, ev),
                 _ => {}
             }
+            stats::add(&stats::HANDLE_NS, handling);
             if outcome.is_some() && self.procs.is_empty() {
                 break;
             }
@@ -150,6 +161,7 @@ impl Tracer {
         for p in self.procs.values_mut() {
             let _ = p.stream.flush();
         }
+        stats::print();
         Ok(outcome.unwrap_or(Outcome::Exited(0)))
     }
 

@@ -199,7 +199,6 @@ fn attach_ptrace(a: AttachArgs) -> Result<ExitCode> {
         },
     };
     let duration = a.duration.map(Duration::from_nanos);
-    eprintln!("mtrace: tracing process {} with ptrace; Ctrl-C detaches", a.pid);
     let outcome = mtrace_ptrace::attach(a.pid, opts, duration)?;
     match outcome {
         mtrace_ptrace::Outcome::Detached(_) => eprintln!("mtrace: detached from process {}", a.pid),
