@@ -84,9 +84,7 @@ impl Process {
             live: Default::default(),
         };
         p.update_modules(pid, signals)?;
-        // No dynamic loader: everything is in the executable.
-        p.static_exe =
-            !p.modules.iter().any(|m| m.module.path.contains("/ld-linux") || m.module.path.contains("/ld-musl"));
+        p.static_exe = p.no_loader();
         let time_ns = p.stream.now();
         p.stream.record(pid.as_raw() as u32, &Record::Coverage { time_ns, collecting: true, whole: true });
         Ok(p)
@@ -96,11 +94,7 @@ impl Process {
     /// stream that does not know the blocks allocated before, marked as an
     /// attach (the analyzer says "allocated while attached").
     pub fn attach(pid: Pid, tid: Pid, pattern: &str, signals: &mut Vec<nix::sys::signal::Signal>) -> Result<Process> {
-        let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| s.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok())
-            .unwrap_or(0);
-        let stream = Stream::create(pattern, pid.as_raw() as u32, ppid)?;
+        let stream = Stream::create(pattern, pid.as_raw() as u32, parent_of(pid))?;
         let mut p = Process {
             pid,
             stream,
@@ -115,8 +109,7 @@ impl Process {
         let time_ns = p.stream.now();
         p.stream.record(tid.as_raw() as u32, &Record::Marker { time_ns, seq: 0, name: "attach".into() });
         p.update_modules(tid, signals)?;
-        p.static_exe =
-            !p.modules.iter().any(|m| m.module.path.contains("/ld-linux") || m.module.path.contains("/ld-musl"));
+        p.static_exe = p.no_loader();
         Ok(p)
     }
 
@@ -258,6 +251,11 @@ impl Process {
         Ok(())
     }
 
+    /// No dynamic loader is mapped: a statically linked program.
+    fn no_loader(&self) -> bool {
+        !self.modules.iter().any(|m| m.module.path.contains("/ld-linux") || m.module.path.contains("/ld-musl"))
+    }
+
     /// Puts back every byte a breakpoint replaced (stopped thread `tid`).
     pub fn remove_breakpoints(&mut self, tid: Pid) {
         for (&addr, b) in &self.breakpoints {
@@ -265,4 +263,12 @@ impl Process {
         }
         self.breakpoints.clear();
     }
+}
+
+/// The parent of process `pid` (0 when unknown).
+pub fn parent_of(pid: Pid) -> u32 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
 }

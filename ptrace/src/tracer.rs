@@ -19,7 +19,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use crate::arch;
 use crate::calls::{self, Settings, Thread};
-use crate::process::Process;
+use crate::process::{parent_of, Process};
 use crate::spawn::{self, DETACH};
 use crate::stats;
 use crate::target;
@@ -341,11 +341,4 @@ impl Tracer {
 /// Resumes a stopped thread, delivering `sig`.
 fn resume(tid: Pid, sig: Option<Signal>) {
     let _ = ptrace::cont(tid, sig);
-}
-
-fn parent_of(pid: Pid) -> u32 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0)
 }

@@ -5,10 +5,11 @@
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use mtrace_format::{encode_header, Encoder, EndReason, Header, Record};
-use parking_lot::{Mutex, MutexGuard};
+use mtrace_format::{encode_header, Encoder, Header, Record};
+use parking_lot::Mutex;
 
 mod control;
+mod end;
 mod output;
 mod writer;
 mod zstd;
@@ -419,71 +420,6 @@ impl Session {
         crate::snapshot::take(self, by);
         self.report_point(SCAN_REPORT, out, wait)
     }
-
-    /// Writes everything buffered and an End record; afterwards events are
-    /// written synchronously. In a signal handler (`in_signal`) it neither
-    /// allocates nor frees and gives up on a lock held for more than ~2 s.
-    /// `last_free` (address, time in ns, backtrace id or 0) is the block a
-    /// realloc of the calling thread was freeing when the process ended
-    /// (glibc aborted in it), written before the End record as a Realloc
-    /// that returned nothing.
-    pub fn final_flush(&self, reason: EndReason, in_signal: bool, last_free: Option<(u64, u64, u32)>) {
-        // A report asked for just before the end still gets made.
-        if !in_signal && !self.is_finished() && self.reporter.take_request() {
-            self.report_point(SIGNAL_REPORT, None, false);
-        }
-        self.finished.store(true, Ordering::SeqCst);
-        let Some(_f) = lock(&self.file, in_signal) else { return };
-        if !in_signal {
-            self.write_modules_if_changed();
-        }
-        if let Some(threads) = lock(&self.threads, in_signal) {
-            for t in threads.iter() {
-                let Some(mut b) = lock(&t.inner, in_signal) else { continue };
-                let full = std::mem::take(&mut b.full);
-                for buf in &full {
-                    self.out.write(buf);
-                }
-                // Freeing here could deadlock in a signal handler that
-                // interrupted malloc; the process is ending anyway.
-                std::mem::forget(full);
-                self.out.write(&b.cur);
-                b.cur.clear();
-            }
-        }
-        if !self.ended.swap(true, Ordering::SeqCst) {
-            if let Some(mut e) = lock(&self.end_buf, in_signal) {
-                e.clear();
-                let now = self.now();
-                let mut enc = Encoder::new();
-                enc.encode(&mut e, &Record::Thread { tid: sys::gettid(), time_ns: now });
-                if let Some((old, t, stack)) = last_free {
-                    enc.encode(&mut e, &Record::Realloc { time_ns: t, free_time_ns: t, old, new: 0, size: 0, stack });
-                }
-                enc.encode(&mut e, &Record::End { time_ns: now, reason });
-                self.out.write(&e);
-            }
-        }
-    }
-
-    /// Undoes [`Session::final_flush`] after an exec that failed.
-    pub fn resume(&self) {
-        self.ended.store(false, Ordering::SeqCst);
-        self.finished.store(false, Ordering::SeqCst);
-    }
-}
-
-fn lock<T>(m: &Mutex<T>, in_signal: bool) -> Option<MutexGuard<'_, T>> {
-    if !in_signal {
-        return Some(m.lock());
-    }
-    for _ in 0..2000 {
-        if let Some(g) = m.try_lock() {
-            return Some(g);
-        }
-        sys::sleep_ms(1);
-    }
-    None
 }
 
 impl Session {
