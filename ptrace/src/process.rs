@@ -67,12 +67,9 @@ pub struct Process {
 }
 
 impl Process {
-    /// The process `pid` just after an exec (stopped at its first
-    /// instruction, nothing allocated yet): its stream says it is whole.
-    pub fn exec(pid: Pid, ppid: u32, pattern: &str, signals: &mut Vec<nix::sys::signal::Signal>) -> Result<Process> {
-        target::settle(pid, signals)?;
-        let stream = Stream::create(pattern, pid.as_raw() as u32, ppid)?;
-        let mut p = Process {
+    /// A process with no module known yet.
+    fn new(pid: Pid, stream: Stream) -> Process {
+        Process {
             pid,
             stream,
             modules: Vec::new(),
@@ -82,7 +79,15 @@ impl Process {
             unwind: Unwind::default(),
             static_exe: false,
             live: Default::default(),
-        };
+        }
+    }
+
+    /// The process `pid` just after an exec (stopped at its first
+    /// instruction, nothing allocated yet): its stream says it is whole.
+    pub fn exec(pid: Pid, ppid: u32, pattern: &str, signals: &mut Vec<nix::sys::signal::Signal>) -> Result<Process> {
+        target::settle(pid, signals)?;
+        let stream = Stream::create(pattern, pid.as_raw() as u32, ppid)?;
+        let mut p = Process::new(pid, stream);
         p.update_modules(pid, signals)?;
         p.static_exe = p.no_loader();
         let time_ns = p.stream.now();
@@ -95,17 +100,7 @@ impl Process {
     /// attach (the analyzer says "allocated while attached").
     pub fn attach(pid: Pid, tid: Pid, pattern: &str, signals: &mut Vec<nix::sys::signal::Signal>) -> Result<Process> {
         let stream = Stream::create(pattern, pid.as_raw() as u32, parent_of(pid))?;
-        let mut p = Process {
-            pid,
-            stream,
-            modules: Vec::new(),
-            breakpoints: HashMap::default(),
-            scratch: Vec::new(),
-            trampoline: 0,
-            unwind: Unwind::default(),
-            static_exe: false,
-            live: Default::default(),
-        };
+        let mut p = Process::new(pid, stream);
         let time_ns = p.stream.now();
         p.stream.record(tid.as_raw() as u32, &Record::Marker { time_ns, seq: 0, name: "attach".into() });
         p.update_modules(tid, signals)?;

@@ -61,14 +61,7 @@ struct Tracer {
 pub fn run(cmd: &[String], opts: Options) -> Result<(i32, Outcome)> {
     spawn::catch_signals()?;
     let main = spawn::spawn(cmd)?;
-    let mut t = Tracer {
-        opts,
-        procs: HashMap::default(),
-        threads: HashMap::default(),
-        early: HashSet::new(),
-        main,
-        frames: Vec::with_capacity(256),
-    };
+    let mut t = Tracer::new(opts, main);
     Ok((main.as_raw(), t.event_loop()?))
 }
 
@@ -79,14 +72,7 @@ pub fn attach(pid: i32, opts: Options, duration: Option<std::time::Duration>) ->
     spawn::catch_signals()?;
     let main = Pid::from_raw(pid);
     let tids = spawn::seize_all(main)?;
-    let mut t = Tracer {
-        opts,
-        procs: HashMap::default(),
-        threads: HashMap::default(),
-        early: HashSet::new(),
-        main,
-        frames: Vec::with_capacity(256),
-    };
+    let mut t = Tracer::new(opts, main);
     let started = std::time::Instant::now();
     let mut signals = Vec::new();
     let first = *tids.first().context("no thread could be stopped")?;
@@ -118,6 +104,17 @@ pub fn attach(pid: i32, opts: Options, duration: Option<std::time::Duration>) ->
 }
 
 impl Tracer {
+    fn new(opts: Options, main: Pid) -> Tracer {
+        Tracer {
+            opts,
+            procs: HashMap::default(),
+            threads: HashMap::default(),
+            early: HashSet::new(),
+            main,
+            frames: Vec::with_capacity(256),
+        }
+    }
+
     fn event_loop(&mut self) -> Result<Outcome> {
         let mut outcome = None;
         loop {
