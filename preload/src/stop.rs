@@ -159,8 +159,7 @@ pub fn others(skip: &[i32]) -> Stopped {
 
 /// The thread ids of this process, from /proc/self/task.
 fn tasks() -> Vec<i32> {
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return Vec::new() };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()
+    sys::numbered_entries(c"/proc/self/task")
 }
 
 /// Whether thread `tid` blocks `sig` (its SigBlk in /proc).
