@@ -261,3 +261,17 @@ fn attach_traces_a_window_of_a_running_program() {
     assert_eq!((s["ended_by"].as_str(), s["attached"].as_bool()), (Some("detach"), Some(true)));
     assert_eq!(r["errors"], serde_json::json!([]));
 }
+
+#[test]
+fn the_memory_over_time_is_sampled_too() {
+    // phases.c calls malloc and free a tenth of a second apart: samples
+    // come with the calls, at most every 10 ms.
+    let dir = scratch("ptrace-timeline");
+    let prog = build("phases.c", &dir.join("phases"), &["-g", "-O0"]);
+    let (r, _) = run_json(&dir, &["--ptrace", "--timeline"], &prog, &[]);
+    let points = r["timeline"].as_array().unwrap();
+    assert!(points.len() >= 3, "{points:?}");
+    assert!(points.iter().all(|p| p["rss_bytes"].as_u64().unwrap() > 0), "{points:?}");
+    // One sample shows a 4 MiB buffer live.
+    assert!(points.iter().any(|p| p["heap_bytes"].as_u64().unwrap() >= 4 << 20), "{points:?}");
+}

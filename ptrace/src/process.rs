@@ -64,7 +64,13 @@ pub struct Process {
     /// For a static program, the blocks reported live: a free of any other
     /// address is the allocator's own (its caches), not recorded.
     pub live: rustc_hash::FxHashSet<u64>,
+    /// When the resident set size was last sampled, ns of the stream.
+    sampled: u64,
 }
+
+/// How often the resident set size is sampled while the program makes
+/// calls, ns (as the preload's writer: every 10 ms).
+const SAMPLE_NS: u64 = 10_000_000;
 
 impl Process {
     /// A process with no module known yet.
@@ -79,7 +85,22 @@ impl Process {
             unwind: Unwind::default(),
             static_exe: false,
             live: Default::default(),
+            sampled: 0,
         }
+    }
+
+    /// A Sample record (RSS from /proc/PID/statm) when the last is
+    /// [`SAMPLE_NS`] old: the memory chart of the HTML page and `--timeline`.
+    pub fn sample(&mut self, tid: u32) {
+        let time_ns = self.stream.now();
+        if time_ns < self.sampled + SAMPLE_NS {
+            return;
+        }
+        self.sampled = time_ns;
+        let statm = std::fs::read_to_string(format!("/proc/{}/statm", self.pid)).unwrap_or_default();
+        let pages: u64 = statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+        let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten().unwrap_or(4096) as u64;
+        self.stream.record(tid, &Record::Sample { time_ns, rss: pages * page });
     }
 
     /// The process `pid` just after an exec (stopped at its first
@@ -127,6 +148,7 @@ impl Process {
             unwind,
             static_exe: parent.static_exe,
             live: parent.live.clone(),
+            sampled: 0,
         };
         p.write_modules(pid.as_raw() as u32);
         Ok(p)

@@ -174,6 +174,7 @@ impl Tracer {
                 return resume(tid, None);
             }
         } else if let Some(b) = p.breakpoints.get(&at).copied() {
+            p.sample(tid.as_raw() as u32);
             let reload = calls::entry(p, th, tid, &b, &r, &self.opts.settings, &mut self.frames);
             if reload {
                 let mut signals = Vec::new();
