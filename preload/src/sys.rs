@@ -128,7 +128,7 @@ pub fn numbered_entries(path: &CStr) -> Vec<i32> {
         let mut at = 0;
         while at + 19 <= n as usize {
             let reclen = u16::from_ne_bytes([buf[at + 16], buf[at + 17]]) as usize;
-            if reclen == 0 || at + reclen > n as usize {
+            if reclen < 19 || at + reclen > n as usize {
                 break;
             }
             let name = &buf[at + 19..at + reclen];
