@@ -95,7 +95,7 @@ fn own_call(p: &Process, b: &Breakpoint, ret: u64) -> bool {
         return false;
     }
     let mut before = [0u8; arch::CALL_LEN];
-    let n = target::read(p.pid, ret - arch::CALL_LEN as u64, &mut before);
+    let n = target::read(p.pid, ret.wrapping_sub(arch::CALL_LEN as u64), &mut before);
     n == before.len() && arch::direct_call_target(&before, ret) == Some(b.at)
 }
 

@@ -74,7 +74,7 @@ impl Unwind {
         let stack = &self.stack[..got];
         let mut read = |addr: u64| -> Result<u64, ()> {
             let off = addr.checked_sub(base).ok_or(())? as usize;
-            match stack.get(off..off + 8) {
+            match off.checked_add(8).and_then(|end| stack.get(off..end)) {
                 Some(b) => Ok(u64::from_le_bytes(b.try_into().map_err(|_| ())?)),
                 None => target::read_u64(pid, addr).ok_or(()),
             }
