@@ -6,7 +6,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::text::{frame_line, plural, thousands};
+use super::text::{frames, plural, thousands};
 use super::{stack_frames, SortKey};
 use crate::books::wrong::WrongKind;
 use crate::load::Trace;
@@ -104,13 +104,6 @@ fn what(e: &ErrorEntry) -> String {
         (WrongKind::DoubleFree, _) => format!("{call} of a block already freed (double free)"),
         (WrongKind::InvalidFree, _) => format!("{call} of an address that is no block's start (invalid free)"),
     }
-}
-
-fn frames(f: &[Frame], w: &mut dyn Write) -> io::Result<()> {
-    for (j, fr) in f.iter().enumerate() {
-        writeln!(w, "{}", frame_line(fr, j == 0))?;
-    }
-    Ok(())
 }
 
 /// The section "Wrong frees" of the text report (nothing without any).

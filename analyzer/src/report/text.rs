@@ -106,7 +106,8 @@ fn write_intervals(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     Ok(())
 }
 
-fn frames(f: &[Frame], w: &mut dyn Write) -> io::Result<()> {
+/// Writes backtrace `f` one frame per line, as [`frame_line`] shapes them.
+pub(crate) fn frames(f: &[Frame], w: &mut dyn Write) -> io::Result<()> {
     for (j, fr) in f.iter().enumerate() {
         writeln!(w, "{}", frame_line(fr, j == 0))?;
     }
