@@ -8,6 +8,7 @@
 
 mod decode;
 mod encode;
+pub mod naming;
 mod record;
 mod varint;
 

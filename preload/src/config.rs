@@ -207,29 +207,6 @@ fn switch(name: &std::ffi::CStr, default: bool, words: (&str, &str)) -> bool {
     }
 }
 
-/// Expands `%p` (pid), `%e` (program name) and `%%` in an output pattern.
-pub fn expand(pattern: &str, pid: u32, prog: &str) -> String {
-    let mut out = String::with_capacity(pattern.len() + 16);
-    let mut chars = pattern.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('p') => out.push_str(&pid.to_string()),
-            Some('e') => out.push_str(prog),
-            Some('%') => out.push('%'),
-            Some(o) => {
-                out.push('%');
-                out.push(o)
-            }
-            None => out.push('%'),
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
@@ -240,11 +217,5 @@ mod tests {
         assert_eq!(super::parse_signal("off"), Some(None));
         assert_eq!(super::parse_signal("KILLME"), None);
         assert_eq!(super::parse_signal("0"), None);
-    }
-
-    #[test]
-    fn expands_pid_and_name() {
-        assert_eq!(super::expand("/t/%e.%p.mtrace", 42, "ls"), "/t/ls.42.mtrace");
-        assert_eq!(super::expand("a%%b%x%", 1, "p"), "a%b%x%");
     }
 }

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 
 use anyhow::{Context, Result};
-use mtrace_format::{encode_compressed, encode_header, Encoder, Header, Record};
+use mtrace_format::{encode_compressed, encode_header, naming, Encoder, Header, Record};
 use rustc_hash::FxHashMap as HashMap;
 
 /// Records collected before they are compressed and written, bytes.
@@ -37,25 +37,13 @@ fn realtime_ns() -> u64 {
     t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
 }
 
-/// `pattern` with `%p` the pid and `%e` the program name (as MTRACE_OUTPUT).
-fn expand(pattern: &str, pid: u32, prog: &str) -> String {
-    pattern.replace("%p", &pid.to_string()).replace("%e", prog)
-}
-
 impl Stream {
     /// A new stream file for process `pid` (a taken name gets `.1`, `.2`,
     /// … as libmtrace.so's), mode 0600.
     pub fn create(pattern: &str, pid: u32, ppid: u32) -> Result<Stream> {
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.display().to_string()).unwrap_or_default();
-        let cmdline: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .unwrap_or_default()
-            .split(|&b| b == 0)
-            .filter(|s| !s.is_empty())
-            .map(|s| String::from_utf8_lossy(s).into_owned())
-            .collect();
-        let a0 = cmdline.first().map(String::as_str).unwrap_or("program");
-        let prog = a0.rsplit('/').next().filter(|s| !s.is_empty()).unwrap_or("program");
-        let base = expand(pattern, pid, prog);
+        let cmdline = naming::cmdline_args(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default());
+        let base = naming::expand(pattern, pid, &naming::program_name(&cmdline));
         let mut last = None;
         for i in 0..1000 {
             let path = if i == 0 { base.clone() } else { format!("{base}.{i}") };

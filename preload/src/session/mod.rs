@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use mtrace_format::{encode_header, Encoder, Header, Record};
+use mtrace_format::{encode_header, naming, Encoder, Header, Record};
 use parking_lot::Mutex;
 
 mod control;
@@ -177,24 +177,13 @@ pub fn current() -> Option<&'static Session> {
     }
 }
 
-/// Program name for the default file name: argv[0]'s last component.
-fn program_name(cmdline: &[String]) -> String {
-    let a0 = cmdline.first().map(String::as_str).unwrap_or("program");
-    let base = a0.rsplit('/').next().unwrap_or(a0);
-    if base.is_empty() {
-        "program".into()
-    } else {
-        base.into()
-    }
-}
-
 /// Creates the trace file (`MTRACE_OUTPUT`, or `<prog>.<pid>.mtrace` in
 /// the working directory), and its absolute path: the analyzer that makes
 /// incremental reports, and a reopening after the program closed the
 /// descriptor, must find it after a `chdir`.
 fn open_output(cfg: &config::Config, pid: u32, prog: &str) -> Option<(output::Output, String)> {
     let path = match &cfg.output {
-        Some(p) => config::expand(p, pid, prog),
+        Some(p) => naming::expand(p, pid, prog),
         None => format!("{prog}.{pid}.mtrace"),
     };
     match output::Output::connect(&path) {
@@ -254,14 +243,9 @@ impl Session {
         crate::hooks::fds::init();
         let cfg = config::load();
         let pid = sys::getpid();
-        let cmdline: Vec<String> = sys::read_file(c"/proc/self/cmdline")
-            .unwrap_or_default()
-            .split(|&b| b == 0)
-            .filter(|s| !s.is_empty())
-            .map(|s| String::from_utf8_lossy(s).into_owned())
-            .collect();
+        let cmdline = naming::cmdline_args(&sys::read_file(c"/proc/self/cmdline").unwrap_or_default());
         crate::recorder::init_collecting(cfg.start);
-        let prog = program_name(&cmdline);
+        let prog = naming::program_name(&cmdline);
         let (out_file, path) = open_output(&cfg, pid, &prog)?;
         sys::open_statm();
         unwind::init();

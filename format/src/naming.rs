@@ -1,0 +1,61 @@
+//! How producers name their trace files (`docs/FORMAT.md`, "Files"): one
+//! rule for libmtrace.so and the ptrace tracer, so that `%e` and `%%` mean
+//! the same under both.
+
+/// The arguments in the bytes of a `/proc/PID/cmdline` (NUL-separated;
+/// empty arguments dropped, invalid UTF-8 replaced with U+FFFD).
+pub fn cmdline_args(bytes: &[u8]) -> Vec<String> {
+    bytes.split(|&b| b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect()
+}
+
+/// The program name of a file name: argv[0]'s last path component, or
+/// `program` when there is none.
+pub fn program_name(cmdline: &[String]) -> String {
+    let a0 = cmdline.first().map(String::as_str).unwrap_or("program");
+    match a0.rsplit('/').next() {
+        Some(base) if !base.is_empty() => base.into(),
+        _ => "program".into(),
+    }
+}
+
+/// Output pattern `pattern` with `%p` the pid, `%e` the program name and
+/// `%%` a percent sign; any other `%` stays as written.
+pub fn expand(pattern: &str, pid: u32, prog: &str) -> String {
+    let mut out = String::with_capacity(pattern.len() + 16);
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('p') => out.push_str(&pid.to_string()),
+            Some('e') => out.push_str(prog),
+            Some('%') => out.push('%'),
+            Some(o) => {
+                out.push('%');
+                out.push(o)
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn expands_pid_and_name() {
+        assert_eq!(super::expand("/t/%e.%p.mtrace", 42, "ls"), "/t/ls.42.mtrace");
+        assert_eq!(super::expand("a%%b%x%", 1, "p"), "a%b%x%");
+    }
+
+    #[test]
+    fn program_names() {
+        let args = super::cmdline_args(b"/usr/bin/jq\0-n\0\0.\0");
+        assert_eq!(args, ["/usr/bin/jq", "-n", "."]);
+        assert_eq!(super::program_name(&args), "jq");
+        assert_eq!(super::program_name(&["dir/".to_string()]), "program");
+        assert_eq!(super::program_name(&[]), "program");
+    }
+}
