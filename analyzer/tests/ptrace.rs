@@ -225,9 +225,15 @@ fn attach_traces_a_window_of_a_running_program() {
     };
     assert_eq!(ask("leak 100"), "ok leak 100\n");
     let report = dir.join("report.json");
+    // A --save name already taken: the tracer writes beside it, and the
+    // report must be of what it wrote.
+    let taken = dir.join("window.mtrace");
+    std::fs::write(&taken, "not a trace").unwrap();
     // Blocked in read() while it is seized.
     let mut a = Command::new(mtrace())
-        .args(["attach", "--ptrace", "--json", "-o"])
+        .args(["attach", "--ptrace", "--json", "--save"])
+        .arg(&taken)
+        .arg("-o")
         .arg(&report)
         .arg(t.id().to_string())
         .stderr(Stdio::piped())
@@ -260,6 +266,8 @@ fn attach_traces_a_window_of_a_running_program() {
     );
     assert_eq!((s["ended_by"].as_str(), s["attached"].as_bool()), (Some("detach"), Some(true)));
     assert_eq!(r["errors"], serde_json::json!([]));
+    assert_eq!(r["trace"].as_str(), Some(&*format!("{}.1", taken.display())));
+    assert_eq!(std::fs::read_to_string(&taken).unwrap(), "not a trace");
 }
 
 #[test]

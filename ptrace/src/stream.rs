@@ -15,6 +15,8 @@ const BLOCK: usize = 1 << 20;
 
 pub struct Stream {
     file: File,
+    /// Where `file` is: the pattern's expansion, or it with a suffix.
+    path: String,
     enc: Encoder,
     buf: Vec<u8>,
     tid: u32,
@@ -64,6 +66,7 @@ impl Stream {
                     };
                     let mut s = Stream {
                         file,
+                        path,
                         enc: Encoder::new(),
                         buf: Vec::with_capacity(BLOCK + 4096),
                         tid: 0,
@@ -83,6 +86,11 @@ impl Stream {
         }
         Err(last.map_or_else(|| anyhow::anyhow!("no free name"), Into::into))
             .with_context(|| format!("{base}: cannot create"))
+    }
+
+    /// The path of the stream file (a taken name's gets a suffix).
+    pub fn path(&self) -> &str {
+        &self.path
     }
 
     /// ns since the stream started.

@@ -67,8 +67,9 @@ pub fn run(cmd: &[String], opts: Options) -> Result<(i32, Outcome)> {
 
 /// Traces running process `pid` from now on, until `duration` passed (if
 /// given), the tracer is told to leave, or the process ends; then the
-/// process runs on untraced. How it ended.
-pub fn attach(pid: i32, opts: Options, duration: Option<std::time::Duration>) -> Result<Outcome> {
+/// process runs on untraced. The path of the trace written (`opts.output`
+/// expanded, with a suffix if that name was taken) and how it ended.
+pub fn attach(pid: i32, opts: Options, duration: Option<std::time::Duration>) -> Result<(String, Outcome)> {
     spawn::catch_signals()?;
     let main = Pid::from_raw(pid);
     let tids = spawn::seize_all(main)?;
@@ -76,9 +77,11 @@ pub fn attach(pid: i32, opts: Options, duration: Option<std::time::Duration>) ->
     let started = std::time::Instant::now();
     let mut signals = Vec::new();
     let first = *tids.first().context("no thread could be stopped")?;
-    match Process::attach(main, first, &t.opts.output, &mut signals) {
+    let trace = match Process::attach(main, first, &t.opts.output, &mut signals) {
         Ok(p) => {
+            let trace = p.stream.path().to_string();
             t.procs.insert(main, p);
+            trace
         }
         Err(e) => {
             for &tid in &tids {
@@ -86,7 +89,7 @@ pub fn attach(pid: i32, opts: Options, duration: Option<std::time::Duration>) ->
             }
             return Err(e);
         }
-    }
+    };
     for &tid in &tids {
         t.threads.insert(tid, (main, Thread::default()));
     }
@@ -100,7 +103,7 @@ pub fn attach(pid: i32, opts: Options, duration: Option<std::time::Duration>) ->
     if let Some(d) = duration {
         spawn::detach_after(d);
     }
-    t.event_loop()
+    Ok((trace, t.event_loop()?))
 }
 
 impl Tracer {

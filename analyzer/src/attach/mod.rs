@@ -192,19 +192,20 @@ fn attach_ptrace(a: AttachArgs) -> Result<ExitCode> {
         None => dir.path().join("%p.mtrace").display().to_string(),
     };
     let opts = mtrace_ptrace::Options {
-        output: pattern.clone(),
+        output: pattern,
         settings: mtrace_ptrace::Settings {
             depth: a.opts.depth.unwrap_or(64).clamp(1, 256),
             check_frees: a.check_frees,
         },
     };
     let duration = a.duration.map(Duration::from_nanos);
-    let outcome = mtrace_ptrace::attach(a.pid, opts, duration)?;
+    // The tracer's own path: a taken --save name gets a suffix there.
+    let (trace, outcome) = mtrace_ptrace::attach(a.pid, opts, duration)?;
     match outcome {
         mtrace_ptrace::Outcome::Detached(_) => eprintln!("mtrace: detached from process {}", a.pid),
         o => eprintln!("mtrace: process {} ended ({o:?})", a.pid),
     }
-    let trace = PathBuf::from(pattern.replace("%p", &a.pid.to_string()));
+    let trace = PathBuf::from(trace);
     let mut out = crate::open_output(&a.output)?;
     let r = a.opts.report(&trace, Some(&mut *out))?;
     out.flush()?;
