@@ -154,9 +154,7 @@ pub fn intern(s: &Session, at: Here) -> u32 {
         return 0;
     }
     let b = &mut *guard;
-    if b.cur.is_empty() {
-        b.enc.encode(&mut b.cur, &Record::Thread { tid: st.tid, time_ns: s.now() });
-    }
+    b.begin(st.tid, || s.now());
     intern_in(s, &mut st.stacks, b, &st.frames[..n])
 }
 
@@ -193,9 +191,7 @@ pub fn push_as(s: &Session, now: u64, bt: Backtrace, make: impl FnOnce(u64, u32)
         return write_sync(s, st.tid, now, frames, known(bt), make);
     }
     let b = &mut *guard;
-    if b.cur.is_empty() {
-        b.enc.encode(&mut b.cur, &Record::Thread { tid: st.tid, time_ns: now });
-    }
+    b.begin(st.tid, || now);
     let id = match frames {
         None => known(bt),
         Some(f) => intern_in(s, &mut st.stacks, b, f),

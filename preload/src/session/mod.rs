@@ -49,6 +49,18 @@ pub struct BufInner {
     pub enc: Encoder,
 }
 
+impl BufInner {
+    /// Starts `cur` with the Thread record of `tid` if it is empty: every
+    /// buffer says whose records it holds. `now` (ns) is asked only then,
+    /// so that a caller without the time reads the clock only then.
+    #[inline]
+    pub fn begin(&mut self, tid: u32, now: impl FnOnce() -> u64) {
+        if self.cur.is_empty() {
+            self.enc.encode(&mut self.cur, &Record::Thread { tid, time_ns: now() });
+        }
+    }
+}
+
 /// A thread's buffer, shared between the thread and the writer.
 pub struct ThreadBuf {
     pub inner: Mutex<BufInner>,
