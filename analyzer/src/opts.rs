@@ -150,3 +150,22 @@ impl ReportOpts {
 /// open, and then waits for it (the benchmark's python3 trace, 27 KiB:
 /// reported in 0.064 s without, 0.080 s with).
 const WARM_FROM_BYTES: u64 = 4 << 20;
+
+/// `--hooks`: how `--ptrace` hooks the allocation functions
+/// (docs/PTRACE.md).
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Hooks {
+    Auto,
+    Uprobes,
+    Breakpoints,
+}
+
+impl From<Hooks> for mtrace_ptrace::Hooks {
+    fn from(h: Hooks) -> mtrace_ptrace::Hooks {
+        match h {
+            Hooks::Auto => mtrace_ptrace::Hooks::Auto,
+            Hooks::Uprobes => mtrace_ptrace::Hooks::Uprobes,
+            Hooks::Breakpoints => mtrace_ptrace::Hooks::Breakpoints,
+        }
+    }
+}

@@ -8,6 +8,7 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{bail, Context, Result};
 
+use crate::opts::Hooks;
 use crate::scan::Kind;
 use crate::{load, report::text::thousands, ReportOpts};
 
@@ -54,6 +55,12 @@ pub struct RunArgs {
     /// library cannot be loaded; slower, and no leak scan.
     #[arg(long, conflicts_with = "interactive")]
     ptrace: bool,
+    /// With --ptrace, how the allocation functions are hooked: `uprobes`
+    /// (kernel uprobes, no stop per call; root or CAP_PERFMON),
+    /// `breakpoints` (a stop per call; any user who may ptrace the
+    /// program), or `auto` (uprobes where allowed).
+    #[arg(long, value_name = "HOOKS", default_value = "auto", requires = "ptrace")]
+    hooks: Hooks,
     /// The interactive console on the program while it runs (as
     /// `mtrace attach -i`); the report when it ends. The console reads the
     /// terminal, so the program's standard input is /dev/null.
@@ -140,6 +147,7 @@ fn trace_with_ptrace(a: &RunArgs, dir: &Path) -> Result<(u32, Option<std::proces
             depth: a.opts.depth.unwrap_or(64).clamp(1, 256),
             check_frees: a.check_frees,
         },
+        hooks: a.hooks.into(),
     };
     let (pid, outcome) = mtrace_ptrace::run(&a.command, opts)?;
     let raw = match outcome {

@@ -1,8 +1,9 @@
-//! `mtrace run --ptrace`: the same trace as the preload's, made by
-//! breakpoints from outside the process — the same leaks with the same
-//! frames, statically linked programs, threads, forks and execs, wrong
-//! frees, the program's status and output unchanged, and Ctrl-C leaving it
-//! running.
+//! `mtrace run --ptrace`: the same trace as the preload's, made from
+//! outside the process — the same leaks with the same frames, statically
+//! linked programs, threads, forks and execs, wrong frees, the program's
+//! status and output unchanged, and Ctrl-C leaving it running. Every case
+//! runs with both hooks: breakpoints, and kernel uprobes where this
+//! machine allows them (root, tracefs; the test says when it does not).
 
 mod common;
 use common::*;
@@ -11,6 +12,24 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
+
+/// The `--hooks` to test: breakpoints, and uprobes if `mtrace run
+/// --ptrace --hooks uprobes` works here.
+fn hooks() -> &'static [&'static str] {
+    static HOOKS: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    HOOKS.get_or_init(|| {
+        let out = Command::new(mtrace())
+            .args(["run", "--ptrace", "--hooks", "uprobes", "--no-scan", "-o", "/dev/null", "--", "true"])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            vec!["breakpoints", "uprobes"]
+        } else {
+            eprintln!("uprobes not tested here: {}", String::from_utf8_lossy(&out.stderr).trim());
+            vec!["breakpoints"]
+        }
+    })
+}
 
 /// An entry as compared: bytes, blocks, family and all frames (function, line).
 type Entry = (i64, i64, String, Vec<(String, u64)>);
@@ -45,16 +64,23 @@ fn counts(r: &Value) -> (u64, u64, u64) {
     (s["allocations"].as_u64().unwrap(), s["frees"].as_u64().unwrap(), s["unmatched_frees"].as_u64().unwrap())
 }
 
-/// The program under the preload and under --ptrace: the same report.
+/// The program under the preload and under --ptrace with each hooks: the
+/// same report.
 fn same_as_preload(name: &str, src: &str, flags: &[&str], args: &[&str]) {
     let dir = scratch(&format!("ptrace-{name}"));
     let prog = build(src, &dir.join(name), flags);
     let (pre, out1) = run_json(&dir, &[], &prog, args);
-    let (pt, out2) = run_json(&dir, &["--ptrace"], &prog, args);
-    assert_eq!(entries(&pt), entries(&pre), "{name}: the entries");
-    assert_eq!(counts(&pt), counts(&pre), "{name}: allocations, frees, unmatched frees");
-    assert_eq!((out2.status.code(), &out2.stdout), (out1.status.code(), &out1.stdout), "{name}: status and output");
-    assert_eq!(pt["errors"], serde_json::json!([]), "{name}");
+    for h in hooks() {
+        let (pt, out2) = run_json(&dir, &["--ptrace", "--hooks", h], &prog, args);
+        assert_eq!(entries(&pt), entries(&pre), "{name} ({h}): the entries");
+        assert_eq!(counts(&pt), counts(&pre), "{name} ({h}): allocations, frees, unmatched frees");
+        assert_eq!(
+            (out2.status.code(), &out2.stdout),
+            (out1.status.code(), &out1.stdout),
+            "{name} ({h}): status and output"
+        );
+        assert_eq!(pt["errors"], serde_json::json!([]), "{name} ({h})");
+    }
 }
 
 #[test]
@@ -85,10 +111,16 @@ fn exec_and_dlopen_are_the_preloads() {
 
 #[test]
 fn a_static_program_is_traced_with_whole_backtraces() {
-    let dir = scratch("ptrace-static");
+    for h in hooks() {
+        a_static_program_is_traced_with_whole_backtraces_with(h);
+    }
+}
+
+fn a_static_program_is_traced_with_whole_backtraces_with(h: &str) {
+    let dir = scratch(&format!("ptrace-static-{h}"));
     let prog = build("families.c", &dir.join("families"), &["-g", "-O0", "-static"]);
     let m = markers("families.c");
-    let (r, out) = run_json(&dir, &["--ptrace"], &prog, &[]);
+    let (r, out) = run_json(&dir, &["--ptrace", "--hooks", h], &prog, &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let mut want = vec![
         leak(101, 1, "malloc", "leak_malloc", m["malloc"]),
@@ -114,11 +146,17 @@ fn a_static_program_is_traced_with_whole_backtraces() {
 
 #[test]
 fn threads_hand_blocks_over_without_a_wrong_free() {
-    let dir = scratch("ptrace-queue");
+    for h in hooks() {
+        threads_hand_blocks_over_without_a_wrong_free_with(h);
+    }
+}
+
+fn threads_hand_blocks_over_without_a_wrong_free_with(h: &str) {
+    let dir = scratch(&format!("ptrace-queue-{h}"));
     let prog = build("queue.c", &dir.join("queue"), &["-g", "-O0"]);
     let m = markers("queue.c");
     // A smaller queue than threads.rs's: every call stops the thread.
-    let (r, _) = run_json(&dir, &["--ptrace"], &prog, &["leak", "20000"]);
+    let (r, _) = run_json(&dir, &["--ptrace", "--hooks", h], &prog, &["leak", "20000"]);
     assert_eq!(
         leaks_in(&r, "queue.c"),
         vec![leak(1090, 10, "malloc", "producer", m["kept"]), leak(1554, 2, "malloc", "producer", m["producer"])]
@@ -129,11 +167,17 @@ fn threads_hand_blocks_over_without_a_wrong_free() {
 
 #[test]
 fn a_forked_child_has_its_own_trace() {
-    let dir = scratch("ptrace-fork");
+    for h in hooks() {
+        a_forked_child_has_its_own_trace_with(h);
+    }
+}
+
+fn a_forked_child_has_its_own_trace_with(h: &str) {
+    let dir = scratch(&format!("ptrace-fork-{h}"));
     let prog = build("fork.c", &dir.join("fork"), &["-g", "-O0"]);
     let m = markers("fork.c");
     let tdir = dir.join("traces");
-    let (r, out) = run_json(&dir, &["--ptrace", "--trace-dir", tdir.to_str().unwrap()], &prog, &[]);
+    let (r, out) = run_json(&dir, &["--ptrace", "--hooks", h, "--trace-dir", tdir.to_str().unwrap()], &prog, &[]);
     assert!(out.status.success());
     let mut want =
         vec![leak(401, 1, "malloc", "main", m["before_fork"]), leak(403, 1, "malloc", "main", m["after_fork"])];
@@ -150,10 +194,16 @@ fn a_forked_child_has_its_own_trace() {
 
 #[test]
 fn a_double_free_glibc_aborts_on_is_reported_with_both_backtraces() {
-    let dir = scratch("ptrace-double");
+    for h in hooks() {
+        a_double_free_glibc_aborts_on_is_reported_with_both_backtraces_with(h);
+    }
+}
+
+fn a_double_free_glibc_aborts_on_is_reported_with_both_backtraces_with(h: &str) {
+    let dir = scratch(&format!("ptrace-double-{h}"));
     let prog = build("wrong_frees.cpp", &dir.join("wrong_frees"), &["-g", "-O0"]);
     let native = Command::new(&prog).arg("double").output().unwrap();
-    let (r, out) = run_json(&dir, &["--ptrace", "-S"], &prog, &["double"]);
+    let (r, out) = run_json(&dir, &["--ptrace", "--hooks", h, "-S"], &prog, &["double"]);
     assert_eq!(out.status.code(), Some(134));
     assert_eq!(out.stderr, native.stderr, "the program's error output");
     let e = &r["errors"][0];
@@ -168,11 +218,17 @@ fn a_double_free_glibc_aborts_on_is_reported_with_both_backtraces() {
 
 #[test]
 fn ctrl_c_leaves_the_program_running() {
-    let dir = scratch("ptrace-detach");
+    for h in hooks() {
+        ctrl_c_leaves_the_program_running_with(h);
+    }
+}
+
+fn ctrl_c_leaves_the_program_running_with(h: &str) {
+    let dir = scratch(&format!("ptrace-detach-{h}"));
     let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
     let report = dir.join("report.json");
     let mut c = Command::new(mtrace())
-        .args(["run", "--ptrace", "--json", "-o"])
+        .args(["run", "--ptrace", "--hooks", h, "--json", "-o"])
         .arg(&report)
         .arg("--")
         .arg(&prog)
@@ -208,7 +264,13 @@ fn ctrl_c_leaves_the_program_running() {
 
 #[test]
 fn attach_traces_a_window_of_a_running_program() {
-    let dir = scratch("ptrace-attach");
+    for h in hooks() {
+        attach_traces_a_window_of_a_running_program_with(h);
+    }
+}
+
+fn attach_traces_a_window_of_a_running_program_with(h: &str) {
+    let dir = scratch(&format!("ptrace-attach-{h}"));
     let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
     let m = markers("attach_target.c");
     let mut t = Command::new(&prog).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
@@ -231,7 +293,7 @@ fn attach_traces_a_window_of_a_running_program() {
     std::fs::write(&taken, "not a trace").unwrap();
     // Blocked in read() while it is seized.
     let mut a = Command::new(mtrace())
-        .args(["attach", "--ptrace", "--json", "--save"])
+        .args(["attach", "--ptrace", "--hooks", h, "--json", "--save"])
         .arg(&taken)
         .arg("-o")
         .arg(&report)
@@ -272,11 +334,17 @@ fn attach_traces_a_window_of_a_running_program() {
 
 #[test]
 fn the_memory_over_time_is_sampled_too() {
+    for h in hooks() {
+        the_memory_over_time_is_sampled_too_with(h);
+    }
+}
+
+fn the_memory_over_time_is_sampled_too_with(h: &str) {
     // phases.c calls malloc and free a tenth of a second apart: samples
     // come with the calls, at most every 10 ms.
-    let dir = scratch("ptrace-timeline");
+    let dir = scratch(&format!("ptrace-timeline-{h}"));
     let prog = build("phases.c", &dir.join("phases"), &["-g", "-O0"]);
-    let (r, _) = run_json(&dir, &["--ptrace", "--timeline"], &prog, &[]);
+    let (r, _) = run_json(&dir, &["--ptrace", "--hooks", h, "--timeline"], &prog, &[]);
     let points = r["timeline"].as_array().unwrap();
     assert!(points.len() >= 3, "{points:?}");
     assert!(points.iter().all(|p| p["rss_bytes"].as_u64().unwrap() > 0), "{points:?}");

@@ -10,8 +10,41 @@ use nix::unistd::Pid;
 
 use crate::arch::{self, Regs};
 use crate::funcs::Call;
-use crate::process::{Breakpoint, Process};
+use crate::process::Process;
 use crate::target;
+
+/// An interposed function's hook: where it is, what it does, and the
+/// module that defines it.
+#[derive(Clone, Copy, Debug)]
+pub struct Hook {
+    pub at: u64,
+    pub call: Call,
+    /// [start, end) of the module.
+    pub module: (u64, u64),
+}
+
+/// Where the stack words the call logic reads come from.
+#[derive(Clone, Copy)]
+pub enum Stack<'a> {
+    /// The stopped thread's memory (a breakpoint stop).
+    Live,
+    /// The copy a uprobe took, from `base` (the stack pointer) up; nothing
+    /// beyond it.
+    Copy { base: u64, bytes: &'a [u8] },
+}
+
+impl Stack<'_> {
+    /// The word at `addr` of process `pid`'s stack.
+    pub fn read_u64(&self, pid: Pid, addr: u64) -> Option<u64> {
+        match *self {
+            Stack::Live => target::read_u64(pid, addr),
+            Stack::Copy { base, bytes } => {
+                let off = addr.checked_sub(base)? as usize;
+                Some(u64::from_le_bytes(bytes.get(off..off.checked_add(8)?)?.try_into().ok()?))
+            }
+        }
+    }
+}
 
 /// The outermost interposed call a thread is in.
 #[derive(Clone, Copy, Debug)]
@@ -67,10 +100,10 @@ pub struct Settings {
 }
 
 /// The backtrace of a call stopped at its entry with return address `ret`.
-fn backtrace(p: &mut Process, tid: u32, r: &Regs, ret: u64, depth: usize, frames: &mut Vec<u64>) -> u32 {
+fn backtrace(p: &mut Process, tid: u32, at: &Entry, ret: u64, depth: usize, frames: &mut Vec<u64>) -> u32 {
     let t = std::time::Instant::now();
     frames.clear();
-    p.unwind.walk(p.pid, arch::caller(r, ret), depth, frames);
+    p.unwind.walk(p.pid, arch::caller(at.regs, ret), at.stack, depth, frames);
     crate::stats::add(&crate::stats::UNWIND_NS, t);
     crate::stats::UNWINDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     p.stream.stack(tid, frames)
@@ -83,7 +116,7 @@ fn backtrace(p: &mut Process, tid: u32, r: &Regs, ret: u64, depth: usize, frames
 /// of the blocks in a thread's cache when it exits, which the program
 /// freed already), where calls that go through the PLT are the ones
 /// interposition reaches.
-fn own_call(p: &Process, b: &Breakpoint, ret: u64) -> bool {
+fn own_call(p: &Process, b: &Hook, ret: u64) -> bool {
     let inside = b.module.0 <= ret && ret < b.module.1;
     if !inside {
         return false;
@@ -99,34 +132,46 @@ fn own_call(p: &Process, b: &Breakpoint, ret: u64) -> bool {
     n == before.len() && arch::direct_call_target(&before, ret) == Some(b.at)
 }
 
-/// Thread `tid` stopped at breakpoint `b` (an interposed function's entry)
-/// with registers `r`. Returns whether the module list may have changed.
+/// A thread at an interposed function's entry: its registers, its stack,
+/// and the time (ns of the stream).
+pub struct Entry<'a> {
+    pub regs: &'a Regs,
+    pub stack: Stack<'a>,
+    pub time: u64,
+}
+
+/// Thread `tid` entered hooked function `b` (`at`: its registers, stack
+/// and time). Returns whether the module list may have changed.
 pub fn entry(
     p: &mut Process,
     th: &mut Thread,
     tid: Pid,
-    b: &Breakpoint,
-    r: &Regs,
+    b: &Hook,
+    at: &Entry,
     s: &Settings,
     frames: &mut Vec<u64>,
 ) -> bool {
     if b.call == Call::LoaderState {
         return true;
     }
+    let r = at.regs;
     let t = tid.as_raw() as u32;
     let slot = arch::return_slot(r);
-    let Some(ret) = target::read_u64(p.pid, slot) else { return false };
+    let Some(ret) = at.stack.read_u64(p.pid, slot) else { return false };
     // A tail call from a function whose return is caught already
     // (reallocarray jumps to realloc): its outcome is that function's.
-    if ret == p.trampoline {
+    if p.is_trampoline(ret) {
         return false;
     }
     let args = [r.arg(0), r.arg(1), r.arg(2), r.arg(3), r.arg(4)];
+    // Whether the outer call's return address is still there, or the
+    // trampoline's it was replaced by.
+    let outer_live = match th.outer {
+        Some(o) if slot < o.sp => at.stack.read_u64(p.pid, o.sp).is_some_and(|w| w == o.ret || p.is_trampoline(w)),
+        _ => false,
+    };
     let nested = match th.outer {
-        // Its return address is still there, or the trampoline's it was replaced by.
-        Some(o) if slot < o.sp && target::read_u64(p.pid, o.sp).is_some_and(|w| w == o.ret || w == p.trampoline) => {
-            Some(o)
-        }
+        Some(o) if slot < o.sp && outer_live => Some(o),
         Some(o) if slot == o.sp && !o.done && args[0] == o.arg => Some(o),
         _ => None,
     };
@@ -138,14 +183,14 @@ pub fn entry(
     if own_call(p, b, ret) {
         return false;
     }
-    let time = p.stream.now();
+    let time = at.time;
     let outer = |arg, done, new| Some(Outer { sp: slot, ret, arg, done, new });
     match b.call {
         Call::LoaderState => {}
         Call::Free { family } => match nested {
             None => {
                 if args[0] != 0 && (!p.static_exe || p.live.remove(&args[0])) {
-                    let stack = if s.check_frees { backtrace(p, t, r, ret, s.depth, frames) } else { 0 };
+                    let stack = if s.check_frees { backtrace(p, t, at, ret, s.depth, frames) } else { 0 };
                     p.stream.record(t, &Record::Free { time_ns: time, family, addr: args[0], stack });
                 }
                 // free() calls no other free; delete ends in free.
@@ -165,7 +210,7 @@ pub fn entry(
         }
         Call::New { family } => {
             if nested.is_none() {
-                let stack = backtrace(p, t, r, ret, s.depth, frames);
+                let stack = backtrace(p, t, at, ret, s.depth, frames);
                 th.outer = outer(args[0], false, Some((family, args[0], stack)));
             }
         }
@@ -182,10 +227,11 @@ pub fn entry(
                 None => {
                     // Its tail calls come back with the trampoline's return address.
                     th.outer = outer(args[0], true, None);
-                    (backtrace(p, t, r, ret, s.depth, frames), None)
+                    (backtrace(p, t, at, ret, s.depth, frames), None)
                 }
             };
-            if target::poke(tid, slot, &p.trampoline.to_le_bytes()).is_ok() {
+            // Under uprobes the kernel's return probe replaced it already.
+            if p.uprobes || target::poke(tid, slot, &p.trampoline.to_le_bytes()).is_ok() {
                 th.pending.push(Pending { slot, ret, call, args, stack, time, new });
             }
         }
@@ -193,10 +239,11 @@ pub fn entry(
     false
 }
 
-/// Thread `tid` came back to the trampoline with registers `r`; sets its
-/// ip to where the call returns to and records the call's outcome.
-/// `false`: no call of this thread was waiting for it.
-pub fn returned(p: &mut Process, th: &mut Thread, tid: Pid, r: &mut Regs) -> bool {
+/// Thread `tid` came back to the trampoline with registers `r` at
+/// `time_ns` (`stack`: its stack); sets its ip to where the call returns
+/// to and records the call's outcome. `false`: no call of this thread was
+/// waiting for it.
+pub fn returned(p: &mut Process, th: &mut Thread, tid: Pid, r: &mut Regs, stack: Stack, time_ns: u64) -> bool {
     // After the return, the stack pointer is one word above the slot.
     let sp = r.sp();
     let Some(i) = th.pending.iter().rposition(|q| q.slot + 8 == sp) else { return false };
@@ -207,7 +254,6 @@ pub fn returned(p: &mut Process, th: &mut Thread, tid: Pid, r: &mut Regs) -> boo
         th.outer = None;
     }
     let t = tid.as_raw() as u32;
-    let time_ns = p.stream.now();
     let res = r.result();
     let [a0, a1, a2, a3, a4] = q.args;
     let alloc = |addr: u64, family: Family, size: u64| Record::Alloc { time_ns, family, addr, size, stack: q.stack };
@@ -218,7 +264,11 @@ pub fn returned(p: &mut Process, th: &mut Thread, tid: Pid, r: &mut Regs) -> boo
         }
         Call::Calloc => (res != 0).then(|| alloc(res, Family::Malloc, a0.wrapping_mul(a1))),
         Call::PosixMemalign => {
-            let block = if res == 0 { target::read_u64(p.pid, a0).unwrap_or(0) } else { 0 };
+            let block = if res == 0 {
+                stack.read_u64(p.pid, a0).or_else(|| target::read_u64(p.pid, a0)).unwrap_or(0)
+            } else {
+                0
+            };
             let (family, size) = q.new.unwrap_or((Family::Aligned, a2));
             (block != 0).then(|| alloc(block, family, size))
         }

@@ -16,13 +16,16 @@ mod arch;
 mod calls;
 mod funcs;
 mod modules;
+mod perf;
 mod process;
 mod spawn;
 mod stats;
 mod stream;
 mod target;
+mod tracefs;
 mod tracer;
 mod unwind;
+mod uprobes;
 
 pub use calls::Settings;
-pub use tracer::{attach, run, Options, Outcome};
+pub use tracer::{attach, run, Hooks, Options, Outcome};

@@ -27,7 +27,7 @@ pub struct Loaded {
 }
 
 /// A line of /proc/PID/maps for a file: (start, end, file offset, path).
-fn file_mappings(pid: Pid) -> Result<Vec<(u64, u64, u64, String)>> {
+pub fn file_mappings(pid: Pid) -> Result<Vec<(u64, u64, u64, String)>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).with_context(|| format!("/proc/{pid}/maps"))?;
     let mut v = Vec::new();
     for line in text.lines() {
@@ -50,6 +50,14 @@ fn file_mappings(pid: Pid) -> Result<Vec<(u64, u64, u64, String)>> {
         v.push((a, b, off, path));
     }
     Ok(v)
+}
+
+/// [start, end) of the kernel's mapping `name` (as `[uprobes]`) in `pid`.
+pub fn special_mapping(pid: Pid, name: &str) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let line = text.lines().find(|l| l.split_whitespace().nth(5) == Some(name))?;
+    let (a, b) = line.split_whitespace().next()?.split_once('-')?;
+    Some((u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?))
 }
 
 /// Each file mapped in `pid`: (path, lowest start, highest end, file

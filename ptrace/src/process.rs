@@ -24,6 +24,7 @@ use crate::modules::{self, Loaded};
 use crate::stream::Stream;
 use crate::target;
 use crate::unwind::Unwind;
+use crate::uprobes::Point;
 
 /// A breakpoint: the call it stands for, where its displaced instruction
 /// runs, and the range of the module that defines it.
@@ -66,6 +67,14 @@ pub struct Process {
     pub live: rustc_hash::FxHashSet<u64>,
     /// When the resident set size was last sampled, ns of the stream.
     sampled: u64,
+    /// The interposed functions are hooked by kernel uprobes (`uprobes`),
+    /// not breakpoints; the loader's breakpoint stays one.
+    pub uprobes: bool,
+    /// Under uprobes, every function probed so far, in the order threads
+    /// open their events for them.
+    pub points: Vec<Point>,
+    /// The kernel's `[uprobes]` page, where return probes return to.
+    area: Option<(u64, u64)>,
 }
 
 /// How often the resident set size is sampled while the program makes
@@ -86,7 +95,25 @@ impl Process {
             static_exe: false,
             live: Default::default(),
             sampled: 0,
+            uprobes: false,
+            points: Vec::new(),
+            area: None,
         }
+    }
+
+    /// Whether `w`, a return address read from the stack, is the one a
+    /// caught return replaced it by: the trampoline breakpoint, or under
+    /// uprobes the kernel's `[uprobes]` page (read from /proc/PID/maps
+    /// the first time one is asked about: the page exists once a probe
+    /// was hit).
+    pub fn is_trampoline(&mut self, w: u64) -> bool {
+        if !self.uprobes {
+            return w == self.trampoline && w != 0;
+        }
+        if self.area.is_none() {
+            self.area = modules::special_mapping(self.pid, "[uprobes]");
+        }
+        self.area.is_some_and(|(a, b)| a <= w && w < b)
     }
 
     /// A Sample record (RSS from /proc/PID/statm) when the last is
@@ -105,10 +132,17 @@ impl Process {
 
     /// The process `pid` just after an exec (stopped at its first
     /// instruction, nothing allocated yet): its stream says it is whole.
-    pub fn exec(pid: Pid, ppid: u32, pattern: &str, signals: &mut Vec<nix::sys::signal::Signal>) -> Result<Process> {
+    pub fn exec(
+        pid: Pid,
+        ppid: u32,
+        pattern: &str,
+        uprobes: bool,
+        signals: &mut Vec<nix::sys::signal::Signal>,
+    ) -> Result<Process> {
         target::settle(pid, signals)?;
         let stream = Stream::create(pattern, pid.as_raw() as u32, ppid)?;
         let mut p = Process::new(pid, stream);
+        p.uprobes = uprobes;
         p.update_modules(pid, signals)?;
         p.static_exe = p.no_loader();
         let time_ns = p.stream.now();
@@ -119,9 +153,16 @@ impl Process {
     /// Running process `pid`, just seized and stopped (thread `tid`): a
     /// stream that does not know the blocks allocated before, marked as an
     /// attach (the analyzer says "allocated while attached").
-    pub fn attach(pid: Pid, tid: Pid, pattern: &str, signals: &mut Vec<nix::sys::signal::Signal>) -> Result<Process> {
+    pub fn attach(
+        pid: Pid,
+        tid: Pid,
+        pattern: &str,
+        uprobes: bool,
+        signals: &mut Vec<nix::sys::signal::Signal>,
+    ) -> Result<Process> {
         let stream = Stream::create(pattern, pid.as_raw() as u32, parent_of(pid))?;
         let mut p = Process::new(pid, stream);
+        p.uprobes = uprobes;
         let time_ns = p.stream.now();
         p.stream.record(tid.as_raw() as u32, &Record::Marker { time_ns, seq: 0, name: "attach".into() });
         p.update_modules(tid, signals)?;
@@ -149,6 +190,9 @@ impl Process {
             static_exe: parent.static_exe,
             live: parent.live.clone(),
             sampled: 0,
+            uprobes: parent.uprobes,
+            points: parent.points.clone(),
+            area: parent.area,
         };
         p.write_modules(pid.as_raw() as u32);
         Ok(p)
@@ -179,9 +223,24 @@ impl Process {
         let known: Vec<(String, u64)> = self.modules.iter().map(|m| (m.module.path.clone(), m.range.0)).collect();
         let new = modules::scan(self.pid, &known)?;
         let changed = !gone.is_empty() || !new.is_empty();
+        let files = if self.uprobes && !new.is_empty() { modules::file_mappings(self.pid)? } else { Vec::new() };
         for m in new {
             self.unwind.add(&m);
             for &(addr, call) in &m.funcs {
+                if self.uprobes && call != Call::LoaderState {
+                    // In the file's mapping that holds it: the file offset.
+                    match files.iter().find(|f| f.0 <= addr && addr < f.1) {
+                        Some(f) => self.points.push(Point {
+                            at: addr,
+                            call,
+                            module: m.range,
+                            path: Arc::new(std::ffi::CString::new(f.3.as_str())?),
+                            offset: addr - f.0 + f.2,
+                        }),
+                        None => eprintln!("mtrace: {addr:#x} ({}) is in no mapping of the file", m.module.path),
+                    }
+                    continue;
+                }
                 if let Err(e) = self.breakpoint(tid, addr, call, m.range, signals) {
                     eprintln!("mtrace: no breakpoint at {addr:#x} ({}): {e:#}", m.module.path);
                 }

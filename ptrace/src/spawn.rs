@@ -10,12 +10,16 @@ use nix::sys::ptrace::{self, Options};
 use nix::sys::signal::{self, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use nix::unistd::{fork, ForkResult, Pid};
 
-/// What the tracer follows: threads, forks, vforks (posix_spawn), execs.
+/// What the tracer follows: threads, forks, vforks (posix_spawn), execs,
+/// and exits (a stop while the thread's memory is still there: under
+/// uprobes its last samples are read then, when the code and the maps
+/// they refer to can still be read).
 pub fn options() -> Options {
     Options::PTRACE_O_TRACECLONE
         | Options::PTRACE_O_TRACEFORK
         | Options::PTRACE_O_TRACEVFORK
         | Options::PTRACE_O_TRACEEXEC
+        | Options::PTRACE_O_TRACEEXIT
 }
 
 /// Forks `cmd` seized by this process; its first stop is its exec.

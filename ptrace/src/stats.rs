@@ -11,6 +11,17 @@ pub static WAIT_NS: AtomicU64 = AtomicU64::new(0);
 pub static HANDLE_NS: AtomicU64 = AtomicU64::new(0);
 pub static UNWIND_NS: AtomicU64 = AtomicU64::new(0);
 pub static UNWINDS: AtomicU64 = AtomicU64::new(0);
+/// Time opening uprobe events, and how many.
+pub static OPEN_NS: AtomicU64 = AtomicU64::new(0);
+pub static OPENS: AtomicU64 = AtomicU64::new(0);
+/// The fullest a ring was found, bytes; the longest between two reads of
+/// the rings, ns.
+pub static FILL: AtomicU64 = AtomicU64::new(0);
+pub static GAP_NS: AtomicU64 = AtomicU64::new(0);
+/// Threads stopped because their ring was more than half full.
+pub static THROTTLES: AtomicU64 = AtomicU64::new(0);
+/// Uprobe samples handled.
+pub static SAMPLES: AtomicU64 = AtomicU64::new(0);
 
 /// Adds the time since `t` to `to`.
 pub fn add(to: &AtomicU64, t: Instant) {
@@ -33,4 +44,15 @@ pub fn print() {
         get(&UNWINDS),
         us(get(&UNWIND_NS)) / get(&UNWINDS).max(1) as f64,
     );
+    if get(&OPENS) > 0 {
+        eprintln!(
+            "mtrace --ptrace: {} uprobe events opened in {:.1} ms; {} samples; rings at most {} KiB full, read at most {:.1} ms apart; {} threads stopped for their rings",
+            get(&OPENS),
+            us(get(&OPEN_NS)) / 1e3,
+            get(&SAMPLES),
+            get(&FILL) >> 10,
+            us(get(&GAP_NS)) / 1e3,
+            get(&THROTTLES),
+        );
+    }
 }

@@ -14,7 +14,10 @@ use rustc_hash::FxHashMap as HashMap;
 const BLOCK: usize = 1 << 20;
 
 pub struct Stream {
-    file: File,
+    /// Full blocks go to the writer thread, which compresses and writes
+    /// them (compressing a block took milliseconds in the tracer's loop,
+    /// long enough for a uprobe ring to overflow).
+    writer: Option<(std::sync::mpsc::SyncSender<Vec<u8>>, std::thread::JoinHandle<()>)>,
     /// Where `file` is: the pattern's expansion, or it with a suffix.
     path: String,
     enc: Encoder,
@@ -64,8 +67,12 @@ impl Stream {
                         start_realtime_ns: realtime_ns(),
                         start_monotonic_ns: start,
                     };
-                    let mut s = Stream {
-                        file,
+                    let mut file = file;
+                    let mut head = Vec::new();
+                    encode_header(&mut head, &header);
+                    file.write_all(&head)?;
+                    let s = Stream {
+                        writer: Some(writer(file, path.clone())?),
                         path,
                         enc: Encoder::new(),
                         buf: Vec::with_capacity(BLOCK + 4096),
@@ -75,9 +82,6 @@ impl Stream {
                         start,
                         ended: false,
                     };
-                    let mut head = Vec::new();
-                    encode_header(&mut head, &header);
-                    s.file.write_all(&head)?;
                     return Ok(s);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
@@ -96,6 +100,11 @@ impl Stream {
     /// ns since the stream started.
     pub fn now(&self) -> u64 {
         monotonic_ns().saturating_sub(self.start)
+    }
+
+    /// CLOCK_MONOTONIC `ns` (a uprobe sample's time) as a record's time.
+    pub fn at(&self, ns: u64) -> u64 {
+        ns.saturating_sub(self.start)
     }
 
     /// The id of backtrace `frames`, defined in the stream if new (0: none).
@@ -130,22 +139,30 @@ impl Stream {
         self.thread(tid);
         self.enc.encode(&mut self.buf, rec);
         if self.buf.len() >= BLOCK {
-            let _ = self.flush();
+            self.flush();
         }
     }
 
-    /// Writes what was collected.
-    pub fn flush(&mut self) -> Result<()> {
+    /// Hands what was collected to the writer.
+    pub fn flush(&mut self) {
         if self.buf.is_empty() {
-            return Ok(());
+            return;
         }
-        let mut out = Vec::with_capacity(self.buf.len() / 3);
-        encode_compressed(&mut out, &self.buf, 1)?;
-        self.file.write_all(&out)?;
-        self.buf.clear();
+        let block = std::mem::replace(&mut self.buf, Vec::with_capacity(BLOCK + 4096));
+        if let Some((to, _)) = &self.writer {
+            let _ = to.send(block);
+        }
         // The next chunk starts with a Thread record (its times are deltas).
         self.tid = 0;
-        Ok(())
+    }
+
+    /// Everything collected written to the file (the writer done).
+    pub fn finish(&mut self) {
+        self.flush();
+        if let Some((to, done)) = self.writer.take() {
+            drop(to);
+            let _ = done.join();
+        }
     }
 
     /// The End record, then everything out.
@@ -156,6 +173,34 @@ impl Stream {
         let time_ns = self.now();
         self.record(tid, &Record::End { time_ns, reason });
         self.ended = true;
-        let _ = self.flush();
+        self.finish();
     }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// The thread that compresses and writes a stream's blocks to `file`, in
+/// order; it ends when the sender is dropped. Blocks waiting are bounded
+/// (4 of 1 MiB): a tracer faster than its writer waits.
+fn writer(mut file: File, path: String) -> Result<(std::sync::mpsc::SyncSender<Vec<u8>>, std::thread::JoinHandle<()>)> {
+    let (to, blocks) = std::sync::mpsc::sync_channel::<Vec<u8>>(4);
+    let done = std::thread::Builder::new().name("mtrace-writer".into()).spawn(move || {
+        crate::perf::normal_priority();
+        let mut failed = false;
+        for block in blocks {
+            let mut out = Vec::with_capacity(block.len() / 3);
+            let r = encode_compressed(&mut out, &block, 1)
+                .map_err(anyhow::Error::from)
+                .and_then(|_| Ok(file.write_all(&out)?));
+            if let (Err(e), false) = (r, failed) {
+                eprintln!("mtrace: {path}: {e:#}");
+                failed = true;
+            }
+        }
+    })?;
+    Ok((to, done))
 }

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result};
-use mtrace_format::EndReason;
+use mtrace_format::{EndReason, Record};
 use nix::errno::Errno;
 use nix::sys::ptrace::{self, Event};
 use nix::sys::signal::Signal;
@@ -18,11 +18,15 @@ use nix::unistd::Pid;
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::arch;
-use crate::calls::{self, Settings, Thread};
+use crate::calls::{self, Hook, Settings, Thread};
+use crate::perf;
 use crate::process::{parent_of, Process};
 use crate::spawn::{self, DETACH};
 use crate::stats;
 use crate::target;
+use crate::uprobes::{Hit, Opener, Probes};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::resource::{getrlimit, setrlimit, Resource};
 
 /// How tracing the program ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,11 +40,25 @@ pub enum Outcome {
     Detached(i32),
 }
 
+/// How the interposed functions are hooked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hooks {
+    /// Kernel uprobes where this process may use them, else breakpoints.
+    Auto,
+    /// Breakpoints the tracer handles: a stop per call (any user who may
+    /// ptrace the program).
+    Breakpoints,
+    /// Kernel uprobes (`uprobes.rs`): no stop; needs CAP_PERFMON or root
+    /// and the kernel's uprobe PMU.
+    Uprobes,
+}
+
 /// What to write where.
 pub struct Options {
     /// The trace files: `%p` the pid, `%e` the program (as MTRACE_OUTPUT).
     pub output: String,
     pub settings: Settings,
+    pub hooks: Hooks,
 }
 
 struct Tracer {
@@ -54,14 +72,26 @@ struct Tracer {
     early: HashSet<Pid>,
     main: Pid,
     frames: Vec<u64>,
+    /// Under uprobes: the opener thread, each thread's probes, and the
+    /// threads kept stopped until their probes are open.
+    opener: Option<Opener>,
+    probes: HashMap<Pid, Probes>,
+    held: HashMap<Pid, Hold>,
+    /// Samples the kernel dropped because a ring was full.
+    lost: u64,
+    /// Events of threads that ended, closed at the end (closing waits).
+    retired: Vec<perf::Event>,
+    /// When the rings were last read.
+    last_drain: Option<std::time::Instant>,
 }
 
 /// Runs `cmd` traced until it ends (and every process it started), or
 /// until the tracer is told to leave; returns its pid and how it ended.
 pub fn run(cmd: &[String], opts: Options) -> Result<(i32, Outcome)> {
     spawn::catch_signals()?;
+    let up = opener(&opts)?;
     let main = spawn::spawn(cmd)?;
-    let mut t = Tracer::new(opts, main);
+    let mut t = Tracer::new(opts, main, up);
     Ok((main.as_raw(), t.event_loop()?))
 }
 
@@ -71,13 +101,15 @@ pub fn run(cmd: &[String], opts: Options) -> Result<(i32, Outcome)> {
 /// expanded, with a suffix if that name was taken) and how it ended.
 pub fn attach(pid: i32, opts: Options, duration: Option<std::time::Duration>) -> Result<(String, Outcome)> {
     spawn::catch_signals()?;
+    let up = opener(&opts)?;
+    let uprobes = up.is_some();
     let main = Pid::from_raw(pid);
     let tids = spawn::seize_all(main)?;
-    let mut t = Tracer::new(opts, main);
+    let mut t = Tracer::new(opts, main, up);
     let started = std::time::Instant::now();
     let mut signals = Vec::new();
     let first = *tids.first().context("no thread could be stopped")?;
-    let trace = match Process::attach(main, first, &t.opts.output, &mut signals) {
+    let trace = match Process::attach(main, first, &t.opts.output, uprobes, &mut signals) {
         Ok(p) => {
             let trace = p.stream.path().to_string();
             t.procs.insert(main, p);
@@ -92,13 +124,15 @@ pub fn attach(pid: i32, opts: Options, duration: Option<std::time::Duration>) ->
     };
     for &tid in &tids {
         t.threads.insert(tid, (main, Thread::default()));
+        t.request(tid);
     }
     for &tid in &tids {
-        resume(tid, if tid == first { signals.first().copied() } else { None });
+        t.hold_or_resume(tid, if tid == first { signals.first().copied() } else { None });
     }
     eprintln!(
-        "mtrace: attached to process {pid} with ptrace ({} ms to put the breakpoints in); Ctrl-C detaches",
-        started.elapsed().as_millis()
+        "mtrace: attached to process {pid} with ptrace ({} ms to put the {} in); Ctrl-C detaches",
+        started.elapsed().as_millis(),
+        if uprobes { "uprobes" } else { "breakpoints" }
     );
     if let Some(d) = duration {
         spawn::detach_after(d);
@@ -106,8 +140,42 @@ pub fn attach(pid: i32, opts: Options, duration: Option<std::time::Duration>) ->
     Ok((trace, t.event_loop()?))
 }
 
+/// The uprobes' opener `opts` asks for: `None` for breakpoints. Errors
+/// when uprobes are required and cannot be had.
+fn opener(opts: &Options) -> Result<Option<Opener>> {
+    match opts.hooks {
+        Hooks::Breakpoints => Ok(None),
+        Hooks::Uprobes => Ok(Some(Opener::start(opts.settings.check_frees).context("uprobes")?)),
+        Hooks::Auto => Ok(Opener::start(opts.settings.check_frees).ok()),
+    }
+}
+
+/// A thread kept stopped until its probes are open, or until the tracer
+/// has read its ring.
+#[derive(Default)]
+struct Hold {
+    /// Requests the opener has not answered yet.
+    pending: usize,
+    /// Its ring was found more than half full: it was interrupted, and
+    /// goes on once the ring was read (the kernel does not wait for the
+    /// tracer; a full ring drops samples).
+    throttled: bool,
+    /// It is in a stop the tracer may resume from, with this signal.
+    stopped: Option<Option<Signal>>,
+}
+
 impl Tracer {
-    fn new(opts: Options, main: Pid) -> Tracer {
+    fn new(opts: Options, main: Pid, opener: Option<Opener>) -> Tracer {
+        if opener.is_some() {
+            // Some 50 events per thread: as many descriptors as allowed.
+            if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+                let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+            }
+            // The program does not wait for the tracer: when the rings
+            // fill, the tracer must get the CPU before they overflow. (The
+            // program's priority was set at its fork, before this.)
+            perf::raise_priority();
+        }
         Tracer {
             opts,
             procs: HashMap::default(),
@@ -115,6 +183,183 @@ impl Tracer {
             early: HashSet::new(),
             main,
             frames: Vec::with_capacity(256),
+            opener,
+            probes: HashMap::default(),
+            held: HashMap::default(),
+            lost: 0,
+            retired: Vec::new(),
+            last_drain: None,
+        }
+    }
+
+    /// Asks the opener for thread `tid`'s probes of the points its
+    /// process has that it has none for; the thread is then held (kept
+    /// stopped) until they are open.
+    fn request(&mut self, tid: Pid) {
+        let Some(opener) = &self.opener else { return };
+        let Some((pid, _)) = self.threads.get(&tid) else { return };
+        let Some(p) = self.procs.get(pid) else { return };
+        let probes = self.probes.entry(tid).or_default();
+        if opener.request(tid.as_raw(), probes, &p.points) {
+            self.held.entry(tid).or_default().pending += 1;
+        }
+    }
+
+    /// Thread `tid` may go on (with `sig`), unless it is held: then it
+    /// goes on once its probes are open.
+    fn hold_or_resume(&mut self, tid: Pid, sig: Option<Signal>) {
+        match self.held.get_mut(&tid) {
+            Some(h) if h.pending > 0 || h.throttled => h.stopped = Some(sig),
+            _ => {
+                self.held.remove(&tid);
+                resume(tid, sig)
+            }
+        }
+    }
+
+    /// Takes in what the opener made; resumes the threads it was for.
+    fn collect(&mut self) {
+        let Some(opener) = &self.opener else { return };
+        for o in opener.made() {
+            let tid = Pid::from_raw(o.tid);
+            for e in &o.errors {
+                eprintln!("mtrace: thread {tid}: no uprobe: {e}");
+            }
+            if let Some(p) = self.probes.get_mut(&tid) {
+                p.add(o);
+            }
+            let Some(h) = self.held.get_mut(&tid) else { continue };
+            h.pending = h.pending.saturating_sub(1);
+            self.release(tid);
+        }
+    }
+
+    /// Resumes held thread `tid` if it is stopped and nothing holds it.
+    fn release(&mut self, tid: Pid) {
+        let Some(h) = self.held.get(&tid) else { return };
+        if h.pending == 0 && !h.throttled {
+            if let Some(sig) = self.held.remove(&tid).and_then(|h| h.stopped) {
+                resume(tid, sig);
+            }
+        }
+    }
+
+    /// Asks for the new points' probes in every thread of process `pid`.
+    fn request_process(&mut self, pid: Pid) {
+        let tids: Vec<Pid> = self.threads.iter().filter(|(_, (p, _))| *p == pid).map(|(t, _)| *t).collect();
+        for tid in tids {
+            self.request(tid);
+        }
+    }
+
+    /// Thread `tid`'s probes are done: its ring goes, its events wait.
+    fn retire(&mut self, tid: Pid) {
+        self.held.remove(&tid);
+        if let Some(p) = self.probes.remove(&tid) {
+            self.retired.extend(p.retire());
+        }
+    }
+
+    /// The end of the uprobes: every thread's events, and the opener's
+    /// definitions, closed and removed by a process of their own.
+    fn close_probes(&mut self) {
+        let tids: Vec<Pid> = self.probes.keys().copied().collect();
+        for tid in tids {
+            self.retire(tid);
+        }
+        let Some(opener) = self.opener.take() else { return };
+        let (late, defs) = opener.finish();
+        let mut events = std::mem::take(&mut self.retired);
+        for o in late {
+            let mut p = Probes::default();
+            p.add(o);
+            events.extend(p.retire());
+        }
+        let removal = defs.map(|d| d.removal()).unwrap_or_default();
+        perf::close_detached(events, removal);
+    }
+
+    /// Handles the samples in every thread's ring, in the order of their
+    /// times: the books order the events of one address across threads by
+    /// them (docs/FORMAT.md), so one thread's whole ring must not come
+    /// before another's. Every ring is read up to where it was when this
+    /// began, so nothing read later can be older. Samples are handled in
+    /// place (copying 16 KiB stacks out cost more than handling them).
+    /// The number of samples.
+    fn drain_all(&mut self) -> usize {
+        let now = std::time::Instant::now();
+        if let Some(last) = self.last_drain.replace(now) {
+            stats::GAP_NS.fetch_max((now - last).as_nanos() as u64, Ordering::Relaxed);
+        }
+        let Tracer { probes, threads, procs, opts, frames, lost, held, .. } = self;
+        for (&tid, p) in probes.iter_mut() {
+            if p.begin() > perf::RING_BYTES / 4 {
+                let h = held.entry(tid).or_default();
+                if !h.throttled && h.stopped.is_none() && ptrace::interrupt(tid).is_ok() {
+                    h.throttled = true;
+                    stats::THROTTLES.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        let mut n = 0;
+        loop {
+            // The thread whose next sample is the oldest.
+            let mut first: Option<(u64, Pid)> = None;
+            for (&tid, p) in probes.iter_mut() {
+                if let Some(t) = p.next_time() {
+                    if first.is_none_or(|(ft, _)| t < ft) {
+                        first = Some((t, tid));
+                    }
+                }
+            }
+            let Some((_, tid)) = first else { break };
+            let Some(p) = probes.get_mut(&tid) else { break };
+            if let Some(hit) = p.next() {
+                handle(threads, procs, opts, frames, lost, tid, hit);
+            }
+            p.advance();
+            n += 1;
+        }
+        for p in probes.values_mut() {
+            p.end();
+        }
+        // Threads stopped for their rings: read now, they go on.
+        let done: Vec<Pid> =
+            self.held.iter().filter(|(_, h)| h.throttled && h.stopped.is_some()).map(|(t, _)| *t).collect();
+        for tid in done {
+            if let Some(h) = self.held.get_mut(&tid) {
+                h.throttled = false;
+            }
+            self.release(tid);
+        }
+        n
+    }
+
+    /// Waits up to 1 ms for a ring to fill to its watermark.
+    fn wait_rings(&self) {
+        let mut fds: Vec<PollFd> =
+            self.probes.values().filter_map(|p| p.ring_fd()).map(|fd| PollFd::new(fd, PollFlags::POLLIN)).collect();
+        let _ = poll(&mut fds, PollTimeout::from(1u8));
+    }
+
+    /// The next stop of any traced thread: blocking under breakpoints;
+    /// under uprobes, handling the rings while none comes.
+    fn next_stop(&mut self) -> nix::Result<WaitStatus> {
+        if self.opener.is_none() {
+            return waitpid(None, Some(WaitPidFlag::__WALL));
+        }
+        loop {
+            match waitpid(None, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) => {}
+                other => return other,
+            }
+            if DETACH.load(Ordering::Relaxed) {
+                return Err(Errno::EINTR);
+            }
+            self.collect();
+            if self.drain_all() == 0 {
+                self.wait_rings();
+            }
         }
     }
 
@@ -126,7 +371,7 @@ impl Tracer {
                 return Ok(Outcome::Detached(self.main.as_raw()));
             }
             let waited = std::time::Instant::now();
-            let st = match waitpid(None, Some(WaitPidFlag::__WALL)) {
+            let st = match self.next_stop() {
                 Ok(st) => st,
                 Err(Errno::EINTR) => continue,
                 Err(Errno::ECHILD) => break,
@@ -135,6 +380,11 @@ impl Tracer {
             stats::add(&stats::WAIT_NS, waited);
             stats::STOPS.fetch_add(1, Ordering::Relaxed);
             let handling = std::time::Instant::now();
+
+            // What the threads did before this stop comes first.
+            if self.opener.is_some() {
+                self.drain_all();
+            }
             match st {
                 WaitStatus::Exited(tid, code) => {
                     self.gone(tid, EndReason::Exit);
@@ -154,12 +404,25 @@ impl Tracer {
                 _ => {}
             }
             stats::add(&stats::HANDLE_NS, handling);
+
             if outcome.is_some() && self.procs.is_empty() {
                 break;
             }
         }
+
+        self.drain_all();
         for p in self.procs.values_mut() {
-            let _ = p.stream.flush();
+            p.stream.finish();
+        }
+
+        self.close_probes();
+        // What comes after the tracing (the report) runs as any program.
+        perf::normal_priority();
+        if self.lost > 0 {
+            eprintln!(
+                "mtrace: {} calls were not recorded: the tracer fell behind the program and the kernel's buffers overflowed",
+                self.lost
+            );
         }
         stats::print();
         Ok(outcome.unwrap_or(Outcome::Exited(0)))
@@ -172,13 +435,16 @@ impl Tracer {
         let Ok(mut r) = target::regs(tid) else { return resume(tid, None) };
         let at = arch::trapped_at(r.ip());
         if at == p.trampoline && at != 0 {
-            if calls::returned(p, th, tid, &mut r) {
+            let now = p.stream.now();
+            if calls::returned(p, th, tid, &mut r, calls::Stack::Live, now) {
                 let _ = target::set_regs(tid, &r);
                 return resume(tid, None);
             }
         } else if let Some(b) = p.breakpoints.get(&at).copied() {
             p.sample(tid.as_raw() as u32);
-            let reload = calls::entry(p, th, tid, &b, &r, &self.opts.settings, &mut self.frames);
+            let hook = Hook { at: b.at, call: b.call, module: b.module };
+            let at = calls::Entry { regs: &r, stack: calls::Stack::Live, time: p.stream.now() };
+            let reload = calls::entry(p, th, tid, &hook, &at, &self.opts.settings, &mut self.frames);
             if reload {
                 let mut signals = Vec::new();
                 if let Err(e) = p.update_modules(tid, &mut signals) {
@@ -187,7 +453,11 @@ impl Tracer {
             }
             r.set_ip(b.displaced);
             let _ = target::set_regs(tid, &r);
-            return resume(tid, None);
+            if reload {
+                let pid = p.pid;
+                self.request_process(pid);
+            }
+            return self.hold_or_resume(tid, None);
         }
         resume(tid, Some(Signal::SIGTRAP))
     }
@@ -199,8 +469,9 @@ impl Tracer {
             e if e == Event::PTRACE_EVENT_CLONE as i32 => {
                 if let (Some(child), Some(&(pid, _))) = (new(), self.threads.get(&tid)) {
                     self.threads.insert(child, (pid, Thread::default()));
+                    self.request(child);
                     if self.early.remove(&child) {
-                        resume(child, None);
+                        self.hold_or_resume(child, None);
                     }
                 }
                 resume(tid, None);
@@ -214,8 +485,10 @@ impl Tracer {
             e if e == Event::PTRACE_EVENT_STOP as i32 => {
                 if self.threads.contains_key(&tid) {
                     // A group stop (SIGSTOP and the like): the program goes
-                    // on; job control is not kept under --ptrace.
-                    resume(tid, None);
+                    // on; job control is not kept under --ptrace. (A new
+                    // thread's first stop: it goes on once its probes are
+                    // open.)
+                    self.hold_or_resume(tid, None);
                 } else {
                     // A new thread or child before the event naming it.
                     self.early.insert(tid);
@@ -229,6 +502,11 @@ impl Tracer {
     /// starts (the thread is now the process's only one, its id the pid).
     fn exec(&mut self, tid: Pid) {
         let pid = self.threads.get(&tid).map_or(tid, |t| t.0);
+        // The old image's probes (events outlive an exec).
+        let old: Vec<Pid> = self.threads.iter().filter(|(_, (p, _))| *p == pid).map(|(t, _)| *t).collect();
+        for t in old.iter().chain([&tid]) {
+            self.retire(*t);
+        }
         let ppid = match self.procs.remove(&pid) {
             Some(mut old) => {
                 old.stream.end(tid.as_raw() as u32, EndReason::Exec);
@@ -238,14 +516,15 @@ impl Tracer {
         };
         self.threads.retain(|_, (p, _)| *p != pid);
         let mut signals = Vec::new();
-        match Process::exec(pid, ppid, &self.opts.output, &mut signals) {
+        match Process::exec(pid, ppid, &self.opts.output, self.opener.is_some(), &mut signals) {
             Ok(p) => {
                 self.procs.insert(pid, p);
                 self.threads.insert(pid, (pid, Thread::default()));
+                self.request(pid);
             }
             Err(e) => eprintln!("mtrace: process {pid} is not traced: {e:#}"),
         }
-        resume(pid, signals.first().copied());
+        self.hold_or_resume(pid, signals.first().copied());
     }
 
     /// Thread `tid` forked `child`.
@@ -259,16 +538,18 @@ impl Tracer {
                 let copy = Thread { outer: th.outer, pending: th.pending.clone() };
                 self.procs.insert(child, p);
                 self.threads.insert(child, (child, copy));
+                self.request(child);
             }
             Err(e) => eprintln!("mtrace: process {child} is not traced: {e:#}"),
         }
         if self.early.remove(&child) {
-            resume(child, None);
+            self.hold_or_resume(child, None);
         }
     }
 
     /// Thread `tid` is gone: its process ends with it when it was the last.
     fn gone(&mut self, tid: Pid, reason: EndReason) {
+        self.retire(tid);
         let Some((pid, _)) = self.threads.remove(&tid) else { return };
         if tid == pid {
             if let Some(mut p) = self.procs.remove(&pid) {
@@ -281,12 +562,21 @@ impl Tracer {
     /// breakpoints' bytes and the replaced return addresses put back.
     fn detach_all(&mut self) {
         let tids: Vec<Pid> = self.threads.keys().copied().collect();
-        let mut stopped = HashSet::new();
+        // Threads held stopped report no other stop.
+        let mut stopped: HashSet<Pid> =
+            self.held.iter().filter(|(_, h)| h.stopped.is_some()).map(|(t, _)| *t).collect();
+        let mut signals: HashMap<Pid, Signal> = HashMap::default();
+        for (&tid, h) in &self.held {
+            if let Some(Some(sig)) = h.stopped {
+                signals.insert(tid, sig);
+            }
+        }
         for &tid in &tids {
-            let _ = ptrace::interrupt(tid);
+            if !stopped.contains(&tid) {
+                let _ = ptrace::interrupt(tid);
+            }
         }
         // Each thread reports a stop (its interrupt, or an event before it).
-        let mut signals: HashMap<Pid, Signal> = HashMap::default();
         while stopped.len() < tids.len() {
             match waitpid(None, Some(WaitPidFlag::__WALL)) {
                 Ok(WaitStatus::Stopped(tid, sig)) => {
@@ -309,8 +599,15 @@ impl Tracer {
                 Err(_) => break,
             }
         }
+        self.drain_all();
+        // Closing the events takes the uprobes out; the kernel's return
+        // probes still pending return through its trampoline as before.
+        let uprobes = self.opener.is_some();
+        self.close_probes();
         for (tid, (pid, th)) in self.threads.iter_mut() {
-            calls::restore_returns(th, *tid);
+            if !uprobes {
+                calls::restore_returns(th, *tid);
+            }
             if let Some(p) = self.procs.get_mut(pid) {
                 p.remove_breakpoints(*tid);
             }
@@ -330,12 +627,51 @@ impl Tracer {
         let Some(p) = self.procs.get_mut(pid) else { return };
         let Ok(mut r) = target::regs(tid) else { return };
         let at = arch::trapped_at(r.ip());
-        if at == p.trampoline && calls::returned(p, th, tid, &mut r) {
+        let now = p.stream.now();
+        if at == p.trampoline && at != 0 && calls::returned(p, th, tid, &mut r, calls::Stack::Live, now) {
             let _ = target::set_regs(tid, &r);
         } else if p.breakpoints.contains_key(&at) {
             r.set_ip(at);
             let _ = target::set_regs(tid, &r);
         }
+    }
+}
+
+/// One sample of thread `tid`: an entry or a return, handled as a
+/// breakpoint stop would be, from the registers and stack the kernel
+/// copied; a loss makes the stream not whole from there on (the wrong
+/// frees are not judged: an allocation may be missing).
+fn handle(
+    threads: &mut HashMap<Pid, (Pid, Thread)>,
+    procs: &mut HashMap<Pid, Process>,
+    opts: &Options,
+    frames: &mut Vec<u64>,
+    lost: &mut u64,
+    tid: Pid,
+    hit: Hit,
+) {
+    let Some((pid, th)) = threads.get_mut(&tid) else { return };
+    let Some(p) = procs.get_mut(pid) else { return };
+    let (point, ret, time, mut regs, stack) = match hit {
+        Hit::Lost(n) => {
+            *lost += n;
+            let time_ns = p.stream.now();
+            p.stream.record(tid.as_raw() as u32, &Record::Coverage { time_ns, collecting: true, whole: false });
+            return;
+        }
+        Hit::Call { point, ret, time, regs, stack } => (point, ret, time, regs, stack),
+    };
+    stats::SAMPLES.fetch_add(1, Ordering::Relaxed);
+    let Some(pt) = p.points.get(point) else { return };
+    let hook = Hook { at: pt.at, call: pt.call, module: pt.module };
+    let stack = calls::Stack::Copy { base: regs.sp(), bytes: stack };
+    let time = p.stream.at(time);
+    if ret {
+        calls::returned(p, th, tid, &mut regs, stack, time);
+    } else {
+        p.sample(tid.as_raw() as u32);
+        let at = calls::Entry { regs: &regs, stack, time };
+        calls::entry(p, th, tid, &hook, &at, &opts.settings, frames);
     }
 }
 

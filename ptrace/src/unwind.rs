@@ -7,6 +7,7 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use nix::unistd::Pid;
 
+use crate::calls::Stack;
 use crate::modules::Loaded;
 use crate::target;
 
@@ -67,16 +68,21 @@ impl Unwind {
 
     /// Appends to `out` the return addresses above a function's caller
     /// frame (ip, sp, bp), the caller's own `ip` first, up to `depth`
-    /// frames, reading `pid`'s stack.
-    pub fn walk(&mut self, pid: Pid, (ip, sp, bp): (u64, u64, u64), depth: usize, out: &mut Vec<u64>) {
-        let got = target::read(pid, sp, &mut self.stack);
-        let base = sp;
-        let stack = &self.stack[..got];
+    /// frames, reading `pid`'s stack (or only the copy a uprobe took).
+    pub fn walk(&mut self, pid: Pid, (ip, sp, bp): (u64, u64, u64), from: Stack, depth: usize, out: &mut Vec<u64>) {
+        let (base, live, stack): (u64, bool, &[u8]) = match from {
+            Stack::Live => {
+                let got = target::read(pid, sp, &mut self.stack);
+                (sp, true, &self.stack[..got])
+            }
+            Stack::Copy { base, bytes } => (base, false, bytes),
+        };
         let mut read = |addr: u64| -> Result<u64, ()> {
             let off = addr.checked_sub(base).ok_or(())? as usize;
             match off.checked_add(8).and_then(|end| stack.get(off..end)) {
                 Some(b) => Ok(u64::from_le_bytes(b.try_into().map_err(|_| ())?)),
-                None => target::read_u64(pid, addr).ok_or(()),
+                None if live => target::read_u64(pid, addr).ok_or(()),
+                None => Err(()),
             }
         };
         let mut regs = UnwindRegsX86_64::new(ip, sp, bp);

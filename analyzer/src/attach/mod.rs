@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
+use crate::opts::Hooks;
 use crate::ReportOpts;
 
 #[derive(clap::Args)]
@@ -60,6 +61,12 @@ pub struct AttachArgs {
     /// library cannot be loaded; far slower (docs/PTRACE.md).
     #[arg(long, conflicts_with_all = ["interactive", "scan", "interval"])]
     ptrace: bool,
+    /// With --ptrace, how the allocation functions are hooked: `uprobes`
+    /// (kernel uprobes, no stop per call; root or CAP_PERFMON),
+    /// `breakpoints` (a stop per call; any user who may ptrace the
+    /// program), or `auto` (uprobes where allowed).
+    #[arg(long, value_name = "HOOKS", default_value = "auto", requires = "ptrace")]
+    hooks: Hooks,
     /// Every DURATION, print the backtraces whose blocks have been live
     /// longer than --older-than (default: DURATION), most bytes first.
     #[arg(long, value_name = "DURATION", value_parser = crate::report::parse_duration)]
@@ -197,6 +204,7 @@ fn attach_ptrace(a: AttachArgs) -> Result<ExitCode> {
             depth: a.opts.depth.unwrap_or(64).clamp(1, 256),
             check_frees: a.check_frees,
         },
+        hooks: a.hooks.into(),
     };
     let duration = a.duration.map(Duration::from_nanos);
     // The tracer's own path: a taken --save name gets a suffix there.

@@ -34,6 +34,33 @@ impl Regs {
     }
 }
 
+/// The user registers a uprobe samples (perf's numbering,
+/// arch/x86/include/uapi/asm/perf_regs.h): ax, cx, dx, si, di, bp, sp,
+/// ip, r8, r9 — the arguments, the result, and what the unwinder starts
+/// from.
+pub const PERF_REGS: u64 =
+    (1 << 0) | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 6) | (1 << 7) | (1 << 8) | (1 << 16) | (1 << 17);
+
+impl Regs {
+    /// The registers of a sample taken with [`PERF_REGS`]: their words in
+    /// the order of the mask's bits; `None` if there are too few.
+    pub fn from_perf(words: &[u8]) -> Option<Regs> {
+        let w = |i: usize| words.get(i * 8..i * 8 + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
+        let mut r = crate::perf::blank_regs();
+        r.rax = w(0)?;
+        r.rcx = w(1)?;
+        r.rdx = w(2)?;
+        r.rsi = w(3)?;
+        r.rdi = w(4)?;
+        r.rbp = w(5)?;
+        r.rsp = w(6)?;
+        r.rip = w(7)?;
+        r.r8 = w(8)?;
+        r.r9 = w(9)?;
+        Some(Regs(r))
+    }
+}
+
 /// The breakpoint instruction.
 pub const BREAKPOINT: [u8; 1] = [0xcc];
 

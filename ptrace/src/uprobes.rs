@@ -1,0 +1,274 @@
+//! The uprobe hooks: instead of a breakpoint the tracer handles (two
+//! context switches per stop), a kernel uprobe on each interposed function
+//! and a return probe on those whose result counts. The thread that hits
+//! one does not stop: the kernel writes its registers and the top of its
+//! stack to the thread's ring (`perf`), and the tracer reads the rings
+//! while the program runs, unwinding each backtrace from the stack copy.
+//! The call logic (`calls`) is the same for both kinds of hooks.
+//!
+//! Each thread has its own events on the shared definitions (`tracefs`),
+//! all written to one ring per thread, so its records come in its program
+//! order. They are opened when the tracer sees the thread appear
+//! (PTRACE_EVENT_CLONE, a fork, an exec) before it runs, and for every
+//! thread when the dynamic loader maps a new module. Opening waits on a
+//! kernel lock that another tracer's closes may hold for seconds, so it
+//! is done by a thread of its own (`Opener`): the thread it is for stays
+//! stopped meanwhile, and the tracer goes on reading the other rings.
+
+use std::ffi::CString;
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use std::os::fd::AsFd;
+
+use anyhow::{Context, Result};
+use rustc_hash::FxHashMap as HashMap;
+
+use crate::arch;
+use crate::funcs::Call;
+use crate::perf::{self, Event, Rec, Ring};
+use crate::tracefs::Defs;
+
+/// An interposed function probed in a process.
+#[derive(Clone, Debug)]
+pub struct Point {
+    /// Its address in the process.
+    pub at: u64,
+    pub call: Call,
+    /// [start, end) of the module that defines it.
+    pub module: (u64, u64),
+    /// The file and the offset in it of its first instruction.
+    pub path: Arc<CString>,
+    pub offset: u64,
+}
+
+/// What each probe copies of the stack.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// Stack bytes copied at an allocation's entry (for its backtrace).
+    pub stack: u32,
+    /// At a free's: enough to see whether it is nested in another call,
+    /// or `stack` when frees record their backtraces (`-S`).
+    pub free_stack: u32,
+}
+
+/// Stack bytes copied at an allocation's entry, from the stack pointer up:
+/// as many as the breakpoint tracer reads at once.
+const STACK: u32 = 16 << 10;
+/// At a free's entry without -S; at posix_memalign's return (its `*out`
+/// is usually the caller's local).
+const SMALL_STACK: u32 = 2 << 10;
+
+/// Whether a call's result counts: it gets a return probe.
+fn returns(call: Call) -> bool {
+    matches!(
+        call,
+        Call::Alloc { .. } | Call::Calloc | Call::PosixMemalign | Call::Realloc { .. } | Call::Mmap | Call::Mremap
+    )
+}
+
+/// One probe a thread needs: the point's index, a return probe, where.
+struct Want {
+    point: usize,
+    ret: bool,
+    path: Arc<CString>,
+    offset: u64,
+    stack: u32,
+}
+
+/// A request to the opener: thread `tid`'s events for these probes, sent
+/// to the ring of `ring` (the thread's, if it has one already).
+struct Request {
+    tid: i32,
+    wants: Vec<Want>,
+    ring: Option<std::os::fd::OwnedFd>,
+}
+
+/// What the opener made for a request: the events (point, return probe,
+/// event), the thread's new ring if it had none (mapping one takes
+/// milliseconds), and what could not be opened.
+pub struct Opened {
+    pub tid: i32,
+    events: Vec<(usize, bool, Event)>,
+    ring: Option<Ring>,
+    pub errors: Vec<String>,
+}
+
+impl Opened {
+    /// Opens what `r` asks for.
+    fn make(r: Request, defs: &mut Defs) -> Opened {
+        let mut out = Opened { tid: r.tid, events: Vec::new(), ring: None, errors: Vec::new() };
+        for w in r.wants {
+            let t = std::time::Instant::now();
+            let e = defs.id(&w.path, w.offset, w.ret).and_then(|id| {
+                let e = perf::open(r.tid, &perf::Spec { id, stack: w.stack, regs: arch::PERF_REGS })?;
+                match (&r.ring, &out.ring) {
+                    (Some(fd), _) => perf::redirect(&e, fd.as_fd())?,
+                    (None, Some(ring)) => ring.redirect(&e)?,
+                    (None, None) => out.ring = Some(Ring::new(&e).context("mapping the ring")?),
+                }
+                Ok(e)
+            });
+            crate::stats::add(&crate::stats::OPEN_NS, t);
+            crate::stats::OPENS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            match e {
+                Ok(e) => out.events.push((w.point, w.ret, e)),
+                Err(e) => out.errors.push(format!("{}:{:#x}: {e:#}", w.path.to_string_lossy(), w.offset)),
+            }
+        }
+        out
+    }
+}
+
+/// The opener thread: defines the probes and opens the events, in the
+/// order asked; the tracer collects what it made.
+pub struct Opener {
+    to: mpsc::Sender<Request>,
+    from: mpsc::Receiver<Opened>,
+    /// The definitions, handed back when the opener ends.
+    done: Option<std::thread::JoinHandle<Defs>>,
+    pub cfg: Config,
+}
+
+impl Opener {
+    /// Starts the opener, once tracefs is known to work here. Errors: no
+    /// tracefs or uprobe events, or not root.
+    pub fn start(check_frees: bool) -> Result<Opener> {
+        // Errors here (no tracefs, not root), not in the middle of a run.
+        let mut defs = Defs::new()?;
+        let (to, requests) = mpsc::channel::<Request>();
+        let (made, from) = mpsc::channel();
+        let done = std::thread::Builder::new().name("mtrace-opener".into()).spawn(move || {
+            for r in requests {
+                if made.send(Opened::make(r, &mut defs)).is_err() {
+                    break;
+                }
+            }
+            defs
+        })?;
+        let free_stack = if check_frees { STACK } else { SMALL_STACK };
+        Ok(Opener { to, from, done: Some(done), cfg: Config { stack: STACK, free_stack } })
+    }
+
+    /// Asks for thread `tid`'s events for the points of `points` it has
+    /// none for yet; `false` if there were none to ask for.
+    pub fn request(&self, tid: i32, probes: &mut Probes, points: &[Point]) -> bool {
+        let mut wants = Vec::new();
+        for (i, p) in points.iter().enumerate().skip(probes.asked) {
+            if p.call == Call::LoaderState {
+                continue;
+            }
+            let stack = match p.call {
+                Call::Free { .. } | Call::Munmap => self.cfg.free_stack,
+                _ => self.cfg.stack,
+            };
+            let w = |ret, stack| Want { point: i, ret, path: p.path.clone(), offset: p.offset, stack };
+            wants.push(w(false, stack));
+            if returns(p.call) {
+                wants.push(w(true, if p.call == Call::PosixMemalign { SMALL_STACK } else { 0 }));
+            }
+        }
+        probes.asked = points.len();
+        let ring = probes.ring.as_ref().and_then(|r| r.fd().try_clone_to_owned().ok());
+        !wants.is_empty() && self.to.send(Request { tid, wants, ring }).is_ok()
+    }
+
+    /// What the opener made since the last call.
+    pub fn made(&self) -> Vec<Opened> {
+        self.from.try_iter().collect()
+    }
+
+    /// Waits for what the opener is still making (at the end).
+    pub fn finish(mut self) -> (Vec<Opened>, Option<Defs>) {
+        let Opener { to, from, done, .. } = &mut self;
+        drop(std::mem::replace(to, mpsc::channel().0));
+        let defs = done.take().and_then(|d| d.join().ok());
+        (from.try_iter().collect(), defs)
+    }
+}
+
+/// One sample, decoded, read in place from the ring.
+// One at a time, on the stack: the registers are not worth a box.
+#[allow(clippy::large_enum_variant)]
+pub enum Hit<'a> {
+    /// Point `point`'s entry (`ret`: its return), at CLOCK_MONOTONIC
+    /// `time` ns, with the registers and the stack copy.
+    Call { point: usize, ret: bool, time: u64, regs: arch::Regs, stack: &'a [u8] },
+    /// Samples the kernel dropped (the ring was full).
+    Lost(u64),
+}
+
+/// A thread's probes and their ring.
+#[derive(Default)]
+pub struct Probes {
+    events: Vec<Event>,
+    ring: Option<Ring>,
+    /// Event id → (the point's index, a return probe).
+    ids: HashMap<u64, (usize, bool)>,
+    /// Points asked for: the process's first `asked`.
+    asked: usize,
+}
+
+impl Probes {
+    /// Takes in the events (and ring) the opener made for this thread.
+    pub fn add(&mut self, o: Opened) {
+        if self.ring.is_none() {
+            self.ring = o.ring;
+        }
+        for (point, ret, e) in o.events {
+            self.ids.insert(e.id, (point, ret));
+            self.events.push(e);
+        }
+    }
+
+    /// The ring's descriptor, to poll (none before the first event).
+    pub fn ring_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.ring.as_ref().map(|r| r.fd())
+    }
+
+    /// Starts reading the ring (see [`Ring::begin`]); the bytes waiting.
+    pub fn begin(&mut self) -> u64 {
+        self.ring.as_mut().map_or(0, |r| r.begin())
+    }
+
+    /// The time of the next sample (0 for a loss: it comes first).
+    pub fn next_time(&mut self) -> Option<u64> {
+        match self.ring.as_mut()?.peek()? {
+            Rec::Lost(_) => Some(0),
+            Rec::Sample { time, .. } => Some(time),
+        }
+    }
+
+    /// The next sample (`None` for one of no event of this thread's).
+    pub fn next(&mut self) -> Option<Hit<'_>> {
+        let ids = &self.ids;
+        match self.ring.as_mut()?.peek()? {
+            Rec::Lost(n) => Some(Hit::Lost(n)),
+            Rec::Sample { id, time, regs, stack } => {
+                let &(point, ret) = ids.get(&id)?;
+                Some(Hit::Call { point, ret, time, regs: arch::Regs::from_perf(regs)?, stack })
+            }
+        }
+    }
+
+    /// Steps past the sample [`Probes::next`] returned.
+    pub fn advance(&mut self) {
+        if let Some(r) = self.ring.as_mut() {
+            r.advance();
+        }
+    }
+
+    /// Gives what was read back to the kernel.
+    pub fn end(&mut self) {
+        if let Some(r) = self.ring.as_mut() {
+            r.end();
+        }
+    }
+
+    /// Unmaps the ring and hands back the events, to be closed later
+    /// ([`perf::close_detached`]): the last close of a probe waits.
+    pub fn retire(mut self) -> Vec<Event> {
+        self.ring = None;
+        std::mem::take(&mut self.events)
+    }
+}
