@@ -59,6 +59,22 @@ const STACK: u32 = 16 << 10;
 /// is usually the caller's local).
 const SMALL_STACK: u32 = 2 << 10;
 
+/// The stack bytes an allocation's probe copies: `MTRACE_PTRACE_STACK`
+/// (bytes, 1024 to 65528, a multiple of 8: perf's limits) or [`STACK`].
+/// More gives whole backtraces through deeper frames (the walk stops where
+/// the copy ends); less costs the program less at each call. A bad value
+/// gets one warning and the default.
+fn stack_bytes() -> u32 {
+    let Some(v) = std::env::var_os("MTRACE_PTRACE_STACK") else { return STACK };
+    match v.to_str().and_then(|v| v.parse::<u32>().ok()) {
+        Some(n) if (1024..=65528).contains(&n) && n % 8 == 0 => n,
+        _ => {
+            eprintln!("mtrace: MTRACE_PTRACE_STACK={v:?} is not a multiple of 8 from 1024 to 65528; using {STACK}");
+            STACK
+        }
+    }
+}
+
 /// Whether a call's result counts: it gets a return probe.
 fn returns(call: Call) -> bool {
     matches!(
@@ -146,8 +162,9 @@ impl Opener {
             }
             defs
         })?;
-        let free_stack = if check_frees { STACK } else { SMALL_STACK };
-        Ok(Opener { to, from, done: Some(done), cfg: Config { stack: STACK, free_stack } })
+        let stack = stack_bytes();
+        let free_stack = if check_frees { stack } else { SMALL_STACK.min(stack) };
+        Ok(Opener { to, from, done: Some(done), cfg: Config { stack, free_stack } })
     }
 
     /// Asks for thread `tid`'s events for the points of `points` it has
