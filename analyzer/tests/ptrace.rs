@@ -91,6 +91,20 @@ fn c_families_are_the_preloads() {
 }
 
 #[test]
+fn a_stale_return_address_does_not_hide_a_later_call() {
+    // free()'s slot keeps its return address; malloc deeper down later is
+    // the program's own call, not part of the free (it was dropped so).
+    same_as_preload("stale_slot", "stale_slot.c", &["-g", "-O0"], &[]);
+    let dir = scratch("ptrace-stale_slot-leak");
+    let prog = build("stale_slot.c", &dir.join("stale_slot"), &["-g", "-O0"]);
+    let m = markers("stale_slot.c");
+    for h in hooks() {
+        let (r, _) = run_json(&dir, &["--ptrace", "--hooks", h], &prog, &[]);
+        assert_eq!(leaks_in(&r, "stale_slot.c"), vec![leak(24, 1, "malloc", "deep", m["deep"])], "{h}");
+    }
+}
+
+#[test]
 fn cxx_new_and_delete_are_the_preloads() {
     // new[] jumps to new, delete to free: one event each, as interposed.
     same_as_preload("cxx", "cxx.cpp", &["-g", "-O0"], &[]);

@@ -170,12 +170,17 @@ pub fn entry(
         Some(o) if slot < o.sp => at.stack.read_u64(p.pid, o.sp).is_some_and(|w| w == o.ret || p.is_trampoline(w)),
         _ => false,
     };
-    // Deeper down, only what the outer call still makes is its: new's
-    // allocation, delete's free of its block. The slot of a call that
-    // returned may still hold its return address (nothing wrote there
-    // since), and any later call deeper down would be taken for its
-    // (python3 lost a third of its allocations so).
-    let its = |o: &Outer| !o.done && (o.new.is_some() || (matches!(b.call, Call::Free { .. }) && args[0] == o.arg));
+    // Deeper down, a call is the outer one's while that is still running:
+    // its return is still awaited (malloc's, posix_memalign's…), or it is
+    // new and this its allocation, or delete and this the free of its
+    // block. The slot of a call that returned may still hold its return
+    // address (nothing wrote there since), so that alone would take any
+    // later call deeper down for the outer's (python3 lost a third of its
+    // allocations so).
+    let its = |o: &Outer| {
+        th.pending.iter().any(|q| q.slot == o.sp)
+            || (!o.done && (o.new.is_some() || (matches!(b.call, Call::Free { .. }) && args[0] == o.arg)))
+    };
     let nested = match th.outer {
         Some(o) if slot < o.sp && its(&o) && outer_live => Some(o),
         Some(o) if slot == o.sp && !o.done && args[0] == o.arg => Some(o),
