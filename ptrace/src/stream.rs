@@ -137,9 +137,6 @@ impl Stream {
             return;
         }
         self.thread(tid);
-        if std::env::var_os("MTRACE_DEBUG").is_some() {
-            eprintln!("REC {rec:?}");
-        }
         self.enc.encode(&mut self.buf, rec);
         if self.buf.len() >= BLOCK {
             self.flush();
