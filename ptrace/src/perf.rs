@@ -74,21 +74,14 @@ pub fn open(tid: i32, s: &Spec) -> io::Result<Event> {
 
 /// Makes the calling thread a real-time one (SCHED_FIFO, the lowest
 /// priority): it runs as soon as it wakes, before any normal thread of
-/// the program; a nice value alone left it waiting up to a time slice
-/// (3–4 ms measured here), long enough for a ring to overflow. Threads it
-/// starts afterwards inherit it: they call [`normal_priority`]. Needs
-/// CAP_SYS_NICE, which uprobes' root has; failure changes nothing.
+/// the program; a nice value alone left a thread waiting up to a time
+/// slice (3–4 ms measured here), long enough for a ring to overflow. For
+/// the ring reader, which only copies. Needs CAP_SYS_NICE, which uprobes'
+/// root has; failure changes nothing.
 pub fn raise_priority() {
     let p = libc::sched_param { sched_priority: 1 };
     // SAFETY: sched_setscheduler of the calling thread with a valid param.
     unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) };
-}
-
-/// Makes the calling thread a normal one again (see [`raise_priority`]).
-pub fn normal_priority() {
-    let p = libc::sched_param { sched_priority: 0 };
-    // SAFETY: as above.
-    unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &p) };
 }
 
 /// Closes `events` in a child process of their own, so that nobody waits.
@@ -119,8 +112,6 @@ pub fn close_detached(events: Vec<Event>, removal: (CString, Vec<Vec<u8>>)) {
         0 => {
             // SAFETY: as above; `fds` and `pipe` are this copy's.
             unsafe {
-                let p = libc::sched_param { sched_priority: 0 };
-                libc::sched_setscheduler(0, libc::SCHED_OTHER, &p);
                 // Nothing else stays open here: a pipe on the other end
                 // of this process's output must see its end now.
                 let top = fds.iter().copied().max().unwrap_or(0);
@@ -177,9 +168,6 @@ pub struct Ring {
     size: u64,
     /// A record that wraps around the end, made whole.
     scratch: Vec<u8>,
-    /// The head and tail of the reading in progress.
-    head: u64,
-    tail: u64,
 }
 
 // SAFETY: the mapping belongs to the Ring alone; the kernel is the only
@@ -193,6 +181,24 @@ pub fn redirect(e: &Event, ring: std::os::fd::BorrowedFd) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Records copied out of a ring: their bodies one after another, and
+/// (kind, start, length) of each — one allocation per round of copying,
+/// not one per record (the reader's mallocs and the tracer's frees of them
+/// contended for glibc's arena lock).
+#[derive(Default)]
+pub struct Batch {
+    pub data: Vec<u8>,
+    pub records: Vec<(u32, usize, usize)>,
+}
+
+impl Batch {
+    /// Record `i`: (kind, body).
+    pub fn get(&self, i: usize) -> Option<(u32, &[u8])> {
+        let &(kind, start, len) = self.records.get(i)?;
+        Some((kind, self.data.get(start..start + len)?))
+    }
 }
 
 /// A record of the ring.
@@ -224,16 +230,7 @@ impl Ring {
         if map == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Ring {
-            fd,
-            map: map as *mut u8,
-            len,
-            data: 4096,
-            size: (RING_PAGES * 4096) as u64,
-            scratch: Vec::new(),
-            head: 0,
-            tail: 0,
-        })
+        Ok(Ring { fd, map: map as *mut u8, len, data: 4096, size: (RING_PAGES * 4096) as u64, scratch: Vec::new() })
     }
 
     /// Sends `e`'s samples to this ring.
@@ -250,58 +247,36 @@ impl Ring {
         self.map as *mut b::perf_event_mmap_page
     }
 
-    /// Starts reading what the kernel wrote so far (up to the head it
-    /// published); [`Ring::peek`] and [`Ring::advance`] walk it, and
-    /// [`Ring::end`] gives the space read back.
-    /// The bytes waiting to be read.
-    pub fn begin(&mut self) -> u64 {
+    /// Copies every record the kernel wrote so far (samples and losses;
+    /// other kinds are skipped) to the end of `out`, their bodies one
+    /// after another in `out.data`; gives the space back. The bytes copied.
+    pub fn copy_out(&mut self, out: &mut Batch) -> usize {
         let page = self.page();
         // SAFETY: the control page is mapped for the Ring's life; the head
         // is read before the data below it (acquire: the kernel publishes
         // it with release order, so that data is complete).
-        self.head = unsafe { std::ptr::addr_of!((*page).data_head).read_volatile() };
+        let head = unsafe { std::ptr::addr_of!((*page).data_head).read_volatile() };
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
         // SAFETY: as above; only this side writes the tail.
-        self.tail = unsafe { std::ptr::addr_of!((*page).data_tail).read_volatile() };
-        let fill = self.head.saturating_sub(self.tail);
-        crate::stats::FILL.fetch_max(fill, std::sync::atomic::Ordering::Relaxed);
-        fill
-    }
-
-    /// The next record read since [`Ring::begin`] (records of a kind this
-    /// reader does not use are skipped); `None` at the head.
-    pub fn peek(&mut self) -> Option<Rec<'_>> {
-        let size = loop {
-            if self.tail >= self.head {
-                return None;
+        let mut tail = unsafe { std::ptr::addr_of!((*page).data_tail).read_volatile() };
+        crate::stats::FILL.fetch_max(head.saturating_sub(tail), std::sync::atomic::Ordering::Relaxed);
+        let before = out.data.len();
+        while tail < head {
+            // A broken header: nothing after it can be trusted.
+            let Some((kind, size)) = self.record(tail) else { break };
+            if kind == b::PERF_RECORD_SAMPLE || kind == b::PERF_RECORD_LOST {
+                let start = out.data.len();
+                let body = self.body(tail, size);
+                out.data.extend_from_slice(body);
+                out.records.push((kind, start, body.len()));
             }
-            match self.record(self.tail) {
-                Some((kind, size)) if kind == b::PERF_RECORD_SAMPLE || kind == b::PERF_RECORD_LOST => break size,
-                Some((_, size)) => self.tail += size as u64,
-                // A broken header: nothing after it can be trusted.
-                None => self.tail = self.head,
-            }
-        };
-        let kind = self.record(self.tail).map_or(0, |r| r.0);
-        let tail = self.tail;
-        // A sample too short for its layout counts as a lost one.
-        parse(kind, self.body(tail, size)).or(Some(Rec::Lost(1)))
-    }
-
-    /// Steps past the record [`Ring::peek`] returned.
-    pub fn advance(&mut self) {
-        if let Some((_, size)) = self.record(self.tail).filter(|_| self.tail < self.head) {
-            self.tail += size as u64;
+            tail += size as u64;
         }
-    }
-
-    /// Gives the space read back to the kernel.
-    pub fn end(&mut self) {
-        let page = self.page();
         std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-        // SAFETY: the control page is mapped; the kernel reads the tail to
-        // know what it may overwrite (release: after our reads of it).
-        unsafe { std::ptr::addr_of_mut!((*page).data_tail).write_volatile(self.tail) };
+        // SAFETY: as above; the kernel reads the tail to know what it may
+        // overwrite (release: after our reads of the data).
+        unsafe { std::ptr::addr_of_mut!((*page).data_tail).write_volatile(head) };
+        out.data.len() - before
     }
 
     /// The type and size of the record at `pos`.
@@ -354,7 +329,7 @@ fn word(b: &[u8], at: usize) -> Option<u64> {
 /// (abi, then the registers if abi is not 0), STACK_USER (size, the
 /// bytes, then the size copied if size is not 0), or a LOST record
 /// (id, count).
-fn parse(kind: u32, body: &[u8]) -> Option<Rec<'_>> {
+pub fn parse(kind: u32, body: &[u8]) -> Option<Rec<'_>> {
     if kind == b::PERF_RECORD_LOST {
         return Some(Rec::Lost(word(body, 8)?));
     }

@@ -18,6 +18,8 @@ pub static OPENS: AtomicU64 = AtomicU64::new(0);
 /// the rings, ns.
 pub static FILL: AtomicU64 = AtomicU64::new(0);
 pub static GAP_NS: AtomicU64 = AtomicU64::new(0);
+/// The longest between two rounds of the ring reader, ns.
+pub static READER_GAP_NS: AtomicU64 = AtomicU64::new(0);
 /// Threads stopped because their ring was more than half full.
 pub static THROTTLES: AtomicU64 = AtomicU64::new(0);
 /// Uprobe samples handled.
@@ -46,11 +48,12 @@ pub fn print() {
     );
     if get(&OPENS) > 0 {
         eprintln!(
-            "mtrace --ptrace: {} uprobe events opened in {:.1} ms; {} samples; rings at most {} KiB full, read at most {:.1} ms apart; {} threads stopped for their rings",
+            "mtrace --ptrace: {} uprobe events opened in {:.1} ms; {} samples; rings at most {} KiB full, read at most {:.1} ms apart (handled {:.1} ms); {} threads stopped for their samples",
             get(&OPENS),
             us(get(&OPEN_NS)) / 1e3,
             get(&SAMPLES),
             get(&FILL) >> 10,
+            us(get(&READER_GAP_NS)) / 1e3,
             us(get(&GAP_NS)) / 1e3,
             get(&THROTTLES),
         );

@@ -17,7 +17,7 @@ pub struct Stream {
     /// Full blocks go to the writer thread, which compresses and writes
     /// them (compressing a block took milliseconds in the tracer's loop,
     /// long enough for a uprobe ring to overflow).
-    writer: Option<(std::sync::mpsc::SyncSender<Vec<u8>>, std::thread::JoinHandle<()>)>,
+    writer: Option<(std::sync::mpsc::Sender<Vec<u8>>, std::thread::JoinHandle<()>)>,
     /// Where `file` is: the pattern's expansion, or it with a suffix.
     path: String,
     enc: Encoder,
@@ -186,10 +186,9 @@ impl Drop for Stream {
 /// The thread that compresses and writes a stream's blocks to `file`, in
 /// order; it ends when the sender is dropped. Blocks waiting are bounded
 /// (4 of 1 MiB): a tracer faster than its writer waits.
-fn writer(mut file: File, path: String) -> Result<(std::sync::mpsc::SyncSender<Vec<u8>>, std::thread::JoinHandle<()>)> {
-    let (to, blocks) = std::sync::mpsc::sync_channel::<Vec<u8>>(4);
+fn writer(mut file: File, path: String) -> Result<(std::sync::mpsc::Sender<Vec<u8>>, std::thread::JoinHandle<()>)> {
+    let (to, blocks) = std::sync::mpsc::channel::<Vec<u8>>();
     let done = std::thread::Builder::new().name("mtrace-writer".into()).spawn(move || {
-        crate::perf::normal_priority();
         let mut failed = false;
         for block in blocks {
             let mut out = Vec::with_capacity(block.len() / 3);

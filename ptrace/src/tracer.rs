@@ -25,7 +25,6 @@ use crate::spawn::{self, DETACH};
 use crate::stats;
 use crate::target;
 use crate::uprobes::{Hit, Opener, Probes};
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 
 /// How tracing the program ended.
@@ -150,15 +149,18 @@ fn opener(opts: &Options) -> Result<Option<Opener>> {
     }
 }
 
+/// Samples of one thread waiting in memory to be handled (copied out of
+/// its ring) above which it is stopped until they were, bytes.
+const THROTTLE_BYTES: usize = 256 << 20;
+
 /// A thread kept stopped until its probes are open, or until the tracer
-/// has read its ring.
+/// has handled its samples.
 #[derive(Default)]
 struct Hold {
     /// Requests the opener has not answered yet.
     pending: usize,
-    /// Its ring was found more than half full: it was interrupted, and
-    /// goes on once the ring was read (the kernel does not wait for the
-    /// tracer; a full ring drops samples).
+    /// Its samples piled up: it was interrupted, and goes on once they
+    /// were handled.
     throttled: bool,
     /// It is in a stop the tracer may resume from, with this signal.
     stopped: Option<Option<Signal>>,
@@ -171,10 +173,6 @@ impl Tracer {
             if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
                 let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
             }
-            // The program does not wait for the tracer: when the rings
-            // fill, the tracer must get the CPU before they overflow. (The
-            // program's priority was set at its fork, before this.)
-            perf::raise_priority();
         }
         Tracer {
             opts,
@@ -220,13 +218,14 @@ impl Tracer {
     /// Takes in what the opener made; resumes the threads it was for.
     fn collect(&mut self) {
         let Some(opener) = &self.opener else { return };
-        for o in opener.made() {
+        let made = opener.made();
+        for o in made {
             let tid = Pid::from_raw(o.tid);
             for e in &o.errors {
                 eprintln!("mtrace: thread {tid}: no uprobe: {e}");
             }
-            if let Some(p) = self.probes.get_mut(&tid) {
-                p.add(o);
+            if let (Some(p), Some(opener)) = (self.probes.get_mut(&tid), &self.opener) {
+                opener.add(p, o);
             }
             let Some(h) = self.held.get_mut(&tid) else { continue };
             h.pending = h.pending.saturating_sub(1);
@@ -271,9 +270,7 @@ impl Tracer {
         let (late, defs) = opener.finish();
         let mut events = std::mem::take(&mut self.retired);
         for o in late {
-            let mut p = Probes::default();
-            p.add(o);
-            events.extend(p.retire());
+            events.extend(o.into_events());
         }
         let removal = defs.map(|d| d.removal()).unwrap_or_default();
         perf::close_detached(events, removal);
@@ -292,20 +289,28 @@ impl Tracer {
             stats::GAP_NS.fetch_max((now - last).as_nanos() as u64, Ordering::Relaxed);
         }
         let Tracer { probes, threads, procs, opts, frames, lost, held, .. } = self;
-        for (&tid, p) in probes.iter_mut() {
-            if p.begin() > perf::RING_BYTES / 4 {
+        // A thread whose samples pile up faster than the tracer handles
+        // them (copied out of its ring, they wait in memory) is stopped
+        // until they were handled: memory stays bounded.
+        let mut throttle = |tid: Pid, waiting: usize| {
+            if waiting > THROTTLE_BYTES {
                 let h = held.entry(tid).or_default();
                 if !h.throttled && h.stopped.is_none() && ptrace::interrupt(tid).is_ok() {
                     h.throttled = true;
                     stats::THROTTLES.fetch_add(1, Ordering::Relaxed);
                 }
             }
+        };
+        for (&tid, p) in probes.iter_mut() {
+            let waiting = p.take();
+            throttle(tid, waiting);
         }
         let mut n = 0;
+        let mut checked = std::time::Instant::now();
         loop {
             // The thread whose next sample is the oldest.
             let mut first: Option<(u64, Pid)> = None;
-            for (&tid, p) in probes.iter_mut() {
+            for (&tid, p) in probes.iter() {
                 if let Some(t) = p.next_time() {
                     if first.is_none_or(|(ft, _)| t < ft) {
                         first = Some((t, tid));
@@ -319,9 +324,12 @@ impl Tracer {
             }
             p.advance();
             n += 1;
-        }
-        for p in probes.values_mut() {
-            p.end();
+            if checked.elapsed() > std::time::Duration::from_millis(1) {
+                for (&tid, p) in probes.iter() {
+                    throttle(tid, p.backlog());
+                }
+                checked = std::time::Instant::now();
+            }
         }
         // Threads stopped for their rings: read now, they go on.
         let done: Vec<Pid> =
@@ -335,11 +343,9 @@ impl Tracer {
         n
     }
 
-    /// Waits up to 1 ms for a ring to fill to its watermark.
+    /// Waits a millisecond for the reader to copy more samples.
     fn wait_rings(&self) {
-        let mut fds: Vec<PollFd> =
-            self.probes.values().filter_map(|p| p.ring_fd()).map(|fd| PollFd::new(fd, PollFlags::POLLIN)).collect();
-        let _ = poll(&mut fds, PollTimeout::from(1u8));
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 
     /// The next stop of any traced thread: blocking under breakpoints;
@@ -416,11 +422,10 @@ impl Tracer {
         }
 
         self.close_probes();
-        // What comes after the tracing (the report) runs as any program.
-        perf::normal_priority();
         if self.lost > 0 {
             eprintln!(
-                "mtrace: {} calls were not recorded: the tracer fell behind the program and the kernel's buffers overflowed",
+                "mtrace: {} calls were not recorded (the kernel's buffers overflowed before the tracer read them): \
+                 counts and leaks may be off by as many; --hooks breakpoints records every call",
                 self.lost
             );
         }

@@ -14,10 +14,18 @@
 //! kernel lock that another tracer's closes may hold for seconds, so it
 //! is done by a thread of its own (`Opener`): the thread it is for stays
 //! stopped meanwhile, and the tracer goes on reading the other rings.
+//!
+//! The kernel does not wait for the tracer: a full ring drops samples.
+//! So the rings are read by a thread that does nothing else (`Reader`,
+//! real-time priority), which copies each record out into memory; the
+//! tracer handles the copies at its own pace (the first backtraces through
+//! a big module take it 200 µs each while framehop reads the unwind
+//! tables: long enough, before the reader, to overflow an 8 MiB ring).
 
+use std::collections::VecDeque;
 use std::ffi::CString;
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use std::os::fd::AsFd;
 
@@ -111,6 +119,11 @@ pub struct Opened {
 }
 
 impl Opened {
+    /// Its events (at the end: to be closed).
+    pub fn into_events(self) -> Vec<Event> {
+        self.events.into_iter().map(|(_, _, e)| e).collect()
+    }
+
     /// Opens what `r` asks for.
     fn make(r: Request, defs: &mut Defs) -> Opened {
         let mut out = Opened { tid: r.tid, events: Vec::new(), ring: None, errors: Vec::new() };
@@ -139,6 +152,7 @@ impl Opened {
 /// The opener thread: defines the probes and opens the events, in the
 /// order asked; the tracer collects what it made.
 pub struct Opener {
+    reader: Reader,
     to: mpsc::Sender<Request>,
     from: mpsc::Receiver<Opened>,
     /// The definitions, handed back when the opener ends.
@@ -164,7 +178,8 @@ impl Opener {
         })?;
         let stack = stack_bytes();
         let free_stack = if check_frees { stack } else { SMALL_STACK.min(stack) };
-        Ok(Opener { to, from, done: Some(done), cfg: Config { stack, free_stack } })
+        let reader = Reader::start()?;
+        Ok(Opener { reader, to, from, done: Some(done), cfg: Config { stack, free_stack } })
     }
 
     /// Asks for thread `tid`'s events for the points of `points` it has
@@ -186,7 +201,7 @@ impl Opener {
             }
         }
         probes.asked = points.len();
-        let ring = probes.ring.as_ref().and_then(|r| r.fd().try_clone_to_owned().ok());
+        let ring = probes.ring.as_ref().and_then(|r| r.ring.lock().ok()?.fd().try_clone_to_owned().ok());
         !wants.is_empty() && self.to.send(Request { tid, wants, ring }).is_ok()
     }
 
@@ -195,12 +210,104 @@ impl Opener {
         self.from.try_iter().collect()
     }
 
+    /// Takes in the events (and ring) the opener made for a thread: its
+    /// ring goes to the reader.
+    pub fn add(&self, probes: &mut Probes, o: Opened) {
+        if let (None, Some(ring)) = (&probes.ring, o.ring) {
+            let shared = Arc::new(Shared { ring: Mutex::new(ring), copied: Mutex::default() });
+            let _ = self.reader.add.send(shared.clone());
+            probes.ring = Some(shared);
+        }
+        for (point, ret, e) in o.events {
+            probes.ids.insert(e.id, (point, ret));
+            probes.events.push(e);
+        }
+    }
+
     /// Waits for what the opener is still making (at the end).
     pub fn finish(mut self) -> (Vec<Opened>, Option<Defs>) {
         let Opener { to, from, done, .. } = &mut self;
         drop(std::mem::replace(to, mpsc::channel().0));
         let defs = done.take().and_then(|d| d.join().ok());
         (from.try_iter().collect(), defs)
+    }
+}
+
+/// A ring and the records the reader copied out of it, not handled yet
+/// (kind, body; and their bytes).
+#[derive(Default)]
+struct Copied {
+    batches: VecDeque<perf::Batch>,
+    /// Batches handled, given back to be filled again: the reader then
+    /// neither allocates nor page-faults (a fault waits for the address
+    /// space lock, which the tracer's own unmapping of a freed batch held
+    /// while a normal thread: the reader stalled 23 ms so).
+    free: Vec<perf::Batch>,
+    bytes: usize,
+}
+
+/// A ring shared by the reader (which copies out of it) and the thread's
+/// probes (which take the copies).
+struct Shared {
+    ring: Mutex<Ring>,
+    copied: Mutex<Copied>,
+}
+
+/// The reader thread: copies the rings' records out as they come.
+struct Reader {
+    add: mpsc::Sender<Arc<Shared>>,
+}
+
+impl Reader {
+    fn start() -> Result<Reader> {
+        let (add, added) = mpsc::channel::<Arc<Shared>>();
+        std::thread::Builder::new().name("mtrace-reader".into()).spawn(move || {
+            perf::raise_priority();
+            let mut rings: Vec<Arc<Shared>> = Vec::new();
+            let mut open = true;
+            let mut last = std::time::Instant::now();
+            while open || !rings.is_empty() {
+                let now = std::time::Instant::now();
+                crate::stats::READER_GAP_NS
+                    .fetch_max((now - last).as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+                last = now;
+                loop {
+                    match added.try_recv() {
+                        Ok(r) => rings.push(r),
+                        Err(mpsc::TryRecvError::Empty) => break,
+                        Err(mpsc::TryRecvError::Disconnected) => {
+                            open = false;
+                            break;
+                        }
+                    }
+                }
+                // A ring its thread's probes let go of is done.
+                rings.retain(|r| Arc::strong_count(r) > 1);
+                let mut got = 0;
+                for r in &rings {
+                    let mut batch = r.copied.lock().ok().and_then(|mut c| c.free.pop()).unwrap_or_default();
+                    batch.data.clear();
+                    batch.records.clear();
+                    let n = r.ring.lock().map_or(0, |mut ring| ring.copy_out(&mut batch));
+                    if n > 0 {
+                        got += n;
+                        if let Ok(mut c) = r.copied.lock() {
+                            c.batches.push_back(batch);
+                            c.bytes += n;
+                        }
+                    }
+                }
+                if got == 0 {
+                    if !open {
+                        break;
+                    }
+                    // Not poll(): a ring whose thread ended reports POLLHUP
+                    // at once, and this real-time thread would spin.
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+            }
+        })?;
+        Ok(Reader { add })
     }
 }
 
@@ -215,75 +322,88 @@ pub enum Hit<'a> {
     Lost(u64),
 }
 
-/// A thread's probes and their ring.
+/// A thread's probes, their ring, and the records copied out of it.
 #[derive(Default)]
 pub struct Probes {
     events: Vec<Event>,
-    ring: Option<Ring>,
+    ring: Option<Arc<Shared>>,
     /// Event id → (the point's index, a return probe).
     ids: HashMap<u64, (usize, bool)>,
     /// Points asked for: the process's first `asked`.
     asked: usize,
+    /// Batches taken from the reader, being handled, and the next record
+    /// of the first.
+    batches: VecDeque<perf::Batch>,
+    at: usize,
 }
 
 impl Probes {
-    /// Takes in the events (and ring) the opener made for this thread.
-    pub fn add(&mut self, o: Opened) {
-        if self.ring.is_none() {
-            self.ring = o.ring;
+    /// Takes the records the reader copied so far; the bytes now waiting
+    /// here to be handled.
+    pub fn take(&mut self) -> usize {
+        // Swapped out under the lock, appended after: the reader (real
+        // time) never waits for more than a swap.
+        let mut got = match self.ring.as_ref().map(|r| r.copied.lock()) {
+            Some(Ok(mut c)) => {
+                c.bytes = 0;
+                std::mem::take(&mut c.batches)
+            }
+            _ => VecDeque::new(),
+        };
+        self.batches.append(&mut got);
+        self.batches.iter().map(|b| b.data.len()).sum()
+    }
+
+    /// The bytes copied and not taken yet.
+    pub fn backlog(&self) -> usize {
+        self.ring.as_ref().and_then(|r| r.copied.lock().ok().map(|c| c.bytes)).unwrap_or(0)
+    }
+
+    /// The first record not handled: (kind, body).
+    fn front(&self) -> Option<(u32, &[u8])> {
+        self.batches.front()?.get(self.at)
+    }
+
+    /// The time of the next sample taken (0 for a loss: it comes first).
+    pub fn next_time(&self) -> Option<u64> {
+        let (kind, body) = self.front()?;
+        match perf::parse(kind, body) {
+            Some(Rec::Sample { time, .. }) => Some(time),
+            _ => Some(0),
         }
-        for (point, ret, e) in o.events {
-            self.ids.insert(e.id, (point, ret));
-            self.events.push(e);
-        }
     }
 
-    /// The ring's descriptor, to poll (none before the first event).
-    pub fn ring_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        self.ring.as_ref().map(|r| r.fd())
-    }
-
-    /// Starts reading the ring (see [`Ring::begin`]); the bytes waiting.
-    pub fn begin(&mut self) -> u64 {
-        self.ring.as_mut().map_or(0, |r| r.begin())
-    }
-
-    /// The time of the next sample (0 for a loss: it comes first).
-    pub fn next_time(&mut self) -> Option<u64> {
-        match self.ring.as_mut()?.peek()? {
-            Rec::Lost(_) => Some(0),
-            Rec::Sample { time, .. } => Some(time),
-        }
-    }
-
-    /// The next sample (`None` for one of no event of this thread's).
-    pub fn next(&mut self) -> Option<Hit<'_>> {
-        let ids = &self.ids;
-        match self.ring.as_mut()?.peek()? {
-            Rec::Lost(n) => Some(Hit::Lost(n)),
-            Rec::Sample { id, time, regs, stack } => {
-                let &(point, ret) = ids.get(&id)?;
+    /// The next sample taken (`None` for one of no event of this thread's).
+    pub fn next(&self) -> Option<Hit<'_>> {
+        let (kind, body) = self.front()?;
+        match perf::parse(kind, body) {
+            Some(Rec::Lost(n)) => Some(Hit::Lost(n)),
+            Some(Rec::Sample { id, time, regs, stack }) => {
+                let &(point, ret) = self.ids.get(&id)?;
                 Some(Hit::Call { point, ret, time, regs: arch::Regs::from_perf(regs)?, stack })
             }
+            // Too short for its layout.
+            None => Some(Hit::Lost(1)),
         }
     }
 
     /// Steps past the sample [`Probes::next`] returned.
     pub fn advance(&mut self) {
-        if let Some(r) = self.ring.as_mut() {
-            r.advance();
+        self.at += 1;
+        if self.batches.front().is_some_and(|b| self.at >= b.records.len()) {
+            self.at = 0;
+            if let (Some(b), Some(Ok(mut c))) = (self.batches.pop_front(), self.ring.as_ref().map(|r| r.copied.lock()))
+            {
+                if c.free.len() < 8 {
+                    c.free.push(b);
+                }
+            }
         }
     }
 
-    /// Gives what was read back to the kernel.
-    pub fn end(&mut self) {
-        if let Some(r) = self.ring.as_mut() {
-            r.end();
-        }
-    }
-
-    /// Unmaps the ring and hands back the events, to be closed later
-    /// ([`perf::close_detached`]): the last close of a probe waits.
+    /// Lets the ring go (the reader unmaps it) and hands back the events,
+    /// to be closed later ([`perf::close_detached`]): the last close of a
+    /// probe waits.
     pub fn retire(mut self) -> Vec<Event> {
         self.ring = None;
         std::mem::take(&mut self.events)
