@@ -155,8 +155,11 @@ const WARM_FROM_BYTES: u64 = 4 << 20;
 /// (docs/PTRACE.md).
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum Hooks {
+    /// Uprobes where this user and kernel allow them, else breakpoints.
     Auto,
+    /// Kernel uprobes: the program does not stop (root).
     Uprobes,
+    /// Breakpoints: a stop per call (any user who may ptrace it).
     Breakpoints,
 }
 

@@ -50,9 +50,10 @@ pub struct RunArgs {
     /// reachable, all (comma-separated).
     #[arg(long, value_name = "KINDS", default_value = "definite,possible")]
     errors_for_leak_kinds: String,
-    /// Trace with ptrace instead of libmtrace.so (breakpoints on the
-    /// allocation functions): for statically linked programs and where the
-    /// library cannot be loaded; slower, and no leak scan.
+    /// Trace from outside with ptrace instead of libmtrace.so (uprobes or
+    /// breakpoints on the allocation functions, see --hooks): for
+    /// statically linked programs and where the library cannot be loaded;
+    /// slower, and no leak scan.
     #[arg(long, conflicts_with = "interactive")]
     ptrace: bool,
     /// With --ptrace, how the allocation functions are hooked: `uprobes`

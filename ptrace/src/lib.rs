@@ -11,6 +11,11 @@
 //! unwinds the stack with the modules' CFI (`unwind`), and replaces the
 //! return address by a trampoline breakpoint to see the result (`calls`);
 //! the records go to a stream per process (`stream`). `tracer` is the loop.
+//!
+//! Or, as root, kernel uprobes instead of the breakpoints (`uprobes`,
+//! defined in `tracefs`, counted by `perf` events per thread): the thread
+//! does not stop; the kernel copies its registers and the top of its stack
+//! into a ring, and the same call logic (`calls`) runs on the copies.
 
 mod arch;
 mod calls;

@@ -280,10 +280,10 @@ impl Tracer {
     /// times: the books order the events of one address across threads by
     /// them (docs/FORMAT.md), so one thread's whole ring must not come
     /// before another's. Every ring is read up to where it was when this
-    /// began, so nothing read later can be older. Samples are handled in
-    /// place (copying 16 KiB stacks out cost more than handling them).
-    /// The number of samples.
-    fn drain_all(&mut self) -> usize {
+    /// began, so nothing read later can be older. `all`: also what the
+    /// rings hold that the reader has not copied yet (at a stop). The
+    /// number of samples.
+    fn drain_all(&mut self, all: bool) -> usize {
         let now = std::time::Instant::now();
         if let Some(last) = self.last_drain.replace(now) {
             stats::GAP_NS.fetch_max((now - last).as_nanos() as u64, Ordering::Relaxed);
@@ -302,7 +302,7 @@ impl Tracer {
             }
         };
         for (&tid, p) in probes.iter_mut() {
-            let waiting = p.take();
+            let waiting = p.take(all);
             throttle(tid, waiting);
         }
         let mut n = 0;
@@ -363,7 +363,7 @@ impl Tracer {
                 return Err(Errno::EINTR);
             }
             self.collect();
-            if self.drain_all() == 0 {
+            if self.drain_all(false) == 0 {
                 self.wait_rings();
             }
         }
@@ -389,7 +389,7 @@ impl Tracer {
 
             // What the threads did before this stop comes first.
             if self.opener.is_some() {
-                self.drain_all();
+                self.drain_all(true);
             }
             match st {
                 WaitStatus::Exited(tid, code) => {
@@ -416,7 +416,7 @@ impl Tracer {
             }
         }
 
-        self.drain_all();
+        self.drain_all(true);
         for p in self.procs.values_mut() {
             p.stream.finish();
         }
@@ -604,7 +604,7 @@ impl Tracer {
                 Err(_) => break,
             }
         }
-        self.drain_all();
+        self.drain_all(true);
         // Closing the events takes the uprobes out; the kernel's return
         // probes still pending return through its trampoline as before.
         let uprobes = self.opener.is_some();

@@ -201,7 +201,7 @@ impl Opener {
             }
         }
         probes.asked = points.len();
-        let ring = probes.ring.as_ref().and_then(|r| r.ring.lock().ok()?.fd().try_clone_to_owned().ok());
+        let ring = probes.ring.as_ref().and_then(|r| r.shared.fd.try_clone().ok());
         !wants.is_empty() && self.to.send(Request { tid, wants, ring }).is_ok()
     }
 
@@ -214,9 +214,12 @@ impl Opener {
     /// ring goes to the reader.
     pub fn add(&self, probes: &mut Probes, o: Opened) {
         if let (None, Some(ring)) = (&probes.ring, o.ring) {
-            let shared = Arc::new(Shared { ring: Mutex::new(ring), copied: Mutex::default() });
-            let _ = self.reader.add.send(shared.clone());
-            probes.ring = Some(shared);
+            let Ok(fd) = ring.fd().try_clone_to_owned() else { return };
+            let shared = Arc::new(Shared { ring: Mutex::new(ring), fd, bytes: Default::default() });
+            let (to, from) = mpsc::channel();
+            let (give_back, free) = mpsc::channel();
+            let _ = self.reader.add.send(Copying { shared: shared.clone(), to: to.clone(), free });
+            probes.ring = Some(Channel { shared, from, to, give_back });
         }
         for (point, ret, e) in o.events {
             probes.ids.insert(e.id, (point, ret));
@@ -233,37 +236,42 @@ impl Opener {
     }
 }
 
-/// A ring and the records the reader copied out of it, not handled yet
-/// (kind, body; and their bytes).
-#[derive(Default)]
-struct Copied {
-    batches: VecDeque<perf::Batch>,
-    /// Batches handled, given back to be filled again: the reader then
-    /// neither allocates nor page-faults (a fault waits for the address
-    /// space lock, which the tracer's own unmapping of a freed batch held
-    /// while a normal thread: the reader stalled 23 ms so).
-    free: Vec<perf::Batch>,
-    bytes: usize,
+/// A ring shared by the reader, which copies out of it, and the thread's
+/// probes, which take the copies. The copies travel on channels, never
+/// behind a lock the tracer holds: a normal thread holding a lock can be
+/// preempted for milliseconds, long enough for a ring to overflow while
+/// the reader waits. Batches handled go back to the reader to be filled
+/// again, so that it neither allocates nor page-faults (a fault waits for
+/// the address space lock, which the tracer's unmapping of a freed batch
+/// held: the reader stalled 23 ms so).
+struct Shared {
+    /// Locked by the reader for a round of copying, and by the tracer
+    /// only to read a thread's last samples at a stop ([`Probes::take`]).
+    ring: Mutex<Ring>,
+    /// The ring's descriptor, for more events of the thread.
+    fd: std::os::fd::OwnedFd,
+    /// Copied bytes not taken yet.
+    bytes: std::sync::atomic::AtomicUsize,
 }
 
-/// A ring shared by the reader (which copies out of it) and the thread's
-/// probes (which take the copies).
-struct Shared {
-    ring: Mutex<Ring>,
-    copied: Mutex<Copied>,
+/// The reader's end of a ring.
+struct Copying {
+    shared: Arc<Shared>,
+    to: mpsc::Sender<perf::Batch>,
+    free: mpsc::Receiver<perf::Batch>,
 }
 
 /// The reader thread: copies the rings' records out as they come.
 struct Reader {
-    add: mpsc::Sender<Arc<Shared>>,
+    add: mpsc::Sender<Copying>,
 }
 
 impl Reader {
     fn start() -> Result<Reader> {
-        let (add, added) = mpsc::channel::<Arc<Shared>>();
+        let (add, added) = mpsc::channel::<Copying>();
         std::thread::Builder::new().name("mtrace-reader".into()).spawn(move || {
             perf::raise_priority();
-            let mut rings: Vec<Arc<Shared>> = Vec::new();
+            let mut rings: Vec<Copying> = Vec::new();
             let mut open = true;
             let mut last = std::time::Instant::now();
             while open || !rings.is_empty() {
@@ -282,20 +290,10 @@ impl Reader {
                     }
                 }
                 // A ring its thread's probes let go of is done.
-                rings.retain(|r| Arc::strong_count(r) > 1);
+                rings.retain(|r| Arc::strong_count(&r.shared) > 1);
                 let mut got = 0;
                 for r in &rings {
-                    let mut batch = r.copied.lock().ok().and_then(|mut c| c.free.pop()).unwrap_or_default();
-                    batch.data.clear();
-                    batch.records.clear();
-                    let n = r.ring.lock().map_or(0, |mut ring| ring.copy_out(&mut batch));
-                    if n > 0 {
-                        got += n;
-                        if let Ok(mut c) = r.copied.lock() {
-                            c.batches.push_back(batch);
-                            c.bytes += n;
-                        }
-                    }
+                    got += copy_round(&r.shared, &r.to, r.free.try_recv().unwrap_or_default());
                 }
                 if got == 0 {
                     if !open {
@@ -311,6 +309,21 @@ impl Reader {
     }
 }
 
+/// Copies what `shared`'s ring holds into `batch` and sends it on `to`,
+/// the ring locked throughout (so that batches arrive in the ring's
+/// order, whoever copies); the bytes copied.
+fn copy_round(shared: &Shared, to: &mpsc::Sender<perf::Batch>, mut batch: perf::Batch) -> usize {
+    batch.data.clear();
+    batch.records.clear();
+    let Ok(mut ring) = shared.ring.lock() else { return 0 };
+    let n = ring.copy_out(&mut batch);
+    if n > 0 {
+        shared.bytes.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        let _ = to.send(batch);
+    }
+    n
+}
+
 /// One sample, decoded, read in place from the ring.
 // One at a time, on the stack: the registers are not worth a box.
 #[allow(clippy::large_enum_variant)]
@@ -322,11 +335,20 @@ pub enum Hit<'a> {
     Lost(u64),
 }
 
+/// The tracer's end of a thread's ring.
+struct Channel {
+    shared: Arc<Shared>,
+    from: mpsc::Receiver<perf::Batch>,
+    /// To send what the tracer copies itself at a stop, in order.
+    to: mpsc::Sender<perf::Batch>,
+    give_back: mpsc::Sender<perf::Batch>,
+}
+
 /// A thread's probes, their ring, and the records copied out of it.
 #[derive(Default)]
 pub struct Probes {
     events: Vec<Event>,
-    ring: Option<Arc<Shared>>,
+    ring: Option<Channel>,
     /// Event id → (the point's index, a return probe).
     ids: HashMap<u64, (usize, bool)>,
     /// Points asked for: the process's first `asked`.
@@ -338,25 +360,25 @@ pub struct Probes {
 }
 
 impl Probes {
-    /// Takes the records the reader copied so far; the bytes now waiting
-    /// here to be handled.
-    pub fn take(&mut self) -> usize {
-        // Swapped out under the lock, appended after: the reader (real
-        // time) never waits for more than a swap.
-        let mut got = match self.ring.as_ref().map(|r| r.copied.lock()) {
-            Some(Ok(mut c)) => {
-                c.bytes = 0;
-                std::mem::take(&mut c.batches)
+    /// Takes the records the reader copied so far (with `all`, also what
+    /// the ring holds now: at a stop of the thread, so that nothing it did
+    /// before is left behind); the bytes now waiting here to be handled.
+    pub fn take(&mut self, all: bool) -> usize {
+        if let Some(c) = &self.ring {
+            if all {
+                copy_round(&c.shared, &c.to, perf::Batch::default());
             }
-            _ => VecDeque::new(),
-        };
-        self.batches.append(&mut got);
+            for b in c.from.try_iter() {
+                c.shared.bytes.fetch_sub(b.data.len(), std::sync::atomic::Ordering::Relaxed);
+                self.batches.push_back(b);
+            }
+        }
         self.batches.iter().map(|b| b.data.len()).sum()
     }
 
     /// The bytes copied and not taken yet.
     pub fn backlog(&self) -> usize {
-        self.ring.as_ref().and_then(|r| r.copied.lock().ok().map(|c| c.bytes)).unwrap_or(0)
+        self.ring.as_ref().map_or(0, |c| c.shared.bytes.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// The first record not handled: (kind, body).
@@ -392,11 +414,10 @@ impl Probes {
         self.at += 1;
         if self.batches.front().is_some_and(|b| self.at >= b.records.len()) {
             self.at = 0;
-            if let (Some(b), Some(Ok(mut c))) = (self.batches.pop_front(), self.ring.as_ref().map(|r| r.copied.lock()))
-            {
-                if c.free.len() < 8 {
-                    c.free.push(b);
-                }
+            if let (Some(b), Some(c)) = (self.batches.pop_front(), &self.ring) {
+                // Back to the reader rather than freed here: a free of its
+                // memory takes its malloc arena's lock.
+                let _ = c.give_back.send(b);
             }
         }
     }

@@ -56,9 +56,10 @@ pub struct AttachArgs {
     /// frees (as `mtrace run -S`).
     #[arg(short = 'S', long = "check-frees")]
     check_frees: bool,
-    /// Trace with breakpoints from outside (ptrace) instead of loading
-    /// libmtrace.so into the process: for static programs, or where the
-    /// library cannot be loaded; far slower (docs/PTRACE.md).
+    /// Trace from outside (ptrace; uprobes or breakpoints, see --hooks)
+    /// instead of loading libmtrace.so into the process: for static
+    /// programs, or where the library cannot be loaded; slower
+    /// (docs/PTRACE.md).
     #[arg(long, conflicts_with_all = ["interactive", "scan", "interval"])]
     ptrace: bool,
     /// With --ptrace, how the allocation functions are hooked: `uprobes`
