@@ -164,12 +164,6 @@ pub fn entry(
         return false;
     }
     let args = [r.arg(0), r.arg(1), r.arg(2), r.arg(3), r.arg(4)];
-    // Whether the outer call's return address is still there, or the
-    // trampoline's it was replaced by.
-    let outer_live = match th.outer {
-        Some(o) if slot < o.sp => at.stack.read_u64(p.pid, o.sp).is_some_and(|w| w == o.ret || p.is_trampoline(w)),
-        _ => false,
-    };
     // Deeper down, a call is the outer one's while that is still running:
     // its return is still awaited (malloc's, posix_memalign's…), or it is
     // new and this its allocation, or delete and this the free of its
@@ -181,8 +175,11 @@ pub fn entry(
         th.pending.iter().any(|q| q.slot == o.sp)
             || (!o.done && (o.new.is_some() || (matches!(b.call, Call::Free { .. }) && args[0] == o.arg)))
     };
+    // And its return address is still there, or the trampoline's it was
+    // replaced by (read only then: a stop's read is a system call).
+    let mut outer_live = |o: &Outer| at.stack.read_u64(p.pid, o.sp).is_some_and(|w| w == o.ret || p.is_trampoline(w));
     let nested = match th.outer {
-        Some(o) if slot < o.sp && its(&o) && outer_live => Some(o),
+        Some(o) if slot < o.sp && its(&o) && outer_live(&o) => Some(o),
         Some(o) if slot == o.sp && !o.done && args[0] == o.arg => Some(o),
         _ => None,
     };

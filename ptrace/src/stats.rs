@@ -20,7 +20,7 @@ pub static FILL: AtomicU64 = AtomicU64::new(0);
 pub static GAP_NS: AtomicU64 = AtomicU64::new(0);
 /// The longest between two rounds of the ring reader, ns.
 pub static READER_GAP_NS: AtomicU64 = AtomicU64::new(0);
-/// Threads stopped because their ring was more than half full.
+/// Threads stopped because their samples piled up (tracer/samples.rs).
 pub static THROTTLES: AtomicU64 = AtomicU64::new(0);
 /// Uprobe samples handled.
 pub static SAMPLES: AtomicU64 = AtomicU64::new(0);

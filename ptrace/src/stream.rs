@@ -184,8 +184,9 @@ impl Drop for Stream {
 }
 
 /// The thread that compresses and writes a stream's blocks to `file`, in
-/// order; it ends when the sender is dropped. Blocks waiting are bounded
-/// (4 of 1 MiB): a tracer faster than its writer waits.
+/// order; it ends when the sender is dropped. The channel has no bound:
+/// the tracer must never wait for it (the blocks come at the program's
+/// pace, far below what compression takes).
 fn writer(mut file: File, path: String) -> Result<(std::sync::mpsc::Sender<Vec<u8>>, std::thread::JoinHandle<()>)> {
     let (to, blocks) = std::sync::mpsc::channel::<Vec<u8>>();
     let done = std::thread::Builder::new().name("mtrace-writer".into()).spawn(move || {

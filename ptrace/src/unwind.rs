@@ -70,20 +70,16 @@ impl Unwind {
     /// frame (ip, sp, bp), the caller's own `ip` first, up to `depth`
     /// frames, reading `pid`'s stack (or only the copy a uprobe took).
     pub fn walk(&mut self, pid: Pid, (ip, sp, bp): (u64, u64, u64), from: Stack, depth: usize, out: &mut Vec<u64>) {
-        let (base, live, stack): (u64, bool, &[u8]) = match from {
+        // A live stack: its top read at once, the rest word by word.
+        let (copy, live) = match from {
             Stack::Live => {
                 let got = target::read(pid, sp, &mut self.stack);
-                (sp, true, &self.stack[..got])
+                (Stack::Copy { base: sp, bytes: &self.stack[..got] }, true)
             }
-            Stack::Copy { base, bytes } => (base, false, bytes),
+            copy => (copy, false),
         };
         let mut read = |addr: u64| -> Result<u64, ()> {
-            let off = addr.checked_sub(base).ok_or(())? as usize;
-            match off.checked_add(8).and_then(|end| stack.get(off..end)) {
-                Some(b) => Ok(u64::from_le_bytes(b.try_into().map_err(|_| ())?)),
-                None if live => target::read_u64(pid, addr).ok_or(()),
-                None => Err(()),
-            }
+            copy.read_u64(pid, addr).or_else(|| live.then(|| target::read_u64(pid, addr)).flatten()).ok_or(())
         };
         let mut regs = UnwindRegsX86_64::new(ip, sp, bp);
         out.push(ip);

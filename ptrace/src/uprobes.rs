@@ -24,10 +24,9 @@
 
 use std::collections::VecDeque;
 use std::ffi::CString;
+use std::os::fd::AsFd;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-
-use std::os::fd::AsFd;
 
 use anyhow::{Context, Result};
 use rustc_hash::FxHashMap as HashMap;
@@ -186,10 +185,9 @@ impl Opener {
     /// none for yet; `false` if there were none to ask for.
     pub fn request(&self, tid: i32, probes: &mut Probes, points: &[Point]) -> bool {
         let mut wants = Vec::new();
+        // (The loader's `_dl_debug_state` is never a point: it stays a
+        // breakpoint, process.rs.)
         for (i, p) in points.iter().enumerate().skip(probes.asked) {
-            if p.call == Call::LoaderState {
-                continue;
-            }
             let stack = match p.call {
                 Call::Free { .. } | Call::Munmap => self.cfg.free_stack,
                 _ => self.cfg.stack,

@@ -50,8 +50,8 @@ pub enum Hooks {
     /// Breakpoints the tracer handles: a stop per call (any user who may
     /// ptrace the program).
     Breakpoints,
-    /// Kernel uprobes (`uprobes.rs`): no stop; needs CAP_PERFMON or root
-    /// and the kernel's uprobe PMU.
+    /// Kernel uprobes (`uprobes.rs`): no stop; needs root and uprobe
+    /// events in tracefs.
     Uprobes,
 }
 
@@ -174,6 +174,11 @@ impl Tracer {
             retired: Vec::new(),
             last_drain: None,
         }
+    }
+
+    /// The threads of process `pid`.
+    fn threads_of(&self, pid: Pid) -> Vec<Pid> {
+        self.threads.iter().filter(|(_, (p, _))| *p == pid).map(|(t, _)| *t).collect()
     }
 
     /// The next stop of any traced thread: blocking under breakpoints;
@@ -336,9 +341,8 @@ impl Tracer {
     fn exec(&mut self, tid: Pid) {
         let pid = self.threads.get(&tid).map_or(tid, |t| t.0);
         // The old image's probes (events outlive an exec).
-        let old: Vec<Pid> = self.threads.iter().filter(|(_, (p, _))| *p == pid).map(|(t, _)| *t).collect();
-        for t in old.iter().chain([&tid]) {
-            self.retire(*t);
+        for t in self.threads_of(pid).into_iter().chain([tid]) {
+            self.retire(t);
         }
         let ppid = match self.procs.remove(&pid) {
             Some(mut old) => {

@@ -91,8 +91,7 @@ impl Tracer {
 
     /// Asks for the new points' probes in every thread of process `pid`.
     pub(super) fn request_process(&mut self, pid: Pid) {
-        let tids: Vec<Pid> = self.threads.iter().filter(|(_, (p, _))| *p == pid).map(|(t, _)| *t).collect();
-        for tid in tids {
+        for tid in self.threads_of(pid) {
             self.request(tid);
         }
     }
@@ -177,7 +176,7 @@ impl Tracer {
                 checked = std::time::Instant::now();
             }
         }
-        // Threads stopped for their rings: read now, they go on.
+        // Threads stopped for their piled-up samples: handled now, they go on.
         let done: Vec<Pid> =
             self.held.iter().filter(|(_, h)| h.throttled && h.stopped.is_some()).map(|(t, _)| *t).collect();
         for tid in done {
