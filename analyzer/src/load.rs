@@ -283,8 +283,18 @@ pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Re
     std::thread::scope(|sc| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Decoded>>(4);
         sc.spawn(move || decode_batches(r, tx));
+        let mut addrs = Vec::with_capacity(BATCH);
         'outer: for batch in rx {
-            for item in batch {
+            // The heap's lines for a record's address are asked for
+            // AHEAD_INDEX and AHEAD_SLOT records before it is entered
+            // (books/heap/table.rs): with a million blocks live, each
+            // event's lookup is otherwise a wait for memory.
+            addrs.clear();
+            addrs.extend(batch.iter().map(|d| d.as_ref().map_or(0, |(_, r)| heap_addr(r))));
+            addrs.extend([0; AHEAD_INDEX]);
+            for (i, item) in batch.into_iter().enumerate() {
+                t.books.prefetch(addrs[i + AHEAD_INDEX], false);
+                t.books.prefetch(addrs[i + AHEAD_SLOT], true);
                 match item {
                     Ok((tid, rec)) => {
                         if keeper.apply(&mut t, tid, rec) == Flow::Until {
@@ -301,6 +311,20 @@ pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Re
     });
     keeper.finish(&mut t)?;
     Ok(t)
+}
+
+/// How many records ahead the heap's index line, and then the slot, of a
+/// record's address are fetched (measured on jq's trace, 1.6 M live blocks).
+const AHEAD_INDEX: usize = 16;
+const AHEAD_SLOT: usize = 8;
+
+/// The heap address record `r` looks up (0: none).
+fn heap_addr(r: &Record) -> u64 {
+    match *r {
+        Record::Alloc { addr, .. } | Record::Free { addr, .. } => addr,
+        Record::Realloc { old, .. } => old,
+        _ => 0,
+    }
 }
 
 /// What the reader does after a record: go on, or stop (the window's

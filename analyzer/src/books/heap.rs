@@ -54,8 +54,11 @@ pub const EPS: u64 = 250;
 /// events, and an unmatched free waits for a late allocation.
 pub const HORIZON: u64 = 1_000_000_000;
 
+mod hint;
 mod slot;
+mod table;
 use slot::{Before, Ev, Frozen, Window};
+use table::Table;
 
 /// One address: its window of events and the blocks of its two latest
 /// allocations in it (the live one, if any, among them).
@@ -133,7 +136,7 @@ pub enum Outcome {
 /// The heap: every address with a live block or recent events.
 #[derive(Default)]
 pub struct Heap {
-    slots: HashMap<u64, Slot>,
+    slots: Table<Slot>,
     /// Events shifted out of their address's window unmatched, waiting (up
     /// to [`HORIZON`]) for a late event to match them.
     waiting: HashMap<u64, Waiting>,
@@ -146,9 +149,25 @@ pub struct Heap {
     /// Latest time read, ns.
     now: u64,
     sweep_at: usize,
+    /// Slots whose `live` is set.
+    live_slots: usize,
 }
 
 impl Heap {
+    /// Asks the CPU for the index line of `addr` (the first of two steps
+    /// of fetching its slot ahead: see `table.rs`).
+    #[inline]
+    pub fn prefetch_index(&self, addr: u64) {
+        self.slots.prefetch_index(addr);
+    }
+
+    /// Asks the CPU for the lines of the slot of `addr`, if there is one
+    /// (best some records after [`Heap::prefetch_index`]).
+    #[inline]
+    pub fn prefetch_slot(&self, addr: u64) {
+        self.slots.prefetch_slot(addr);
+    }
+
     /// An allocation at `addr` by thread `tid`; `b.time` is its time.
     pub fn alloc(&mut self, tid: u32, addr: u64, b: Block) -> Change {
         self.event(tid, addr, b.time, Some(b), NO_STACK)
@@ -184,7 +203,7 @@ impl Heap {
     /// The block allocated at `addr` at `time` (ns), or, with `before`, the
     /// latest allocated there at or before `time`, if still kept.
     pub fn block(&self, addr: u64, time: u64, before: bool) -> Option<&Block> {
-        let s = self.slots.get(&addr)?;
+        let s = self.slots.get(addr)?;
         s.blocks.iter().flatten().find(|b| if before { b.time <= time } else { b.time == time })
     }
 
@@ -193,7 +212,7 @@ impl Heap {
     /// of the pair says it is freed). Looks at every address kept: for the
     /// rare free of an address that is not a block's.
     pub fn containing(&self, addr: u64) -> Option<(u64, &Block, bool)> {
-        let mut found = self.slots.iter().filter_map(|(&a, s)| {
+        let mut found = self.slots.iter().filter_map(|(a, s)| {
             let b = s.blocks[0].as_ref()?;
             (a <= addr && addr - a < b.size.max(1)).then_some((a, b, !s.live))
         });
@@ -207,7 +226,7 @@ impl Heap {
             self.sweep();
         }
         let alloc = block.is_some();
-        let slot = self.slots.entry(addr).or_insert_with(|| Slot {
+        let slot = self.slots.get_or_insert_with(addr, || Slot {
             window: Window::new(),
             blocks: [None, None],
             live: false,
@@ -240,6 +259,7 @@ impl Heap {
             let (first, second) = (latest.next(), latest.next());
             slot.blocks = [first.and_then(&mut by_time), second.and_then(&mut by_time)];
         }
+        self.live_slots = self.live_slots + usize::from(added.last.alloc) - usize::from(slot.live);
         slot.live = added.last.alloc;
         let new = slot.live.then(|| slot.blocks[0].clone()).flatten();
         let (prev, prev_time) = added.prev;
@@ -330,7 +350,9 @@ impl Heap {
 
     /// Live blocks with their addresses.
     pub fn live(&self) -> impl Iterator<Item = (u64, &Block)> {
-        self.slots.iter().filter(|(_, s)| s.live).filter_map(|(&a, s)| s.blocks[0].as_ref().map(|b| (a, b)))
+        // Nothing live (a program that freed everything): no walk at all.
+        let slots = (self.live_slots > 0).then(|| self.slots.iter()).into_iter().flatten();
+        slots.filter(|(_, s)| s.live).filter_map(|(a, s)| s.blocks[0].as_ref().map(|b| (a, b)))
     }
 
     /// Forgets addresses with nothing live and no event for [`HORIZON`],
@@ -338,7 +360,10 @@ impl Heap {
     /// time, so its cost per event stays constant.
     fn sweep(&mut self) {
         let cutoff = self.now.saturating_sub(HORIZON);
-        self.slots.retain(|_, s| s.live || s.window.last_time() >= cutoff);
+        // Only worth a walk over the slots if a quarter or more could go.
+        if (self.slots.len() - self.live_slots) * 4 >= self.slots.len() {
+            self.slots.retain(|s| s.live || s.window.last_time() >= cutoff);
+        }
         self.waiting.retain(|_, w| {
             w.orphans.retain(|o| o.time >= cutoff);
             w.open.retain(|o| o.time >= cutoff);

@@ -218,6 +218,18 @@ impl Books {
         m
     }
 
+    /// Prepares for an event at `addr` some records from now: `slot`
+    /// false fetches the line of the address's index, true (a few records
+    /// later) its slot. Only a hint: nothing changes.
+    #[inline]
+    pub fn prefetch(&self, addr: u64, slot: bool) {
+        if slot {
+            self.heap.prefetch_slot(addr)
+        } else {
+            self.heap.prefetch_index(addr)
+        }
+    }
+
     /// A block came into existence (malloc, new, the new half of realloc)
     /// in thread `tid`.
     pub fn alloc(&mut self, tid: u32, addr: u64, b: Block) {
