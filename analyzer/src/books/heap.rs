@@ -47,8 +47,10 @@ pub const RING: usize = 4;
 /// allocator's contract, not by their times: it covers the skew between
 /// two threads' stamps (11 ns seen with a bare `rdtsc`; an unfenced `rdtsc`
 /// runs at most a reorder window, ~100 cycles, early; invariant TSCs of
-/// one machine agree within tens of ns).
-pub const EPS: u64 = 250;
+/// one machine agree within tens of ns): 250 ns, plus the stream's time
+/// unit (64 ns, `mtrace_format::TIME_SHIFT`), by which two stamps' rounding
+/// can move them further apart.
+pub const EPS: u64 = 250 + (1 << mtrace_format::TIME_SHIFT);
 
 /// How long (ns of trace time) an address with nothing live keeps its
 /// events, and an unmatched free waits for a late allocation.

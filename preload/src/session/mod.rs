@@ -273,6 +273,7 @@ impl Session {
             cmdline,
             start_realtime_ns: sys::realtime_ns(),
             start_monotonic_ns: start_mono,
+            time_shift: mtrace_format::TIME_SHIFT,
         };
         let mut out = Vec::with_capacity(4096);
         encode_header(&mut out, &header);
