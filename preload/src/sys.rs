@@ -177,6 +177,24 @@ pub fn readlink(path: &CStr) -> Option<String> {
     (n > 0).then(|| String::from_utf8_lossy(&buf[..n as usize]).into_owned())
 }
 
+/// `membarrier(2)` commands (linux/membarrier.h).
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: i64 = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: i64 = 1 << 4;
+
+/// Registers the process for [`membarrier`]; false where the kernel (or a
+/// seccomp filter) refuses.
+pub fn membarrier_register() -> bool {
+    // SAFETY: membarrier takes no pointers; an unknown command fails.
+    unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0 }
+}
+
+/// A full memory barrier on every CPU that runs a thread of this process
+/// (after [`membarrier_register`]); false if it failed.
+pub fn membarrier() -> bool {
+    // SAFETY: as above.
+    unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0 }
+}
+
 /// Sleeps for `ms` milliseconds (the writer thread's poll interval).
 pub fn sleep_ms(ms: u64) {
     sleep_us(ms * 1000);

@@ -149,13 +149,13 @@ pub fn push(s: &Session, now: u64, stack_at: Option<Here>, make: impl FnOnce(u64
 pub fn intern(s: &Session, at: Here) -> u32 {
     let Some(st) = state(s) else { return 0 };
     let n = st.capture(s, at);
-    let mut guard = st.buf.inner.lock();
-    if s.is_finished() {
-        return 0;
-    }
-    let b = &mut *guard;
-    b.begin(st.tid, || s.now());
-    intern_in(s, &mut st.stacks, b, &st.frames[..n])
+    st.buf.own(&s.handoff, |b| {
+        if s.is_finished() {
+            return 0;
+        }
+        b.begin(st.tid, || s.now());
+        intern_in(s, &mut st.stacks, b, &st.frames[..n])
+    })
 }
 
 /// The id of backtrace `f` in this thread's table, defined in buffer `b` if new.
@@ -179,34 +179,37 @@ pub fn push_as(s: &Session, now: u64, bt: Backtrace, make: impl FnOnce(u64, u32)
         let frames = matches!(bt, Backtrace::From(_)).then_some(&buf[..n]);
         return write_sync(s, sys::gettid(), now, frames, known(bt), make);
     };
-    // Unwind before taking the buffer's lock: the writer may want it.
+    // Unwind before appending: the writer may be waiting for the append.
     let n = match bt {
         Backtrace::From(at) => Some(st.capture(s, at)),
         _ => None,
     };
     let frames = n.map(|n| &st.frames[..n]);
-    let mut guard = st.buf.inner.lock();
-    if s.is_finished() {
-        drop(guard);
-        return write_sync(s, st.tid, now, frames, known(bt), make);
-    }
-    let b = &mut *guard;
-    b.begin(st.tid, || now);
-    let id = match frames {
-        None => known(bt),
-        Some(f) => intern_in(s, &mut st.stacks, b, f),
-    };
-    b.enc.encode(&mut b.cur, &make(now, id));
-    let mut behind = false;
-    if b.cur.len() >= FLUSH_AT {
-        let full = std::mem::replace(&mut b.cur, Vec::with_capacity(BUF_CAP));
-        b.full_bytes += full.len();
-        behind = s.buffer_full(full.len());
-        b.full.push(full);
-    }
-    drop(guard);
-    if behind {
-        s.throttle();
+    let mut make = Some(make);
+    // Some(behind): appended; None: the stream has ended, write it now.
+    let appended = st.buf.own(&s.handoff, |b| {
+        if s.is_finished() {
+            return None;
+        }
+        b.begin(st.tid, || now);
+        let id = match frames {
+            None => known(bt),
+            Some(f) => intern_in(s, &mut st.stacks, b, f),
+        };
+        b.enc.encode(&mut b.cur, &make.take()?(now, id));
+        let mut behind = false;
+        if b.cur.len() >= FLUSH_AT {
+            let full = std::mem::replace(&mut b.cur, Vec::with_capacity(BUF_CAP));
+            b.full_bytes += full.len();
+            behind = s.buffer_full(full.len());
+            b.full.push(full);
+        }
+        Some(behind)
+    });
+    match (appended, make) {
+        (Some(true), _) => s.throttle(),
+        (None, Some(make)) => write_sync(s, st.tid, now, frames, known(bt), make),
+        _ => {}
     }
 }
 

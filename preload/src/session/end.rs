@@ -29,17 +29,19 @@ impl Session {
             self.write_modules_if_changed();
         }
         if let Some(threads) = lock(&self.threads, in_signal) {
+            let claim = self.handoff.claim();
             for t in threads.iter() {
-                let Some(mut b) = lock(&t.inner, in_signal) else { continue };
-                let full = std::mem::take(&mut b.full);
-                for buf in &full {
-                    self.out.write(buf);
-                }
-                // Freeing here could deadlock in a signal handler that
-                // interrupted malloc; the process is ending anyway.
-                std::mem::forget(full);
-                self.out.write(&b.cur);
-                b.cur.clear();
+                let _ = t.take(&claim, !in_signal, |b| {
+                    let full = std::mem::take(&mut b.full);
+                    for buf in &full {
+                        self.out.write(buf);
+                    }
+                    // Freeing here could deadlock in a signal handler that
+                    // interrupted malloc; the process is ending anyway.
+                    std::mem::forget(full);
+                    self.out.write(&b.cur);
+                    b.cur.clear();
+                });
             }
         }
         if !self.ended.swap(true, Ordering::SeqCst) {

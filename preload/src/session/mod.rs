@@ -8,12 +8,14 @@ use std::sync::Arc;
 use mtrace_format::{encode_header, naming, Encoder, Header, Record};
 use parking_lot::Mutex;
 
+mod buffer;
 mod control;
 mod end;
 mod output;
 mod writer;
 mod zstd;
 
+pub use buffer::{BufInner, Handoff, ThreadBuf};
 pub use writer::{start_writer, FileHold};
 
 use crate::clock::Clock;
@@ -37,50 +39,6 @@ pub const SCAN_REPORT: &str = "scan";
 const WRITER_POLL_MS: u64 = 5;
 /// RSS is sampled every this many writer rounds (10 ms).
 const SAMPLE_EVERY: u64 = 2;
-
-/// Encoded records of one thread that the writer has not written yet.
-pub struct BufInner {
-    /// The buffer being filled; starts with a Thread record once non-empty.
-    pub cur: Vec<u8>,
-    /// Full buffers, oldest first.
-    pub full: Vec<Vec<u8>>,
-    /// Bytes in `full`, counted in [`Session::pending`].
-    pub full_bytes: usize,
-    pub enc: Encoder,
-}
-
-impl BufInner {
-    /// Starts `cur` with the Thread record of `tid` if it is empty: every
-    /// buffer says whose records it holds. `now` (ns) is asked only then,
-    /// so that a caller without the time reads the clock only then.
-    #[inline]
-    pub fn begin(&mut self, tid: u32, now: impl FnOnce() -> u64) {
-        if self.cur.is_empty() {
-            self.enc.encode(&mut self.cur, &Record::Thread { tid, time_ns: now() });
-        }
-    }
-}
-
-/// A thread's buffer, shared between the thread and the writer.
-pub struct ThreadBuf {
-    pub inner: Mutex<BufInner>,
-    /// Set when the thread has exited: the writer may take `cur` as well.
-    pub exited: AtomicBool,
-}
-
-impl ThreadBuf {
-    fn new() -> ThreadBuf {
-        ThreadBuf {
-            inner: Mutex::new(BufInner {
-                cur: Vec::with_capacity(BUF_CAP),
-                full: Vec::new(),
-                full_bytes: 0,
-                enc: Encoder::new(),
-            }),
-            exited: AtomicBool::new(false),
-        }
-    }
-}
 
 pub struct Session {
     /// Bumped for every new session (fork): thread state of an older one is reset.
@@ -122,6 +80,8 @@ pub struct Session {
     zstd: Mutex<Option<zstd::Zstd>>,
     zstd_range: [AtomicU64; 2],
     threads: Mutex<Vec<Arc<ThreadBuf>>>,
+    /// How threads' buffers are taken from them (buffer.rs).
+    pub handoff: Handoff,
     /// Bytes in threads' full buffers (see [`PENDING_MAX`]).
     pending: AtomicUsize,
     /// Set when a wait for the writer timed out: threads no longer wait.
@@ -311,6 +271,7 @@ impl Session {
             zstd: Mutex::new(None),
             zstd_range: [AtomicU64::new(0), AtomicU64::new(0)],
             threads: Mutex::new(Vec::new()),
+            handoff: Handoff::new(),
             pending: AtomicUsize::new(0),
             throttle_off: AtomicBool::new(false),
             next_stack: AtomicU32::new(1),

@@ -33,20 +33,30 @@ impl Session {
         let threads: Vec<Arc<ThreadBuf>> = self.threads.lock().clone();
         let mut batch = Vec::new();
         let (mut counted, mut written) = (0, 0);
+        let claim = self.handoff.claim();
+        let mut taken = Vec::with_capacity(threads.len());
+        // Threads that had exited before their buffer was emptied: done.
+        let mut done = Vec::new();
         for t in &threads {
             let exited = t.exited.load(Ordering::Acquire);
             if exited_only && !exited {
                 continue;
             }
-            let full = {
-                let mut b = t.inner.lock();
+            let full = t.take(&claim, true, |b| {
                 if !b.cur.is_empty() {
                     let cur = std::mem::replace(&mut b.cur, Vec::with_capacity(BUF_CAP));
                     b.full.push(cur);
                 }
                 counted += std::mem::take(&mut b.full_bytes);
                 std::mem::take(&mut b.full)
-            };
+            });
+            if exited {
+                done.push(Arc::as_ptr(t));
+            }
+            taken.push(full.unwrap_or_default());
+        }
+        drop(claim);
+        for full in taken {
             for buf in &full {
                 // Blocks stay below the readers' bound (whole buffers, each
                 // of whole records, far below it).
@@ -59,12 +69,7 @@ impl Session {
         }
         self.write_compressed(&batch);
         self.pending.fetch_sub(counted, Ordering::Relaxed);
-        self.threads.lock().retain(|t| {
-            !(t.exited.load(Ordering::Acquire) && {
-                let b = t.inner.lock();
-                b.cur.is_empty() && b.full.is_empty()
-            })
-        });
+        self.threads.lock().retain(|t| !done.contains(&Arc::as_ptr(t)));
         written
     }
 
