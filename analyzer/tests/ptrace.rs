@@ -31,6 +31,37 @@ fn hooks() -> &'static [&'static str] {
     })
 }
 
+/// `mtrace run --ptrace --hooks h EXTRA -- PROG ARGS` as [`run_json`]
+/// runs it. Under uprobes the kernel's rings can overflow when the
+/// tracer's reader is kept from the CPU (seen in about one run in five of
+/// queue.c on a 2-core machine under load); the tracer then says how many
+/// calls it lost, and such a run is made again (three tries in all): the exact
+/// results are asserted on a run that recorded every call.
+fn traced(
+    dir: &std::path::Path,
+    h: &str,
+    extra: &[&str],
+    prog: &std::path::Path,
+    args: &[&str],
+) -> (Value, std::process::Output) {
+    let opts: Vec<&str> = ["--ptrace", "--hooks", h].iter().chain(extra).copied().collect();
+    for _ in 1..3 {
+        let (r, out) = run_json(dir, &opts, prog, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        match err.lines().find(|l| l.contains("were not recorded")) {
+            Some(lost) if h == "uprobes" => {
+                eprintln!("run again: {lost}");
+                // The lost run's traces go: a test looks for the new ones.
+                if let Some(i) = extra.iter().position(|a| *a == "--trace-dir") {
+                    let _ = std::fs::remove_dir_all(extra[i + 1]);
+                }
+            }
+            _ => return (r, out),
+        }
+    }
+    run_json(dir, &opts, prog, args)
+}
+
 /// An entry as compared: bytes, blocks, family and all frames (function, line).
 type Entry = (i64, i64, String, Vec<(String, u64)>);
 
@@ -71,7 +102,7 @@ fn same_as_preload(name: &str, src: &str, flags: &[&str], args: &[&str]) {
     let prog = build(src, &dir.join(name), flags);
     let (pre, out1) = run_json(&dir, &[], &prog, args);
     for h in hooks() {
-        let (pt, out2) = run_json(&dir, &["--ptrace", "--hooks", h], &prog, args);
+        let (pt, out2) = traced(&dir, h, &[], &prog, args);
         assert_eq!(entries(&pt), entries(&pre), "{name} ({h}): the entries");
         assert_eq!(counts(&pt), counts(&pre), "{name} ({h}): allocations, frees, unmatched frees");
         assert_eq!(
@@ -99,7 +130,7 @@ fn a_stale_return_address_does_not_hide_a_later_call() {
     let prog = build("stale_slot.c", &dir.join("stale_slot"), &["-g", "-O0"]);
     let m = markers("stale_slot.c");
     for h in hooks() {
-        let (r, _) = run_json(&dir, &["--ptrace", "--hooks", h], &prog, &[]);
+        let (r, _) = traced(&dir, h, &[], &prog, &[]);
         assert_eq!(leaks_in(&r, "stale_slot.c"), vec![leak(24, 1, "malloc", "deep", m["deep"])], "{h}");
     }
 }
@@ -134,7 +165,7 @@ fn a_static_program_is_traced_with_whole_backtraces_with(h: &str) {
     let dir = scratch(&format!("ptrace-static-{h}"));
     let prog = build("families.c", &dir.join("families"), &["-g", "-O0", "-static"]);
     let m = markers("families.c");
-    let (r, out) = run_json(&dir, &["--ptrace", "--hooks", h], &prog, &[]);
+    let (r, out) = traced(&dir, h, &[], &prog, &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let mut want = vec![
         leak(101, 1, "malloc", "leak_malloc", m["malloc"]),
@@ -170,7 +201,7 @@ fn threads_hand_blocks_over_without_a_wrong_free_with(h: &str) {
     let prog = build("queue.c", &dir.join("queue"), &["-g", "-O0"]);
     let m = markers("queue.c");
     // A smaller queue than threads.rs's: every call stops the thread.
-    let (r, _) = run_json(&dir, &["--ptrace", "--hooks", h], &prog, &["leak", "20000"]);
+    let (r, _) = traced(&dir, h, &[], &prog, &["leak", "20000"]);
     assert_eq!(
         leaks_in(&r, "queue.c"),
         vec![leak(1090, 10, "malloc", "producer", m["kept"]), leak(1554, 2, "malloc", "producer", m["producer"])]
@@ -191,7 +222,7 @@ fn a_forked_child_has_its_own_trace_with(h: &str) {
     let prog = build("fork.c", &dir.join("fork"), &["-g", "-O0"]);
     let m = markers("fork.c");
     let tdir = dir.join("traces");
-    let (r, out) = run_json(&dir, &["--ptrace", "--hooks", h, "--trace-dir", tdir.to_str().unwrap()], &prog, &[]);
+    let (r, out) = traced(&dir, h, &["--trace-dir", tdir.to_str().unwrap()], &prog, &[]);
     assert!(out.status.success());
     let mut want =
         vec![leak(401, 1, "malloc", "main", m["before_fork"]), leak(403, 1, "malloc", "main", m["after_fork"])];
@@ -217,7 +248,7 @@ fn a_double_free_glibc_aborts_on_is_reported_with_both_backtraces_with(h: &str) 
     let dir = scratch(&format!("ptrace-double-{h}"));
     let prog = build("wrong_frees.cpp", &dir.join("wrong_frees"), &["-g", "-O0"]);
     let native = Command::new(&prog).arg("double").output().unwrap();
-    let (r, out) = run_json(&dir, &["--ptrace", "--hooks", h, "-S"], &prog, &["double"]);
+    let (r, out) = traced(&dir, h, &["-S"], &prog, &["double"]);
     assert_eq!(out.status.code(), Some(134));
     assert_eq!(out.stderr, native.stderr, "the program's error output");
     let e = &r["errors"][0];
@@ -358,7 +389,7 @@ fn the_memory_over_time_is_sampled_too_with(h: &str) {
     // come with the calls, at most every 10 ms.
     let dir = scratch(&format!("ptrace-timeline-{h}"));
     let prog = build("phases.c", &dir.join("phases"), &["-g", "-O0"]);
-    let (r, _) = run_json(&dir, &["--ptrace", "--hooks", h, "--timeline"], &prog, &[]);
+    let (r, _) = traced(&dir, h, &["--timeline"], &prog, &[]);
     let points = r["timeline"].as_array().unwrap();
     assert!(points.len() >= 3, "{points:?}");
     assert!(points.iter().all(|p| p["rss_bytes"].as_u64().unwrap() > 0), "{points:?}");
