@@ -17,7 +17,7 @@
 //! as before.
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{compiler_fence, AtomicBool, Ordering};
+use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU32, Ordering};
 
 use mtrace_format::{Encoder, Record};
 use parking_lot::Mutex;
@@ -52,22 +52,23 @@ impl BufInner {
 pub struct Handoff {
     /// `membarrier` is registered: owners may append without the mutex.
     fast: bool,
-    /// A collection is under way: owners take the mutex.
-    claim: AtomicBool,
+    /// Collections under way (the writer's and the final flush's may
+    /// overlap): while any is, owners take the mutex.
+    claims: AtomicU32,
 }
 
 impl Handoff {
     /// Registers the process for expedited `membarrier` (a forked child
     /// inherits the registration, and registers again anyway).
     pub fn new() -> Handoff {
-        Handoff { fast: sys::membarrier_register(), claim: AtomicBool::new(false) }
+        Handoff { fast: sys::membarrier_register(), claims: AtomicU32::new(0) }
     }
 
     /// Opens a collection: until the returned guard is dropped, no owner
     /// appends without its buffer's mutex, and [`ThreadBuf::take`] waits
     /// for an append already started.
     pub fn claim(&self) -> Claim<'_> {
-        self.claim.store(true, Ordering::SeqCst);
+        self.claims.fetch_add(1, Ordering::SeqCst);
         if self.fast && !sys::membarrier() {
             // The barrier failed after it was registered (not seen): a
             // claim that stays keeps every owner on the mutex from now on;
@@ -89,7 +90,7 @@ pub struct Claim<'a> {
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
         if !self.keep {
-            self.h.claim.store(false, Ordering::Release);
+            self.h.claims.fetch_sub(1, Ordering::Release);
         }
     }
 }
@@ -136,7 +137,7 @@ impl ThreadBuf {
             // compiler keeps it so here; the collector's membarrier does
             // for the CPU.
             compiler_fence(Ordering::SeqCst);
-            if !h.claim.load(Ordering::Relaxed) {
+            if h.claims.load(Ordering::Relaxed) == 0 {
                 // SAFETY: no collection is under way, and none will touch
                 // the buffer until `busy` is cleared (module comment).
                 let r = f(unsafe { &mut *self.inner.get() });

@@ -212,6 +212,14 @@ fn handle(
     let (point, ret, time, mut regs, stack) = match hit {
         Hit::Lost(n) => {
             *lost += n;
+            // The returns awaited may be among the lost samples: forgotten,
+            // so that a lost return costs its one call. Kept, its slot
+            // (still holding the same return address when the program
+            // calls malloc from the same place again) made every later
+            // call deeper down look nested in it: one run of queue.c lost
+            // 2,886 allocations to 42 lost samples.
+            th.pending.clear();
+            th.outer = None;
             let time_ns = p.stream.now();
             p.stream.record(tid.as_raw() as u32, &Record::Coverage { time_ns, collecting: true, whole: false });
             return;
