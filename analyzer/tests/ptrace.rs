@@ -33,10 +33,10 @@ fn hooks() -> &'static [&'static str] {
 
 /// `mtrace run --ptrace --hooks h EXTRA -- PROG ARGS` as [`run_json`]
 /// runs it. Under uprobes the kernel's rings can overflow when the
-/// tracer's reader is kept from the CPU (seen in about one run in five of
-/// queue.c on a 2-core machine under load); the tracer then says how many
-/// calls it lost, and such a run is made again (three tries in all): the exact
-/// results are asserted on a run that recorded every call.
+/// tracer's reader is kept from the CPU (queue.c lost calls in 2 runs of 8
+/// on this 2-core machine); the tracer then says how many calls it lost,
+/// and such a run is made again (three tries in all): the exact results
+/// are asserted on a run that recorded every call.
 fn traced(
     dir: &std::path::Path,
     h: &str,
