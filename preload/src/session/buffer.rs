@@ -156,19 +156,7 @@ impl ThreadBuf {
     /// about 2 s on a mutex or an append that does not end (the owner was
     /// interrupted in it) and returns `None`.
     pub fn take<R>(&self, _claim: &Claim, patient: bool, f: impl FnOnce(&mut BufInner) -> R) -> Option<R> {
-        let _g = if patient {
-            self.lock.lock()
-        } else {
-            let mut g = None;
-            for _ in 0..2000 {
-                g = self.lock.try_lock();
-                if g.is_some() {
-                    break;
-                }
-                sys::sleep_ms(1);
-            }
-            g?
-        };
+        let _g = super::end::lock(&self.lock, !patient)?;
         let mut spins = 0u32;
         while self.busy.load(Ordering::Acquire) {
             spins += 1;

@@ -213,11 +213,11 @@ fn handle(
         Hit::Lost(n) => {
             *lost += n;
             // The returns awaited may be among the lost samples: forgotten,
-            // so that a lost return costs its one call. Kept, its slot
-            // (still holding the same return address when the program
-            // calls malloc from the same place again) made every later
-            // call deeper down look nested in it: one run of queue.c lost
-            // 2,886 allocations to 42 lost samples.
+            // so that a lost return costs its one call. Kept, the outer
+            // call they belong to stays "running", and later calls from the
+            // same frame (whose slot holds the same return address again)
+            // can be taken for its nested ones; the likely cause of a run
+            // of queue.c that lost 2,886 allocations to 42 lost samples.
             th.pending.clear();
             th.outer = None;
             let time_ns = p.stream.now();
