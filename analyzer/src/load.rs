@@ -5,7 +5,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use mtrace_format::{region_kind, EndReason, Family, Header, Module, ReadError, Reader, Record};
+use mtrace_format::{EndReason, Family, Header, Module, ReadError, Reader, Record};
 
 use crate::books::wrong::Dealloc;
 use crate::books::{Block, Books};
@@ -439,12 +439,14 @@ impl<'w> Keeper<'w> {
                 let d = Dealloc { family: Family::Pool, stack: None, realloc: false };
                 t.books.dealloc(tid, pool_key(pool, addr), time_ns, d);
             }
-            Record::ScanRegion { kind, addr, bytes, .. } => self.regions.push(crate::scan::Region {
-                kind: kind & !region_kind::SAME_MAPPING,
-                continues: kind & region_kind::SAME_MAPPING != 0,
-                addr,
-                bytes,
-            }),
+            Record::ScanRegion { kind, addr, bytes, .. } => {
+                let word = if t.header.pointer_size == 4 { 4 } else { 8 };
+                // The reader has checked a sparse payload: an error cannot
+                // happen here, and the region would be left out.
+                if let Ok(r) = crate::scan::Region::of_record(kind, addr, bytes, word) {
+                    self.regions.push(r);
+                }
+            }
             Record::ScanEnd { time_ns } => {
                 t.snapshot = Some(std::mem::take(&mut self.regions));
                 t.snapshot_time = time_ns;

@@ -220,6 +220,47 @@ fn roots_of_every_kind_equal_valgrind_memcheck() {
     }
 }
 
+#[test]
+fn pointers_among_noise_are_found_in_sparse_pieces() {
+    // The snapshot leaves out the noise words: the trace stays far below
+    // the 5 MiB of noise (which zstd cannot compress), and every block is
+    // classified as valgrind classifies it.
+    let dir = scratch("scan-sparse");
+    let prog = build("scan_sparse.c", &dir.join("sparse"), &["-g", "-O0"]);
+    let traces = dir.join("traces");
+    let (r, out) = run_json(
+        &dir,
+        &["--scan", "--show-reachable", "--keep-traces", "--trace-dir", traces.to_str().unwrap()],
+        &prog,
+        &[],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let size: u64 = std::fs::read_dir(&traces).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+    assert!(size < 1 << 20, "trace of {size} bytes");
+    let m = markers("scan_sparse.c");
+    let ours = mtrace_by_line(&r, "scan_sparse.c");
+    let expected = [
+        ("noise", "reachable", 4 << 20),
+        ("by_start", "reachable", 40),
+        ("through_start", "reachable", 24),
+        ("length64", "reachable", 64),
+        ("interior", "possible", 64),
+        ("from_bss", "reachable", 32),
+        ("lost", "definite", 48),
+    ];
+    for (name, kind, bytes) in expected {
+        assert_eq!(ours.get(&m[name]), Some(&(kind.to_owned(), bytes, 1)), "{name}");
+    }
+    let via = &r["kinds"]["reachable_via_heuristic"]["length64"];
+    assert_eq!((via["bytes"].as_u64(), via["blocks"].as_u64()), (Some(64), Some(1)), "{}", r["kinds"]);
+    if std::process::Command::new("valgrind").arg("--version").output().is_ok() {
+        let theirs = valgrind_by_line(&valgrind(&dir, &prog, &[]), "scan_sparse.c");
+        for (name, _, _) in expected {
+            assert_eq!(ours.get(&m[name]), theirs.get(&m[name]), "{name}: mtrace vs valgrind");
+        }
+    }
+}
+
 /// (kinds, scan info) of `mtrace report --json [window] TRACE`.
 fn kinds_of(trace: &Path, window: &[&str]) -> (serde_json::Value, serde_json::Value) {
     let out =

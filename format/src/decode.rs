@@ -86,6 +86,8 @@ pub struct Reader<R> {
     /// Heap addresses are deltas from the previous one (version 7 on).
     addr_deltas: bool,
     last_addr: u64,
+    /// The target's pointer size, bytes (sparse scan regions' words).
+    word: usize,
     /// The buffer before the last splice, reused for the next one (a fresh
     /// one per block cost page faults and zeroing: a tenth of a report).
     spare: Vec<u8>,
@@ -111,6 +113,7 @@ impl<R: Read> Reader<R> {
             time_shift: 0,
             addr_deltas: false,
             last_addr: 0,
+            word: 8,
             spare: Vec::new(),
             dctx: None,
         }
@@ -276,6 +279,8 @@ impl<R: Read> Reader<R> {
             return Err(ReadErrorKind::UnsupportedVersion(version));
         }
         let pointer_size = self.u8()?;
+        // As the analyzer reads words: 4 bytes on a 32-bit target, else 8.
+        self.word = if pointer_size == 4 { 4 } else { 8 };
         let big_endian = self.u8()? != 0;
         let arch = self.string()?;
         let pid = self.u32("pid")?;
@@ -464,12 +469,13 @@ impl<R: Read> Reader<R> {
             tag::POOL_FREE => {
                 Record::PoolFree { time_ns: self.time()?, pool: self.u32("pool id")?, addr: self.varint()? }
             }
-            tag::SCAN_REGION => Record::ScanRegion {
-                time_ns: self.time()?,
-                kind: self.u8()?,
-                addr: self.varint()?,
-                bytes: self.bytes()?,
-            },
+            tag::SCAN_REGION => {
+                let (time_ns, kind, addr, bytes) = (self.time()?, self.u8()?, self.varint()?, self.bytes()?);
+                if kind & crate::region_kind::SPARSE != 0 {
+                    crate::sparse::parse(&bytes, self.word).map_err(ReadErrorKind::Corrupt)?;
+                }
+                Record::ScanRegion { time_ns, kind, addr, bytes }
+            }
             tag::SCAN_END => Record::ScanEnd { time_ns: self.time()? },
             tag::COVERAGE => {
                 let time_ns = self.time()?;

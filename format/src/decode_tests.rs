@@ -245,3 +245,30 @@ fn version_6_streams_still_read() {
     let free = Record::Free { time_ns: 102, family: Family::Malloc, addr: 0x110, stack: 0 };
     assert_eq!(r.next_record().unwrap(), Some(free));
 }
+
+#[test]
+fn a_sparse_region_that_does_not_parse_is_corrupt_with_offset() {
+    let mut s = Vec::new();
+    encode_header(&mut s, &Header { version: VERSION, pointer_size: 8, ..Header::default() });
+    let mut enc = Encoder::new();
+    enc.encode(&mut s, &Record::Thread { tid: 1, time_ns: 0 });
+    // 16 bytes, word 1 held: one varint.
+    let mut good = Vec::new();
+    crate::sparse::put_len(&mut good, 16);
+    good.push(0b10);
+    good.push(4);
+    let kind = region_kind::MAPPING | region_kind::SPARSE;
+    enc.encode(&mut s, &Record::ScanRegion { time_ns: 0, kind, addr: 0x1000, bytes: good.clone() });
+    let at = s.len();
+    // The bitmap says two words, one varint follows.
+    let mut bad = good.clone();
+    bad[1] = 0b11;
+    enc.encode(&mut s, &Record::ScanRegion { time_ns: 0, kind, addr: 0x2000, bytes: bad });
+    let mut r = Reader::new(&s[..]);
+    r.header().unwrap();
+    assert!(matches!(r.next_record().unwrap(), Some(Record::Thread { .. })));
+    assert!(matches!(r.next_record().unwrap(), Some(Record::ScanRegion { addr: 0x1000, .. })));
+    let e = r.next_record().unwrap_err();
+    assert_eq!(e.offset, at as u64);
+    assert!(e.to_string().contains("sparse region has 1 varints for the 2 words its bitmap marks"), "{e}");
+}

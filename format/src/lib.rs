@@ -10,19 +10,20 @@ mod decode;
 mod encode;
 pub mod naming;
 mod record;
+pub mod sparse;
 mod varint;
 
 pub use decode::{ReadError, ReadErrorKind, Reader};
 pub use encode::{compressed_header, encode_compressed, encode_header, Encoder};
 pub use record::{region_kind, EndReason, Family, Header, Module, Record, Segment};
-pub use varint::{put_varint, unzigzag, zigzag};
+pub use varint::{put_varint, put_varint_at, unzigzag, zigzag};
 
 /// First 8 bytes of every stream: `MTRACE`, a NUL, and 0x1a (the byte that
 /// stops a text `type` on some systems), so a text tool sees a binary file.
 pub const MAGIC: [u8; 8] = *b"MTRACE\0\x1a";
 
 /// Format version written in the header. Readers reject newer versions.
-pub const VERSION: u64 = 7;
+pub const VERSION: u64 = 8;
 
 /// Writers of this version record times in units of 2^TIME_SHIFT ns (64
 /// ns; the header says which unit a stream uses). Finer than anything a

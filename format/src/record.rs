@@ -244,6 +244,10 @@ pub mod region_kind {
     /// Flag added to a kind: this region is the next piece of the same
     /// mapping (or stack) as the ScanRegion before it.
     pub const SAME_MAPPING: u8 = 0x80;
+    /// Flag added to a kind: the bytes are a sparse payload (`sparse`
+    /// module: the words that can matter to the scan, and a bitmap of
+    /// where they were). Since version 8.
+    pub const SPARSE: u8 = 0x40;
 }
 
 pub(crate) mod tag {

@@ -37,6 +37,41 @@ pub fn varint_in_word(w: u64) -> Option<(u64, usize)> {
     Some((v, len))
 }
 
+/// Writes `v` as a varint at `out[at..]` and returns its length (1–10
+/// bytes); `out` must have 10 bytes from `at` (8 of them may be written
+/// past the varint's end). Branch-free for values below 2^56 (1–8 bytes):
+/// the snapshot writes millions of them, of unpredictable lengths.
+#[inline(always)]
+pub fn put_varint_at(out: &mut [u8], at: usize, v: u64) -> usize {
+    if v >= 1 << 56 {
+        return put_long_varint_at(out, at, v);
+    }
+    // 7 bits a byte; 0 takes one byte.
+    let len = ((64 - (v | 1).leading_zeros()) as usize).div_ceil(7);
+    let spread = (v & 0x7f)
+        | ((v << 1) & (0x7f << 8))
+        | ((v << 2) & (0x7f << 16))
+        | ((v << 3) & (0x7f << 24))
+        | ((v << 4) & (0x7f << 32))
+        | ((v << 5) & (0x7f << 40))
+        | ((v << 6) & (0x7f << 48))
+        | ((v << 7) & (0x7f << 56));
+    // A continuation bit on every byte but the last.
+    let more = 0x8080_8080_8080_8080u64 & ((1u64 << (8 * (len - 1))) - 1);
+    out[at..at + 8].copy_from_slice(&(spread | more).to_le_bytes());
+    len
+}
+
+/// `put_varint_at` of 9 or 10 bytes: out of the way of the common case.
+#[cold]
+#[inline(never)]
+fn put_long_varint_at(out: &mut [u8], at: usize, v: u64) -> usize {
+    let mut tmp = Vec::with_capacity(10);
+    put_varint(&mut tmp, v);
+    out[at..at + tmp.len()].copy_from_slice(&tmp);
+    tmp.len()
+}
+
 /// Maps a signed delta to an unsigned one so that small magnitudes of either
 /// sign encode in few bytes (0→0, -1→1, 1→2, …).
 #[inline]
@@ -61,6 +96,20 @@ mod tests {
         }
         assert_eq!(zigzag(-1), 1);
         assert_eq!(zigzag(1), 2);
+    }
+
+    #[test]
+    fn put_varint_at_equals_put_varint() {
+        let mut values = vec![0u64, 1, 127, 128, (1 << 56) - 1, 1 << 56, u64::MAX];
+        values.extend((0..64).map(|b| 1u64 << b));
+        values.extend((0..64).map(|b| (1u64 << b) - 1));
+        for v in values {
+            let mut want = Vec::new();
+            put_varint(&mut want, v);
+            let mut out = [0xaau8; 13];
+            let n = put_varint_at(&mut out, 3, v);
+            assert_eq!(&out[3..3 + n], &want[..], "{v:#x}");
+        }
     }
 
     #[test]

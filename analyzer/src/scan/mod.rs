@@ -19,17 +19,10 @@ use crate::load::Trace;
 use mtrace_format::{region_kind, Family};
 
 pub mod heuristics;
+mod memory;
 pub use heuristics::{Heuristic, Heuristics};
-
-/// One region of the snapshot.
-pub struct Region {
-    /// One of [`region_kind`]'s kinds (without the SAME_MAPPING flag).
-    pub kind: u8,
-    /// The next piece of the same mapping as the region before it.
-    pub continues: bool,
-    pub addr: u64,
-    pub bytes: Vec<u8>,
-}
+pub use memory::Region;
+use memory::{Memory, Word};
 
 /// memcheck's leak kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -116,13 +109,13 @@ pub struct ScanInfo {
 pub fn info(t: &Trace) -> Option<ScanInfo> {
     let snap = t.snapshot.as_ref()?;
     let regs = snap.iter().filter(|r| r.kind == region_kind::REGISTERS);
-    let stopped = regs.clone().filter(|r| !r.bytes.is_empty()).count() as u64;
+    let stopped = regs.clone().filter(|r| r.len > 0).count() as u64;
     Some(ScanInfo {
         time_s: t.snapshot_time as f64 / 1e9,
         at_exit: !t.snapshot_on_demand,
         threads_stopped: stopped,
         threads_not_stopped: regs.count() as u64 - stopped,
-        bytes: snap.iter().filter(|r| r.kind != region_kind::REGISTERS).map(|r| r.bytes.len() as u64).sum(),
+        bytes: snap.iter().filter(|r| r.kind != region_kind::REGISTERS).map(|r| r.len).sum(),
         marking_s: 0.0,
     })
 }
@@ -205,78 +198,6 @@ fn next_chunk(start: u64, size: u64) -> u64 {
     start - 16 + chunk
 }
 
-/// A pointer as the target stores it: its size (bytes) and byte order,
-/// from the stream's header (a 32-bit big-endian target's words are 4
-/// bytes, most significant first).
-#[derive(Clone, Copy)]
-struct Word {
-    size: usize,
-    big: bool,
-}
-
-impl Word {
-    fn of(h: &mtrace_format::Header) -> Word {
-        Word { size: if h.pointer_size == 4 { 4 } else { 8 }, big: h.big_endian }
-    }
-
-    /// The pointer in `b` (exactly `size` bytes).
-    fn read(self, b: &[u8]) -> u64 {
-        let mut w = [0u8; 8];
-        if self.big {
-            w[8 - self.size..].copy_from_slice(b);
-            u64::from_be_bytes(w)
-        } else {
-            w[..self.size].copy_from_slice(b);
-            u64::from_le_bytes(w)
-        }
-    }
-}
-
-/// The snapshot's memory, sorted by address.
-struct Memory<'a> {
-    regions: Vec<&'a Region>,
-    word: Word,
-}
-
-impl Memory<'_> {
-    /// The pointer-sized word at `a`, if the snapshot holds it.
-    fn word_at(&self, a: u64) -> Option<u64> {
-        self.bytes_at(a, self.word.size).map(|b| self.word.read(b))
-    }
-
-    /// The 8-byte number at `a` in the target's byte order, if held.
-    fn u64_at(&self, a: u64) -> Option<u64> {
-        let b: [u8; 8] = self.bytes_at(a, 8)?.try_into().ok()?;
-        Some(if self.word.big { u64::from_be_bytes(b) } else { u64::from_le_bytes(b) })
-    }
-
-    fn bytes_at(&self, a: u64, n: usize) -> Option<&[u8]> {
-        let i = self.regions.partition_point(|r| r.addr <= a).checked_sub(1)?;
-        let r = self.regions[i];
-        let o = (a - r.addr) as usize;
-        r.bytes.get(o..o.checked_add(n)?)
-    }
-
-    /// Aligned words in `[lo, hi)` that the snapshot holds.
-    fn words(&self, lo: u64, hi: u64, mut f: impl FnMut(u64)) {
-        let size = self.word.size as u64;
-        let i = self.regions.partition_point(|r| r.addr + r.bytes.len() as u64 <= lo);
-        for r in &self.regions[i..] {
-            if r.addr >= hi {
-                break;
-            }
-            let from = lo.max(r.addr).next_multiple_of(size);
-            let to = hi.min(r.addr + r.bytes.len() as u64);
-            let mut a = from;
-            while a + size <= to {
-                let o = (a - r.addr) as usize;
-                f(self.word.read(&r.bytes[o..o + self.word.size]));
-                a += size;
-            }
-        }
-    }
-}
-
 /// Classifies the heap blocks (malloc family, new, aligned) live in `t`
 /// and allocated before the snapshot was taken against `t.snapshot`. Mappings and pool blocks are not classified: like
 /// memcheck, the scan covers heap blocks.
@@ -346,7 +267,7 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Vec<Classified>> {
             continue;
         }
         if r.kind == region_kind::REGISTERS {
-            for w in r.bytes.chunks_exact(word.size) {
+            for w in r.dense_bytes().unwrap_or_default().chunks_exact(word.size) {
                 reach(word.read(w), true, &mut state, &mut work);
             }
             i += 1;
@@ -357,10 +278,10 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Vec<Classified>> {
             j += 1;
         }
         let group = &snap[i..j];
-        let (lo, hi) = (r.addr, group.iter().map(|g| g.addr + g.bytes.len() as u64).max().unwrap_or(r.addr));
+        let (lo, hi) = (r.addr, group.iter().map(|g| g.end()).max().unwrap_or(r.addr));
         if r.kind == region_kind::STACK || !heap.overlaps(lo, hi) {
             for g in group {
-                mem.words(g.addr, g.addr + g.bytes.len() as u64, |w| reach(w, true, &mut state, &mut work));
+                mem.words(g.addr, g.end(), |w| reach(w, true, &mut state, &mut work));
             }
         } else if t.attached {
             // Traced from an attach: the blocks allocated before it are

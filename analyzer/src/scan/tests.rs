@@ -2,7 +2,7 @@
 use super::*;
 
 fn region(addr: u64, words: &[u64], kind: u8) -> Region {
-    Region { kind, continues: false, addr, bytes: words.iter().flat_map(|w| w.to_le_bytes()).collect() }
+    Region::dense(kind, false, addr, words.iter().flat_map(|w| w.to_le_bytes()).collect())
 }
 
 fn run(blocks: &[(u64, u64)], regions: Vec<Region>) -> Vec<Kind> {
@@ -46,7 +46,7 @@ fn memcheck_kinds() {
 fn unaligned_words_do_not_count() {
     let mut bytes = vec![0u8; 24];
     bytes[3..11].copy_from_slice(&(HEAP).to_le_bytes());
-    let kinds = run(&[(HEAP, 16)], vec![Region { kind: region_kind::MAPPING, continues: false, addr: 0x1000, bytes }]);
+    let kinds = run(&[(HEAP, 16)], vec![Region::dense(region_kind::MAPPING, false, 0x1000, bytes)]);
     assert_eq!(kinds, vec![Kind::Definite]);
 }
 
@@ -68,12 +68,8 @@ fn pieces_of_a_heap_mapping_are_not_roots_even_without_a_block() {
     // second none, but a stale pointer to block 1. Decided together,
     // the second piece is heap, not a root: block 1 stays lost.
     let heap = region(HEAP, &[0; 8], region_kind::MAPPING);
-    let tail = |continues| Region {
-        kind: region_kind::MAPPING,
-        continues,
-        addr: HEAP + 64,
-        bytes: (HEAP + 32).to_le_bytes().to_vec(),
-    };
+    let tail =
+        |continues| Region::dense(region_kind::MAPPING, continues, HEAP + 64, (HEAP + 32).to_le_bytes().to_vec());
     let roots = region(0x1000, &[HEAP], region_kind::MAPPING);
     let blocks = [(HEAP, 16), (HEAP + 32, 16)];
     let kinds = run(&blocks, vec![roots, heap, tail(true)]);

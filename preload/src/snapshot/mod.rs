@@ -11,7 +11,9 @@
 //! there for memcheck's multipleinheritance heuristic).
 //! Memory is read with process_vm_readv, which fails where a read would
 //! fault (guard pages, mappings whose file shrank) instead of crashing,
-//! into working memory the snapshot leaves out (scratch.rs).
+//! into working memory the snapshot leaves out (scratch.rs). Of stacks and
+//! mappings only the words that can matter to the scan are written
+//! (filter.rs).
 
 use std::sync::atomic::Ordering;
 
@@ -20,6 +22,7 @@ use mtrace_format::region_kind;
 use crate::session::Session;
 use crate::sys;
 
+mod filter;
 mod scratch;
 use scratch::Scratch;
 
@@ -129,6 +132,10 @@ pub fn take(s: &Session, by: By) -> u64 {
     tracer.extend(own);
     tracer.extend(crate::allocator::range());
     let maps = readable_mappings();
+    if cfg!(target_pointer_width = "64") {
+        let spans: Vec<(u64, u64, bool)> = maps.iter().map(|m| (m.0, m.1, m.2)).collect();
+        scratch.keep_only(filter::Filter::new(&spans));
+    }
     for (lo, hi) in relro(&maps) {
         scratch.memory(&file, region_kind::READ_ONLY, lo, hi);
     }

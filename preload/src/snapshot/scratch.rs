@@ -6,8 +6,9 @@
 //! (which holds pointers to its blocks) lands anywhere the snapshot reads:
 //! the tracer's memory is never a root.
 
-use mtrace_format::{compressed_header, region_kind, Encoder, Record};
+use mtrace_format::{compressed_header, region_kind, sparse, Encoder, Record};
 
+use super::filter::Filter;
 use crate::session::FileHold;
 use crate::sys;
 
@@ -19,8 +20,24 @@ const FLUSH_AT: usize = 8 << 20;
 /// zeros and pointers; level 1 spent 70% of the snapshot's time in zstd
 /// (`perf record` on scripts/bench_scan.c) and slowed the analyzer too.
 const LEVEL: i32 = -3;
-/// Room for records: a flush leaves at most one piece and a header over.
-const RAW_CAP: usize = FLUSH_AT + PIECE + 4096;
+/// The most bytes of a sparse piece's held words (varints of at most 10
+/// bytes; the encoder may write 8 past the last).
+const VARINTS: usize = PIECE / 8 * 10 + 8;
+/// A piece is sparse when the filter keeps at most 1/DENSE_FROM of its
+/// words.
+const DENSE_FROM: usize = 2;
+/// The bitmap of a sparse piece: a bit per 8-byte word.
+const BITS: usize = PIECE / 64;
+/// Room for records: a flush leaves at most one piece (with its bitmap, if
+/// sparse) and a header over.
+const RAW_CAP: usize = FLUSH_AT + VARINTS + BITS + 4096;
+/// Where a piece is read before its words are filtered (sparse pieces),
+/// then its bitmap and its held words' varints.
+const STAGING: usize = RAW_CAP;
+const BITS_AT: usize = STAGING + PIECE;
+const VARINTS_AT: usize = BITS_AT + BITS;
+/// The compressed area's start.
+const COMP_AT: usize = VARINTS_AT + VARINTS;
 
 pub struct Scratch {
     base: *mut u8,
@@ -34,6 +51,9 @@ pub struct Scratch {
     enc: Encoder,
     tid: u32,
     now: u64,
+    /// Set: stacks and mappings are written as sparse regions of the words
+    /// the filter keeps.
+    filter: Option<Filter>,
 }
 
 impl Scratch {
@@ -45,14 +65,20 @@ impl Scratch {
         // (The estimate for level 1 covers every level up to 1, the
         // negative ones included.)
         let comp_cap = comp_cap.next_multiple_of(64);
-        let len = (RAW_CAP + comp_cap + ws).next_multiple_of(4096);
+        let len = (COMP_AT + comp_cap + ws).next_multiple_of(4096);
         let base = sys::map_anon(len)?;
         // SAFETY: the workspace lies inside the fresh mapping, 64-aligned
         // (zstd asks for 8), and is used by nothing else.
-        let cctx = unsafe { zstd_sys::ZSTD_initStaticCCtx(base.add(RAW_CAP + comp_cap).cast(), ws) };
-        let mut s = Scratch { base, len, comp_cap, cctx, pos: 0, enc: Encoder::new(), tid, now };
+        let cctx = unsafe { zstd_sys::ZSTD_initStaticCCtx(base.add(COMP_AT + comp_cap).cast(), ws) };
+        let mut s = Scratch { base, len, comp_cap, cctx, pos: 0, enc: Encoder::new(), tid, now, filter: None };
         s.begin_chunk();
         Some(s)
+    }
+
+    /// From now on, stacks and mappings keep only the words `f` keeps
+    /// (64-bit targets: the filter reads 8-byte words).
+    pub fn keep_only(&mut self, f: Filter) {
+        self.filter = Some(f);
     }
 
     /// The mapping, [start, end).
@@ -98,32 +124,91 @@ impl Scratch {
     /// Reads `[lo, hi)` of this process (one mapping, or a stack) into
     /// ScanRegion records of `kind`, the pieces after the first marked as
     /// the same mapping; pieces that cannot be read (guard pages) are left
-    /// out.
+    /// out. Sparse (the words the filter keeps) where a filter is set and
+    /// the kind is a stack or a mapping.
     pub fn memory(&mut self, out: &FileHold, kind: u8, lo: u64, hi: u64) {
         let mut at = lo;
         let mut first = true;
         while at < hi {
             let len = ((hi - at) as usize).min(PIECE);
-            let mut h = Vec::with_capacity(24);
             let k = if first { kind } else { kind | region_kind::SAME_MAPPING };
-            self.enc.scan_region_header(&mut h, self.now, k, at, len);
-            let start = self.pos + h.len();
-            let local = libc::iovec { iov_base: self.raw()[start..start + len].as_mut_ptr().cast(), iov_len: len };
-            let remote = libc::iovec { iov_base: at as *mut libc::c_void, iov_len: len };
-            // SAFETY: `local` is inside the mapping; the kernel checks
-            // `remote` and fails instead of faulting.
-            let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-            // A piece of zeros holds no pointer: left out (untouched bss,
-            // fresh heap). A stack piece is kept, so a stack's region
-            // starts where its live part does.
-            if n == len as isize && (kind == region_kind::STACK || !self.zeros(start, len)) {
-                self.put(&h);
-                self.pos += len;
-                self.flush_if_full(out);
-                first = false;
-            }
+            let sparse = matches!(kind, region_kind::STACK | region_kind::MAPPING)
+                && at.is_multiple_of(8)
+                && len.is_multiple_of(8)
+                && self.filter.is_some();
+            let kept = if sparse { self.sparse_piece(out, k, at, len) } else { self.piece(out, k, at, len) };
+            first &= !kept;
             at += len as u64;
         }
+    }
+
+    /// One piece of `memory`, as it is; whether it was kept.
+    fn piece(&mut self, out: &FileHold, k: u8, at: u64, len: usize) -> bool {
+        let kind = k & !region_kind::SAME_MAPPING;
+        let mut h = Vec::with_capacity(24);
+        self.enc.scan_region_header(&mut h, self.now, k, at, len);
+        let start = self.pos + h.len();
+        let local = libc::iovec { iov_base: self.raw()[start..start + len].as_mut_ptr().cast(), iov_len: len };
+        let remote = libc::iovec { iov_base: at as *mut libc::c_void, iov_len: len };
+        // SAFETY: `local` is inside the mapping; the kernel checks
+        // `remote` and fails instead of faulting.
+        let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+        // A piece of zeros holds no pointer: left out (untouched bss,
+        // fresh heap). A stack piece is kept, so a stack's region
+        // starts where its live part does.
+        if n == len as isize && (kind == region_kind::STACK || !self.zeros(start, len)) {
+            self.put(&h);
+            self.pos += len;
+            self.flush_if_full(out);
+            return true;
+        }
+        false
+    }
+
+    /// One piece of `memory`, sparse; whether it was kept.
+    fn sparse_piece(&mut self, out: &FileHold, k: u8, at: u64, len: usize) -> bool {
+        let Some(filter) = &self.filter else { return false };
+        // SAFETY: the staging area, the bitmap and the varints after it lie
+        // inside the mapping, disjoint, the staging 8-aligned (the mapping
+        // is page-aligned, STAGING a multiple of 8), used only here.
+        let (words, bits, varints) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(self.base.add(STAGING).cast::<u64>(), len / 8),
+                std::slice::from_raw_parts_mut(self.base.add(BITS_AT), BITS),
+                std::slice::from_raw_parts_mut(self.base.add(VARINTS_AT), VARINTS),
+            )
+        };
+        let local = libc::iovec { iov_base: words.as_mut_ptr().cast(), iov_len: len };
+        let remote = libc::iovec { iov_base: at as *mut libc::c_void, iov_len: len };
+        // SAFETY: `local` is the staging area; the kernel checks `remote`
+        // and fails instead of faulting.
+        let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+        if n != len as isize {
+            return false;
+        }
+        let (kept, any) = filter.mask(words, bits);
+        // A piece of zeros holds no pointer: left out (as `piece` does).
+        if !any && k & !region_kind::SAME_MAPPING != region_kind::STACK {
+            return false;
+        }
+        let mut h = Vec::with_capacity(32);
+        if kept > words.len() / DENSE_FROM {
+            // Mostly words that count: as it is (zstd does well on them).
+            self.enc.scan_region_header(&mut h, self.now, k, at, len);
+            self.put(&h);
+            // SAFETY: the staging area's bytes just read.
+            self.put(unsafe { std::slice::from_raw_parts(self.base.add(STAGING), len) });
+        } else {
+            let n = super::filter::encode(words, bits, varints);
+            let payload = sparse::payload_len(len as u64, 8, n);
+            self.enc.scan_region_header(&mut h, self.now, k | region_kind::SPARSE, at, payload);
+            sparse::put_len(&mut h, len as u64);
+            self.put(&h);
+            self.put(&bits[..sparse::bitmap_len(len as u64, 8)]);
+            self.put(&varints[..n]);
+        }
+        self.flush_if_full(out);
+        true
     }
 
     fn zeros(&mut self, start: usize, len: usize) -> bool {
@@ -157,7 +242,7 @@ impl Scratch {
                 compressed_header(&mut h, self.pos, n);
                 out.write(&h);
                 // SAFETY: the compressed bytes just written by zstd.
-                out.write(unsafe { std::slice::from_raw_parts(self.base.add(RAW_CAP), n) });
+                out.write(unsafe { std::slice::from_raw_parts(self.base.add(COMP_AT), n) });
             }
             None => {
                 let pos = self.pos;
@@ -184,7 +269,7 @@ impl Scratch {
         unsafe {
             let n = zstd_sys::ZSTD_compressCCtx(
                 self.cctx,
-                self.base.add(RAW_CAP).cast(),
+                self.base.add(COMP_AT).cast(),
                 self.comp_cap,
                 self.base.cast(),
                 len,
