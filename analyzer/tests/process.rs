@@ -249,6 +249,17 @@ fn outputs_that_are_not_regular_files() {
     // Another device: refused.
     let o = run(std::path::Path::new("/dev/zero"));
     assert!(String::from_utf8_lossy(&o.stderr).contains("neither a regular file"), "{o:?}");
+    // A name and all its numbered variants taken: said so (the warning
+    // said "Success" before).
+    let taken = dir.join("t.mtrace");
+    std::fs::write(&taken, "").unwrap();
+    for i in 1..1000 {
+        std::fs::write(taken.with_extension(format!("mtrace.{i}")), "").unwrap();
+    }
+    let o = run(&taken);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success());
+    assert!(err.contains(".mtrace.1 to ") && err.contains(".mtrace.999 exist (name each process's trace with %p)"), "{err}");
 }
 
 #[test]

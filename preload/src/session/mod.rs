@@ -185,6 +185,8 @@ fn open_output(cfg: &config::Config, pid: u32, prog: &str) -> Option<(output::Ou
         }
     }
     let msg = match last_err {
+        // Every name was taken (a fixed MTRACE_OUTPUT for many processes).
+        0 => format!("it and {path}.1 to {path}.999 exist (name each process's trace with %p)"),
         libc::EISDIR => "it is a folder".to_owned(),
         libc::ENXIO => "a FIFO nobody reads".to_owned(),
         libc::ENODEV => "it exists and is neither a regular file, the null device nor a FIFO".to_owned(),
