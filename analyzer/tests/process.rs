@@ -259,7 +259,10 @@ fn outputs_that_are_not_regular_files() {
     let o = run(&taken);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success());
-    assert!(err.contains(".mtrace.1 to ") && err.contains(".mtrace.999 exist (name each process's trace with %p)"), "{err}");
+    assert!(
+        err.contains(".mtrace.1 to ") && err.contains(".mtrace.999 exist (name each process's trace with %p)"),
+        "{err}"
+    );
 }
 
 #[test]

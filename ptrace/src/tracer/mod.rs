@@ -79,7 +79,9 @@ struct Tracer {
     opener: Option<Opener>,
     probes: HashMap<Pid, Probes>,
     held: HashMap<Pid, Hold>,
-    /// Samples the kernel dropped because a ring was full.
+    /// Calls that may be missing from the stream: samples the kernel
+    /// dropped because a ring was full, and calls whose returns were
+    /// awaited when it did (samples.rs).
     lost: u64,
     /// Events of threads that ended, closed at the end (closing waits).
     retired: Vec<perf::Event>,
@@ -257,8 +259,8 @@ impl Tracer {
         self.close_probes();
         if self.lost > 0 {
             eprintln!(
-                "mtrace: {} calls were not recorded (the kernel's buffers overflowed before the tracer read them): \
-                 counts and leaks may be off by as many; --hooks breakpoints records every call",
+                "mtrace: up to {} calls were not recorded (the kernel's buffers overflowed before the tracer read \
+                 them): counts and leaks may be off by as many; --hooks breakpoints records every call",
                 self.lost
             );
         }

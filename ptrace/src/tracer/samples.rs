@@ -211,7 +211,10 @@ fn handle(
     let Some(p) = procs.get_mut(pid) else { return };
     let (point, ret, time, mut regs, stack) = match hit {
         Hit::Lost(n) => {
-            *lost += n;
+            // Each lost sample is at most one call; each call awaiting its
+            // return is one more unless its return is among them: at most
+            // this many calls go unrecorded.
+            *lost += n + th.pending.len() as u64;
             // The returns awaited may be among the lost samples: forgotten,
             // so that a lost return costs its one call. Kept, the outer
             // call they belong to stays "running", and later calls from the
