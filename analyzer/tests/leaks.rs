@@ -63,6 +63,24 @@ fn cxx_new_delete_and_containers() {
 }
 
 #[test]
+fn a_failing_new_runs_the_new_handler_and_throws_as_without_the_tracer() {
+    // new and new[] call malloc themselves under the preload
+    // (hooks/cxx.rs); where malloc fails they must still end in
+    // libstdc++'s new: the program's new-handler, then std::bad_alloc.
+    let dir = scratch("new-fail");
+    let prog = build("new_fail.cpp", &dir.join("new_fail"), &["-g", "-O0"]);
+    let native = std::process::Command::new(&prog).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&native.stdout), "handler 1, caught 3\n");
+    let (r, out) = run_json(&dir, &[], &prog, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout, native.stdout);
+    let m = markers("new_fail.cpp");
+    // (Besides printf's stdout buffer, a malloc.)
+    let news: Vec<Leak> = leaks_in(&r, "new_fail.cpp").into_iter().filter(|l| l.family != "malloc").collect();
+    assert_eq!(news, vec![leak(300, 1, "new[]", "main", m["kept"])]);
+}
+
+#[test]
 fn mmap_partial_munmap_and_mremap() {
     let dir = scratch("mmap");
     let prog = build("mmap.c", &dir.join("mmap"), &["-g", "-O0"]);
