@@ -30,16 +30,48 @@ pub enum Entry {
     Nested { forwarding: bool },
 }
 
+/// This thread's hook state and its tracer state (thread.rs), together: a
+/// thread-local of a shared library costs a call to `__tls_get_addr` per
+/// access, so a hook finds both with one (see [`Guard::slot`]).
+struct Tls {
+    flags: Cell<u8>,
+    thread: Cell<*mut crate::thread::ThreadState>,
+}
+
 thread_local! {
     // Const-initialised and without Drop: touching it never allocates or
     // registers a destructor, so it is safe in the very first malloc.
-    static STATE: Cell<u8> = const { Cell::new(0) };
+    static STATE: Tls = const { Tls { flags: Cell::new(0), thread: Cell::new(std::ptr::null_mut()) } };
+}
+
+/// This thread's pointer to its tracer state (thread.rs), as the hook that
+/// entered found it. Not `Send`: it is the entering thread's own.
+#[derive(Clone, Copy)]
+pub struct Slot(*const Tls);
+
+impl Slot {
+    /// The calling thread's slot (one thread-local access).
+    pub fn current() -> Slot {
+        STATE.with(|t| Slot(t))
+    }
+
+    pub fn cell(&self) -> &Cell<*mut crate::thread::ThreadState> {
+        &self.tls().thread
+    }
+
+    fn tls(&self) -> &Tls {
+        // SAFETY: this thread's STATE (a Slot is not Send), a thread-local
+        // without destructor: it lives as long as the thread.
+        unsafe { &*self.0 }
+    }
 }
 
 /// Proof that this thread is inside a hook; leaving the scope leaves the hook
 /// (also when a C++ exception unwinds through it), and writes what was kept
 /// inside it (nested.rs) but the hook's own block.
 pub struct Guard {
+    /// This thread's STATE, found once at the entry.
+    slot: Slot,
     /// Events from earlier hooks were waiting at the entry.
     waiting: bool,
     /// The hook's own block: (allocated at, freed at), 0 for none.
@@ -60,13 +92,14 @@ impl Guard {
     /// forwards (and, entering, marks this hook so when `forwarding`).
     #[inline]
     pub fn enter_as(forwarding: bool) -> Entry {
-        STATE.with(|g| {
+        STATE.with(|t| {
+            let g = &t.flags;
             let v = g.get();
             if v & IN_HOOK != 0 {
                 Entry::Nested { forwarding: v & FORWARDING != 0 }
             } else {
                 g.set(IN_HOOK | (v & NESTED) | if forwarding { FORWARDING } else { 0 });
-                Entry::Hook(Guard { waiting: v & NESTED != 0, own: Cell::new((0, 0)) })
+                Entry::Hook(Guard { slot: Slot(t), waiting: v & NESTED != 0, own: Cell::new((0, 0)) })
             }
         })
     }
@@ -75,7 +108,18 @@ impl Guard {
     /// hook's own.
     #[inline]
     pub fn end_forwarding(&self) {
-        STATE.with(|g| g.set(g.get() & !FORWARDING));
+        let g = self.flags();
+        g.set(g.get() & !FORWARDING);
+    }
+
+    /// This thread's tracer state slot, for the hook's event.
+    #[inline]
+    pub fn slot(&self) -> Slot {
+        self.slot
+    }
+
+    fn flags(&self) -> &Cell<u8> {
+        &self.slot.tls().flags
     }
 
     /// Whether events kept by earlier hooks waited at the entry (the hook
@@ -94,24 +138,22 @@ impl Guard {
 
     /// Marks the calling thread (the writer) as the tracer's for good.
     pub fn hold_forever() {
-        STATE.with(|g| g.set(IN_HOOK));
+        STATE.with(|t| t.flags.set(IN_HOOK));
     }
 }
 
 impl Drop for Guard {
     #[inline]
     fn drop(&mut self) {
-        let mut v = STATE.with(|g| {
-            let v = g.get();
-            if v & NESTED == 0 {
-                g.set(0);
-            }
-            v
-        });
+        let g = self.flags();
+        let mut v = g.get();
+        if v & NESTED == 0 {
+            g.set(0);
+        }
         if v & NESTED != 0 {
             let (alloc, free) = self.own.get();
             crate::recorder::write_nested(alloc, free);
-            v = STATE.with(|g| g.replace(g.get() & NESTED));
+            v = g.replace(g.get() & NESTED);
         }
         if v & PARK_PENDING != 0 {
             crate::stop::park_here(self.own.get().0);
@@ -122,21 +164,21 @@ impl Drop for Guard {
 /// Leaves a hook entered with a guard that was forgotten (fork.rs holds
 /// the guard from the fork's prepare handler to its parent handler).
 pub fn leave_held() {
-    drop(Guard { waiting: false, own: Cell::new((0, 0)) });
+    drop(Guard { slot: Slot::current(), waiting: false, own: Cell::new((0, 0)) });
 }
 
 /// Notes that events wait in nested.rs (`waiting`) or that none do.
 pub fn set_nested(waiting: bool) {
-    STATE.with(|g| g.set(if waiting { g.get() | NESTED } else { g.get() & !NESTED }));
+    STATE.with(|t| t.flags.set(if waiting { t.flags.get() | NESTED } else { t.flags.get() & !NESTED }));
 }
 
 /// From the stop signal's handler: true when the thread is inside a hook,
 /// in which case it parks when it leaves the hook.
 pub fn defer_park() -> bool {
-    STATE.with(|g| {
-        let v = g.get();
+    STATE.with(|t| {
+        let v = t.flags.get();
         if v & IN_HOOK != 0 {
-            g.set(v | PARK_PENDING);
+            t.flags.set(v | PARK_PENDING);
         }
         v & IN_HOOK != 0
     })
@@ -145,5 +187,5 @@ pub fn defer_park() -> bool {
 /// In a forked child: the only thread left is not inside a hook of the
 /// parent's, and no stop is pending.
 pub fn reset_in_child() {
-    STATE.with(|g| g.set(0));
+    STATE.with(|t| t.flags.set(0));
 }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use mtrace_format::{EndReason, Family, Record};
 
+use crate::guard::Slot;
 use crate::thread::Backtrace;
 use crate::unwind::Here;
 use crate::{nested, session, sys, thread};
@@ -83,19 +84,19 @@ pub fn realloc_ends() {
 
 /// Records an event with the backtrace from the hook's frame `at`.
 #[inline]
-fn with_stack(at: Here, make: impl FnOnce(u64, u32) -> Record) {
-    with_bt(Backtrace::From(at), make)
+fn with_stack(at: Here, slot: Slot, make: impl FnOnce(u64, u32) -> Record) {
+    with_bt(Backtrace::From(at), slot, make)
 }
 
 /// Records an event with backtrace `bt`, if allocations are collected.
 #[inline]
-fn with_bt(bt: Backtrace, make: impl FnOnce(u64, u32) -> Record) {
+fn with_bt(bt: Backtrace, slot: Slot, make: impl FnOnce(u64, u32) -> Record) {
     if !collecting() {
         return;
     }
     let errno = sys::errno();
     if let Some(s) = session::get() {
-        thread::push_as(s, s.now(), bt, make);
+        thread::push_in(slot, s, s.now(), bt, make);
     }
     sys::set_errno(errno);
 }
@@ -118,8 +119,9 @@ pub type Own = (u64, u64);
 /// Where a hook's event was made.
 #[derive(Clone, Copy)]
 pub enum Caller {
-    /// In the hook, whose frame is where the backtrace starts.
-    Hook(Here),
+    /// In the hook, whose frame is where the backtrace starts; with the
+    /// thread's slot its guard found.
+    Hook(Here, Slot),
     /// While this thread was already inside a hook (see nested.rs).
     Nested,
 }
@@ -130,7 +132,7 @@ pub fn alloc(at: Caller, family: Family, addr: *mut libc::c_void, size: usize) -
         return (0, 0);
     }
     match at {
-        Caller::Hook(at) => with_stack(at, |time_ns, stack| Record::Alloc {
+        Caller::Hook(at, slot) => with_stack(at, slot, |time_ns, stack| Record::Alloc {
             time_ns,
             family,
             addr: addr as u64,
@@ -191,12 +193,12 @@ pub fn now() -> u64 {
 /// Records a free whose time `t` was taken with [`now`] before the real
 /// free, with its backtrace from the hook's frame `at` when the session
 /// checks frees (`MTRACE_CHECK_FREES`) and allocations are collected.
-pub fn free(at: Here, family: Family, addr: *mut libc::c_void, t: u64) {
-    free_as(Backtrace::From(at), family, addr, t)
+pub fn free(at: Here, slot: Slot, family: Family, addr: *mut libc::c_void, t: u64) {
+    free_as(Backtrace::From(at), slot, family, addr, t)
 }
 
 /// [`free`] with backtrace `bt` (when the session checks frees).
-fn free_as(bt: Backtrace, family: Family, addr: *mut libc::c_void, t: u64) {
+fn free_as(bt: Backtrace, slot: Slot, family: Family, addr: *mut libc::c_void, t: u64) {
     if addr.is_null() {
         return;
     }
@@ -204,7 +206,7 @@ fn free_as(bt: Backtrace, family: Family, addr: *mut libc::c_void, t: u64) {
     let Some(s) = session::get() else { return };
     let bt = if s.check_frees && collecting() { bt } else { Backtrace::None };
     let errno = sys::errno();
-    thread::push_as(s, t, bt, |time_ns, stack| Record::Free { time_ns, family, addr, stack });
+    thread::push_in(slot, s, t, bt, |time_ns, stack| Record::Free { time_ns, family, addr, stack });
     sys::set_errno(errno);
 }
 
@@ -215,8 +217,8 @@ fn free_as(bt: Backtrace, family: Family, addr: *mut libc::c_void, t: u64) {
 /// [`realloc_stack`], or 0 to unwind now.
 pub fn realloc(at: Caller, old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: u64, known: u32) -> Own {
     let own = (new as u64, old as u64);
-    let at = match at {
-        Caller::Hook(at) => at,
+    let (at, slot) = match at {
+        Caller::Hook(at, slot) => (at, slot),
         Caller::Nested => {
             if !old.is_null() && (!new.is_null() || size == 0) {
                 nested_free(old, t0);
@@ -228,14 +230,14 @@ pub fn realloc(at: Caller, old: *mut libc::c_void, new: *mut libc::c_void, size:
         }
     };
     let bt = if known != 0 { Backtrace::Known(known) } else { Backtrace::From(at) };
-    realloc_in_hook(bt, old, new, size, t0);
+    realloc_in_hook(bt, slot, old, new, size, t0);
     own
 }
 
-fn realloc_in_hook(bt: Backtrace, old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: u64) {
+fn realloc_in_hook(bt: Backtrace, slot: Slot, old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: u64) {
     if old.is_null() {
         if !new.is_null() {
-            with_bt(bt, |time_ns, stack| Record::Alloc {
+            with_bt(bt, slot, |time_ns, stack| Record::Alloc {
                 time_ns,
                 family: Family::Malloc,
                 addr: new as u64,
@@ -246,14 +248,14 @@ fn realloc_in_hook(bt: Backtrace, old: *mut libc::c_void, new: *mut libc::c_void
     } else if !collecting() {
         // The old block goes; the new one is not recorded.
         if !new.is_null() || size == 0 {
-            free_as(bt, Family::Malloc, old, t0);
+            free_as(bt, slot, Family::Malloc, old, t0);
         }
     } else if new.is_null() {
         if size == 0 {
-            free_as(bt, Family::Malloc, old, t0);
+            free_as(bt, slot, Family::Malloc, old, t0);
         }
     } else {
-        with_bt(bt, |time_ns, stack| Record::Realloc {
+        with_bt(bt, slot, |time_ns, stack| Record::Realloc {
             time_ns,
             free_time_ns: t0,
             old: old as u64,
@@ -267,11 +269,11 @@ fn realloc_in_hook(bt: Backtrace, old: *mut libc::c_void, new: *mut libc::c_void
 /// A mapping; those made inside a hook are the tracer's own (its heap, the
 /// snapshot's scratch) and are not recorded.
 pub fn mmap(at: Caller, addr: *mut libc::c_void, len: usize, prot: i32, flags: i32, fd: i32) -> Own {
-    let Caller::Hook(at) = at else { return (0, 0) };
+    let Caller::Hook(at, slot) = at else { return (0, 0) };
     if addr == libc::MAP_FAILED {
         return (0, 0);
     }
-    with_stack(at, |time_ns, stack| Record::Mmap {
+    with_stack(at, slot, |time_ns, stack| Record::Mmap {
         time_ns,
         addr: addr as u64,
         len: len as u64,
@@ -289,7 +291,7 @@ pub fn munmap(addr: *mut libc::c_void, len: usize, t: u64) {
 }
 
 pub fn mremap(at: Caller, old: *mut libc::c_void, old_len: usize, new: *mut libc::c_void, new_len: usize) -> Own {
-    let Caller::Hook(at) = at else { return (0, 0) };
+    let Caller::Hook(at, slot) = at else { return (0, 0) };
     if new == libc::MAP_FAILED {
         return (0, 0);
     }
@@ -297,7 +299,7 @@ pub fn mremap(at: Caller, old: *mut libc::c_void, old_len: usize, new: *mut libc
         munmap(old, old_len, now());
         return (0, 0);
     }
-    with_stack(at, |time_ns, stack| Record::Mremap {
+    with_stack(at, slot, |time_ns, stack| Record::Mremap {
         time_ns,
         old: old as u64,
         old_len: old_len as u64,
@@ -332,7 +334,7 @@ pub fn pool_alloc(at: Here, pool: &str, addr: u64, size: u64) {
         return;
     }
     let Some(pool) = pool_id(pool) else { return };
-    with_stack(at, |time_ns, stack| Record::PoolAlloc { time_ns, pool, addr, size, stack });
+    with_stack(at, Slot::current(), |time_ns, stack| Record::PoolAlloc { time_ns, pool, addr, size, stack });
 }
 
 /// `mtrace_free(pool, ptr)`.

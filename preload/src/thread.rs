@@ -2,7 +2,6 @@
 //! backtraces. Nothing here takes a lock another thread holds for long: the
 //! buffer's mutex is contended only when the writer collects full buffers.
 
-use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::Once;
 
@@ -10,11 +9,12 @@ use mtrace_format::{Encoder, Record};
 use rustc_hash::FxHashMap;
 
 use crate::config::{Unwinder, MAX_DEPTH};
+use crate::guard::Slot;
 use crate::session::{BufInner, Session, ThreadBuf, BUF_CAP, FLUSH_AT};
 use crate::unwind::Here;
 use crate::{sys, unwind};
 
-struct ThreadState {
+pub struct ThreadState {
     gen: u64,
     tid: u32,
     buf: Arc<ThreadBuf>,
@@ -52,11 +52,9 @@ impl ThreadState {
 /// Marks a thread whose state was torn down at thread exit.
 const DEAD: usize = 1;
 
-thread_local! {
-    // Const-initialised raw pointer: no allocation and no destructor
-    // registration on first touch. Thread exit is handled by a pthread key.
-    static STATE: Cell<*mut ThreadState> = const { Cell::new(std::ptr::null_mut()) };
-}
+// This thread's state pointer lives in the guard's thread-local (guard.rs
+// `Slot`): a hook finds it with the one access it makes to enter. Thread
+// exit is handled by a pthread key.
 
 static KEY_ONCE: Once = Once::new();
 static KEY: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
@@ -72,7 +70,7 @@ extern "C" fn thread_exit(p: *mut libc::c_void) {
     // SAFETY: p is the Box pointer set with pthread_setspecific in state().
     let st = unsafe { Box::from_raw(st) };
     st.buf.exited.store(true, std::sync::atomic::Ordering::Release);
-    STATE.with(|s| s.set(DEAD as *mut ThreadState));
+    Slot::current().cell().set(DEAD as *mut ThreadState);
 }
 
 fn key() -> libc::pthread_key_t {
@@ -89,7 +87,12 @@ fn key() -> libc::pthread_key_t {
 /// This thread's state for session `s`, created (or reset after a fork) on
 /// demand; `None` once the thread's state was torn down at thread exit.
 fn state(s: &Session) -> Option<&'static mut ThreadState> {
-    let p = STATE.with(|c| c.get());
+    state_in(s, Slot::current())
+}
+
+/// [`state`] from the thread's `slot`, found by its hook.
+fn state_in(s: &Session, slot: Slot) -> Option<&'static mut ThreadState> {
+    let p = slot.cell().get();
     if p as usize == DEAD {
         return None;
     }
@@ -114,7 +117,7 @@ fn state(s: &Session) -> Option<&'static mut ThreadState> {
         #[cfg(target_arch = "x86_64")]
         unwinder: None,
     }));
-    STATE.with(|c| c.set(st));
+    slot.cell().set(st);
     let k = key();
     if k != u32::MAX {
         // SAFETY: k is a live key; st stays valid until thread_exit frees it.
@@ -173,7 +176,13 @@ fn intern_in(s: &Session, stacks: &mut FxHashMap<Box<[u64]>, u32>, b: &mut BufIn
 
 /// [`push`] with a backtrace from `bt`.
 pub fn push_as(s: &Session, now: u64, bt: Backtrace, make: impl FnOnce(u64, u32) -> Record) {
-    let Some(st) = state(s) else {
+    push_in(Slot::current(), s, now, bt, make)
+}
+
+/// [`push_as`] by a hook that found this thread's `slot` on entering.
+#[inline(always)]
+pub fn push_in(slot: Slot, s: &Session, now: u64, bt: Backtrace, make: impl FnOnce(u64, u32) -> Record) {
+    let Some(st) = state_in(s, slot) else {
         let mut buf = [0u64; MAX_DEPTH];
         let n = if matches!(bt, Backtrace::From(_)) { unwind::libgcc::capture(&mut buf, s.depth()) } else { 0 };
         let frames = matches!(bt, Backtrace::From(_)).then_some(&buf[..n]);

@@ -52,7 +52,7 @@ fn traced_knowing<T>(forwarding: bool, call: impl FnOnce(bool) -> T, record: imp
             if forwarding {
                 g.end_forwarding();
             }
-            g.set_own(record(&r, Caller::Hook(Here::now())));
+            g.set_own(record(&r, Caller::Hook(Here::now(), g.slot())));
             r
         }
     }
@@ -78,7 +78,7 @@ fn traced_free(family: Family, p: *mut libc::c_void, forwarding: bool, call: imp
                 // Buffered before the real free runs: glibc aborts on the
                 // double and invalid frees it detects, and the report of
                 // that run must still show them.
-                recorder::free(Here::now(), family, p, recorder::now());
+                recorder::free(Here::now(), g.slot(), family, p, recorder::now());
             }
             call();
             if forwarding {
