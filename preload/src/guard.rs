@@ -55,6 +55,8 @@ impl Slot {
         STATE.with(|t| Slot(t))
     }
 
+    /// The cell holding this thread's tracer state (thread.rs: null until
+    /// its first event, a marker once torn down at thread exit).
     pub fn cell(&self) -> &Cell<*mut crate::thread::ThreadState> {
         &self.tls().thread
     }
