@@ -272,3 +272,26 @@ fn a_sparse_region_that_does_not_parse_is_corrupt_with_offset() {
     assert_eq!(e.offset, at as u64);
     assert!(e.to_string().contains("sparse region has 1 varints for the 2 words its bitmap marks"), "{e}");
 }
+
+#[test]
+fn allocs_and_frees_of_extreme_values_read_back() {
+    let recs = vec![
+        Record::Thread { tid: 9, time_ns: 1 << 60 },
+        Record::Alloc { time_ns: u64::MAX << 6, family: Family::Pool, addr: u64::MAX, size: u64::MAX, stack: u32::MAX },
+        Record::Free { time_ns: 0, family: Family::New, addr: 1, stack: u32::MAX },
+        Record::Free { time_ns: 64, family: Family::Malloc, addr: 1 << 63, stack: 0 },
+        Record::Alloc { time_ns: 128, family: Family::Malloc, addr: 0, size: 0, stack: 0 },
+    ];
+    let mut s = Vec::new();
+    encode_header(&mut s, &Header { version: VERSION, pointer_size: 8, ..Header::default() });
+    let mut enc = Encoder::new();
+    for r in &recs {
+        enc.encode(&mut s, r);
+    }
+    let mut r = Reader::new(&s[..]);
+    r.header().unwrap();
+    for want in recs {
+        assert_eq!(r.next_record().unwrap(), Some(want));
+    }
+    assert_eq!(r.next_record().unwrap(), None);
+}

@@ -1,7 +1,7 @@
 //! Encoding of the header and of records into byte buffers.
 
-use crate::record::{tag, Header, Module, Record};
-use crate::varint::{put_varint, zigzag};
+use crate::record::{tag, Family, Header, Module, Record};
+use crate::varint::{put_varint, put_varint_at, zigzag};
 use crate::{MAGIC, TIME_SHIFT, VERSION};
 
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
@@ -87,6 +87,54 @@ impl Encoder {
         }
     }
 
+    /// Appends a [`Record::Alloc`]: the same bytes as [`Encoder::encode`]
+    /// of it, written without building the record (the preload's hot path:
+    /// one capacity check for the whole record instead of one per byte).
+    #[inline]
+    pub fn alloc(&mut self, out: &mut Vec<u8>, time_ns: u64, family: Family, addr: u64, size: u64, stack: u32) {
+        let mut b = [0u8; 1 + 10 + 1 + 10 + 10 + 5 + 8];
+        b[0] = tag::ALLOC;
+        let mut n = 1 + self.time_at(&mut b, 1, time_ns);
+        b[n] = family as u8;
+        n += 1;
+        n += self.addr_at(&mut b, n, addr);
+        n += put_varint_at(&mut b, n, size);
+        n += put_varint_at(&mut b, n, stack as u64);
+        out.extend_from_slice(&b[..n]);
+    }
+
+    /// Appends a [`Record::Free`], as [`Encoder::alloc`] does an Alloc.
+    #[inline]
+    pub fn free(&mut self, out: &mut Vec<u8>, time_ns: u64, family: Family, addr: u64, stack: u32) {
+        let mut b = [0u8; 1 + 10 + 1 + 10 + 5 + 8];
+        b[0] = if stack == 0 { tag::FREE } else { tag::FREE_STACK };
+        let mut n = 1 + self.time_at(&mut b, 1, time_ns);
+        b[n] = family as u8;
+        n += 1;
+        n += self.addr_at(&mut b, n, addr);
+        if stack != 0 {
+            n += put_varint_at(&mut b, n, stack as u64);
+        }
+        out.extend_from_slice(&b[..n]);
+    }
+
+    /// [`Encoder::time`] into `b` at `at`; its length.
+    #[inline]
+    fn time_at(&mut self, b: &mut [u8], at: usize, t: u64) -> usize {
+        let t = t >> TIME_SHIFT;
+        let n = put_varint_at(b, at, zigzag(t.wrapping_sub(self.last_time) as i64));
+        self.last_time = t;
+        n
+    }
+
+    /// [`Encoder::addr`] into `b` at `at`; its length.
+    #[inline]
+    fn addr_at(&mut self, b: &mut [u8], at: usize, a: u64) -> usize {
+        let n = put_varint_at(b, at, zigzag(a.wrapping_sub(self.last_addr) as i64));
+        self.last_addr = a;
+        n
+    }
+
     /// Appends `rec` to `out`.
     pub fn encode(&mut self, out: &mut Vec<u8>, rec: &Record) {
         match *rec {
@@ -98,23 +146,8 @@ impl Encoder {
                 put_varint(out, self.last_time);
             }
             Record::Stack { id, ref frames } => self.stack(out, id, frames),
-            Record::Alloc { time_ns, family, addr, size, stack } => {
-                out.push(tag::ALLOC);
-                self.time(out, time_ns);
-                out.push(family as u8);
-                self.addr(out, addr);
-                put_varint(out, size);
-                put_varint(out, stack as u64);
-            }
-            Record::Free { time_ns, family, addr, stack } => {
-                out.push(if stack == 0 { tag::FREE } else { tag::FREE_STACK });
-                self.time(out, time_ns);
-                out.push(family as u8);
-                self.addr(out, addr);
-                if stack != 0 {
-                    put_varint(out, stack as u64);
-                }
-            }
+            Record::Alloc { time_ns, family, addr, size, stack } => self.alloc(out, time_ns, family, addr, size, stack),
+            Record::Free { time_ns, family, addr, stack } => self.free(out, time_ns, family, addr, stack),
             Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => {
                 out.push(tag::REALLOC);
                 self.time(out, time_ns);

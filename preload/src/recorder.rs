@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use mtrace_format::{EndReason, Family, Record};
 
 use crate::guard::Slot;
-use crate::thread::Backtrace;
+use crate::thread::{AllocEvent, Backtrace, Event, FreeEvent};
 use crate::unwind::Here;
 use crate::{nested, session, sys, thread};
 
@@ -84,13 +84,13 @@ pub fn realloc_ends() {
 
 /// Records an event with the backtrace from the hook's frame `at`.
 #[inline]
-fn with_stack(at: Here, slot: Slot, make: impl FnOnce(u64, u32) -> Record) {
+fn with_stack(at: Here, slot: Slot, make: impl Event) {
     with_bt(Backtrace::From(at), slot, make)
 }
 
 /// Records an event with backtrace `bt`, if allocations are collected.
 #[inline]
-fn with_bt(bt: Backtrace, slot: Slot, make: impl FnOnce(u64, u32) -> Record) {
+fn with_bt(bt: Backtrace, slot: Slot, make: impl Event) {
     if !collecting() {
         return;
     }
@@ -132,13 +132,7 @@ pub fn alloc(at: Caller, family: Family, addr: *mut libc::c_void, size: usize) -
         return (0, 0);
     }
     match at {
-        Caller::Hook(at, slot) => with_stack(at, slot, |time_ns, stack| Record::Alloc {
-            time_ns,
-            family,
-            addr: addr as u64,
-            size: size as u64,
-            stack,
-        }),
+        Caller::Hook(at, slot) => with_stack(at, slot, AllocEvent { family, addr: addr as u64, size: size as u64 }),
         Caller::Nested => keep_alloc(addr as u64, size as u64),
     }
     (addr as u64, 0)
@@ -206,7 +200,7 @@ fn free_as(bt: Backtrace, slot: Slot, family: Family, addr: *mut libc::c_void, t
     let Some(s) = session::get() else { return };
     let bt = if s.check_frees && collecting() { bt } else { Backtrace::None };
     let errno = sys::errno();
-    thread::push_in(slot, s, t, bt, |time_ns, stack| Record::Free { time_ns, family, addr, stack });
+    thread::push_in(slot, s, t, bt, FreeEvent { family, addr });
     sys::set_errno(errno);
 }
 
@@ -237,13 +231,7 @@ pub fn realloc(at: Caller, old: *mut libc::c_void, new: *mut libc::c_void, size:
 fn realloc_in_hook(bt: Backtrace, slot: Slot, old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: u64) {
     if old.is_null() {
         if !new.is_null() {
-            with_bt(bt, slot, |time_ns, stack| Record::Alloc {
-                time_ns,
-                family: Family::Malloc,
-                addr: new as u64,
-                size: size as u64,
-                stack,
-            });
+            with_bt(bt, slot, AllocEvent { family: Family::Malloc, addr: new as u64, size: size as u64 });
         }
     } else if !collecting() {
         // The old block goes; the new one is not recorded.

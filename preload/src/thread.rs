@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::Once;
 
-use mtrace_format::{Encoder, Record};
+use mtrace_format::{Encoder, Family, Record};
 use rustc_hash::FxHashMap;
 
 use crate::config::{Unwinder, MAX_DEPTH};
@@ -174,14 +174,56 @@ fn intern_in(s: &Session, stacks: &mut FxHashMap<Box<[u64]>, u32>, b: &mut BufIn
     }
 }
 
+/// An event to append: written into a buffer with its time (ns) and
+/// backtrace id. A closure builds its [`Record`]; the hot events write
+/// themselves without one ([`AllocEvent`], [`FreeEvent`]).
+pub trait Event {
+    fn write(self, enc: &mut Encoder, out: &mut Vec<u8>, time_ns: u64, stack: u32);
+}
+
+impl<F: FnOnce(u64, u32) -> Record> Event for F {
+    #[inline(always)]
+    fn write(self, enc: &mut Encoder, out: &mut Vec<u8>, time_ns: u64, stack: u32) {
+        enc.encode(out, &self(time_ns, stack));
+    }
+}
+
+/// A [`Record::Alloc`] of `size` bytes at `addr`.
+pub struct AllocEvent {
+    pub family: Family,
+    pub addr: u64,
+    pub size: u64,
+}
+
+impl Event for AllocEvent {
+    #[inline(always)]
+    fn write(self, enc: &mut Encoder, out: &mut Vec<u8>, time_ns: u64, stack: u32) {
+        enc.alloc(out, time_ns, self.family, self.addr, self.size, stack);
+    }
+}
+
+/// A [`Record::Free`] of the block at `addr`.
+pub struct FreeEvent {
+    pub family: Family,
+    pub addr: u64,
+}
+
+impl Event for FreeEvent {
+    #[inline(always)]
+    fn write(self, enc: &mut Encoder, out: &mut Vec<u8>, time_ns: u64, stack: u32) {
+        enc.free(out, time_ns, self.family, self.addr, stack);
+    }
+}
+
 /// [`push`] with a backtrace from `bt`.
 pub fn push_as(s: &Session, now: u64, bt: Backtrace, make: impl FnOnce(u64, u32) -> Record) {
     push_in(Slot::current(), s, now, bt, make)
 }
 
-/// [`push_as`] by a hook that found this thread's `slot` on entering.
+/// [`push_as`] of any [`Event`] by a hook that found this thread's `slot`
+/// on entering.
 #[inline(always)]
-pub fn push_in(slot: Slot, s: &Session, now: u64, bt: Backtrace, make: impl FnOnce(u64, u32) -> Record) {
+pub fn push_in(slot: Slot, s: &Session, now: u64, bt: Backtrace, make: impl Event) {
     let Some(st) = state_in(s, slot) else {
         let mut buf = [0u64; MAX_DEPTH];
         let n = if matches!(bt, Backtrace::From(_)) { unwind::libgcc::capture(&mut buf, s.depth()) } else { 0 };
@@ -205,7 +247,7 @@ pub fn push_in(slot: Slot, s: &Session, now: u64, bt: Backtrace, make: impl FnOn
             None => known(bt),
             Some(f) => intern_in(s, &mut st.stacks, b, f),
         };
-        b.enc.encode(&mut b.cur, &make.take()?(now, id));
+        make.take()?.write(&mut b.enc, &mut b.cur, now, id);
         let mut behind = false;
         if b.cur.len() >= FLUSH_AT {
             let full = std::mem::replace(&mut b.cur, Vec::with_capacity(BUF_CAP));
@@ -233,14 +275,7 @@ fn known(bt: Backtrace) -> u32 {
 /// The slow path after the final flush or after this thread's exit: encode
 /// the event on its own (defining its backtrace again, or with the id
 /// `known` defined before) and write it now.
-fn write_sync(
-    s: &Session,
-    tid: u32,
-    now: u64,
-    frames: Option<&[u64]>,
-    known: u32,
-    make: impl FnOnce(u64, u32) -> Record,
-) {
+fn write_sync(s: &Session, tid: u32, now: u64, frames: Option<&[u64]>, known: u32, make: impl Event) {
     let mut out = Vec::with_capacity(256);
     let mut enc = Encoder::new();
     enc.encode(&mut out, &Record::Thread { tid, time_ns: now });
@@ -252,6 +287,6 @@ fn write_sync(
             id
         }
     };
-    enc.encode(&mut out, &make(now, id));
+    make.write(&mut enc, &mut out, now, id);
     s.write_sync(&out);
 }

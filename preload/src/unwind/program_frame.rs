@@ -41,8 +41,6 @@ struct Walk {
     func: usize,
     /// The previous frame was `func`'s.
     after: bool,
-    /// The previous frame's CFA: the stack pointer of this frame at its call.
-    prev_cfa: usize,
     frames: usize,
     found: Option<[u64; 7]>,
 }
@@ -62,8 +60,15 @@ extern "C" fn frame(ctx: *mut Context, arg: *mut c_void) -> i32 {
             // register, and each frame's rules keep them known.
             *r = unsafe { _Unwind_GetGR(ctx, n) } as u64;
         }
-        // The stack pointer at the call: the callee's CFA.
-        regs[6] = w.prev_cfa as u64;
+        // The stack pointer at the call. libgcc's context of a frame holds
+        // the CFA of the frame it was unwound from (its callee): that is
+        // this frame's stack pointer at the call. (The previous frame's
+        // value, used before, is the callee's own stack pointer: the
+        // roots then took in the whole frame of `mtrace_scan`, whose
+        // unwritten slots held a stale pointer to a dropped block in a
+        // debug build of the library: ctests/scan_busy.c.)
+        // SAFETY: reads libgcc's context of this frame, valid during the callback.
+        regs[6] = unsafe { _Unwind_GetCFA(ctx) } as u64;
         w.found = Some(regs);
         return STOP;
     }
@@ -72,8 +77,6 @@ extern "C" fn frame(ctx: *mut Context, arg: *mut c_void) -> i32 {
     // SAFETY: a pure lookup in the loaded modules' unwind tables.
     let start = unsafe { _Unwind_FindEnclosingFunction((ip - 1) as *mut c_void) } as usize;
     w.after = start == w.func;
-    // SAFETY: as above.
-    w.prev_cfa = unsafe { _Unwind_GetCFA(ctx) };
     GO_ON
 }
 
@@ -83,7 +86,7 @@ extern "C" fn frame(ctx: *mut Context, arg: *mut c_void) -> i32 {
 /// `mtrace_scan`); None when the walk does not reach that frame (no
 /// unwind information on the way).
 pub fn caller_of(func: usize) -> Option<[u64; 7]> {
-    let mut w = Walk { func, after: false, prev_cfa: 0, frames: 0, found: None };
+    let mut w = Walk { func, after: false, frames: 0, found: None };
     // SAFETY: the callback only reads the context it is given; `w` outlives the walk.
     unsafe { _Unwind_Backtrace(frame, &mut w as *mut Walk as *mut c_void) };
     w.found
