@@ -195,8 +195,6 @@ fn roots_of_every_kind_equal_valgrind_memcheck() {
     assert_eq!(r["scan"]["threads_stopped"], 3, "{}", r["scan"]);
     assert_eq!(r["scan"]["threads_not_stopped"], 0);
     assert_eq!(r["scan"]["at_exit"], true);
-    let m = markers("scan_roots.c");
-    let ours = mtrace_by_line(&r, "scan_roots.c");
     let expected = [
         ("in_register", "reachable", 121),
         ("other_stack", "reachable", 122),
@@ -210,13 +208,24 @@ fn roots_of_every_kind_equal_valgrind_memcheck() {
         ("after_guard", "reachable", 130),
         ("dlopen_tls", "reachable", 131),
     ];
-    for (name, kind, bytes) in expected {
+    // valgrind agrees line by line on the program's own blocks.
+    assert_lines(&r, "scan_roots.c", &expected, Some(&valgrind(&dir, &prog, &[&lib])));
+}
+
+/// Each `(marker, kind, bytes)` of `expected` is one block of that kind and
+/// size allocated at the marked line of `src` in mtrace's report `r`, and
+/// valgrind's output `theirs` (when given) says the same of each.
+fn assert_lines(r: &serde_json::Value, src: &str, expected: &[(&str, &str, u64)], theirs: Option<&str>) {
+    let m = markers(src);
+    let ours = mtrace_by_line(r, src);
+    for &(name, kind, bytes) in expected {
         assert_eq!(ours.get(&m[name]), Some(&(kind.to_owned(), bytes, 1)), "{name}");
     }
-    // valgrind agrees line by line on the program's own blocks.
-    let theirs = valgrind_by_line(&valgrind(&dir, &prog, &[&lib]), "scan_roots.c");
-    for (name, _, _) in expected {
-        assert_eq!(ours.get(&m[name]), theirs.get(&m[name]), "{name}: mtrace vs valgrind");
+    if let Some(text) = theirs {
+        let theirs = valgrind_by_line(text, src);
+        for &(name, _, _) in expected {
+            assert_eq!(ours.get(&m[name]), theirs.get(&m[name]), "{name}: mtrace vs valgrind");
+        }
     }
 }
 
@@ -237,8 +246,6 @@ fn pointers_among_noise_are_found_in_sparse_pieces() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let size: u64 = std::fs::read_dir(&traces).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
     assert!(size < 1 << 20, "trace of {size} bytes");
-    let m = markers("scan_sparse.c");
-    let ours = mtrace_by_line(&r, "scan_sparse.c");
     let expected = [
         ("noise", "reachable", 4 << 20),
         ("by_start", "reachable", 40),
@@ -248,17 +255,11 @@ fn pointers_among_noise_are_found_in_sparse_pieces() {
         ("from_bss", "reachable", 32),
         ("lost", "definite", 48),
     ];
-    for (name, kind, bytes) in expected {
-        assert_eq!(ours.get(&m[name]), Some(&(kind.to_owned(), bytes, 1)), "{name}");
-    }
+    let installed = std::process::Command::new("valgrind").arg("--version").output().is_ok();
+    let theirs = installed.then(|| valgrind(&dir, &prog, &[]));
+    assert_lines(&r, "scan_sparse.c", &expected, theirs.as_deref());
     let via = &r["kinds"]["reachable_via_heuristic"]["length64"];
     assert_eq!((via["bytes"].as_u64(), via["blocks"].as_u64()), (Some(64), Some(1)), "{}", r["kinds"]);
-    if std::process::Command::new("valgrind").arg("--version").output().is_ok() {
-        let theirs = valgrind_by_line(&valgrind(&dir, &prog, &[]), "scan_sparse.c");
-        for (name, _, _) in expected {
-            assert_eq!(ours.get(&m[name]), theirs.get(&m[name]), "{name}: mtrace vs valgrind");
-        }
-    }
 }
 
 /// (kinds, scan info) of `mtrace report --json [window] TRACE`.
