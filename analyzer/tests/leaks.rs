@@ -81,6 +81,24 @@ fn a_failing_new_runs_the_new_handler_and_throws_as_without_the_tracer() {
 }
 
 #[test]
+fn a_programs_own_new_and_delete_stay_its_own() {
+    // new and delete call malloc and free directly only where nothing
+    // replaces them (hooks/cxx.rs): this program's own are called as
+    // without the tracer (the first version took the interposed address
+    // for its own and printed 101).
+    let dir = scratch("own-new");
+    let prog = build("own_new.cpp", &dir.join("own_new"), &["-g", "-O0"]);
+    let native = std::process::Command::new(&prog).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&native.stdout), "203\n");
+    let (r, out) = run_json(&dir, &["--no-scan"], &prog, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout, native.stdout);
+    let m = markers("own_new.cpp");
+    let kept: Vec<Leak> = leaks_in(&r, "own_new.cpp").into_iter().filter(|l| l.line == m["kept"]).collect();
+    assert_eq!(kept, vec![leak(4, 1, "malloc", "operator new(unsigned long)", m["kept"])]);
+}
+
+#[test]
 fn mmap_partial_munmap_and_mremap() {
     let dir = scratch("mmap");
     let prog = build("mmap.c", &dir.join("mmap"), &["-g", "-O0"]);

@@ -114,14 +114,12 @@ fn decide() -> bool {
         // SAFETY: dlsym with a NUL-terminated name.
         unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
     };
-    let ours = [
-        (c"_Znwm", new as *const () as usize),
-        (c"_Znam", new_array as *const () as usize),
-        (c"_ZdlPv", delete as *const () as usize),
-        (c"_ZdaPv", delete_array as *const () as usize),
-        (c"malloc", super::alloc::malloc as *const () as usize),
-        (c"free", super::alloc::free as *const () as usize),
-    ];
+    // Ours: defined in this library. (The address of an exported function
+    // taken here would be the interposed one, the program's if it defines
+    // its own: only the module tells.)
+    let own = crate::modules::range_of(decide as fn() -> bool as usize);
+    let ours = |name: &CStr| own.is_some_and(|(lo, hi)| (lo..hi).contains(&global(name)));
+    let names = [c"_Znwm", c"_Znam", c"_ZdlPv", c"_ZdaPv", c"malloc", c"free"];
     let in_libstdcxx = |f: &NextFn| {
         f.get().is_some_and(|a| {
             // SAFETY: dladdr with an address and an out-structure; the file
@@ -136,7 +134,7 @@ fn decide() -> bool {
     };
     static STD_NEW: NextFn = NextFn::new(c"_Znwm");
     static STD_DELETE: NextFn = NextFn::new(c"_ZdlPv");
-    ours.iter().all(|&(name, f)| global(name) == f) && in_libstdcxx(&STD_NEW) && in_libstdcxx(&STD_DELETE)
+    names.iter().all(|&n| ours(n)) && in_libstdcxx(&STD_NEW) && in_libstdcxx(&STD_DELETE)
 }
 
 type Nothrow = *const c_void;
