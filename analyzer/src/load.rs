@@ -440,10 +440,9 @@ impl<'w> Keeper<'w> {
                 t.books.dealloc(tid, pool_key(pool, addr), time_ns, d);
             }
             Record::ScanRegion { kind, addr, bytes, .. } => {
-                let word = if t.header.pointer_size == 4 { 4 } else { 8 };
                 // The reader has checked a sparse payload: an error cannot
                 // happen here, and the region would be left out.
-                if let Ok(r) = crate::scan::Region::of_record(kind, addr, bytes, word) {
+                if let Ok(r) = crate::scan::Region::of_record(kind, addr, bytes, t.header.word_size()) {
                     self.regions.push(r);
                 }
             }

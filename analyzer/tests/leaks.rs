@@ -62,18 +62,25 @@ fn cxx_new_delete_and_containers() {
     assert_eq!(vec_buf["frames"][0]["file"].as_str().unwrap().rsplit('/').next(), Some("new_allocator.h"));
 }
 
+/// Builds `src` (-g -O0), requires its output natively to be `stdout`,
+/// and the same under `mtrace run EXTRA`, which must succeed; its report.
+fn prints_as_natively(src: &str, extra: &[&str], stdout: &str) -> serde_json::Value {
+    let dir = scratch(src.trim_end_matches(".cpp"));
+    let prog = build(src, &dir.join("prog"), &["-g", "-O0"]);
+    let native = std::process::Command::new(&prog).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&native.stdout), stdout);
+    let (r, out) = run_json(&dir, extra, &prog, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout, native.stdout);
+    r
+}
+
 #[test]
 fn a_failing_new_runs_the_new_handler_and_throws_as_without_the_tracer() {
     // new and new[] call malloc themselves under the preload
     // (hooks/cxx.rs); where malloc fails they must still end in
     // libstdc++'s new: the program's new-handler, then std::bad_alloc.
-    let dir = scratch("new-fail");
-    let prog = build("new_fail.cpp", &dir.join("new_fail"), &["-g", "-O0"]);
-    let native = std::process::Command::new(&prog).output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&native.stdout), "handler 1, caught 3\n");
-    let (r, out) = run_json(&dir, &[], &prog, &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(out.stdout, native.stdout);
+    let r = prints_as_natively("new_fail.cpp", &[], "handler 1, caught 3\n");
     let m = markers("new_fail.cpp");
     // (Besides printf's stdout buffer, a malloc.)
     let news: Vec<Leak> = leaks_in(&r, "new_fail.cpp").into_iter().filter(|l| l.family != "malloc").collect();
@@ -86,13 +93,7 @@ fn a_programs_own_new_and_delete_stay_its_own() {
     // replaces them (hooks/cxx.rs): this program's own are called as
     // without the tracer (the first version took the interposed address
     // for its own and printed 101).
-    let dir = scratch("own-new");
-    let prog = build("own_new.cpp", &dir.join("own_new"), &["-g", "-O0"]);
-    let native = std::process::Command::new(&prog).output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&native.stdout), "203\n");
-    let (r, out) = run_json(&dir, &["--no-scan"], &prog, &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(out.stdout, native.stdout);
+    let r = prints_as_natively("own_new.cpp", &["--no-scan"], "203\n");
     let m = markers("own_new.cpp");
     let kept: Vec<Leak> = leaks_in(&r, "own_new.cpp").into_iter().filter(|l| l.line == m["kept"]).collect();
     assert_eq!(kept, vec![leak(4, 1, "malloc", "operator new(unsigned long)", m["kept"])]);

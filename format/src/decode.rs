@@ -279,8 +279,7 @@ impl<R: Read> Reader<R> {
             return Err(ReadErrorKind::UnsupportedVersion(version));
         }
         let pointer_size = self.u8()?;
-        // As the analyzer reads words: 4 bytes on a 32-bit target, else 8.
-        self.word = if pointer_size == 4 { 4 } else { 8 };
+        self.word = crate::record::word_size(pointer_size);
         let big_endian = self.u8()? != 0;
         let arch = self.string()?;
         let pid = self.u32("pid")?;

@@ -127,6 +127,23 @@ pub struct Header {
     pub time_shift: u8,
 }
 
+impl Header {
+    /// The size in bytes of the target's words as the leak scan reads
+    /// them: 4 on a 32-bit target, else 8.
+    pub fn word_size(&self) -> usize {
+        word_size(self.pointer_size)
+    }
+}
+
+/// [`Header::word_size`] of a header whose pointer size is `pointer_size`.
+pub(crate) fn word_size(pointer_size: u8) -> usize {
+    if pointer_size == 4 {
+        4
+    } else {
+        8
+    }
+}
+
 /// One PT_LOAD segment of a module, relative to the module's load bias.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Segment {

@@ -16,7 +16,7 @@
 //!
 //! [`region_kind::SPARSE`]: crate::region_kind::SPARSE
 
-use crate::varint::{put_varint, unzigzag, zigzag};
+use crate::varint::{put_varint, unzigzag, varint_from, zigzag};
 
 /// The most bytes a sparse region may stand for (1 MiB, as a plain one).
 pub const MAX_LEN: u64 = 1 << 20;
@@ -68,18 +68,9 @@ pub fn payload_len(len: u64, word: usize, varints: usize) -> usize {
 /// words, a bitmap cut short, bits set past the region's end, varints
 /// that are not one per held word).
 pub fn parse(payload: &[u8], word: usize) -> Result<Sparse<'_>, String> {
-    let (mut len, mut shift, mut at) = (0u64, 0, 0);
-    loop {
-        let b = *payload.get(at).ok_or("sparse region cut short in its length")?;
-        at += 1;
-        len |= u64::from(b & 0x7f) << shift;
-        if b & 0x80 == 0 {
-            break;
-        }
-        shift += 7;
-        if shift > 21 {
-            return Err("sparse region length too long".into());
-        }
+    let (len, at) = varint_from(payload).ok_or("sparse region cut short in its length")?;
+    if at > 4 {
+        return Err("sparse region length too long".into());
     }
     if len > MAX_LEN || !len.is_multiple_of(word as u64) {
         return Err(format!("sparse region of {len} bytes ({word}-byte words, at most {MAX_LEN})"));
@@ -102,23 +93,13 @@ pub fn parse(payload: &[u8], word: usize) -> Result<Sparse<'_>, String> {
 
 impl Sparse<'_> {
     /// The held words, in order (as the target reads them: a 4-byte word
-    /// in the low 32 bits). A varint longer than 10 bytes reads as 0 (a
-    /// corrupt payload does not panic).
+    /// in the low 32 bits). A varint longer than 10 bytes reads as garbage
+    /// (a corrupt payload does not panic).
     pub fn values(&self) -> impl Iterator<Item = u64> + '_ {
         let mut rest = self.words;
         std::iter::from_fn(move || {
-            let (mut v, mut shift) = (0u64, 0u32);
-            loop {
-                let (&b, tail) = rest.split_first()?;
-                rest = tail;
-                if shift < 64 {
-                    v |= u64::from(b & 0x7f) << shift;
-                }
-                shift += 7;
-                if b & 0x80 == 0 {
-                    break;
-                }
-            }
+            let (v, n) = varint_from(rest)?;
+            rest = &rest[n..];
             let s = unzigzag(v);
             Some(if self.word == 4 { u64::from(s as u32) } else { s as u64 })
         })

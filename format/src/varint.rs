@@ -65,11 +65,31 @@ pub fn put_varint_at(out: &mut [u8], at: usize, v: u64) -> usize {
 /// `put_varint_at` of 9 or 10 bytes: out of the way of the common case.
 #[cold]
 #[inline(never)]
-fn put_long_varint_at(out: &mut [u8], at: usize, v: u64) -> usize {
-    let mut tmp = Vec::with_capacity(10);
-    put_varint(&mut tmp, v);
-    out[at..at + tmp.len()].copy_from_slice(&tmp);
-    tmp.len()
+fn put_long_varint_at(out: &mut [u8], at: usize, mut v: u64) -> usize {
+    let mut n = 0;
+    while v >= 0x80 {
+        out[at + n] = (v as u8) | 0x80;
+        v >>= 7;
+        n += 1;
+    }
+    out[at + n] = v as u8;
+    n + 1
+}
+
+/// The varint at the start of `b` and its length in bytes, or `None` when
+/// `b` ends before it does. Groups past the 64th bit are ignored (a
+/// damaged varint longer than 10 bytes reads as garbage, never panics).
+pub fn varint_from(b: &[u8]) -> Option<(u64, usize)> {
+    let mut v = 0u64;
+    for (i, &byte) in b.iter().enumerate() {
+        if i < 10 {
+            v |= u64::from(byte & 0x7f) << (7 * i);
+        }
+        if byte & 0x80 == 0 {
+            return Some((v, i + 1));
+        }
+    }
+    None
 }
 
 /// Maps a signed delta to an unsigned one so that small magnitudes of either
@@ -109,6 +129,8 @@ mod tests {
             let mut out = [0xaau8; 13];
             let n = put_varint_at(&mut out, 3, v);
             assert_eq!(&out[3..3 + n], &want[..], "{v:#x}");
+            assert_eq!(varint_from(&want), Some((v, n)), "{v:#x}");
+            assert_eq!(varint_from(&want[..n - 1]), None, "{v:#x}");
         }
     }
 

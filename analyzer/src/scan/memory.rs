@@ -30,6 +30,19 @@ struct Held {
     values: Vec<u64>,
 }
 
+impl Held {
+    /// Whether word `i` is held.
+    fn holds(&self, i: usize) -> bool {
+        self.bits[i / 64] >> (i % 64) & 1 != 0
+    }
+
+    /// How many words before word `i` are held: where its value is in
+    /// `values` when it is.
+    fn index(&self, i: usize) -> usize {
+        self.rank[i / 64] as usize + (self.bits[i / 64] & ((1u64 << (i % 64)) - 1)).count_ones() as usize
+    }
+}
+
 impl Region {
     /// A region of `bytes` as they were at `addr`.
     pub fn dense(kind: u8, continues: bool, addr: u64, bytes: Vec<u8>) -> Region {
@@ -94,20 +107,18 @@ impl Region {
             return None;
         }
         let i = o / word.size;
-        let held = |i: usize| h.bits[i / 64] >> (i % 64) & 1 != 0;
-        let at = |i: usize| h.rank[i / 64] as usize + (h.bits[i / 64] & ((1u64 << (i % 64)) - 1)).count_ones() as usize;
-        if !held(i) {
+        if !h.holds(i) {
             return None;
         }
-        let v = h.values[at(i)];
+        let v = h.values[h.index(i)];
         if n == word.size {
             return Some(v);
         }
         // Two 4-byte words; held ones are consecutive in `values`.
-        if !held(i + 1) {
+        if !h.holds(i + 1) {
             return None;
         }
-        let w = h.values[at(i) + 1];
+        let w = h.values[h.index(i) + 1];
         Some(if word.big { v << 32 | w } else { w << 32 | v })
     }
 
@@ -139,9 +150,7 @@ impl Region {
             if g == last / 64 {
                 b &= (1u64 << (last % 64)) - 1;
             }
-            // Held words of the group before the first one visited.
-            let start = if g == first / 64 { first % 64 } else { 0 };
-            let mut at = h.rank[g] as usize + (h.bits[g] & ((1u64 << start) - 1)).count_ones() as usize;
+            let mut at = h.index(first.max(g * 64));
             while b != 0 {
                 f(h.values[at]);
                 at += 1;
@@ -162,7 +171,7 @@ pub(super) struct Word {
 
 impl Word {
     pub fn of(h: &mtrace_format::Header) -> Word {
-        Word { size: if h.pointer_size == 4 { 4 } else { 8 }, big: h.big_endian }
+        Word { size: h.word_size(), big: h.big_endian }
     }
 
     /// The pointer in `b` (exactly `size` bytes).

@@ -148,15 +148,11 @@ impl Scratch {
         let mut h = Vec::with_capacity(24);
         self.enc.scan_region_header(&mut h, self.now, k, at, len);
         let start = self.pos + h.len();
-        let local = libc::iovec { iov_base: self.raw()[start..start + len].as_mut_ptr().cast(), iov_len: len };
-        let remote = libc::iovec { iov_base: at as *mut libc::c_void, iov_len: len };
-        // SAFETY: `local` is inside the mapping; the kernel checks
-        // `remote` and fails instead of faulting.
-        let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+        let read = read_own(&mut self.raw()[start..start + len], at);
         // A piece of zeros holds no pointer: left out (untouched bss,
         // fresh heap). A stack piece is kept, so a stack's region
         // starts where its live part does.
-        if n == len as isize && (kind == region_kind::STACK || !self.zeros(start, len)) {
+        if read && (kind == region_kind::STACK || !self.zeros(start, len)) {
             self.put(&h);
             self.pos += len;
             self.flush_if_full(out);
@@ -168,9 +164,14 @@ impl Scratch {
     /// One piece of `memory`, sparse; whether it was kept.
     fn sparse_piece(&mut self, out: &FileHold, k: u8, at: u64, len: usize) -> bool {
         let Some(filter) = &self.filter else { return false };
-        // SAFETY: the staging area, the bitmap and the varints after it lie
-        // inside the mapping, disjoint, the staging 8-aligned (the mapping
-        // is page-aligned, STAGING a multiple of 8), used only here.
+        // SAFETY: the staging area lies inside the mapping, used only here.
+        if !read_own(unsafe { std::slice::from_raw_parts_mut(self.base.add(STAGING), len) }, at) {
+            return false;
+        }
+        // SAFETY: the staging area (just read), the bitmap and the varints
+        // after it lie inside the mapping, disjoint, the staging 8-aligned
+        // (the mapping is page-aligned, STAGING a multiple of 8), used only
+        // here.
         let (words, bits, varints) = unsafe {
             (
                 std::slice::from_raw_parts_mut(self.base.add(STAGING).cast::<u64>(), len / 8),
@@ -178,14 +179,6 @@ impl Scratch {
                 std::slice::from_raw_parts_mut(self.base.add(VARINTS_AT), VARINTS),
             )
         };
-        let local = libc::iovec { iov_base: words.as_mut_ptr().cast(), iov_len: len };
-        let remote = libc::iovec { iov_base: at as *mut libc::c_void, iov_len: len };
-        // SAFETY: `local` is the staging area; the kernel checks `remote`
-        // and fails instead of faulting.
-        let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-        if n != len as isize {
-            return false;
-        }
         let (kept, any) = filter.mask(words, bits);
         // A piece of zeros holds no pointer: left out (as `piece` does).
         if !any && k & !region_kind::SAME_MAPPING != region_kind::STACK {
@@ -278,6 +271,17 @@ impl Scratch {
             (zstd_sys::ZSTD_isError(n) == 0).then_some(n)
         }
     }
+}
+
+/// Reads `dst.len()` bytes of this process at `at` into `dst`; false when
+/// any of them cannot be read (a guard page, a mapping whose file shrank):
+/// `process_vm_readv` fails there instead of faulting.
+fn read_own(dst: &mut [u8], at: u64) -> bool {
+    let local = libc::iovec { iov_base: dst.as_mut_ptr().cast(), iov_len: dst.len() };
+    let remote = libc::iovec { iov_base: at as *mut libc::c_void, iov_len: dst.len() };
+    // SAFETY: `local` is `dst`; the kernel checks `remote`.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n == dst.len() as isize
 }
 
 impl Drop for Scratch {
