@@ -60,7 +60,7 @@ mod hint;
 mod slot;
 mod table;
 use slot::{Before, Ev, Frozen, Window};
-use table::Table;
+use table::{Either, Table};
 
 /// One address: its window of events and the blocks of its two latest
 /// allocations in it (the live one, if any, among them).
@@ -75,6 +75,57 @@ struct Slot {
     /// The backtrace of the latest free read ([`NO_STACK`]: none), the
     /// first free of a double free.
     free_stack: u32,
+}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot { window: Window::new(), blocks: [None, None], live: false, free_stack: NO_STACK }
+    }
+}
+
+/// An address whose whole history is one allocation, maybe followed by
+/// its free, read in order: what a [`Slot`] holding those one or two
+/// events would say, in 48 bytes instead of 136. Most addresses of a
+/// program that keeps its blocks to the end never need more (jq's 1.6
+/// million: `mtrace report`'s time went to the page faults of the full
+/// slots' 230 MB).
+#[derive(Clone, Debug)]
+struct Small {
+    /// The allocation's block; its time is the allocation's.
+    block: Block,
+    /// The allocating thread.
+    tid: u32,
+    freed: bool,
+    /// The free's thread, time (ns) and backtrace ([`NO_STACK`]: not
+    /// recorded), once `freed`.
+    free_tid: u32,
+    free_time: u64,
+    free_stack: u32,
+}
+
+impl Small {
+    /// The same history as a full slot: its events added to a new one, in
+    /// their order (each comes last: nothing else happens).
+    fn full(&self) -> Slot {
+        let mut s = Slot::new();
+        let alloc = Ev { time: self.block.time, tid: self.tid, alloc: true };
+        s.window.add(alloc, &|_| true);
+        s.blocks[0] = Some(self.block.clone());
+        s.live = true;
+        if self.freed {
+            s.window.add(Ev { time: self.free_time, tid: self.free_tid, alloc: false }, &|_| true);
+            s.live = false;
+            s.free_stack = self.free_stack;
+        }
+        s
+    }
+
+    /// Whether a free by `tid` at `time` comes after the allocation as
+    /// [`Window::add`] would put it: a later event of the same thread, or
+    /// of another more than [`EPS`] after it.
+    fn follows(&self, tid: u32, time: u64) -> bool {
+        !self.freed && (tid == self.tid || time.checked_sub(self.block.time).is_some_and(|d| d > EPS))
+    }
 }
 
 /// A backtrace index that stands for none.
@@ -138,7 +189,7 @@ pub enum Outcome {
 /// The heap: every address with a live block or recent events.
 #[derive(Default)]
 pub struct Heap {
-    slots: Table<Slot>,
+    slots: Table<Small, Slot>,
     /// Events shifted out of their address's window unmatched, waiting (up
     /// to [`HORIZON`]) for a late event to match them.
     waiting: HashMap<u64, Waiting>,
@@ -205,8 +256,11 @@ impl Heap {
     /// The block allocated at `addr` at `time` (ns), or, with `before`, the
     /// latest allocated there at or before `time`, if still kept.
     pub fn block(&self, addr: u64, time: u64, before: bool) -> Option<&Block> {
-        let s = self.slots.get(addr)?;
-        s.blocks.iter().flatten().find(|b| if before { b.time <= time } else { b.time == time })
+        let fits = |b: &&Block| if before { b.time <= time } else { b.time == time };
+        match self.slots.get(addr)? {
+            Either::Small(s) => Some(&s.block).filter(fits),
+            Either::Full(s) => s.blocks.iter().flatten().find(fits),
+        }
     }
 
     /// The block whose bytes hold `addr`, with its start: a live one, else
@@ -215,25 +269,41 @@ impl Heap {
     /// rare free of an address that is not a block's.
     pub fn containing(&self, addr: u64) -> Option<(u64, &Block, bool)> {
         let mut found = self.slots.iter().filter_map(|(a, s)| {
-            let b = s.blocks[0].as_ref()?;
-            (a <= addr && addr - a < b.size.max(1)).then_some((a, b, !s.live))
+            let (b, freed) = match s {
+                Either::Small(s) => (&s.block, s.freed),
+                Either::Full(s) => (s.blocks[0].as_ref()?, !s.live),
+            };
+            (a <= addr && addr - a < b.size.max(1)).then_some((a, b, freed))
         });
         let first = found.next()?;
         Some(if first.2 { found.find(|f| !f.2).unwrap_or(first) } else { first })
     }
 
-    fn event(&mut self, tid: u32, addr: u64, time: u64, block: Option<Block>, stack: u32) -> Change {
+    fn event(&mut self, tid: u32, addr: u64, time: u64, mut block: Option<Block>, stack: u32) -> Change {
         self.now = self.now.max(time);
         if self.slots.len() >= self.sweep_at {
             self.sweep();
         }
         let alloc = block.is_some();
-        let slot = self.slots.get_or_insert_with(addr, || Slot {
-            window: Window::new(),
-            blocks: [None, None],
-            live: false,
-            free_stack: NO_STACK,
-        });
+        let found = self.slots.find(addr);
+        // The common histories first: an address's first allocation, and
+        // its free in order; they change nothing else.
+        match (self.slots.at(found), block) {
+            (None, Some(block)) => {
+                self.live_slots += 1;
+                let change = Change { born: Some(block.clone()), ..Change::default() };
+                let small = Small { block, tid, freed: false, free_tid: 0, free_time: 0, free_stack: NO_STACK };
+                self.slots.insert_small(found, addr, small);
+                return change;
+            }
+            (Some(Either::Small(s)), None) if s.follows(tid, time) => {
+                (s.freed, s.free_tid, s.free_time, s.free_stack) = (true, tid, time, stack);
+                self.live_slots -= 1;
+                return Change { ended: Some(s.block.clone()), outcome: Outcome::Ended, ..Change::default() };
+            }
+            (_, block_) => block = block_,
+        }
+        let slot = self.slots.full(found, addr, Slot::new, Small::full);
         let known = [0, 1].map(|i| slot.blocks[i].as_ref().map(|b| b.time));
         let e = Ev { time, tid, alloc };
         let Some(added) = slot.window.add(e, &|t| known.contains(&Some(t))) else {
@@ -354,7 +424,10 @@ impl Heap {
     pub fn live(&self) -> impl Iterator<Item = (u64, &Block)> {
         // Nothing live (a program that freed everything): no walk at all.
         let slots = (self.live_slots > 0).then(|| self.slots.iter()).into_iter().flatten();
-        slots.filter(|(_, s)| s.live).filter_map(|(a, s)| s.blocks[0].as_ref().map(|b| (a, b)))
+        slots.filter_map(|(a, s)| match s {
+            Either::Small(s) => (!s.freed).then_some((a, &s.block)),
+            Either::Full(s) => s.blocks[0].as_ref().filter(|_| s.live).map(|b| (a, b)),
+        })
     }
 
     /// Forgets addresses with nothing live and no event for [`HORIZON`],
@@ -364,7 +437,10 @@ impl Heap {
         let cutoff = self.now.saturating_sub(HORIZON);
         // Only worth a walk over the slots if a quarter or more could go.
         if (self.slots.len() - self.live_slots) * 4 >= self.slots.len() {
-            self.slots.retain(|s| s.live || s.window.last_time() >= cutoff);
+            self.slots.retain(|s| match s {
+                Either::Small(s) => !s.freed || s.free_time >= cutoff,
+                Either::Full(s) => s.live || s.window.last_time() >= cutoff,
+            });
         }
         self.waiting.retain(|_, w| {
             w.orphans.retain(|o| o.time >= cutoff);

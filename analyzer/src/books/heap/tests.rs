@@ -133,3 +133,34 @@ fn skewed_times_any_read_order() {
         assert!(wrong.is_empty(), "{len} events, {threads} threads: {wrong:#?}");
     }
 }
+
+#[test]
+fn a_small_slot_is_a_third_of_a_full_one() {
+    assert_eq!(std::mem::size_of::<(u64, Small)>(), 56);
+    assert_eq!(std::mem::size_of::<(u64, Slot)>(), 144);
+}
+
+#[test]
+fn a_small_slot_answers_as_a_full_one() {
+    // An allocation and its free in order stay small; what they return,
+    // and what the heap says after, are those of the full history.
+    let mut h = Heap::default();
+    let born = h.alloc(1, 0x10, blk(0, 1000));
+    assert_eq!(born.born.map(|b| b.time), Some(1000));
+    assert!(h.block(0x10, 1000, false).is_some());
+    let freed = h.free(2, 0x10, 1000 + EPS + 1, 5);
+    assert_eq!((freed.outcome, freed.ended.map(|b| b.time)), (Outcome::Ended, Some(1000)));
+    assert!(matches!(h.slots.get(0x10), Some(Either::Small(_))));
+    assert_eq!(h.live().count(), 0);
+    assert_eq!(h.containing(0x10).map(|(a, _, freed)| (a, freed)), Some((0x10, true)));
+    // A second free: a double free of the first's backtrace, in a full slot now.
+    let again = h.free(1, 0x10, 5000, 6);
+    assert_eq!(again.outcome, Outcome::Again { after: 1000 + EPS + 1, first_free: 5 });
+    assert!(matches!(h.slots.get(0x10), Some(Either::Full(_))));
+    // Another thread's free too close to the allocation is not in order:
+    // the slot goes full at once.
+    h.alloc(1, 0x20, blk(1, 9000));
+    h.free(2, 0x20, 9000 + EPS, NO_STACK);
+    assert!(matches!(h.slots.get(0x20), Some(Either::Full(_))));
+    assert_eq!(h.unmatched(), 1);
+}
