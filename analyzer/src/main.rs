@@ -177,10 +177,17 @@ fn list_markers(trace: &std::path::Path, json: bool, out: &mut dyn Write) -> any
 }
 
 pub(crate) fn open_output(p: &Option<PathBuf>) -> anyhow::Result<Box<dyn Write>> {
-    Ok(match p {
+    buffered(match p {
         Some(p) => Box::new(create_private(p)?),
         None => Box::new(std::io::stdout().lock()),
     })
+}
+
+/// `w` behind a buffer: a file is unbuffered and stdout flushes at every
+/// newline, so a report of 700,000 lines (cc1plus's, every backtrace) was
+/// as many `write` calls. The caller flushes.
+pub(crate) fn buffered(w: Box<dyn Write>) -> anyhow::Result<Box<dyn Write>> {
+    Ok(Box::new(std::io::BufWriter::with_capacity(1 << 16, w)))
 }
 
 /// Creates (or truncates) the file at `p` for a report, mode 0600 when new.

@@ -205,10 +205,10 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     let dir = dir.canonicalize()?;
     // What would fail only after the program ran fails now, with its cause.
     tempfile::tempfile_in(&dir).with_context(|| format!("{}: cannot write trace files there", dir.display()))?;
-    let mut out: Box<dyn Write> = match &a.output {
-        Some(p) => Box::new(std::fs::File::create(p).with_context(|| format!("{}: cannot create", p.display()))?),
+    let mut out = crate::buffered(match &a.output {
+        Some(p) => Box::new(crate::create_private(p)?),
         None => Box::new(std::io::stderr().lock()),
-    };
+    })?;
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(old) if !old.is_empty() => format!("{}:{old}", lib.display()),
         _ => lib.display().to_string(),
@@ -240,6 +240,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
             (pid, None) => {
                 eprintln!("mtrace: detached from process {pid}: it runs on, untraced");
                 let _ = report_processes(&dir, pid, &a.opts, a.keep_traces || a.trace_dir.is_some(), &mut *out)?;
+                out.flush()?;
                 return Ok(ExitCode::SUCCESS);
             }
         }

@@ -224,6 +224,12 @@ fn signals_sent_to_mtrace_run_go_to_the_program() {
         // The program died of the signal; mtrace reported and exits as it did.
         assert_eq!(st.code(), Some(128 + sig), "{name}");
         let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        // `run -o` makes its report as `report -o` does: private.
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&report).unwrap().permissions()) & 0o777,
+            0o600,
+            "{name}"
+        );
         let m = markers("attach_target.c");
         assert_eq!(leaks_in(&r, "attach_target.c"), vec![leak(1000, 1, "malloc", "main", m["before"])], "{name}");
     }
