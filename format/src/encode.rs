@@ -40,6 +40,17 @@ pub struct Encoder {
     last_addr: u64,
 }
 
+/// Appends the first `n` bytes of `b` to `out`: the whole array (a copy
+/// of a size known here, a few vector stores), then the rest cut off. A
+/// copy of `n` bytes is a call to libc's memmove, which was 5% of the
+/// preload's samples on cxx_work.
+#[inline(always)]
+fn append<const N: usize>(out: &mut Vec<u8>, b: &[u8; N], n: usize) {
+    let start = out.len();
+    out.extend_from_slice(b);
+    out.truncate(start + n);
+}
+
 impl Encoder {
     pub fn new() -> Encoder {
         Encoder::default()
@@ -100,7 +111,7 @@ impl Encoder {
         n += self.addr_at(&mut b, n, addr);
         n += put_varint_at(&mut b, n, size);
         n += put_varint_at(&mut b, n, stack as u64);
-        out.extend_from_slice(&b[..n]);
+        append(out, &b, n);
     }
 
     /// Appends a [`Record::Free`], as [`Encoder::alloc`] does an Alloc.
@@ -115,7 +126,7 @@ impl Encoder {
         if stack != 0 {
             n += put_varint_at(&mut b, n, stack as u64);
         }
-        out.extend_from_slice(&b[..n]);
+        append(out, &b, n);
     }
 
     /// [`Encoder::time`] into `b` at `at`; its length.
