@@ -148,8 +148,11 @@ impl ReportOpts {
 /// Traces from this size (bytes) on have their modules' debug info opened
 /// while they are read: a small one is read before the first module is
 /// open, and then waits for it (the benchmark's python3 trace, 27 KiB:
-/// reported in 0.064 s without, 0.080 s with).
-const WARM_FROM_BYTES: u64 = 4 << 20;
+/// reported in 0.064 s without, 0.080 s with). From 4 MiB down to 256 KiB
+/// (medians of 9): cxx_work's 3.9 MB trace 0.24 → 0.21 s, python3-malloc's
+/// 4.0 MB 0.49 → 0.44 s, jq's 1.2 MB 0.37 → 0.35 s, sqlite3's 295 KB 0.09
+/// → 0.08 s.
+const WARM_FROM_BYTES: u64 = 1 << 18;
 
 /// `--hooks`: how `--ptrace` hooks the allocation functions
 /// (docs/PTRACE.md).
