@@ -410,7 +410,7 @@ impl<'w> Keeper<'w> {
         match rec {
             Record::Thread { time_ns, .. } => *now = time_ns,
             Record::Stack { id, frames } => t.stacks.define(id, frames, *now),
-            // Counted and timed by the functions above.
+            // Not here: `apply` gives them to `alloc` and `free`.
             Record::Alloc { .. } | Record::Free { .. } => return Flow::Go,
             Record::Coverage { time_ns, collecting, whole } => {
                 *now = time_ns;

@@ -301,7 +301,8 @@ impl Heap {
                 self.live_slots -= 1;
                 return Change { ended: Some(s.block.clone()), outcome: Outcome::Ended, ..Change::default() };
             }
-            (_, block_) => block = block_,
+            // Any other: the full slot's path below, with the block given back.
+            (_, b) => block = b,
         }
         let slot = self.slots.full(found, addr, Slot::new, Small::full);
         let known = [0, 1].map(|i| slot.blocks[i].as_ref().map(|b| b.time));
