@@ -5,12 +5,14 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use mtrace_format::{EndReason, Family, Header, Module, ReadError, Reader, Record};
+use mtrace_format::{EndReason, Header, Module, ReadError, Reader, Record};
 
-use crate::books::wrong::Dealloc;
-use crate::books::{Block, Books};
+use crate::books::Books;
 // FxHash as in books.rs.
 use rustc_hash::FxHashMap as HashMap;
+
+mod keeper;
+pub use keeper::{Flow, Keeper};
 
 /// Backtraces, deduplicated by content: producers may define the same frames
 /// under several ids (one per thread); reports group by content.
@@ -204,12 +206,6 @@ pub const SCAN_MARKER: &str = "scan";
 /// Name of the marker that starts a stream made by `mtrace attach`.
 pub const ATTACH_MARKER: &str = "attach";
 
-/// A pool block's key in the books: its address in the pool's own space,
-/// apart from heap addresses (user space is below 2^47) and other pools.
-fn pool_key(pool: u32, addr: u64) -> u64 {
-    addr ^ ((pool as u64) << 48)
-}
-
 impl Trace {
     /// An empty trace of the process `header` describes.
     pub fn new(path: &Path, header: Header) -> Trace {
@@ -364,210 +360,5 @@ fn heap_addr(r: &Record) -> u64 {
         Record::Alloc { addr, .. } | Record::Free { addr, .. } => addr,
         Record::Realloc { old, .. } => old,
         _ => 0,
-    }
-}
-
-/// What the reader does after a record: go on, or stop (the window's
-/// `until` marker was reached).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Flow {
-    Go,
-    Until,
-}
-
-/// Keeps the books of a stream one record at a time: what [`load_from`]
-/// does with each record, and what `mtrace`'s console does with a stream
-/// that is still arriving.
-pub struct Keeper<'w> {
-    w: &'w Window,
-    /// Latest event time, ns.
-    now: u64,
-    /// The regions of a snapshot being read (until its ScanEnd).
-    regions: Vec<crate::scan::Region>,
-}
-
-impl<'w> Keeper<'w> {
-    pub fn new(w: &'w Window) -> Keeper<'w> {
-        Keeper { w, now: 0, regions: Vec::new() }
-    }
-
-    /// Enters record `rec` of thread `tid` into `t`.
-    pub fn apply(&mut self, t: &mut Trace, tid: u32, rec: Record) -> Flow {
-        match rec {
-            Record::Alloc { time_ns, family, addr, size, stack } => {
-                self.alloc(t, tid, time_ns, family, addr, size, stack)
-            }
-            Record::Free { time_ns, family, addr, stack } => self.free(t, tid, time_ns, family, addr, stack),
-            _ => return self.apply_other(t, tid, rec),
-        }
-        Flow::Go
-    }
-
-    /// [`Keeper::apply`] of a record that is neither an Alloc nor a Free.
-    fn apply_other(&mut self, t: &mut Trace, tid: u32, rec: Record) -> Flow {
-        t.records += 1;
-        let now = &mut self.now;
-        match rec {
-            Record::Thread { time_ns, .. } => *now = time_ns,
-            Record::Stack { id, frames } => t.stacks.define(id, frames, *now),
-            // Not here: `apply` gives them to `alloc` and `free`.
-            Record::Alloc { .. } | Record::Free { .. } => return Flow::Go,
-            Record::Coverage { time_ns, collecting, whole } => {
-                *now = time_ns;
-                t.books.whole = whole && !t.attached;
-                t.books.collecting_since = collecting.then_some(time_ns);
-            }
-            Record::Realloc { time_ns, free_time_ns, old, new: 0, stack, .. } => {
-                // The process ended inside this realloc.
-                *now = time_ns;
-                let stack = (stack != 0).then(|| t.stacks.canon(stack));
-                t.books.realloc_ended(tid, old, free_time_ns, stack);
-            }
-            Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => {
-                *now = time_ns;
-                let stack = t.stacks.canon(stack);
-                t.books.realloc(
-                    tid,
-                    old,
-                    free_time_ns,
-                    new,
-                    Block { size, stack, family: Family::Malloc, time: time_ns },
-                );
-                t.stats.alloc(tid, new, size, stack);
-            }
-            Record::Mmap { time_ns, addr, len, stack, .. } => {
-                *now = time_ns;
-                let stack = t.stacks.canon(stack);
-                t.books.mmap(addr, Block { size: len, stack, family: Family::Mmap, time: time_ns });
-            }
-            Record::Munmap { time_ns, addr, len } => {
-                *now = time_ns;
-                t.books.munmap(addr, len, time_ns);
-            }
-            Record::Mremap { time_ns, old, old_len, new, new_len, stack } => {
-                *now = time_ns;
-                let stack = t.stacks.canon(stack);
-                t.books.mremap(old, old_len, new, Block { size: new_len, stack, family: Family::Mmap, time: time_ns });
-            }
-            Record::Modules { time_ns, modules } => {
-                *now = time_ns;
-                for m in modules {
-                    let known = t
-                        .modules
-                        .iter()
-                        .any(|s| s.module.path == m.path && s.module.bias == m.bias && s.module.build_id == m.build_id);
-                    if !known {
-                        t.modules.push(ModuleSeen { module: m, time: time_ns });
-                    }
-                }
-            }
-            Record::End { time_ns, reason } => {
-                *now = time_ns;
-                t.end = Some(reason);
-            }
-            Record::PoolName { id, name } => {
-                t.pools.insert(id, name);
-            }
-            Record::PoolAlloc { time_ns, pool, addr, size, stack } => {
-                *now = time_ns;
-                let canon = t.stacks.canon(stack);
-                let stack = t.stacks.for_pool(canon, pool);
-                t.books.alloc(tid, pool_key(pool, addr), Block { size, stack, family: Family::Pool, time: time_ns });
-            }
-            Record::PoolFree { time_ns, pool, addr } => {
-                *now = time_ns;
-                let d = Dealloc { family: Family::Pool, stack: None, realloc: false };
-                t.books.dealloc(tid, pool_key(pool, addr), time_ns, d);
-            }
-            Record::ScanRegion { kind, addr, bytes, .. } => {
-                // The reader has checked a sparse payload: an error cannot
-                // happen here, and the region would be left out.
-                if let Ok(r) = crate::scan::Region::of_record(kind, addr, bytes, t.header.word_size()) {
-                    self.regions.push(r);
-                }
-            }
-            Record::ScanEnd { time_ns } => {
-                t.snapshot = Some(std::mem::take(&mut self.regions));
-                t.snapshot_time = time_ns;
-                t.snapshot_on_demand = false;
-            }
-            Record::Sample { time_ns, rss } => {
-                *now = time_ns;
-                t.timeline.push(TimePoint {
-                    time_ns,
-                    rss_bytes: rss,
-                    heap_bytes: t.books.cur_bytes,
-                    heap_blocks: t.books.cur_blocks,
-                });
-            }
-            Record::Marker { time_ns, seq, name } => {
-                *now = time_ns;
-                let nth = 1 + t.markers.iter().filter(|m| m.name == name).count();
-                let w = self.w;
-                let since = w.since.as_ref().is_some_and(|m| m.matches(seq, &name, nth)) && t.baseline.is_none();
-                let until = w.until.as_ref().is_some_and(|m| m.matches(seq, &name, nth));
-                t.snapshot_on_demand |= t.snapshot.is_some() && name == SCAN_MARKER;
-                t.attached |= seq == 0 && name == ATTACH_MARKER;
-                t.books.whole &= !t.attached;
-                t.markers.push(MarkerSeen { seq, name, time_ns });
-                if since {
-                    t.baseline = Some(t.books.live_by_stack());
-                }
-                if until {
-                    t.last_time = t.last_time.max(*now);
-                    t.reached_until = true;
-                    return Flow::Until;
-                }
-            }
-        }
-        t.last_time = t.last_time.max(*now);
-        Flow::Go
-    }
-
-    /// [`Keeper::apply`] of an Alloc record.
-    #[allow(clippy::too_many_arguments)]
-    #[inline]
-    pub fn alloc(&mut self, t: &mut Trace, tid: u32, time_ns: u64, family: Family, addr: u64, size: u64, stack: u32) {
-        t.records += 1;
-        self.now = time_ns;
-        let stack = t.stacks.canon(stack);
-        t.books.alloc(tid, addr, Block { size, stack, family, time: time_ns });
-        if family != Family::Internal {
-            t.stats.alloc(tid, addr, size, stack);
-        }
-        t.last_time = t.last_time.max(time_ns);
-    }
-
-    /// [`Keeper::apply`] of a Free record.
-    #[inline]
-    pub fn free(&mut self, t: &mut Trace, tid: u32, time_ns: u64, family: Family, addr: u64, stack: u32) {
-        t.records += 1;
-        self.now = time_ns;
-        let stack = (stack != 0).then(|| t.stacks.canon(stack));
-        t.books.dealloc(tid, addr, time_ns, Dealloc { family, stack, realloc: false });
-        t.stats.free(tid, addr);
-        t.last_time = t.last_time.max(time_ns);
-    }
-
-    /// After the last record: drops an on-demand snapshot the window read
-    /// past, and fails when a marker of the window was not in the trace.
-    pub fn finish(&self, t: &mut Trace) -> Result<()> {
-        // An on-demand scan describes its own moment: a report that reads past
-        // it (the program went on) does not classify with it. But the scan
-        // `mtrace attach --scan` asks for right before its detach is the
-        // window's last moment.
-        let scan_at_detach = t.end == Some(EndReason::Detach);
-        if t.snapshot_on_demand && !t.reached_until && !scan_at_detach {
-            t.snapshot = None;
-            t.snapshot_time = u64::MAX;
-        }
-        let path = t.path.display();
-        if let Some(m) = &self.w.since {
-            anyhow::ensure!(t.baseline.is_some(), "{path}: no marker {:?} in the trace", m.0);
-        }
-        if let Some(m) = &self.w.until {
-            anyhow::ensure!(t.reached_until, "{path}: no marker {:?} in the trace", m.0);
-        }
-        Ok(())
     }
 }
