@@ -38,6 +38,11 @@ struct Loaded {
     dwarf: Option<addr2line::Loader>,
     /// The binary itself, for its symbol table.
     binary: Option<addr2line::Loader>,
+    /// Frames found before, by probe offset (their `address` is set per
+    /// call): backtraces share most of their frames, and a lookup with its
+    /// demangling is far slower than this map (cc1plus's report asks for
+    /// 230,000 frames at some 50,000 addresses).
+    found: HashMap<u64, Vec<Frame>>,
 }
 
 /// Resolves addresses, caching one parsed object per module.
@@ -51,7 +56,7 @@ impl Symbolizer {
         Symbolizer { paths, cache: HashMap::new() }
     }
 
-    fn loaded(&mut self, path: &str, build_id: &[u8]) -> &Loaded {
+    fn loaded(&mut self, path: &str, build_id: &[u8]) -> &mut Loaded {
         let paths = &self.paths;
         self.cache.entry((path.to_owned(), build_id.to_vec())).or_insert_with(|| {
             let bin = paths.binary(path, build_id);
@@ -60,7 +65,11 @@ impl Symbolizer {
                 _ => paths.debug_file(bin.as_deref(), build_id),
             };
             let open = |p: &Path| addr2line::Loader::new(p).ok();
-            Loaded { dwarf: dwarf_path.as_deref().and_then(open), binary: bin.as_deref().and_then(open) }
+            Loaded {
+                dwarf: dwarf_path.as_deref().and_then(open),
+                binary: bin.as_deref().and_then(open),
+                found: HashMap::new(),
+            }
         })
     }
 
@@ -98,12 +107,15 @@ impl Symbolizer {
             }];
         };
         let offset = addr.wrapping_sub(m.bias);
-        let name = Path::new(&m.path).file_name().map_or_else(|| m.path.clone(), |n| n.to_string_lossy().into_owned());
-        let base =
-            Frame { address: addr, function: None, file: None, line: None, module: name, offset, inlined: false };
         // A return address points after the call; the call is one byte before.
         let probe = offset.wrapping_sub(1);
         let loaded = self.loaded(&m.path, &m.build_id);
+        if let Some(found) = loaded.found.get(&probe) {
+            return found.iter().map(|f| Frame { address: addr, ..f.clone() }).collect();
+        }
+        let name = Path::new(&m.path).file_name().map_or_else(|| m.path.clone(), |n| n.to_string_lossy().into_owned());
+        let base =
+            Frame { address: addr, function: None, file: None, line: None, module: name, offset, inlined: false };
         let mut out = Vec::new();
         if let Some(d) = &loaded.dwarf {
             if let Ok(mut it) = d.find_frames(probe) {
@@ -132,6 +144,7 @@ impl Symbolizer {
                     Some(addr2line::demangle_auto(s.into(), None).into_owned());
             }
         }
+        loaded.found.insert(probe, out.clone());
         out
     }
 }
