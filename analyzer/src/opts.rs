@@ -130,7 +130,7 @@ impl ReportOpts {
         }
         if let Some(f) = &self.html {
             let w = std::io::BufWriter::new(crate::create_private(f)?);
-            report::html::write(&t, &r, &mut sym, self.depth, w)?;
+            report::html::write(&t, &mut r, &mut sym, self.depth, w)?;
             eprintln!("mtrace: wrote {}", f.display());
         }
         match out {
