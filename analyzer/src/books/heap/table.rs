@@ -110,7 +110,7 @@ impl Found {
 
 /// Slots by address (u64), each of one of two types: `S`, small, for
 /// the common histories, and `F`, full, for the rest; an address's slot
-/// goes from small to full ([`Table::promote`]), never back. Slot numbers
+/// goes from small to full ([`Table::full`]), never back. Slot numbers
 /// are 31 bits: two billion addresses kept at once would need far more
 /// memory than exists.
 pub struct Table<S, F> {
