@@ -23,7 +23,7 @@ pub enum Flow {
     Until,
 }
 
-/// Keeps the books of a stream one record at a time: what [`load_from`]
+/// Keeps the books of a stream one record at a time: what [`super::load_from`]
 /// does with each record, and what `mtrace`'s console does with a stream
 /// that is still arriving.
 pub struct Keeper<'w> {
