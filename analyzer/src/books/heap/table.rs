@@ -93,6 +93,16 @@ pub enum Either<S, F> {
     Full(F),
 }
 
+/// The slab and position an index entry's slot number `id` names.
+#[inline]
+fn place(id: u32) -> Either<usize, usize> {
+    if id & FULL != 0 {
+        Either::Full((id & !FULL) as usize)
+    } else {
+        Either::Small(id as usize)
+    }
+}
+
 /// Where [`Table::find`] found an address: its bucket, and what it holds
 /// (valid until the next insertion).
 #[derive(Clone, Copy)]
@@ -179,19 +189,18 @@ impl<S, F> Table<S, F> {
     /// The slot `f` found (none if it is vacant).
     #[inline]
     pub fn at(&mut self, f: Found) -> Option<Either<&mut S, &mut F>> {
-        match f.id {
-            EMPTY => None,
-            id if id & FULL != 0 => Some(Either::Full(&mut self.full.slots[(id & !FULL) as usize].1)),
-            id => Some(Either::Small(&mut self.small.slots[id as usize].1)),
-        }
+        (!f.vacant()).then(|| match place(f.id) {
+            Either::Small(i) => Either::Small(&mut self.small.slots[i].1),
+            Either::Full(i) => Either::Full(&mut self.full.slots[i].1),
+        })
     }
 
     pub fn get(&self, key: u64) -> Option<Either<&S, &F>> {
-        match self.find(key).id {
-            EMPTY => None,
-            id if id & FULL != 0 => Some(Either::Full(&self.full.slots[(id & !FULL) as usize].1)),
-            id => Some(Either::Small(&self.small.slots[id as usize].1)),
-        }
+        let f = self.find(key);
+        (!f.vacant()).then(|| match place(f.id) {
+            Either::Small(i) => Either::Small(&self.small.slots[i].1),
+            Either::Full(i) => Either::Full(&self.full.slots[i].1),
+        })
     }
 
     /// Gives vacant `f`'s address (`key`) the small slot `s`.
@@ -204,24 +213,24 @@ impl<S, F> Table<S, F> {
     /// The full slot of `key`: as found by `f`, made from its small slot
     /// by `promote`, or made with `make` if there is none.
     pub fn full(&mut self, f: Found, key: u64, make: impl FnOnce() -> F, promote: impl FnOnce(&S) -> F) -> &mut F {
-        let (bucket, id) = match f.id {
-            EMPTY => {
+        let (bucket, id) = match (f.vacant(), place(f.id)) {
+            (true, _) => {
                 let bucket = self.claim(f, key);
-                let id = self.full.put(key, make()) | FULL;
-                self.index[bucket] = Entry { key, id };
+                let id = self.full.put(key, make());
+                self.index[bucket] = Entry { key, id: id | FULL };
                 (bucket, id)
             }
-            id if id & FULL != 0 => (f.bucket, id),
-            id => {
-                let full = promote(&self.small.slots[id as usize].1);
-                self.small.release(id);
-                let id = self.full.put(key, full) | FULL;
-                self.index[f.bucket].id = id;
+            (false, Either::Full(i)) => (f.bucket, i as u32),
+            (false, Either::Small(i)) => {
+                let full = promote(&self.small.slots[i].1);
+                self.small.release(i as u32);
+                let id = self.full.put(key, full);
+                self.index[f.bucket].id = id | FULL;
                 (f.bucket, id)
             }
         };
         debug_assert_eq!(self.index[bucket].key, key);
-        &mut self.full.slots[(id & !FULL) as usize].1
+        &mut self.full.slots[id as usize].1
     }
 
     /// A bucket for a new address: `f`'s, unless the index had to grow.
@@ -254,7 +263,7 @@ impl<S, F> Table<S, F> {
         let small = self.small.ids().filter(|&id| !keep(Either::Small(&self.small.slots[id].1)));
         let mut gone: Vec<(u64, u32)> = small.map(|id| (self.small.slots[id].0, id as u32)).collect();
         let full = self.full.ids().filter(|&id| !keep(Either::Full(&self.full.slots[id].1)));
-        gone.extend(full.map(|id| (self.full.slots[id].0, id as u32 | FULL)).collect::<Vec<_>>());
+        gone.extend(full.map(|id| (self.full.slots[id].0, id as u32 | FULL)));
         if gone.is_empty() {
             return;
         }
@@ -262,10 +271,9 @@ impl<S, F> Table<S, F> {
         // ends the probes through it).
         let buckets: Vec<usize> = gone.iter().map(|&(key, _)| self.bucket(key).0).collect();
         for (&(_, id), i) in gone.iter().zip(buckets) {
-            if id & FULL != 0 {
-                self.full.release(id & !FULL);
-            } else {
-                self.small.release(id);
+            match place(id) {
+                Either::Small(p) => self.small.release(p as u32),
+                Either::Full(p) => self.full.release(p as u32),
             }
             self.index[i].id = EMPTY;
         }
@@ -292,10 +300,12 @@ impl<S, F> Table<S, F> {
     /// after [`Table::prefetch_index`] had time to bring the index's line).
     #[inline]
     pub fn prefetch_slot(&self, key: u64) {
-        match self.find(key).id {
-            EMPTY => {}
-            id if id & FULL != 0 => prefetch_lines(&self.full.slots[(id & !FULL) as usize]),
-            id => prefetch_lines(&self.small.slots[id as usize]),
+        let f = self.find(key);
+        if !f.vacant() {
+            match place(f.id) {
+                Either::Small(i) => prefetch_lines(&self.small.slots[i]),
+                Either::Full(i) => prefetch_lines(&self.full.slots[i]),
+            }
         }
     }
 }
