@@ -8,8 +8,10 @@ use anyhow::{Context, Result};
 use mtrace_format::{EndReason, Header, Module, ReadError, Reader, Record};
 
 use crate::books::Books;
+use std::hash::BuildHasher;
+
 // FxHash as in books.rs.
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::{FxBuildHasher, FxHashMap as HashMap};
 
 mod keeper;
 pub use keeper::{Flow, Keeper};
@@ -23,7 +25,10 @@ pub struct Stacks {
     /// Canonical index → time (ns) of the first definition, to pick the
     /// module that was mapped at an address then.
     pub def_time: Vec<u64>,
-    by_frames: HashMap<Vec<u64>, u32>,
+    /// Canonical indices by their frames, which stay in `frames` only (a
+    /// map keyed by a copy of them held each backtrace twice: 24 MB on
+    /// cc1plus's trace).
+    by_frames: hashbrown::HashTable<u32>,
     /// Stream id → canonical index + 1 (0: not defined), for ids below
     /// [`DENSE_IDS`]: producers number backtraces from 1 up, and this is
     /// looked up once an event (a hash lookup was 1.3% of a report).
@@ -39,12 +44,18 @@ pub struct Stacks {
 
 impl Stacks {
     pub fn define(&mut self, id: u32, frames: Vec<u64>, time: u64) {
-        let next = self.frames.len() as u32;
-        let canon = *self.by_frames.entry(frames.clone()).or_insert_with(|| {
-            self.frames.push(frames);
-            self.def_time.push(time);
-            next
-        });
+        let hash = |f: &[u64]| FxBuildHasher.hash_one(f);
+        let all = &mut self.frames;
+        let canon = match self.by_frames.find(hash(&frames), |&c| all[c as usize] == frames) {
+            Some(&c) => c,
+            None => {
+                let c = all.len() as u32;
+                self.by_frames.insert_unique(hash(&frames), c, |&c| hash(&all[c as usize]));
+                all.push(frames);
+                self.def_time.push(time);
+                c
+            }
+        };
         match self.by_id.get_mut(id as usize) {
             Some(c) => *c = canon + 1,
             None if id < DENSE_IDS => {
@@ -360,5 +371,38 @@ fn heap_addr(r: &Record) -> u64 {
         Record::Alloc { addr, .. } | Record::Free { addr, .. } => addr,
         Record::Realloc { old, .. } => old,
         _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Stacks;
+
+    #[test]
+    fn stacks_share_an_index_by_content() {
+        let mut s = Stacks::default();
+        s.define(1, vec![0x10, 0x20], 5);
+        s.define(2, vec![0x10, 0x30], 6);
+        // Another thread's id for the first backtrace.
+        s.define(7, vec![0x10, 0x20], 9);
+        assert_eq!((s.canon(1), s.canon(2), s.canon(7)), (0, 1, 0));
+        assert_eq!(s.def_time, [5, 6]);
+        // A pool's copy is an index of its own, never found by content.
+        let p = s.for_pool(0, 3);
+        assert_eq!((p, &s.frames[2][..]), (2, &[0x10, 0x20][..]));
+        s.define(8, vec![0x10, 0x20], 10);
+        assert_eq!(s.canon(8), 0);
+        // Many more, so that the table grows and rehashes from `frames`.
+        for i in 0..10_000u64 {
+            s.define(100 + i as u32, vec![i, i + 1], 0);
+        }
+        for i in 0..10_000u64 {
+            s.define(20_000 + i as u32, vec![i, i + 1], 0);
+            assert_eq!(s.canon(20_000 + i as u32), s.canon(100 + i as u32));
+        }
+        assert_eq!(s.frames.len(), 3 + 10_000);
+        // An id never defined: an empty backtrace.
+        let none = s.canon(99);
+        assert!(s.frames[none as usize].is_empty());
     }
 }
