@@ -2,14 +2,14 @@
 //! record at a time.
 
 use std::fs::File;
+use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use mtrace_format::{EndReason, Header, Module, ReadError, Reader, Record};
 
 use crate::books::Books;
-use std::hash::BuildHasher;
-
+use hashbrown::hash_table::Entry;
 // FxHash as in books.rs.
 use rustc_hash::{FxBuildHasher, FxHashMap as HashMap};
 
@@ -46,11 +46,12 @@ impl Stacks {
     pub fn define(&mut self, id: u32, frames: Vec<u64>, time: u64) {
         let hash = |f: &[u64]| FxBuildHasher.hash_one(f);
         let all = &mut self.frames;
-        let canon = match self.by_frames.find(hash(&frames), |&c| all[c as usize] == frames) {
-            Some(&c) => c,
-            None => {
+        let found = self.by_frames.entry(hash(&frames), |&c| all[c as usize] == frames, |&c| hash(&all[c as usize]));
+        let canon = match found {
+            Entry::Occupied(e) => *e.get(),
+            Entry::Vacant(e) => {
                 let c = all.len() as u32;
-                self.by_frames.insert_unique(hash(&frames), c, |&c| hash(&all[c as usize]));
+                e.insert(c);
                 all.push(frames);
                 self.def_time.push(time);
                 c
