@@ -6,7 +6,8 @@
 //! and prints bytes per event.
 //!
 //! Models:
-//! - `delta`: the stream's own, a zigzag delta from the previous address;
+//! - `delta`: the stream's own (the records as [`Encoder`] writes them), a
+//!   zigzag delta from the previous address;
 //! - `none`: every address written as 0, the share addresses take;
 //! - `none, no times`: addresses and times written as 0, what the other
 //!   fields (kinds, sizes, backtrace ids, backtraces) take;
@@ -17,7 +18,7 @@
 //!
 //! usage: cargo run --release -p mtrace-format --example address_models TRACE
 
-use mtrace_format::{put_varint, zigzag, Reader, Record};
+use mtrace_format::{put_varint, zigzag, Encoder, Reader, Record, TIME_SHIFT};
 
 const CHUNK: usize = 1 << 20;
 
@@ -29,7 +30,9 @@ enum Model {
     Recent(usize),
 }
 
-/// One chunk's encoder state for a model.
+/// One chunk's encoder state for a model other than `Delta`: the
+/// stream's record layout, with the address written the model's way
+/// (tags are this example's own; only their repetition matters to zstd).
 struct Enc {
     model: Model,
     last_time: u64,
@@ -47,7 +50,7 @@ impl Enc {
     }
 
     fn time(&mut self, out: &mut Vec<u8>, t: u64) {
-        let t = if matches!(self.model, Model::NoTimes) { 0 } else { t >> 6 };
+        let t = if matches!(self.model, Model::NoTimes) { 0 } else { t >> TIME_SHIFT };
         put_varint(out, zigzag(t.wrapping_sub(self.last_time) as i64));
         self.last_time = t;
     }
@@ -55,8 +58,7 @@ impl Enc {
     fn addr(&mut self, out: &mut Vec<u8>, a: u64, free: bool) {
         let delta = zigzag(a.wrapping_sub(self.last_addr) as i64);
         match self.model {
-            Model::Delta => put_varint(out, delta),
-            Model::None | Model::NoTimes => put_varint(out, 0),
+            Model::Delta | Model::None | Model::NoTimes => put_varint(out, 0),
             Model::Recent(k) => {
                 let (ring, n) = if free { (&self.allocated, self.n_allocated) } else { (&self.freed, self.n_freed) };
                 let hit = (0..k.min(n)).find(|&j| ring[(n - 1 - j) % 64] == a);
@@ -96,57 +98,52 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 fn measure(path: &str, model: Model) -> Result<(u64, usize), Box<dyn std::error::Error>> {
     let mut r = Reader::new(std::fs::File::open(path)?);
     r.header()?;
-    let (mut chunks, mut out, mut enc) = (Vec::new(), Vec::new(), Enc::new(model));
+    let (mut chunks, mut out, mut enc, mut real) = (Vec::new(), Vec::new(), Enc::new(model), Encoder::new());
     let (mut events, mut tid) = (0u64, None);
     while let Some(rec) = r.next_record()? {
         if out.len() >= CHUNK || tid != Some(r.tid()) {
             if out.len() >= CHUNK {
                 chunks.push(std::mem::take(&mut out));
             }
-            // A Thread record: the tid, and every base starts again.
-            out.push(1);
-            put_varint(&mut out, r.tid() as u64);
+            // A Thread record: every base starts again.
+            real.encode(&mut out, &Record::Thread { tid: r.tid(), time_ns: 0 });
             enc = Enc::new(model);
             tid = Some(r.tid());
         }
         let o = &mut out;
+        if matches!(rec, Record::Alloc { .. } | Record::Free { .. } | Record::Realloc { .. }) {
+            events += 1;
+        }
         match rec {
+            Record::Stack { .. } => real.encode(o, &rec),
+            Record::Alloc { .. } | Record::Free { .. } | Record::Realloc { .. } if matches!(model, Model::Delta) => {
+                real.encode(o, &rec)
+            }
             Record::Alloc { time_ns, family, addr, size, stack } => {
-                events += 1;
-                o.extend([2, family as u8]);
+                o.push(2);
                 enc.time(o, time_ns);
+                o.push(family as u8);
                 enc.addr(o, addr, false);
                 put_varint(o, size);
                 put_varint(o, stack as u64);
             }
             Record::Free { time_ns, family, addr, stack } => {
-                events += 1;
-                o.extend([3, family as u8]);
+                o.push(3);
                 enc.time(o, time_ns);
+                o.push(family as u8);
                 enc.addr(o, addr, true);
                 if stack != 0 {
                     put_varint(o, stack as u64);
                 }
             }
             Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => {
-                events += 1;
                 o.push(4);
                 enc.time(o, time_ns);
-                put_varint(o, time_ns.saturating_sub(free_time_ns) >> 6);
+                put_varint(o, time_ns.saturating_sub(free_time_ns) >> TIME_SHIFT);
                 enc.addr(o, old, true);
                 enc.addr(o, new, false);
                 put_varint(o, size);
                 put_varint(o, stack as u64);
-            }
-            Record::Stack { id, frames } => {
-                o.push(5);
-                put_varint(o, id as u64);
-                put_varint(o, frames.len() as u64);
-                let mut prev = 0u64;
-                for f in frames {
-                    put_varint(o, zigzag(f.wrapping_sub(prev) as i64));
-                    prev = f;
-                }
             }
             _ => {}
         }
