@@ -8,6 +8,7 @@ pub mod books;
 pub mod live;
 pub mod load;
 pub mod malloc_trace;
+pub mod order;
 pub mod progress;
 pub mod report;
 pub mod scan;

@@ -202,46 +202,66 @@ fn follow(path: &Path, sh: &Arc<Shared>) {
     let Ok(file) = File::open(path) else { return };
     let mut r = Reader::new(Follow { file, delivered: 0, shared: sh.clone() });
     let Ok(header) = r.header() else { return };
+    let mut merge = crate::order::Merge::new(header.version);
     sh.lock().trace = Some(Trace::new(path, header));
     static EVERYTHING: Window = Window { since: None, until: None, lifetimes: false };
     let mut keeper = Keeper::new(&EVERYTHING);
+    let mut ready = Vec::new();
     loop {
-        let rec = match r.next_record() {
-            Ok(Some(rec)) => rec,
-            Ok(None) => return,
+        let (rec, end) = match r.next_record() {
+            Ok(Some(rec)) => {
+                let end = matches!(rec, Record::End { .. });
+                (Some(rec), end)
+            }
+            Ok(None) => (None, true),
             Err(e) => {
                 if let Some(t) = sh.lock().trace.as_mut() {
                     t.error = Some(e);
                 }
-                return;
+                (None, true)
             }
         };
-        let (marker, end) = match &rec {
-            Record::Marker { name, .. } => (Some(name.clone()), false),
-            Record::End { .. } => (None, true),
-            _ => (None, false),
-        };
-        let mut g = sh.lock();
-        let t = g.trace.as_mut().expect("set above");
-        let _: Flow = keeper.apply(t, r.tid(), rec);
-        if let Some(name) = marker {
-            let n = t.markers.iter().filter(|m| m.name == name).count();
-            if g.hold.as_ref().is_some_and(|(h, k)| *h == name && n >= *k) {
-                g.held = true;
-                sh.cv.notify_all();
-                while g.held {
-                    g = sh.cv.wait(g).unwrap_or_else(|e| e.into_inner());
-                }
-            }
-            // After the hold: while held, the baseline is the previous
-            // marker's (a report point compares with it).
-            if BASELINE_MARKERS.contains(&name.as_str()) {
-                let live = g.trace.as_ref().expect("set above").books.live_by_stack();
-                g.baselines.insert(name.clone(), live);
-            }
+        if let Some(rec) = rec {
+            merge.push(r.tid(), rec, &mut |tid, rec| ready.push((tid, rec)));
+        }
+        // After the End only frees in late destructors may come: the
+        // books take everything now.
+        if end {
+            merge.finish(&mut |tid, rec| ready.push((tid, rec)));
+        }
+        for (tid, rec) in ready.drain(..) {
+            enter(sh, &mut keeper, tid, rec);
         }
         if end {
             return;
+        }
+    }
+}
+
+/// Enters record `rec` of thread `tid` into the books, holding at the
+/// marker a console command waits for.
+fn enter(sh: &Shared, keeper: &mut Keeper, tid: u32, rec: Record) {
+    let marker = match &rec {
+        Record::Marker { name, .. } => Some(name.clone()),
+        _ => None,
+    };
+    let mut g = sh.lock();
+    let t = g.trace.as_mut().expect("set above");
+    let _: Flow = keeper.apply(t, tid, rec);
+    if let Some(name) = marker {
+        let n = t.markers.iter().filter(|m| m.name == name).count();
+        if g.hold.as_ref().is_some_and(|(h, k)| *h == name && n >= *k) {
+            g.held = true;
+            sh.cv.notify_all();
+            while g.held {
+                g = sh.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        // After the hold: while held, the baseline is the previous
+        // marker's (a report point compares with it).
+        if BASELINE_MARKERS.contains(&name.as_str()) {
+            let live = g.trace.as_ref().expect("set above").books.live_by_stack();
+            g.baselines.insert(name.clone(), live);
         }
     }
 }

@@ -251,33 +251,30 @@ type Decoded = Result<(u32, Record), ReadError>;
 /// Records per batch handed from the decoding thread.
 const BATCH: usize = 4096;
 
-/// Decodes `r` to its end (or first error) in batches into `tx`; stops
-/// when the receiver is gone (a report that ends at a marker).
-fn decode_batches<R: std::io::Read>(mut r: Reader<R>, tx: std::sync::mpsc::SyncSender<Vec<Decoded>>) {
+/// Decodes `r` (a stream of format `version`) to its end (or first error),
+/// merges its records into one order ([`crate::order`]), and sends them in
+/// batches into `tx`; stops when the receiver is gone (a report that ends
+/// at a marker). A stream that breaks off sends everything read before
+/// the error, then the error.
+fn decode_batches<R: std::io::Read>(mut r: Reader<R>, version: u64, tx: std::sync::mpsc::SyncSender<Vec<Decoded>>) {
+    let mut merge = crate::order::Merge::new(version);
     let mut batch = Vec::with_capacity(BATCH);
     loop {
-        let item = match r.next_record() {
-            // The hot records rebuilt field by field: moving the returned
-            // record whole copies it with 16-byte loads across the 8-byte
-            // stores that wrote it, which the CPU cannot forward (a stall
-            // that was an eighth of `mtrace report`'s time on churn).
-            Ok(Some(Record::Alloc { time_ns, family, addr, size, stack })) => {
-                Ok((r.tid(), Record::Alloc { time_ns, family, addr, size, stack }))
-            }
-            Ok(Some(Record::Free { time_ns, family, addr, stack })) => {
-                Ok((r.tid(), Record::Free { time_ns, family, addr, stack }))
-            }
-            Ok(Some(rec)) => Ok((r.tid(), rec)),
+        match r.next_record() {
+            Ok(Some(rec)) => merge.push(r.tid(), rec, &mut |tid, rec| batch.push(Ok((tid, rec)))),
             Ok(None) => break,
-            Err(e) => Err(e),
-        };
-        let failed = item.is_err();
-        batch.push(item);
-        let full = batch.len() == BATCH || failed;
-        if full && (tx.send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH))).is_err() || failed) {
+            Err(e) => {
+                merge.finish(&mut |tid, rec| batch.push(Ok((tid, rec))));
+                batch.push(Err(e));
+                let _ = tx.send(batch);
+                return;
+            }
+        }
+        if batch.len() >= BATCH && tx.send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH))).is_err() {
             return;
         }
     }
+    merge.finish(&mut |tid, rec| batch.push(Ok((tid, rec))));
     let _ = tx.send(batch);
 }
 
@@ -307,6 +304,7 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
 pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Result<Trace> {
     let mut r = Reader::new(src);
     let header = r.header().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let version = header.version;
     let mut t = Trace::new(path, header);
     if w.lifetimes {
         t.books.lifetimes = Some(Box::default());
@@ -316,7 +314,7 @@ pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Re
     // records at a time, while this one keeps the books.
     std::thread::scope(|sc| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Decoded>>(4);
-        sc.spawn(move || decode_batches(r, tx));
+        sc.spawn(move || decode_batches(r, version, tx));
         let mut addrs = Vec::with_capacity(BATCH);
         'outer: for mut batch in rx {
             // The heap's lines for a record's address are asked for

@@ -127,6 +127,7 @@ pub fn load_with_complaints(path: &Path, prog: Option<&Path>) -> Result<(Trace, 
     if let Some((old, at)) = pending_old {
         t.books.free(0, old, at);
     }
+    t.books.settle();
     Ok((t, complaints))
 }
 

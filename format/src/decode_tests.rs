@@ -54,6 +54,9 @@ fn sample() -> (Vec<u8>, Vec<Record>) {
         Record::PoolFree { time_ns: 2480 << 6, pool: 3, addr: 42 },
         Record::ScanRegion { time_ns: 2490 << 6, kind: 2, addr: 0x1000, bytes: vec![7; 300] },
         Record::ScanEnd { time_ns: 2491 << 6 },
+        // Absolute, and the current time is untouched: the End's delta
+        // below is still from the ScanEnd's.
+        Record::Watermark { time_ns: 2400 << 6 },
         Record::End { time_ns: 2500 << 6, reason: EndReason::Signal(11) },
     ];
     let mut out = Vec::new();

@@ -245,6 +245,10 @@ impl Encoder {
                 self.time(out, time_ns);
                 out.push(u8::from(collecting) | u8::from(whole) << 1);
             }
+            Record::Watermark { time_ns } => {
+                out.push(tag::WATERMARK);
+                put_varint(out, time_ns >> TIME_SHIFT);
+            }
             Record::End { time_ns, reason } => {
                 out.push(tag::END);
                 self.time(out, time_ns);

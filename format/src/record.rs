@@ -242,6 +242,38 @@ pub enum Record {
     /// double free only if allocations were collected since the first.
     /// Since version 6.
     Coverage { time_ns: u64, collecting: bool, whole: bool },
+    /// Every event stamped before `time_ns` is in the stream before this
+    /// record (its time rounded down to the stream's unit). A reader may
+    /// order the events read so far by their times up to it: events of
+    /// different threads then need the allocator's contract only where
+    /// their stamps are closer than the clocks' skew. Absolute, not a
+    /// delta: it belongs to no thread. Since version 9.
+    Watermark { time_ns: u64 },
+}
+
+impl Record {
+    /// The record's time (ns since the start), for the records that have one.
+    pub fn time_ns(&self) -> Option<u64> {
+        Some(match *self {
+            Record::Alloc { time_ns, .. }
+            | Record::Free { time_ns, .. }
+            | Record::Realloc { time_ns, .. }
+            | Record::Mmap { time_ns, .. }
+            | Record::Munmap { time_ns, .. }
+            | Record::Mremap { time_ns, .. }
+            | Record::Modules { time_ns, .. }
+            | Record::End { time_ns, .. }
+            | Record::Marker { time_ns, .. }
+            | Record::Sample { time_ns, .. }
+            | Record::PoolAlloc { time_ns, .. }
+            | Record::PoolFree { time_ns, .. }
+            | Record::ScanRegion { time_ns, .. }
+            | Record::ScanEnd { time_ns }
+            | Record::Coverage { time_ns, .. }
+            | Record::Watermark { time_ns } => time_ns,
+            Record::Thread { .. } | Record::Stack { .. } | Record::PoolName { .. } => return None,
+        })
+    }
 }
 
 /// The kinds of [`Record::ScanRegion`].
@@ -291,4 +323,5 @@ pub(crate) mod tag {
     /// A [`super::Record::Free`] with its backtrace.
     pub const FREE_STACK: u8 = 19;
     pub const COVERAGE: u8 = 20;
+    pub const WATERMARK: u8 = 21;
 }

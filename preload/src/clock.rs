@@ -17,9 +17,9 @@
 //! some tens of cycles early, so a consumer's free of a block can be
 //! stamped a few ns before the producer's malloc of it (11 ns seen, a
 //! producer/consumer program handing 2,000,000 blocks over, 1 run in 11).
-//! The analyzer's books order the events of one address by the allocator's
-//! contract and each thread's program order, and use times only between
-//! events more than `EPS` (250 ns) apart (analyzer/src/books/heap.rs).
+//! The analyzer merges the threads' events by time up to the watermarks
+//! (session/order.rs), and orders events of different threads closer than
+//! `EPS` (250 ns) by the allocator's contract (analyzer/src/books/ties.rs).
 //! Until they did, every stamp was `lfence; rdtsc` (17 ns against 10).
 //! Invariant TSCs of one machine are synchronized across cores.
 

@@ -50,6 +50,75 @@ pub struct Config {
     /// `MTRACE_REPORT_DIR`: where .memlog reports go (default: the
     /// program's working directory at the time of the report).
     pub report_dir: Option<String>,
+    /// `MTRACE_TEST_ORDER`: test-only perturbations of the order.
+    pub test: TestOrder,
+}
+
+/// Perturbations of the stream's order for the tests of the analyzer's
+/// merge (`MTRACE_TEST_ORDER`; test-only: they slow the program down and
+/// change nothing a report shows). `stall=K:US` makes every K-th event of
+/// each thread sleep US µs between its stamp and its push; `collect=MODE`
+/// makes each collection take the threads' buffers in another order than
+/// the threads registered: `reverse`, `exited-last` (the buffers of
+/// exited threads after all others) or `shuffle`. Comma-separated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TestOrder {
+    /// 0: no stall.
+    pub stall_every: u64,
+    /// µs.
+    pub stall_us: u64,
+    pub collect: CollectOrder,
+}
+
+/// The order a collection takes the threads' buffers in ([`TestOrder`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CollectOrder {
+    /// The order the threads registered in (the only one outside tests).
+    #[default]
+    Registered,
+    Reverse,
+    ExitedLast,
+    Shuffle,
+}
+
+impl CollectOrder {
+    /// Puts `v` in this order; `exited` tells an exited thread's buffer.
+    pub fn arrange<T>(self, v: &mut [T], exited: impl Fn(&T) -> bool) {
+        match self {
+            CollectOrder::Registered => {}
+            CollectOrder::Reverse => v.reverse(),
+            CollectOrder::ExitedLast => v.sort_by_key(|t| exited(t)),
+            CollectOrder::Shuffle => {
+                // xorshift, seeded by the clock: a new order every round.
+                let mut x = sys::monotonic_ns() | 1;
+                for i in (1..v.len()).rev() {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    v.swap(i, (x % (i as u64 + 1)) as usize);
+                }
+            }
+        }
+    }
+}
+
+/// Parses `MTRACE_TEST_ORDER`'s value (see [`TestOrder`]).
+fn parse_test_order(v: &str) -> Option<TestOrder> {
+    let mut t = TestOrder::default();
+    for item in v.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        match item.split_once('=')? {
+            ("stall", spec) => {
+                let (k, us) = spec.split_once(':')?;
+                t.stall_every = k.parse().ok().filter(|&k| k > 0)?;
+                t.stall_us = us.parse().ok()?;
+            }
+            ("collect", "reverse") => t.collect = CollectOrder::Reverse,
+            ("collect", "exited-last") => t.collect = CollectOrder::ExitedLast,
+            ("collect", "shuffle") => t.collect = CollectOrder::Shuffle,
+            _ => return None,
+        }
+    }
+    Some(t)
 }
 
 /// Signal names accepted by `MTRACE_REPORT_SIGNAL`, with or without `SIG`.
@@ -161,6 +230,15 @@ pub fn load() -> Config {
     };
     let follow_fork = on_off(c"MTRACE_FOLLOW_FORK");
     let follow_exec = on_off(c"MTRACE_FOLLOW_EXEC");
+    let test = match var(c"MTRACE_TEST_ORDER") {
+        None => TestOrder::default(),
+        Some(v) => parse_test_order(&v).unwrap_or_else(|| {
+            sys::warn_once_per_run(&format!(
+                "MTRACE_TEST_ORDER={v:?} is not stall=K:US and/or collect=reverse|exited-last|shuffle; ignored"
+            ));
+            TestOrder::default()
+        }),
+    };
     Config {
         depth,
         output,
@@ -174,6 +252,7 @@ pub fn load() -> Config {
         follow_fork,
         follow_exec,
         report_dir,
+        test,
     }
 }
 
@@ -217,5 +296,24 @@ mod tests {
         assert_eq!(super::parse_signal("off"), Some(None));
         assert_eq!(super::parse_signal("KILLME"), None);
         assert_eq!(super::parse_signal("0"), None);
+    }
+
+    #[test]
+    fn test_order() {
+        use super::{parse_test_order, CollectOrder, TestOrder};
+        let t = parse_test_order("stall=7:300, collect=exited-last").unwrap();
+        assert_eq!(t, TestOrder { stall_every: 7, stall_us: 300, collect: CollectOrder::ExitedLast });
+        assert_eq!(parse_test_order(""), Some(TestOrder::default()));
+        assert_eq!(parse_test_order("stall=0:5"), None);
+        assert_eq!(parse_test_order("collect=sideways"), None);
+        let mut v = [(1, false), (2, true), (3, false)];
+        CollectOrder::ExitedLast.arrange(&mut v, |t| t.1);
+        assert_eq!(v.map(|t| t.0), [1, 3, 2]);
+        CollectOrder::Reverse.arrange(&mut v, |t| t.1);
+        assert_eq!(v.map(|t| t.0), [2, 3, 1]);
+        let mut w: Vec<u32> = (0..50).collect();
+        CollectOrder::Shuffle.arrange(&mut w, |_| false);
+        w.sort();
+        assert_eq!(w, (0..50).collect::<Vec<_>>());
     }
 }

@@ -46,6 +46,7 @@ pub extern "C" fn after_fork_child() {
     unsafe { crate::allocator::release_after_fork() };
     crate::stop::reset_in_child();
     guard::reset_in_child();
+    session::order::reset_in_child();
     crate::nested::reset_in_child();
     HELD.with(|h| h.set(false));
     let Some(parent) = current() else { return };

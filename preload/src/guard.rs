@@ -9,6 +9,8 @@
 
 use std::cell::Cell;
 
+use crate::session::Mark;
+
 /// Bit of [`STATE`]: the thread is inside a hook.
 const IN_HOOK: u8 = 1;
 /// Bit of [`STATE`]: a stop signal arrived inside the hook; park on leaving.
@@ -20,6 +22,17 @@ const NESTED: u8 = 4;
 /// Bit of [`STATE`]: the hook's call forwards to an allocator that ends in
 /// ours (see hooks::traced_as): calls nested in it are the hook's own.
 const FORWARDING: u8 = 8;
+/// Bits of [`STATE`]: how the hook told the writer, before its first
+/// stamp ([`Slot::mark`]), that it is stamping events (session/order.rs):
+/// in its buffer's word, or in the shared count. Kept in the flags so that
+/// a guard left by [`leave_held`] or torn down by a fork child's reset
+/// finds (or forgets) its mark.
+const MARK_OWN: u8 = 16;
+const MARK_SHARED: u8 = 32;
+const MARKS: u8 = MARK_OWN | MARK_SHARED;
+/// Bit of [`STATE`]: the thread is the tracer's for good (the writer): it
+/// writes its records itself, and never marks.
+const TRACER: u8 = 64;
 
 /// What [`Guard::enter_as`] found.
 pub enum Entry {
@@ -61,6 +74,25 @@ impl Slot {
         &self.tls().thread
     }
 
+    /// Marks the thread inside its hook as stamping events, unless it is
+    /// already (or is the tracer's, or in no hook): before every stamp of
+    /// an event a hook buffers. Only the hook's stamps hold the writer's
+    /// watermark back, not its whole call (an API call that waits for a
+    /// report must not wait for itself).
+    #[inline(always)]
+    pub fn mark(&self) {
+        let f = &self.tls().flags;
+        let v = f.get();
+        if v & (MARKS | TRACER) == 0 && v & IN_HOOK != 0 {
+            let m = match crate::thread::mark(*self) {
+                Some(Mark::Own) => MARK_OWN,
+                Some(Mark::Shared) => MARK_SHARED,
+                None => 0,
+            };
+            f.set(f.get() | m);
+        }
+    }
+
     fn tls(&self) -> &Tls {
         // SAFETY: this thread's STATE (a Slot is not Send), a thread-local
         // without destructor: it lives as long as the thread.
@@ -100,7 +132,9 @@ impl Guard {
             if v & IN_HOOK != 0 {
                 Entry::Nested { forwarding: v & FORWARDING != 0 }
             } else {
-                g.set(IN_HOOK | (v & NESTED) | if forwarding { FORWARDING } else { 0 });
+                // A mark kept by the previous hook for its waiting events
+                // (see Drop) stands.
+                g.set(IN_HOOK | (v & NESTED) | (v & MARKS) | if forwarding { FORWARDING } else { 0 });
                 Entry::Hook(Guard { slot: Slot(t), waiting: v & NESTED != 0, own: Cell::new((0, 0)) })
             }
         })
@@ -140,7 +174,7 @@ impl Guard {
 
     /// Marks the calling thread (the writer) as the tracer's for good.
     pub fn hold_forever() {
-        STATE.with(|t| t.flags.set(IN_HOOK));
+        STATE.with(|t| t.flags.set(IN_HOOK | TRACER));
     }
 }
 
@@ -151,14 +185,47 @@ impl Drop for Guard {
         let mut v = g.get();
         if v & NESTED == 0 {
             g.set(0);
-        }
-        if v & NESTED != 0 {
+        } else {
             let (alloc, free) = self.own.get();
             crate::recorder::write_nested(alloc, free);
-            v = g.replace(g.get() & NESTED);
+            // Events kept while writing (rare) wait for the next hook,
+            // which writes them: the mark stays until then, since their
+            // stamps are in no buffer yet.
+            let keep = g.get() & NESTED;
+            v = g.replace(if keep != 0 { keep | (g.get() & MARKS) } else { 0 });
+            if keep != 0 {
+                v &= !MARKS;
+            }
+        }
+        // After the hook's last push; before parking, which may last.
+        match v & MARKS {
+            MARK_OWN => crate::thread::unmark(self.slot, Mark::Own),
+            MARK_SHARED => crate::thread::unmark(self.slot, Mark::Shared),
+            _ => {}
         }
         if v & PARK_PENDING != 0 {
             crate::stop::park_here(self.own.get().0);
+        }
+    }
+}
+
+/// Before a wait inside a hook that may last (for a report the hook asked
+/// for): what the hook kept is written, and its mark taken back, so that
+/// the writer's watermark does not wait for the waiting thread (the report
+/// waits for the watermark). A later stamp in the hook marks again.
+pub fn unmark_now() {
+    let slot = Slot::current();
+    let f = &slot.tls().flags;
+    if f.get() & NESTED != 0 {
+        crate::recorder::write_nested(0, 0);
+    }
+    let v = f.get();
+    if v & NESTED == 0 {
+        f.set(v & !MARKS);
+        match v & MARKS {
+            MARK_OWN => crate::thread::unmark(slot, Mark::Own),
+            MARK_SHARED => crate::thread::unmark(slot, Mark::Shared),
+            _ => {}
         }
     }
 }
@@ -183,6 +250,19 @@ pub fn defer_park() -> bool {
             t.flags.set(v | PARK_PENDING);
         }
         v & IN_HOOK != 0
+    })
+}
+
+/// The calling thread's state is torn down inside a hook (thread exit):
+/// `to_shared` moves a mark kept in its buffer's word to the shared count,
+/// where the rest of the hook finds it.
+pub fn mark_to_shared(to_shared: impl FnOnce()) {
+    STATE.with(|t| {
+        let v = t.flags.get();
+        if v & MARK_OWN != 0 {
+            to_shared();
+            t.flags.set(v & !MARK_OWN | MARK_SHARED);
+        }
     })
 }
 

@@ -96,9 +96,17 @@ fn with_bt(bt: Backtrace, slot: Slot, make: impl Event) {
     }
     let errno = sys::errno();
     if let Some(s) = session::get() {
-        thread::push_in(slot, s, s.now(), bt, make);
+        thread::push_in(slot, s, stamp(slot, s), bt, make);
     }
     sys::set_errno(errno);
+}
+
+/// The time of an event the calling hook (its thread's `slot`) buffers
+/// for session `s`, ns: the hook is marked first (session/order.rs).
+#[inline(always)]
+fn stamp(slot: Slot, s: &session::Session) -> u64 {
+    slot.mark();
+    s.now()
 }
 
 /// Records an event without a backtrace, stamped `t` (taken before the real
@@ -107,7 +115,7 @@ fn with_bt(bt: Backtrace, slot: Slot, make: impl Event) {
 fn without_stack(t: Option<u64>, make: impl FnOnce(u64) -> Record) {
     let errno = sys::errno();
     if let Some(s) = session::get() {
-        thread::push(s, t.unwrap_or_else(|| s.now()), None, |t, _| make(t));
+        thread::push(s, t.unwrap_or_else(|| stamp(Slot::current(), s)), None, |t, _| make(t));
     }
     sys::set_errno(errno);
 }
@@ -142,7 +150,7 @@ pub fn alloc(at: Caller, family: Family, addr: *mut libc::c_void, size: usize) -
 /// not collecting: it is not the program's, and its free is recorded).
 fn keep_alloc(addr: u64, size: u64) {
     if let Some(s) = session::get() {
-        nested::keep(nested::Event::Alloc(addr, size, s.now()));
+        nested::keep(nested::Event::Alloc(addr, size, stamp(Slot::current(), s)));
     }
 }
 
@@ -181,7 +189,13 @@ pub fn write_nested(own_alloc: u64, own_free: u64) {
 /// The session time for an event that must be stamped before the real call
 /// (free, munmap, the free half of realloc); 0 when not tracing.
 pub fn now() -> u64 {
-    session::get().map_or(0, |s| s.now())
+    now_in(Slot::current())
+}
+
+/// [`now`] by the hook that found its thread's `slot` on entering.
+#[inline]
+pub fn now_in(slot: Slot) -> u64 {
+    session::get().map_or(0, |s| stamp(slot, s))
 }
 
 /// Records a free whose time `t` was taken with [`now`] before the real

@@ -10,9 +10,10 @@ use rustc_hash::FxHashMap;
 
 use crate::config::{Unwinder, MAX_DEPTH};
 use crate::guard::Slot;
-use crate::session::{BufInner, Session, ThreadBuf, BUF_CAP, FLUSH_AT};
+use crate::session::{self, order, BufInner, Mark, Session, ThreadBuf, BUF_CAP, FLUSH_AT};
 use crate::unwind::Here;
 use crate::{sys, unwind};
+use std::sync::atomic::AtomicU64;
 
 pub struct ThreadState {
     gen: u64,
@@ -26,6 +27,8 @@ pub struct ThreadState {
     /// The fast unwinder, made on this thread's first backtrace.
     #[cfg(target_arch = "x86_64")]
     unwinder: Option<crate::unwind::fast::ThreadUnwinder>,
+    /// Events pushed, counted only for `MTRACE_TEST_ORDER`'s stalls.
+    events: u64,
 }
 
 impl ThreadState {
@@ -69,6 +72,8 @@ extern "C" fn thread_exit(p: *mut libc::c_void) {
     }
     // SAFETY: p is the Box pointer set with pthread_setspecific in state().
     let st = unsafe { Box::from_raw(st) };
+    // The hook this runs in stays marked, without the buffer's word.
+    crate::guard::mark_to_shared(|| crate::session::order::to_shared(&st.buf.since));
     st.buf.exited.store(true, std::sync::atomic::Ordering::Release);
     Slot::current().cell().set(DEAD as *mut ThreadState);
 }
@@ -116,6 +121,7 @@ fn state_in(s: &Session, slot: Slot) -> Option<&'static mut ThreadState> {
         frames: Box::new([0; MAX_DEPTH]),
         #[cfg(target_arch = "x86_64")]
         unwinder: None,
+        events: 0,
     }));
     slot.cell().set(st);
     let k = key();
@@ -125,6 +131,42 @@ fn state_in(s: &Session, slot: Slot) -> Option<&'static mut ThreadState> {
     }
     // SAFETY: just created, owned by this thread.
     Some(unsafe { &mut *st })
+}
+
+/// Marks the thread of `slot` inside a hook (session/order.rs): in its
+/// buffer's word when it has one in the current session, else in the
+/// shared count; `None` while tracing is off (nothing will be stamped).
+#[inline(always)]
+pub fn mark(slot: Slot) -> Option<Mark> {
+    Some(order::enter(since(slot).or_else(|| session::tracing_may_start().then_some(None))?))
+}
+
+/// The buffer word the thread of `slot` marks in: `Some(None)` when it has
+/// none in the current session.
+#[inline(always)]
+fn since(slot: Slot) -> Option<Option<&'static AtomicU64>> {
+    let p = slot.cell().get();
+    if p.is_null() || p as usize == DEAD {
+        return None;
+    }
+    // SAFETY: p is this thread's own Box, alive until thread_exit.
+    let st = unsafe { &*p };
+    (st.gen == session::generation()).then(|| Some(&st.buf.since))
+}
+
+/// Leaves what [`mark`] marked, after the hook's last push.
+#[inline(always)]
+pub fn unmark(slot: Slot, mark: Mark) {
+    match mark {
+        // A word of an older session (a fork or attach in between) is
+        // that session's.
+        Mark::Own => {
+            if let Some(Some(w)) = since(slot) {
+                order::leave(Mark::Own, Some(w));
+            }
+        }
+        Mark::Shared => order::leave(Mark::Shared, None),
+    }
 }
 
 /// Where an event's backtrace comes from.
@@ -230,6 +272,9 @@ pub fn push_in(slot: Slot, s: &Session, now: u64, bt: Backtrace, make: impl Even
         let frames = matches!(bt, Backtrace::From(_)).then_some(&buf[..n]);
         return write_sync(s, sys::gettid(), now, frames, known(bt), make);
     };
+    if s.test.stall_every != 0 {
+        stall(s, st);
+    }
     // Unwind before appending: the writer may be waiting for the append.
     let n = match bt {
         Backtrace::From(at) => Some(st.capture(s, at)),
@@ -261,6 +306,16 @@ pub fn push_in(slot: Slot, s: &Session, now: u64, bt: Backtrace, make: impl Even
         (Some(true), _) => s.throttle(),
         (None, Some(make)) => write_sync(s, st.tid, now, frames, known(bt), make),
         _ => {}
+    }
+}
+
+/// `MTRACE_TEST_ORDER`'s stall: every K-th event of the thread sleeps
+/// between its stamp (taken by the caller) and its push.
+#[cold]
+fn stall(s: &Session, st: &mut ThreadState) {
+    st.events += 1;
+    if st.events.is_multiple_of(s.test.stall_every) {
+        sys::sleep_us(s.test.stall_us);
     }
 }
 

@@ -101,6 +101,15 @@ impl Process {
         }
     }
 
+    /// Whether the interposed functions are hooked by uprobes: the
+    /// stream's records then come a ring at a time (stream.rs).
+    fn set_uprobes(&mut self, uprobes: bool) {
+        self.uprobes = uprobes;
+        if uprobes {
+            self.stream.set_unordered();
+        }
+    }
+
     /// Whether `w`, a return address read from the stack, is the one a
     /// caught return replaced it by: the trampoline breakpoint, or under
     /// uprobes the kernel's `[uprobes]` page (read from /proc/PID/maps
@@ -142,7 +151,7 @@ impl Process {
         target::settle(pid, signals)?;
         let stream = Stream::create(pattern, pid.as_raw() as u32, ppid)?;
         let mut p = Process::new(pid, stream);
-        p.uprobes = uprobes;
+        p.set_uprobes(uprobes);
         p.update_modules(pid, signals)?;
         p.static_exe = p.no_loader();
         let time_ns = p.stream.now();
@@ -162,7 +171,7 @@ impl Process {
     ) -> Result<Process> {
         let stream = Stream::create(pattern, pid.as_raw() as u32, parent_of(pid))?;
         let mut p = Process::new(pid, stream);
-        p.uprobes = uprobes;
+        p.set_uprobes(uprobes);
         let time_ns = p.stream.now();
         p.stream.record(tid.as_raw() as u32, &Record::Marker { time_ns, seq: 0, name: "attach".into() });
         p.update_modules(tid, signals)?;
@@ -174,7 +183,10 @@ impl Process {
     /// breakpoints and scratch pages (its memory is a copy), a stream of
     /// its own that does not know the blocks it inherited.
     pub fn fork(parent: &Process, pid: Pid, pattern: &str) -> Result<Process> {
-        let stream = Stream::create(pattern, pid.as_raw() as u32, parent.pid.as_raw() as u32)?;
+        let mut stream = Stream::create(pattern, pid.as_raw() as u32, parent.pid.as_raw() as u32)?;
+        if parent.uprobes {
+            stream.set_unordered();
+        }
         let mut unwind = Unwind::default();
         for m in &parent.modules {
             unwind.add(m);

@@ -1,6 +1,11 @@
 //! One process's stream, as libmtrace.so writes it (docs/FORMAT.md): the
 //! header, then records in the order the tracer saw the events, a Thread
 //! record whenever the thread changes, compressed a block at a time.
+//! Under breakpoints the tracer sees every event when it happens and
+//! stamps it then: records are in time order, and each block ends with a
+//! watermark past its latest. Under uprobes the samples of different
+//! threads are read a ring at a time: the tracer states the watermarks
+//! ([`Stream::watermark`]).
 
 use std::fs::File;
 use std::io::Write;
@@ -28,6 +33,13 @@ pub struct Stream {
     next_stack: u32,
     /// CLOCK_MONOTONIC at the start, ns: record times count from it.
     start: u64,
+    /// The latest record time, ns.
+    latest: u64,
+    /// Records are written in time order (breakpoints): a flush states a
+    /// watermark past the latest.
+    ordered: bool,
+    /// The latest watermark written, ns.
+    watermarked: u64,
     ended: bool,
 }
 
@@ -81,6 +93,9 @@ impl Stream {
                         stacks: HashMap::default(),
                         next_stack: 1,
                         start,
+                        latest: 0,
+                        ordered: true,
+                        watermarked: 0,
                         ended: false,
                     };
                     return Ok(s);
@@ -139,8 +154,24 @@ impl Stream {
         }
         self.thread(tid);
         self.enc.encode(&mut self.buf, rec);
+        self.latest = self.latest.max(rec.time_ns().unwrap_or(0));
         if self.buf.len() >= BLOCK {
             self.flush();
+        }
+    }
+
+    /// Records are not written in time order (uprobes): watermarks come
+    /// from [`Stream::watermark`] only.
+    pub fn set_unordered(&mut self) {
+        self.ordered = false;
+    }
+
+    /// Every event stamped before `time_ns` is in the stream now.
+    pub fn watermark(&mut self, time_ns: u64) {
+        if !self.ended && time_ns > self.watermarked {
+            self.watermarked = time_ns;
+            // Absolute: it needs no Thread record.
+            self.enc.encode(&mut self.buf, &Record::Watermark { time_ns });
         }
     }
 
@@ -148,6 +179,10 @@ impl Stream {
     pub fn flush(&mut self) {
         if self.buf.is_empty() {
             return;
+        }
+        if self.ordered {
+            // Every event stamped up to the latest is in this block or before.
+            self.watermark(self.latest + (1 << mtrace_format::TIME_SHIFT));
         }
         let block = std::mem::replace(&mut self.buf, Vec::with_capacity(BLOCK + 4096));
         if let Some((to, _)) = &self.writer {

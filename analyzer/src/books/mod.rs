@@ -1,14 +1,16 @@
 //! The books: which blocks are live, what each backtrace allocated, and the
 //! peak. Memory is bounded by live blocks and distinct backtraces.
 //!
-//! Events of different threads reach the stream in the order their buffers
-//! were written, not in time order; [`heap`] restores the order of the
-//! events on each address from the allocator's contract.
+//! Events come in the order they happened (`crate::order` merges the
+//! stream by time); [`ties`] orders those of different threads that are
+//! closer than the clocks' skew by the allocator's contract, and [`heap`]
+//! keeps the blocks by address.
 
 use std::collections::BTreeMap;
 
 mod heap;
 pub mod lifetimes;
+mod ties;
 pub mod wrong;
 
 use mtrace_format::Family;
@@ -62,6 +64,10 @@ pub struct Books {
     /// blocks glibc allocated inside a hook (`Family::Internal`): kept so
     /// that their frees find them, but neither counted nor live for reports.
     heap: heap::Heap,
+    /// Heap events held until the allocator's contract orders them.
+    ties: ties::Ties,
+    /// Double and invalid frees found so far, in the order found.
+    wrong: Vec<WrongFree>,
     /// Mappings by start address; `Block::size` is the length.
     maps: BTreeMap<u64, Block>,
     /// Per canonical backtrace index: totals and what it holds live.
@@ -112,6 +118,8 @@ impl Default for Books {
     fn default() -> Books {
         Books {
             heap: Default::default(),
+            ties: Default::default(),
+            wrong: Vec::new(),
             maps: Default::default(),
             per_stack: Default::default(),
             peak_id: 0,
@@ -237,9 +245,68 @@ impl Books {
         if b.family != Family::Internal {
             self.count_alloc(b.stack, b.size);
         }
-        self.clock = b.time;
-        let c = self.heap.alloc(tid, addr, b);
-        self.apply(c);
+        self.enter(ties::Event::Alloc { tid, addr, block: b });
+    }
+
+    /// Takes heap event `e`; enters it, and those waiting before it, once
+    /// the ties have ordered them.
+    #[inline]
+    fn enter(&mut self, e: ties::Event) {
+        let now = match &e {
+            ties::Event::Alloc { block, .. } => block.time,
+            ties::Event::Free { time, .. } => *time,
+        };
+        self.ties.push(e);
+        self.advance(now);
+    }
+
+    /// The stream has every event stamped before `time` (ns): the ties
+    /// enter those waiting that nothing still to come can precede.
+    pub fn advance(&mut self, time: u64) {
+        while let Some(e) = self.ties.next(Some(time), |a| self.heap.is_live(a)) {
+            self.enter_one(e);
+        }
+    }
+
+    /// Enters every event waiting in the ties: the stream ended (or is
+    /// reported as it is).
+    pub fn settle(&mut self) {
+        while let Some(e) = self.ties.next(None, |a| self.heap.is_live(a)) {
+            self.enter_one(e);
+        }
+    }
+
+    /// Enters heap event `e` into the books.
+    #[inline]
+    fn enter_one(&mut self, e: ties::Event) {
+        match e {
+            ties::Event::Alloc { addr, block, .. } => {
+                self.clock = block.time;
+                let c = self.heap.alloc(addr, block);
+                self.apply(c);
+            }
+            ties::Event::Free { addr, time, d, .. } => {
+                let c = self.heap.free(addr, time, d.stack.unwrap_or(heap::NO_STACK));
+                self.clock = time;
+                // The free of a block glibc allocated inside a hook is not
+                // counted, as its allocation is not. One such block: the
+                // 32-byte entry `__cxa_thread_atexit_impl` makes for
+                // parking_lot's thread-local when a lock in a hook had to
+                // wait (seen with gdb), freed when the thread ends;
+                // counting its free made ctests/threads.c's frees vary with
+                // the timing. Nor is realloc's implied free.
+                let internal = c.ended.as_ref().is_some_and(|b| b.family == Family::Internal);
+                self.frees += u64::from(!internal && !d.realloc);
+                // The common case, a free of the block allocated there by
+                // its own family, is right at once.
+                let right = c.outcome == heap::Outcome::Ended
+                    && c.ended.as_ref().is_some_and(|b| !wrong::mismatched(b.family, d.family));
+                if !right && d.family != Family::Pool {
+                    self.judge(addr, time, d, &c);
+                }
+                self.apply(c);
+            }
+        }
     }
 
     /// The live blocks changed: `c.ended` is gone, `c.born` is live.
@@ -262,37 +329,11 @@ impl Books {
         self.dealloc(tid, addr, time, Dealloc::free());
     }
 
-    /// A deallocation call `d` (free, delete, delete[], a pool's free) of
-    /// `addr` at `time` in thread `tid`.
+    /// A deallocation call `d` (free, delete, delete[], a pool's free, the
+    /// free half of a realloc) of `addr` at `time` in thread `tid`.
     #[inline]
     pub fn dealloc(&mut self, tid: u32, addr: u64, time: u64, d: Dealloc) {
-        // The free of a block glibc allocated inside a hook is not
-        // counted, as its allocation is not. One such block: the 32-byte
-        // entry `__cxa_thread_atexit_impl` makes for parking_lot's
-        // thread-local when a lock in a hook had to wait (seen with gdb),
-        // freed when the thread ends; counting its free made
-        // ctests/threads.c's frees vary with the timing. (A free read
-        // before such a block cannot tell, and counts.)
-        let internal = self.remove(tid, addr, time, d);
-        self.frees += u64::from(!internal);
-    }
-
-    /// Enters the free; returns whether it ended an internal block.
-    #[inline]
-    fn remove(&mut self, tid: u32, addr: u64, time: u64, d: Dealloc) -> bool {
-        self.clock = time;
-        let c = self.heap.free(tid, addr, time, d.stack.unwrap_or(heap::NO_STACK));
-        let internal = c.ended.as_ref().is_some_and(|b| b.family == Family::Internal);
-        // The common case, a free of the block just allocated there by its
-        // own family, is right at once.
-        let right = c.orphans <= 0
-            && c.outcome == heap::Outcome::Ended
-            && c.ended.as_ref().is_some_and(|b| !wrong::mismatched(b.family, d.family));
-        if !right && d.family != Family::Pool {
-            self.judge(addr, time, d, &c);
-        }
-        self.apply(c);
-        internal
+        self.enter(ties::Event::Free { tid, addr, time, d });
     }
 
     /// Finds what is wrong with the free `d` of `addr` that made change `c`.
@@ -300,65 +341,52 @@ impl Books {
     #[inline(never)]
     fn judge(&mut self, addr: u64, time: u64, d: Dealloc, c: &heap::Change) {
         let wrong = |kind, block, first_free| WrongFree { kind, call: d, addr, time, block, first_free };
-        let freed = match c.outcome {
-            heap::Outcome::Ended => c.ended.as_ref(),
-            heap::Outcome::Freed(t) => self.heap.block(addr, t, false),
-            _ => None,
-        };
-        if let Some(b) = freed.filter(|b| wrong::mismatched(b.family, d.family)) {
+        if let Some(b) = c.ended.as_ref().filter(|b| wrong::mismatched(b.family, d.family)) {
             let block = Concerned { addr, block: b.clone(), freed: false };
             self.mismatches.add(wrong(WrongKind::Mismatched, Some(block), None));
         }
-        for _ in 0..c.orphans.max(0) {
-            let freed = |b: &Block| Concerned { addr, block: b.clone(), freed: true };
-            let s = match c.outcome {
-                heap::Outcome::Again { after, first_free }
-                    if self.collecting_since.is_some_and(|since| after >= since) =>
-                {
-                    let first = (first_free != heap::NO_STACK).then_some(first_free);
-                    wrong(WrongKind::DoubleFree, self.heap.block(addr, after, true).map(freed), first)
-                }
-                // Put in another order, the events made another free of the
-                // block unmatched: one of the two frees is wrong.
-                heap::Outcome::Freed(t) if self.collecting_since.is_some() => {
-                    wrong(WrongKind::DoubleFree, self.heap.block(addr, t, false).map(freed), None)
-                }
-                heap::Outcome::Unknown if self.whole => {
-                    let inside = if self.lookups_left > 0 {
-                        self.lookups_left -= 1;
-                        self.heap.containing(addr).map(|(a, b, freed)| Concerned { addr: a, block: b.clone(), freed })
-                    } else {
-                        None
-                    };
-                    wrong(WrongKind::InvalidFree, inside, None)
-                }
-                // A block from before tracing or allocated while not
-                // collecting, or a late chunk's free.
-                _ => continue,
-            };
-            self.heap.suspect(addr, s);
-        }
+        let w = match c.outcome {
+            heap::Outcome::Again { after, first_free } if self.collecting_since.is_some_and(|since| after >= since) => {
+                let first = (first_free != heap::NO_STACK).then_some(first_free);
+                let freed = self.heap.block(addr).map(|b| Concerned { addr, block: b.clone(), freed: true });
+                wrong(WrongKind::DoubleFree, freed, first)
+            }
+            heap::Outcome::Unknown if self.whole => {
+                let inside = if self.lookups_left > 0 {
+                    self.lookups_left -= 1;
+                    self.heap.containing(addr).map(|(a, b, freed)| Concerned { addr: a, block: b.clone(), freed })
+                } else {
+                    None
+                };
+                wrong(WrongKind::InvalidFree, inside, None)
+            }
+            // A block from before tracing or allocated while not
+            // collecting.
+            _ => return,
+        };
+        self.wrong.push(w);
     }
 
     /// A successful realloc in thread `tid`: `old` freed at `free_time`,
     /// `new` allocated (`b.stack`, the realloc's backtrace, is the free's too).
     pub fn realloc(&mut self, tid: u32, old: u64, free_time: u64, new: u64, b: Block) {
-        let d = Dealloc { family: Family::Malloc, stack: Some(b.stack), realloc: true };
-        self.remove(tid, old, free_time, d);
+        self.realloc_free(tid, old, free_time, Some(b.stack));
         self.alloc(tid, new, b);
     }
 
-    /// A realloc of `old` (at `free_time`, from backtrace `stack`) the
-    /// process ended in: glibc aborted on `old`, no live block.
-    pub fn realloc_ended(&mut self, tid: u32, old: u64, free_time: u64, stack: Option<u32>) {
+    /// The free half of a realloc of `old` at `free_time` (from backtrace
+    /// `stack`), entered on its own: its allocation comes later (the merge
+    /// puts each half at its own time), or never (the process ended inside
+    /// the realloc: glibc aborted on `old`, no live block).
+    pub fn realloc_free(&mut self, tid: u32, old: u64, free_time: u64, stack: Option<u32>) {
         let d = Dealloc { family: Family::Malloc, stack, realloc: true };
-        self.remove(tid, old, free_time, d);
+        self.dealloc(tid, old, free_time, d);
     }
 
     /// How many wrong frees were found: (double and invalid, mismatched).
     pub fn wrong_free_counts(&self) -> (u64, u64) {
         let mismatched = self.mismatches.groups().map(|(_, n)| n).sum();
-        (self.heap.suspects().count() as u64, mismatched)
+        (self.wrong.len() as u64, mismatched)
     }
 
     /// The wrong frees found, grouped by kind, call and backtraces (see
@@ -369,7 +397,7 @@ impl Books {
         for (w, n) in self.mismatches.groups() {
             groups.insert(wrong::key(w), (w.clone(), n));
         }
-        for (_, s) in self.heap.suspects() {
+        for s in &self.wrong {
             let g = groups.entry(wrong::key(s)).or_insert_with(|| (s.clone(), 0));
             if s.time < g.0.time {
                 g.0 = s.clone();
@@ -451,7 +479,7 @@ impl Books {
     /// Frees whose block was never seen and that are not wrong frees:
     /// allocated before tracing started (or while it was stopped).
     pub fn unmatched_frees(&self) -> u64 {
-        self.heap.unmatched().saturating_sub(self.heap.suspects().count() as u64)
+        self.heap.unmatched().saturating_sub(self.wrong.len() as u64)
     }
 }
 

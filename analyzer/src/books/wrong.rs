@@ -19,9 +19,8 @@
 //!   block allocated before tracing (attach, `MTRACE_START=off`, a forked
 //!   child's inherited blocks) and only counted.
 //!
-//! A double or invalid free is an unmatched free; a late thread's chunk may
-//! still match it, so the heap keeps it (a [`Suspect`]) until the end and
-//! drops it if that happens. A mismatch is final when its free is entered.
+//! Each is final when its free is entered: the books see the events of an
+//! address in the order they happened (`super::ties`).
 
 use mtrace_format::Family;
 use rustc_hash::FxHashMap as HashMap;
@@ -125,9 +124,6 @@ pub struct WrongFree {
     /// Double free: the backtrace of the free before it, when recorded.
     pub first_free: Option<u32>,
 }
-
-/// A double or invalid free kept by the heap (see the module doc).
-pub type Suspect = WrongFree;
 
 /// What groups wrong frees into one report entry: kind, call, the
 /// allocating backtrace, the freeing one, the first free's.

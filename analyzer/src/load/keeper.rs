@@ -56,20 +56,33 @@ impl<'w> Keeper<'w> {
         t.records += 1;
         let now = &mut self.now;
         match rec {
-            Record::Thread { time_ns, .. } => *now = time_ns,
+            // Handed on ahead of the queued records (crate::order): its
+            // time is not the books' now.
+            Record::Thread { .. } => {}
             Record::Stack { id, frames } => t.stacks.define(id, frames, *now),
             // Not here: `apply` gives them to `alloc` and `free`.
             Record::Alloc { .. } | Record::Free { .. } => return Flow::Go,
             Record::Coverage { time_ns, collecting, whole } => {
+                // Events before it judged as the stream was then.
+                t.books.settle();
                 *now = time_ns;
                 t.books.whole = whole && !t.attached;
                 t.books.collecting_since = collecting.then_some(time_ns);
             }
             Record::Realloc { time_ns, free_time_ns, old, new: 0, stack, .. } => {
-                // The process ended inside this realloc.
+                // The free half (the merge hands a realloc on as its two
+                // halves, crate::order), or the process ended inside it.
                 *now = time_ns;
                 let stack = (stack != 0).then(|| t.stacks.canon(stack));
-                t.books.realloc_ended(tid, old, free_time_ns, stack);
+                t.books.realloc_free(tid, old, free_time_ns, stack);
+            }
+            Record::Realloc { time_ns, old: 0, new, size, stack, .. } => {
+                // The allocation half, counted as its record already was.
+                t.records -= 1;
+                *now = time_ns;
+                let stack = t.stacks.canon(stack);
+                t.books.alloc(tid, new, Block { size, stack, family: Family::Malloc, time: time_ns });
+                t.stats.alloc(tid, new, size, stack);
             }
             Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => {
                 *now = time_ns;
@@ -112,7 +125,11 @@ impl<'w> Keeper<'w> {
             Record::End { time_ns, reason } => {
                 *now = time_ns;
                 t.end = Some(reason);
+                t.books.settle();
             }
+            // After the records it released (crate::order): no event
+            // before it is still to come.
+            Record::Watermark { time_ns } => t.books.advance(time_ns),
             Record::PoolName { id, name } => {
                 t.pools.insert(id, name);
             }
@@ -149,6 +166,8 @@ impl<'w> Keeper<'w> {
                 });
             }
             Record::Marker { time_ns, seq, name } => {
+                // The books of this moment: every event before it entered.
+                t.books.settle();
                 *now = time_ns;
                 let nth = 1 + t.markers.iter().filter(|m| m.name == name).count();
                 let w = self.w;
@@ -200,6 +219,7 @@ impl<'w> Keeper<'w> {
     /// After the last record: drops an on-demand snapshot the window read
     /// past, and fails when a marker of the window was not in the trace.
     pub fn finish(&self, t: &mut Trace) -> Result<()> {
+        t.books.settle();
         // An on-demand scan describes its own moment: a report that reads past
         // it (the program went on) does not classify with it. But the scan
         // `mtrace attach --scan` asks for right before its detach is the

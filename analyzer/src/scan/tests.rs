@@ -10,6 +10,7 @@ fn run(blocks: &[(u64, u64)], regions: Vec<Region>) -> Vec<Kind> {
     for &(a, size) in blocks {
         t.books.alloc(0, a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0 });
     }
+    t.books.settle();
     t.snapshot = Some(regions);
     let mut c = classify(&t, Heuristics::ALL).unwrap();
     c.sort_by_key(|c| c.addr);
@@ -104,6 +105,7 @@ fn a_lost_list_is_one_definite_block_and_the_rest_indirect() {
     for &(a, size) in &blocks {
         t.books.alloc(0, a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0 });
     }
+    t.books.settle();
     t.snapshot = Some(vec![region(HEAP, &words, region_kind::MAPPING)]);
     let c = classify(&t, Heuristics::ALL).unwrap();
     let definite: Vec<u64> = c.iter().filter(|c| c.kind == Kind::Definite).map(|c| c.addr).collect();
@@ -131,6 +133,7 @@ fn heuristics_need_their_exact_layout() {
     for &(a, size) in &blocks {
         t.books.alloc(0, a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0 });
     }
+    t.books.settle();
     t.snapshot = Some(vec![roots, region(HEAP, &heap, region_kind::MAPPING)]);
     let mut c = classify(&t, Heuristics::ALL).unwrap();
     c.sort_by_key(|c| c.addr);

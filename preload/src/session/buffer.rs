@@ -17,7 +17,7 @@
 //! as before.
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use mtrace_format::{Encoder, Record};
 use parking_lot::Mutex;
@@ -64,6 +64,11 @@ impl Handoff {
         Handoff { fast: sys::membarrier_register(), claims: AtomicU32::new(0) }
     }
 
+    /// Whether owners append without the mutex (`membarrier` registered).
+    pub fn is_fast(&self) -> bool {
+        self.fast
+    }
+
     /// Opens a collection: until the returned guard is dropped, no owner
     /// appends without its buffer's mutex, and [`ThreadBuf::take`] waits
     /// for an append already started.
@@ -105,6 +110,9 @@ pub struct ThreadBuf {
     busy: AtomicBool,
     /// Set when the thread has exited: the writer may take `cur` as well.
     pub exited: AtomicBool,
+    /// The epoch the owner copied on entering the hook it is in, 0 when
+    /// it is in none (order.rs).
+    pub since: AtomicU64,
 }
 
 // SAFETY: `inner` is reached only through `own` (the owning thread, alone
@@ -124,6 +132,7 @@ impl ThreadBuf {
             }),
             busy: AtomicBool::new(false),
             exited: AtomicBool::new(false),
+            since: AtomicU64::new(0),
         }
     }
 

@@ -81,7 +81,7 @@ impl Session {
         let mut enc = Encoder::new();
         enc.encode(&mut buf, &Record::Thread { tid: sys::gettid(), time_ns: now });
         enc.encode(&mut buf, &make(now));
-        self.out.write(&buf);
+        self.write_unordered(&buf);
     }
 
     /// Stops tracing for good while the program goes on: calls are no

@@ -11,11 +11,13 @@ use parking_lot::Mutex;
 mod buffer;
 mod control;
 mod end;
+pub mod order;
 mod output;
 mod writer;
 mod zstd;
 
 pub use buffer::{BufInner, Handoff, ThreadBuf};
+pub use order::Mark;
 pub use writer::{start_writer, FileHold};
 
 use crate::clock::Clock;
@@ -82,6 +84,12 @@ pub struct Session {
     threads: Mutex<Vec<Arc<ThreadBuf>>>,
     /// How threads' buffers are taken from them (buffer.rs).
     pub handoff: Handoff,
+    /// The latest watermark written, ns (order.rs).
+    last_watermark: AtomicU64,
+    /// Every record written so far is stamped before this, ns.
+    written_until: AtomicU64,
+    /// Test-only perturbations of the order (`MTRACE_TEST_ORDER`).
+    pub test: config::TestOrder,
     /// Bytes in threads' full buffers (see [`PENDING_MAX`]).
     pending: AtomicUsize,
     /// Set when a wait for the writer timed out: threads no longer wait.
@@ -137,6 +145,19 @@ fn install(s: Option<Session>) {
         }
         None => STATE.store(DISABLED, Ordering::Release),
     }
+}
+
+/// The generation of the newest session (see [`Session::gen`]).
+#[inline(always)]
+pub fn generation() -> u64 {
+    GEN.load(Ordering::Relaxed)
+}
+
+/// False once tracing is off in this process (the trace could not be
+/// created, a forked child not followed, a detach): no event will be
+/// stamped.
+pub fn tracing_may_start() -> bool {
+    STATE.load(Ordering::Relaxed) != DISABLED
 }
 
 /// The session if one exists, without creating it.
@@ -250,6 +271,8 @@ impl Session {
             enc.encode(&mut out, &Record::Coverage { time_ns: 0, collecting, whole });
         }
         out_file.write(&out);
+        let handoff = Handoff::new();
+        order::reset(!handoff.is_fast());
         Some(Session {
             gen: GEN.fetch_add(1, Ordering::Relaxed) + 1,
             pid,
@@ -273,7 +296,10 @@ impl Session {
             zstd: Mutex::new(None),
             zstd_range: [AtomicU64::new(0), AtomicU64::new(0)],
             threads: Mutex::new(Vec::new()),
-            handoff: Handoff::new(),
+            handoff,
+            last_watermark: AtomicU64::new(0),
+            written_until: AtomicU64::new(0),
+            test: cfg.test,
             pending: AtomicUsize::new(0),
             throttle_off: AtomicBool::new(false),
             next_stack: AtomicU32::new(1),
@@ -354,7 +380,7 @@ impl Session {
         if !self.is_finished() {
             self.collect(true);
         }
-        self.out.write(bytes);
+        self.write_unordered(bytes);
     }
 
     /// An incremental report: every thread's buffer is written, then a
@@ -367,7 +393,12 @@ impl Session {
             self.reporter.marked();
         }
         match self.reporter.start(seq, out, name != SCAN_REPORT, wait) {
-            Some(pid) if wait => self.reporter.wait(pid),
+            Some(pid) if wait => {
+                // The report reads up to the marker once a watermark
+                // passes it: this thread must not hold it back meanwhile.
+                crate::guard::unmark_now();
+                self.reporter.wait(pid)
+            }
             Some(_) => true,
             None => false,
         }

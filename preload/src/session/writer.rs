@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use mtrace_format::{Encoder, Record};
 
-use super::{current, Session, ThreadBuf, BUF_CAP, PENDING_MAX, SAMPLE_EVERY, SIGNAL_REPORT, WRITER_POLL_MS};
+use super::{current, order, Session, ThreadBuf, BUF_CAP, PENDING_MAX, SAMPLE_EVERY, SIGNAL_REPORT, WRITER_POLL_MS};
 
 /// While idle, an RSS sample at least every this many sampling rounds (1 s).
 const IDLE_SAMPLE_EVERY: u64 = 100;
@@ -26,14 +26,20 @@ impl Session {
 
     /// Writes every thread's buffered records, the buffer being filled
     /// included, so that no event waits in a quiet thread for long (a crash
-    /// or SIGKILL loses about a poll interval, and the analyzer's books
-    /// restore cross-thread order within a few rounds). The caller holds the
-    /// file lock. Returns the bytes of records written.
+    /// or SIGKILL loses about a poll interval), then, unless `exited_only`
+    /// (only exited threads' buffers), the watermark this collection
+    /// establishes (order.rs). The caller holds the file lock. Returns the
+    /// bytes of records written.
     pub(super) fn collect(&self, exited_only: bool) -> usize {
-        let threads: Vec<Arc<ThreadBuf>> = self.threads.lock().clone();
+        // The steps in order.rs's order: clock, claim, shared count, list,
+        // each thread's word before its buffer.
+        let mut reading = order::Reading::start(self.now());
+        let claim = self.handoff.claim();
+        reading.unmarked();
+        let mut threads: Vec<Arc<ThreadBuf>> = self.threads.lock().clone();
+        self.test.collect.arrange(&mut threads, |t| t.exited.load(Ordering::Acquire));
         let mut batch = Vec::new();
         let (mut counted, mut written) = (0, 0);
-        let claim = self.handoff.claim();
         let mut taken = Vec::with_capacity(threads.len());
         // Threads that had exited before their buffer was emptied: done.
         let mut done = Vec::new();
@@ -42,6 +48,7 @@ impl Session {
             if exited_only && !exited {
                 continue;
             }
+            reading.thread(&t.since);
             let full = t.take(&claim, true, |b| {
                 if !b.cur.is_empty() {
                     let cur = std::mem::replace(&mut b.cur, Vec::with_capacity(BUF_CAP));
@@ -67,10 +74,30 @@ impl Session {
                 written += buf.len();
             }
         }
+        // A watermark while records written may be stamped after the
+        // last one (an idle process gets none): in the block with the
+        // records it covers, one write.
+        if written > 0 {
+            self.written_until.fetch_max(self.now(), Ordering::Relaxed);
+        }
+        let last = self.last_watermark.load(Ordering::Relaxed);
+        if let Some(w) = reading.watermark().filter(|_| !exited_only) {
+            if w > last && last < self.written_until.load(Ordering::Relaxed) {
+                self.last_watermark.store(w, Ordering::Relaxed);
+                Encoder::new().encode(&mut batch, &Record::Watermark { time_ns: w });
+            }
+        }
         self.write_compressed(&batch);
         self.pending.fetch_sub(counted, Ordering::Relaxed);
         self.threads.lock().retain(|t| !done.contains(&Arc::as_ptr(t)));
         written
+    }
+
+    /// Writes records outside a collection (the caller holds the file
+    /// lock): the next collection's watermark covers them.
+    pub(super) fn write_unordered(&self, bytes: &[u8]) {
+        self.written_until.fetch_max(self.now(), Ordering::Relaxed);
+        self.out.write(bytes);
     }
 
     /// Writes whole records as one zstd block (level 1: the writer must keep
@@ -162,7 +189,7 @@ impl Session {
         let mut enc = Encoder::new();
         enc.encode(&mut buf, &Record::Thread { tid: sys::gettid(), time_ns: now });
         enc.encode(&mut buf, &Record::Sample { time_ns: now, rss });
-        self.out.write(&buf);
+        self.write_unordered(&buf);
     }
 
     /// Writes the module list when a library was loaded or unloaded since it
@@ -183,7 +210,7 @@ impl Session {
         let mut enc = Encoder::new();
         enc.encode(&mut out, &Record::Thread { tid: sys::gettid(), time_ns: now });
         enc.encode(&mut out, &Record::Modules { time_ns: now, modules: modules::list() });
-        self.out.write(&out);
+        self.write_unordered(&out);
     }
 }
 
@@ -197,7 +224,7 @@ impl FileHold<'_> {
     /// Writes bytes that are whole records (or the rest of a record begun
     /// by the previous call).
     pub fn write(&self, bytes: &[u8]) {
-        self.s.out.write(bytes);
+        self.s.write_unordered(bytes);
     }
 }
 

@@ -63,6 +63,11 @@ pub struct Options {
     pub hooks: Hooks,
 }
 
+/// Under uprobes, how often the rings are read whole while the program
+/// runs: each time the streams get a watermark (analyzer's memory: the
+/// records in between).
+const WHOLE_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
 struct Tracer {
     opts: Options,
     /// Processes by pid.
@@ -87,6 +92,8 @@ struct Tracer {
     retired: Vec<perf::Event>,
     /// When the rings were last read.
     last_drain: Option<std::time::Instant>,
+    /// When they were last read whole (a watermark could be stated).
+    last_whole: std::time::Instant,
 }
 
 /// Runs `cmd` traced until it ends (and every process it started), or
@@ -175,6 +182,7 @@ impl Tracer {
             lost: 0,
             retired: Vec::new(),
             last_drain: None,
+            last_whole: std::time::Instant::now(),
         }
     }
 
@@ -198,7 +206,10 @@ impl Tracer {
                 return Err(Errno::EINTR);
             }
             self.collect();
-            if self.drain_all(false) == 0 {
+            // Whole every few ms: then a watermark says how far the
+            // stream is complete (samples.rs).
+            let whole = self.last_whole.elapsed() >= WHOLE_EVERY;
+            if self.drain_all(whole) == 0 {
                 self.wait_rings();
             }
         }

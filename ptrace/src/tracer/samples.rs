@@ -18,6 +18,12 @@ use crate::process::Process;
 use crate::stats;
 use crate::uprobes::Hit;
 
+/// How long before a whole reading of the rings a sample may have been
+/// stamped and not be in its ring yet, ns: the kernel writes it in the
+/// probe's handler, right after stamping it (microseconds); a wide margin
+/// costs nothing, the watermark trails the program anyway.
+const WATERMARK_MARGIN: u64 = 1_000_000;
+
 /// Samples of one thread waiting in memory to be handled (copied out of
 /// its ring) above which it is stopped until they were, bytes.
 const THROTTLE_BYTES: usize = 256 << 20;
@@ -124,12 +130,17 @@ impl Tracer {
     /// Handles the samples in every thread's ring, in the order of their
     /// times: the books order the events of one address across threads by
     /// them (docs/FORMAT.md), so one thread's whole ring must not come
-    /// before another's. Every ring is read up to where it was when this
-    /// began, so nothing read later can be older. `all`: also what the
-    /// rings hold that the reader has not copied yet (at a stop). The
-    /// number of samples.
+    /// before another's. `all`: also what the rings hold that the reader
+    /// has not copied yet (at a stop, and every few ms); then every sample
+    /// not handled yet was written to its ring after this began, so each
+    /// stream gets a watermark there ([`WATERMARK_MARGIN`] before, for a
+    /// sample stamped but not written yet). The number of samples.
     pub(super) fn drain_all(&mut self, all: bool) -> usize {
         let now = std::time::Instant::now();
+        if all {
+            self.last_whole = now;
+        }
+        let began: Vec<(Pid, u64)> = self.procs.iter().map(|(&pid, p)| (pid, p.stream.now())).collect();
         if let Some(last) = self.last_drain.replace(now) {
             stats::GAP_NS.fetch_max((now - last).as_nanos() as u64, Ordering::Relaxed);
         }
@@ -174,6 +185,13 @@ impl Tracer {
                     throttle(tid, p.backlog());
                 }
                 checked = std::time::Instant::now();
+            }
+        }
+        if all {
+            for (pid, t) in began {
+                if let Some(p) = self.procs.get_mut(&pid) {
+                    p.stream.watermark(t.saturating_sub(WATERMARK_MARGIN));
+                }
             }
         }
         // Threads stopped for their piled-up samples: handled now, they go on.
