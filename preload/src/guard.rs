@@ -8,8 +8,9 @@
 //! such a thread is parked when it leaves the hook instead.
 
 use std::cell::Cell;
+use std::sync::atomic::AtomicU64;
 
-use crate::session::Mark;
+use crate::session::{self, order, Mark};
 
 /// Bit of [`STATE`]: the thread is inside a hook.
 const IN_HOOK: u8 = 1;
@@ -49,12 +50,23 @@ pub enum Entry {
 struct Tls {
     flags: Cell<u8>,
     thread: Cell<*mut crate::thread::ThreadState>,
+    /// The word of this thread's buffer its hooks mark (session/order.rs),
+    /// and the session it belongs to; null while the thread has none.
+    since: Cell<*const AtomicU64>,
+    since_gen: Cell<u64>,
 }
 
 thread_local! {
     // Const-initialised and without Drop: touching it never allocates or
     // registers a destructor, so it is safe in the very first malloc.
-    static STATE: Tls = const { Tls { flags: Cell::new(0), thread: Cell::new(std::ptr::null_mut()) } };
+    static STATE: Tls = const {
+        Tls {
+            flags: Cell::new(0),
+            thread: Cell::new(std::ptr::null_mut()),
+            since: Cell::new(std::ptr::null()),
+            since_gen: Cell::new(0),
+        }
+    };
 }
 
 /// This thread's pointer to its tracer state (thread.rs), as the hook that
@@ -74,6 +86,13 @@ impl Slot {
         &self.tls().thread
     }
 
+    /// The word of this thread's buffer in session `gen` its hooks mark
+    /// (null: none; thread.rs sets it with the buffer).
+    pub fn set_since(&self, since: *const AtomicU64, gen: u64) {
+        self.tls().since.set(since);
+        self.tls().since_gen.set(gen);
+    }
+
     /// Marks the thread inside its hook as stamping events, unless it is
     /// already (or is the tracer's, or in no hook): before every stamp of
     /// an event a hook buffers. Only the hook's stamps hold the writer's
@@ -81,15 +100,37 @@ impl Slot {
     /// report must not wait for itself).
     #[inline(always)]
     pub fn mark(&self) {
-        let f = &self.tls().flags;
-        let v = f.get();
-        if v & (MARKS | TRACER) == 0 && v & IN_HOOK != 0 {
-            let m = match crate::thread::mark(*self) {
-                Some(Mark::Own) => MARK_OWN,
-                Some(Mark::Shared) => MARK_SHARED,
-                None => 0,
-            };
-            f.set(f.get() | m);
+        let t = self.tls();
+        let v = t.flags.get();
+        if v & (MARKS | TRACER) != 0 || v & IN_HOOK == 0 {
+            return;
+        }
+        let p = t.since.get();
+        let m = if !p.is_null() && t.since_gen.get() == session::generation() {
+            // SAFETY: set by thread.rs to the word of the buffer this
+            // thread's state holds, and cleared before that state goes.
+            order::enter(Some(unsafe { &*p }))
+        } else if session::tracing_may_start() {
+            // No buffer in the current session yet: its first event.
+            order::enter(None)
+        } else {
+            return;
+        };
+        t.flags.set(v | if m == Mark::Own { MARK_OWN } else { MARK_SHARED });
+    }
+
+    /// Takes back the mark `m` of [`Slot::mark`] (the flags cleared by
+    /// the caller).
+    #[inline(always)]
+    fn unmark(&self, m: u8) {
+        let p = self.tls().since.get();
+        match m {
+            // A word of an older session (a fork or an attach in between)
+            // is that session's: clearing it is harmless.
+            // SAFETY: as in `mark`.
+            MARK_OWN if !p.is_null() => order::leave(Mark::Own, Some(unsafe { &*p })),
+            MARK_SHARED => order::leave(Mark::Shared, None),
+            _ => {}
         }
     }
 
@@ -198,10 +239,8 @@ impl Drop for Guard {
             }
         }
         // After the hook's last push; before parking, which may last.
-        match v & MARKS {
-            MARK_OWN => crate::thread::unmark(self.slot, Mark::Own),
-            MARK_SHARED => crate::thread::unmark(self.slot, Mark::Shared),
-            _ => {}
+        if v & MARKS != 0 {
+            self.slot.unmark(v & MARKS);
         }
         if v & PARK_PENDING != 0 {
             crate::stop::park_here(self.own.get().0);
@@ -220,13 +259,9 @@ pub fn unmark_now() {
         crate::recorder::write_nested(0, 0);
     }
     let v = f.get();
-    if v & NESTED == 0 {
+    if v & NESTED == 0 && v & MARKS != 0 {
         f.set(v & !MARKS);
-        match v & MARKS {
-            MARK_OWN => crate::thread::unmark(slot, Mark::Own),
-            MARK_SHARED => crate::thread::unmark(slot, Mark::Shared),
-            _ => {}
-        }
+        slot.unmark(v & MARKS);
     }
 }
 
@@ -254,20 +289,26 @@ pub fn defer_park() -> bool {
 }
 
 /// The calling thread's state is torn down inside a hook (thread exit):
-/// `to_shared` moves a mark kept in its buffer's word to the shared count,
-/// where the rest of the hook finds it.
-pub fn mark_to_shared(to_shared: impl FnOnce()) {
+/// a mark kept in its buffer's word moves to the shared count, where the
+/// rest of the hook finds it, and the thread has no word from now on.
+pub fn mark_to_shared() {
     STATE.with(|t| {
         let v = t.flags.get();
-        if v & MARK_OWN != 0 {
-            to_shared();
+        let p = t.since.replace(std::ptr::null());
+        if v & MARK_OWN != 0 && !p.is_null() {
+            // SAFETY: as in Slot::mark; the state holding its buffer is
+            // still alive here.
+            order::to_shared(unsafe { &*p });
             t.flags.set(v & !MARK_OWN | MARK_SHARED);
         }
     })
 }
 
 /// In a forked child: the only thread left is not inside a hook of the
-/// parent's, and no stop is pending.
+/// parent's, no stop is pending, and its buffer is the parent's.
 pub fn reset_in_child() {
-    STATE.with(|t| t.flags.set(0));
+    STATE.with(|t| {
+        t.flags.set(0);
+        t.since.set(std::ptr::null());
+    });
 }

@@ -96,7 +96,7 @@ fn with_bt(bt: Backtrace, slot: Slot, make: impl Event) {
     }
     let errno = sys::errno();
     if let Some(s) = session::get() {
-        thread::push_in(slot, s, stamp(slot, s), bt, make);
+        thread::push_in(slot, s, None, bt, make);
     }
     sys::set_errno(errno);
 }
@@ -115,7 +115,7 @@ fn stamp(slot: Slot, s: &session::Session) -> u64 {
 fn without_stack(t: Option<u64>, make: impl FnOnce(u64) -> Record) {
     let errno = sys::errno();
     if let Some(s) = session::get() {
-        thread::push(s, t.unwrap_or_else(|| stamp(Slot::current(), s)), None, |t, _| make(t));
+        thread::push(s, t, None, |t, _| make(t));
     }
     sys::set_errno(errno);
 }
@@ -171,16 +171,19 @@ pub fn write_nested(own_alloc: u64, own_free: u64) {
     nested::take(own_alloc, own_free, |e| {
         let Some(s) = s else { return };
         match e {
-            nested::Event::Alloc(addr, size, t) => thread::push(s, t, None, |time_ns, _| Record::Alloc {
+            nested::Event::Alloc(addr, size, t) => thread::push(s, Some(t), None, |time_ns, _| Record::Alloc {
                 time_ns,
                 family: Family::Internal,
                 addr,
                 size,
                 stack: 0,
             }),
-            nested::Event::Free(addr, t) => {
-                thread::push(s, t, None, |time_ns, _| Record::Free { time_ns, family: Family::Malloc, addr, stack: 0 })
-            }
+            nested::Event::Free(addr, t) => thread::push(s, Some(t), None, |time_ns, _| Record::Free {
+                time_ns,
+                family: Family::Malloc,
+                addr,
+                stack: 0,
+            }),
         }
     });
     sys::set_errno(errno);
@@ -189,24 +192,19 @@ pub fn write_nested(own_alloc: u64, own_free: u64) {
 /// The session time for an event that must be stamped before the real call
 /// (free, munmap, the free half of realloc); 0 when not tracing.
 pub fn now() -> u64 {
-    now_in(Slot::current())
+    session::get().map_or(0, |s| stamp(Slot::current(), s))
 }
 
-/// [`now`] by the hook that found its thread's `slot` on entering.
-#[inline]
-pub fn now_in(slot: Slot) -> u64 {
-    session::get().map_or(0, |s| stamp(slot, s))
+/// Records a free before the real free runs (stamped as it is buffered),
+/// with its backtrace from the hook's frame `at` when the session checks
+/// frees (`MTRACE_CHECK_FREES`) and allocations are collected.
+pub fn free(at: Here, slot: Slot, family: Family, addr: *mut libc::c_void) {
+    free_as(Backtrace::From(at), slot, family, addr, None)
 }
 
-/// Records a free whose time `t` was taken with [`now`] before the real
-/// free, with its backtrace from the hook's frame `at` when the session
-/// checks frees (`MTRACE_CHECK_FREES`) and allocations are collected.
-pub fn free(at: Here, slot: Slot, family: Family, addr: *mut libc::c_void, t: u64) {
-    free_as(Backtrace::From(at), slot, family, addr, t)
-}
-
-/// [`free`] with backtrace `bt` (when the session checks frees).
-fn free_as(bt: Backtrace, slot: Slot, family: Family, addr: *mut libc::c_void, t: u64) {
+/// [`free`] with backtrace `bt` (when the session checks frees), stamped
+/// `t` (taken with [`now`] before the real call) or as it is buffered.
+fn free_as(bt: Backtrace, slot: Slot, family: Family, addr: *mut libc::c_void, t: Option<u64>) {
     if addr.is_null() {
         return;
     }
@@ -250,11 +248,11 @@ fn realloc_in_hook(bt: Backtrace, slot: Slot, old: *mut libc::c_void, new: *mut 
     } else if !collecting() {
         // The old block goes; the new one is not recorded.
         if !new.is_null() || size == 0 {
-            free_as(bt, slot, Family::Malloc, old, t0);
+            free_as(bt, slot, Family::Malloc, old, Some(t0));
         }
     } else if new.is_null() {
         if size == 0 {
-            free_as(bt, slot, Family::Malloc, old, t0);
+            free_as(bt, slot, Family::Malloc, old, Some(t0));
         }
     } else {
         with_bt(bt, slot, |time_ns, stack| Record::Realloc {
@@ -326,7 +324,7 @@ fn pool_id(name: &str) -> Option<u32> {
     drop(pools);
     let s = session::get()?;
     let name = name.to_owned();
-    thread::push(s, s.now(), None, move |_, _| Record::PoolName { id, name });
+    thread::push(s, None, None, move |_, _| Record::PoolName { id, name });
     Some(id)
 }
 

@@ -10,10 +10,9 @@ use rustc_hash::FxHashMap;
 
 use crate::config::{Unwinder, MAX_DEPTH};
 use crate::guard::Slot;
-use crate::session::{self, order, BufInner, Mark, Session, ThreadBuf, BUF_CAP, FLUSH_AT};
+use crate::session::{BufInner, Session, ThreadBuf, BUF_CAP, FLUSH_AT};
 use crate::unwind::Here;
 use crate::{sys, unwind};
-use std::sync::atomic::AtomicU64;
 
 pub struct ThreadState {
     gen: u64,
@@ -73,7 +72,7 @@ extern "C" fn thread_exit(p: *mut libc::c_void) {
     // SAFETY: p is the Box pointer set with pthread_setspecific in state().
     let st = unsafe { Box::from_raw(st) };
     // The hook this runs in stays marked, without the buffer's word.
-    crate::guard::mark_to_shared(|| crate::session::order::to_shared(&st.buf.since));
+    crate::guard::mark_to_shared();
     st.buf.exited.store(true, std::sync::atomic::Ordering::Release);
     Slot::current().cell().set(DEAD as *mut ThreadState);
 }
@@ -110,6 +109,7 @@ fn state_in(s: &Session, slot: Slot) -> Option<&'static mut ThreadState> {
             st.tid = sys::gettid();
             st.buf = s.register();
             st.stacks.clear();
+            slot.set_since(&st.buf.since, s.gen);
         }
         return Some(st);
     }
@@ -124,6 +124,9 @@ fn state_in(s: &Session, slot: Slot) -> Option<&'static mut ThreadState> {
         events: 0,
     }));
     slot.cell().set(st);
+    // SAFETY: just created, owned by this thread.
+    let buf: &ThreadBuf = unsafe { &(*st).buf };
+    slot.set_since(&buf.since, s.gen);
     let k = key();
     if k != u32::MAX {
         // SAFETY: k is a live key; st stays valid until thread_exit frees it.
@@ -131,42 +134,6 @@ fn state_in(s: &Session, slot: Slot) -> Option<&'static mut ThreadState> {
     }
     // SAFETY: just created, owned by this thread.
     Some(unsafe { &mut *st })
-}
-
-/// Marks the thread of `slot` inside a hook (session/order.rs): in its
-/// buffer's word when it has one in the current session, else in the
-/// shared count; `None` while tracing is off (nothing will be stamped).
-#[inline(always)]
-pub fn mark(slot: Slot) -> Option<Mark> {
-    Some(order::enter(since(slot).or_else(|| session::tracing_may_start().then_some(None))?))
-}
-
-/// The buffer word the thread of `slot` marks in: `Some(None)` when it has
-/// none in the current session.
-#[inline(always)]
-fn since(slot: Slot) -> Option<Option<&'static AtomicU64>> {
-    let p = slot.cell().get();
-    if p.is_null() || p as usize == DEAD {
-        return None;
-    }
-    // SAFETY: p is this thread's own Box, alive until thread_exit.
-    let st = unsafe { &*p };
-    (st.gen == session::generation()).then(|| Some(&st.buf.since))
-}
-
-/// Leaves what [`mark`] marked, after the hook's last push.
-#[inline(always)]
-pub fn unmark(slot: Slot, mark: Mark) {
-    match mark {
-        // A word of an older session (a fork or attach in between) is
-        // that session's.
-        Mark::Own => {
-            if let Some(Some(w)) = since(slot) {
-                order::leave(Mark::Own, Some(w));
-            }
-        }
-        Mark::Shared => order::leave(Mark::Shared, None),
-    }
 }
 
 /// Where an event's backtrace comes from.
@@ -179,12 +146,13 @@ pub enum Backtrace {
     Known(u32),
 }
 
-/// Appends one event at time `now` (ns since the start) to this thread's
-/// buffer, with this thread's backtrace from the hook's frame `stack_at`
-/// when given; `make` builds the record from the time and the backtrace id.
+/// Appends one event to this thread's buffer, stamped `time` (ns since
+/// the start; `None`: now, read inside the append), with this thread's
+/// backtrace from the hook's frame `stack_at` when given; `make` builds
+/// the record from the time and the backtrace id.
 #[inline(always)]
-pub fn push(s: &Session, now: u64, stack_at: Option<Here>, make: impl FnOnce(u64, u32) -> Record) {
-    push_as(s, now, stack_at.map_or(Backtrace::None, Backtrace::From), make)
+pub fn push(s: &Session, time: Option<u64>, stack_at: Option<Here>, make: impl FnOnce(u64, u32) -> Record) {
+    push_as(s, time, stack_at.map_or(Backtrace::None, Backtrace::From), make)
 }
 
 /// Defines this thread's backtrace from the hook's frame `at` in the
@@ -258,23 +226,30 @@ impl Event for FreeEvent {
 }
 
 /// [`push`] with a backtrace from `bt`.
-pub fn push_as(s: &Session, now: u64, bt: Backtrace, make: impl FnOnce(u64, u32) -> Record) {
-    push_in(Slot::current(), s, now, bt, make)
+pub fn push_as(s: &Session, time: Option<u64>, bt: Backtrace, make: impl FnOnce(u64, u32) -> Record) {
+    push_in(Slot::current(), s, time, bt, make)
 }
 
 /// [`push_as`] of any [`Event`] by a hook that found this thread's `slot`
-/// on entering.
+/// on entering. An event stamped inside the append needs no mark
+/// (session/order.rs): the writer's collection waits for an append under
+/// way, and an append that starts after it stamps later. A `time` taken
+/// before (a free half stamped before the real call) was marked.
 #[inline(always)]
-pub fn push_in(slot: Slot, s: &Session, now: u64, bt: Backtrace, make: impl Event) {
+pub fn push_in(slot: Slot, s: &Session, time: Option<u64>, bt: Backtrace, make: impl Event) {
+    // Written outside the buffer: stamped now, marked first.
+    let stamp = || {
+        time.unwrap_or_else(|| {
+            slot.mark();
+            s.now()
+        })
+    };
     let Some(st) = state_in(s, slot) else {
         let mut buf = [0u64; MAX_DEPTH];
         let n = if matches!(bt, Backtrace::From(_)) { unwind::libgcc::capture(&mut buf, s.depth()) } else { 0 };
         let frames = matches!(bt, Backtrace::From(_)).then_some(&buf[..n]);
-        return write_sync(s, sys::gettid(), now, frames, known(bt), make);
+        return write_sync(s, sys::gettid(), stamp(), frames, known(bt), make);
     };
-    if s.test.stall_every != 0 {
-        stall(s, st);
-    }
     // Unwind before appending: the writer may be waiting for the append.
     let n = match bt {
         Backtrace::From(at) => Some(st.capture(s, at)),
@@ -282,10 +257,16 @@ pub fn push_in(slot: Slot, s: &Session, now: u64, bt: Backtrace, make: impl Even
     };
     let frames = n.map(|n| &st.frames[..n]);
     let mut make = Some(make);
+    let stall_every = s.test.stall_every;
+    let events = &mut st.events;
     // Some(behind): appended; None: the stream has ended, write it now.
     let appended = st.buf.own(&s.handoff, |b| {
         if s.is_finished() {
             return None;
+        }
+        let now = time.unwrap_or_else(|| s.now());
+        if stall_every != 0 {
+            stall(s, events);
         }
         b.begin(st.tid, || now);
         let id = match frames {
@@ -304,17 +285,18 @@ pub fn push_in(slot: Slot, s: &Session, now: u64, bt: Backtrace, make: impl Even
     });
     match (appended, make) {
         (Some(true), _) => s.throttle(),
-        (None, Some(make)) => write_sync(s, st.tid, now, frames, known(bt), make),
+        (None, Some(make)) => write_sync(s, st.tid, stamp(), frames, known(bt), make),
         _ => {}
     }
 }
 
-/// `MTRACE_TEST_ORDER`'s stall: every K-th event of the thread sleeps
-/// between its stamp (taken by the caller) and its push.
+/// `MTRACE_TEST_ORDER`'s stall: every K-th event of the thread (counted
+/// in `events`) sleeps between its stamp and its push, inside the append
+/// (where a preempted thread makes the writer wait).
 #[cold]
-fn stall(s: &Session, st: &mut ThreadState) {
-    st.events += 1;
-    if st.events.is_multiple_of(s.test.stall_every) {
+fn stall(s: &Session, events: &mut u64) {
+    *events += 1;
+    if events.is_multiple_of(s.test.stall_every) {
         sys::sleep_us(s.test.stall_us);
     }
 }

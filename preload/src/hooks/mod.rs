@@ -78,7 +78,7 @@ fn traced_free(family: Family, p: *mut libc::c_void, forwarding: bool, call: imp
                 // Buffered before the real free runs: glibc aborts on the
                 // double and invalid frees it detects, and the report of
                 // that run must still show them.
-                recorder::free(Here::now(), g.slot(), family, p, recorder::now_in(g.slot()));
+                recorder::free(Here::now(), g.slot(), family, p);
             }
             call();
             if forwarding {

@@ -12,32 +12,42 @@
 //! where their stamps are closer than the clocks' skew. This module states
 //! W; the analyzer's `order` module merges by it.
 //!
-//! What holds W back is a thread between its stamp and its push: it is
-//! inside a hook then (the hook stamps, calls, buffers, and leaves). So:
+//! What holds W back is a thread between its stamp and its push. Most
+//! events (allocations, frees, markers) are stamped inside the append,
+//! where `buffer.rs`'s handshake covers them: a collection waits for an
+//! append under way, and an append that starts after the collection's
+//! claim stamps after it. The others are stamped before the real call
+//! and buffered after it (realloc's free half, munmap), or kept while the
+//! hook runs (nested.rs): a thread about to take such a stamp marks itself
+//! first (`guard.rs`, `Slot::mark`), until its hook ends:
 //! - Every collection (under the file lock) reads the clock, T, and makes
 //!   T the new *epoch*.
-//! - A thread entering a hook copies the epoch into its buffer's
+//! - A marking thread copies the epoch into its buffer's
 //!   [`ThreadBuf::since`](super::ThreadBuf) word with a plain store, and
-//!   clears it (release) when it leaves, after its last push. Its stamps in
-//!   the hook are at or after the epoch it copied (minus the skew).
-//! - A hook in a thread whose buffer is not registered yet (its first
-//!   event) or is gone (thread exit) counts itself in [`UNMARKED`] (a
-//!   locked add: rare) instead.
+//!   clears it (release) when its hook ends, after its last push. Its
+//!   stamps are at or after the epoch it copied (minus the skew).
+//! - A thread whose buffer is not registered yet (its first event) or is
+//!   gone (thread exit) counts itself in [`UNMARKED`] (a locked add: rare)
+//!   instead.
 //! - The collection then opens a claim (`membarrier`, `buffer.rs`): every
 //!   store a thread made before it is seen, and every stamp a thread takes
 //!   after it is later than T. It reads [`UNMARKED`], then the list of
 //!   buffers, then every `since` word, and takes every buffer. A thread
-//!   seen outside a hook has pushed all it stamped (the push precedes the
-//!   clearing store), or stamps after T from now on. So W = min(T, every
-//!   `since` seen) − [`SKEW_NS`] holds, and no watermark is written while
-//!   [`UNMARKED`] is not zero.
+//!   seen unmarked has pushed all it stamped outside an append (the push
+//!   precedes the clearing store), or stamps after T from now on. So
+//!   W = min(T, every `since` seen) − [`SKEW_NS`] holds, and no watermark
+//!   is written while [`UNMARKED`] is not zero.
 //! - An idle process still advances W: the writer collects every round.
 //!
-//! A blocked thread with an empty buffer is outside any hook and holds
-//! nothing back; one preempted between its stamp and its push holds W at
-//! its epoch until it runs again. The cost on the hot path: one load of
-//! the epoch (a line the writer changes every 5 ms), two stores to the
-//! thread's own buffer word, no fence where `membarrier` works.
+//! A blocked thread with an empty buffer holds nothing back; one preempted
+//! between a stamp and its push holds W at its epoch until it runs again,
+//! and one preempted inside an append makes the collection wait for it. A
+//! hook that waits for a report it asked for takes its mark back first
+//! (`guard::unmark_now`): the report waits for the watermark. The cost on
+//! the hot path: none for events stamped inside the append; for the
+//! others one load of the epoch (a line the writer changes every 5 ms) and
+//! two stores to the thread's own buffer word, no fence where `membarrier`
+//! works.
 //!
 //! Where `membarrier` cannot be registered, the `since` store is
 //! sequentially consistent (a locked instruction, as every append then
