@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use mtrace_format::{EndReason, Family, Record};
 
 use crate::guard::Slot;
-use crate::thread::{AllocEvent, Backtrace, Event, FreeEvent};
+use crate::thread::{AllocEvent, Backtrace, Event, FreeEvent, When};
 use crate::unwind::Here;
 use crate::{nested, session, sys, thread};
 
@@ -96,7 +96,7 @@ fn with_bt(bt: Backtrace, slot: Slot, make: impl Event) {
     }
     let errno = sys::errno();
     if let Some(s) = session::get() {
-        thread::push_in(slot, s, None, bt, make);
+        thread::push_in(slot, s, When::Early(s.now()), bt, make);
     }
     sys::set_errno(errno);
 }
@@ -115,7 +115,7 @@ fn stamp(slot: Slot, s: &session::Session) -> u64 {
 fn without_stack(t: Option<u64>, make: impl FnOnce(u64) -> Record) {
     let errno = sys::errno();
     if let Some(s) = session::get() {
-        thread::push(s, t, None, |t, _| make(t));
+        thread::push(s, t.map_or_else(|| When::Early(s.now()), When::Marked), None, |t, _| make(t));
     }
     sys::set_errno(errno);
 }
@@ -171,14 +171,14 @@ pub fn write_nested(own_alloc: u64, own_free: u64) {
     nested::take(own_alloc, own_free, |e| {
         let Some(s) = s else { return };
         match e {
-            nested::Event::Alloc(addr, size, t) => thread::push(s, Some(t), None, |time_ns, _| Record::Alloc {
+            nested::Event::Alloc(addr, size, t) => thread::push(s, When::Marked(t), None, |time_ns, _| Record::Alloc {
                 time_ns,
                 family: Family::Internal,
                 addr,
                 size,
                 stack: 0,
             }),
-            nested::Event::Free(addr, t) => thread::push(s, Some(t), None, |time_ns, _| Record::Free {
+            nested::Event::Free(addr, t) => thread::push(s, When::Marked(t), None, |time_ns, _| Record::Free {
                 time_ns,
                 family: Family::Malloc,
                 addr,
@@ -212,7 +212,8 @@ fn free_as(bt: Backtrace, slot: Slot, family: Family, addr: *mut libc::c_void, t
     let Some(s) = session::get() else { return };
     let bt = if s.check_frees && collecting() { bt } else { Backtrace::None };
     let errno = sys::errno();
-    thread::push_in(slot, s, t, bt, FreeEvent { family, addr });
+    let when = t.map_or_else(|| When::Early(s.now()), When::Marked);
+    thread::push_in(slot, s, when, bt, FreeEvent { family, addr });
     sys::set_errno(errno);
 }
 
@@ -324,7 +325,7 @@ fn pool_id(name: &str) -> Option<u32> {
     drop(pools);
     let s = session::get()?;
     let name = name.to_owned();
-    thread::push(s, None, None, move |_, _| Record::PoolName { id, name });
+    thread::push(s, When::Early(s.now()), None, move |_, _| Record::PoolName { id, name });
     Some(id)
 }
 

@@ -10,7 +10,7 @@ use rustc_hash::FxHashMap;
 
 use crate::config::{Unwinder, MAX_DEPTH};
 use crate::guard::Slot;
-use crate::session::{BufInner, Session, ThreadBuf, BUF_CAP, FLUSH_AT};
+use crate::session::{order, BufInner, Session, ThreadBuf, BUF_CAP, FLUSH_AT};
 use crate::unwind::Here;
 use crate::{sys, unwind};
 
@@ -20,17 +20,22 @@ pub struct ThreadState {
     buf: Arc<ThreadBuf>,
     /// Backtrace → id, for the backtraces this thread has defined in the stream.
     stacks: FxHashMap<Box<[u64]>, u32>,
+    unwinding: Unwinding,
+    /// Events pushed, counted only for `MTRACE_TEST_ORDER`'s stalls.
+    events: u64,
+}
+
+/// What a thread unwinds with.
+struct Unwinding {
     /// The backtrace being recorded (a field, not a local: no 2 KiB of
     /// zeroes per event).
     frames: Box<[u64; MAX_DEPTH]>,
     /// The fast unwinder, made on this thread's first backtrace.
     #[cfg(target_arch = "x86_64")]
     unwinder: Option<crate::unwind::fast::ThreadUnwinder>,
-    /// Events pushed, counted only for `MTRACE_TEST_ORDER`'s stalls.
-    events: u64,
 }
 
-impl ThreadState {
+impl Unwinding {
     /// This thread's backtrace from the hook's frame `at` into
     /// `self.frames`, with the session's unwinder; returns how many frames.
     fn capture(&mut self, s: &Session, at: Here) -> usize {
@@ -118,9 +123,11 @@ fn state_in(s: &Session, slot: Slot) -> Option<&'static mut ThreadState> {
         tid: sys::gettid(),
         buf: s.register(),
         stacks: FxHashMap::default(),
-        frames: Box::new([0; MAX_DEPTH]),
-        #[cfg(target_arch = "x86_64")]
-        unwinder: None,
+        unwinding: Unwinding {
+            frames: Box::new([0; MAX_DEPTH]),
+            #[cfg(target_arch = "x86_64")]
+            unwinder: None,
+        },
         events: 0,
     }));
     slot.cell().set(st);
@@ -146,13 +153,24 @@ pub enum Backtrace {
     Known(u32),
 }
 
-/// Appends one event to this thread's buffer, stamped `time` (ns since
-/// the start; `None`: now, read inside the append), with this thread's
-/// backtrace from the hook's frame `stack_at` when given; `make` builds
-/// the record from the time and the backtrace id.
+/// When an event was stamped (ns since the start), as `session/order.rs`
+/// tells them apart.
+#[derive(Clone, Copy)]
+pub enum When {
+    /// Just now, by a hook that did not mark itself: the append stamps it
+    /// again if a collection began since.
+    Early(u64),
+    /// Before the real call, by a hook that marked itself first (a free
+    /// half, a nested event): kept.
+    Marked(u64),
+}
+
+/// Appends one event to this thread's buffer, stamped `when`, with this
+/// thread's backtrace from the hook's frame `stack_at` when given; `make`
+/// builds the record from the time and the backtrace id.
 #[inline(always)]
-pub fn push(s: &Session, time: Option<u64>, stack_at: Option<Here>, make: impl FnOnce(u64, u32) -> Record) {
-    push_as(s, time, stack_at.map_or(Backtrace::None, Backtrace::From), make)
+pub fn push(s: &Session, when: When, stack_at: Option<Here>, make: impl FnOnce(u64, u32) -> Record) {
+    push_as(s, when, stack_at.map_or(Backtrace::None, Backtrace::From), make)
 }
 
 /// Defines this thread's backtrace from the hook's frame `at` in the
@@ -161,13 +179,13 @@ pub fn push(s: &Session, time: Option<u64>, stack_at: Option<Here>, make: impl F
 /// buffer).
 pub fn intern(s: &Session, at: Here) -> u32 {
     let Some(st) = state(s) else { return 0 };
-    let n = st.capture(s, at);
+    let n = st.unwinding.capture(s, at);
     st.buf.own(&s.handoff, |b| {
         if s.is_finished() {
             return 0;
         }
         b.begin(st.tid, || s.now());
-        intern_in(s, &mut st.stacks, b, &st.frames[..n])
+        intern_in(s, &mut st.stacks, b, &st.unwinding.frames[..n])
     })
 }
 
@@ -226,23 +244,22 @@ impl Event for FreeEvent {
 }
 
 /// [`push`] with a backtrace from `bt`.
-pub fn push_as(s: &Session, time: Option<u64>, bt: Backtrace, make: impl FnOnce(u64, u32) -> Record) {
-    push_in(Slot::current(), s, time, bt, make)
+pub fn push_as(s: &Session, when: When, bt: Backtrace, make: impl FnOnce(u64, u32) -> Record) {
+    push_in(Slot::current(), s, when, bt, make)
 }
 
 /// [`push_as`] of any [`Event`] by a hook that found this thread's `slot`
-/// on entering. An event stamped inside the append needs no mark
-/// (session/order.rs): the writer's collection waits for an append under
-/// way, and an append that starts after it stamps later. A `time` taken
-/// before (a free half stamped before the real call) was marked.
+/// on entering, stamped `when`.
 #[inline(always)]
-pub fn push_in(slot: Slot, s: &Session, time: Option<u64>, bt: Backtrace, make: impl Event) {
-    // Written outside the buffer: stamped now, marked first.
-    let stamp = || {
-        time.unwrap_or_else(|| {
+pub fn push_in(slot: Slot, s: &Session, when: When, bt: Backtrace, make: impl Event) {
+    // Written outside the buffer: stamped again, marked first
+    // (session/order.rs), unless marked already.
+    let stamp = || match when {
+        When::Marked(t) => t,
+        When::Early(_) => {
             slot.mark();
             s.now()
-        })
+        }
     };
     let Some(st) = state_in(s, slot) else {
         let mut buf = [0u64; MAX_DEPTH];
@@ -250,24 +267,27 @@ pub fn push_in(slot: Slot, s: &Session, time: Option<u64>, bt: Backtrace, make: 
         let frames = matches!(bt, Backtrace::From(_)).then_some(&buf[..n]);
         return write_sync(s, sys::gettid(), stamp(), frames, known(bt), make);
     };
+    if s.test.stall_every != 0 {
+        stall(s, &mut st.events);
+    }
     // Unwind before appending: the writer may be waiting for the append.
     let n = match bt {
-        Backtrace::From(at) => Some(st.capture(s, at)),
+        Backtrace::From(at) => Some(st.unwinding.capture(s, at)),
         _ => None,
     };
-    let frames = n.map(|n| &st.frames[..n]);
+    let frames = n.map(|n| &st.unwinding.frames[..n]);
     let mut make = Some(make);
-    let stall_every = s.test.stall_every;
-    let events = &mut st.events;
     // Some(behind): appended; None: the stream has ended, write it now.
     let appended = st.buf.own(&s.handoff, |b| {
         if s.is_finished() {
             return None;
         }
-        let now = time.unwrap_or_else(|| s.now());
-        if stall_every != 0 {
-            stall(s, events);
-        }
+        let now = match when {
+            // A collection began since the stamp: it may state a
+            // watermark past it without this event (session/order.rs).
+            When::Early(t) if t < order::epoch() => s.now(),
+            When::Early(t) | When::Marked(t) => t,
+        };
         b.begin(st.tid, || now);
         let id = match frames {
             None => known(bt),
@@ -291,8 +311,7 @@ pub fn push_in(slot: Slot, s: &Session, time: Option<u64>, bt: Backtrace, make: 
 }
 
 /// `MTRACE_TEST_ORDER`'s stall: every K-th event of the thread (counted
-/// in `events`) sleeps between its stamp and its push, inside the append
-/// (where a preempted thread makes the writer wait).
+/// in `events`) sleeps between its stamp and its push.
 #[cold]
 fn stall(s: &Session, events: &mut u64) {
     *events += 1;

@@ -24,7 +24,7 @@ pub unsafe extern "C" fn mtrace_marker(name: *const c_char) {
     let Some(_g) = Guard::enter() else { return };
     let name = text(name).unwrap_or_default();
     if let Some(s) = session::get() {
-        thread::push(s, None, None, |time_ns, _| Record::Marker { time_ns, seq: 0, name });
+        thread::push(s, thread::When::Early(s.now()), None, |time_ns, _| Record::Marker { time_ns, seq: 0, name });
     }
 }
 

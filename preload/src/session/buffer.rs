@@ -146,7 +146,9 @@ impl ThreadBuf {
             // compiler keeps it so here; the collector's membarrier does
             // for the CPU.
             compiler_fence(Ordering::SeqCst);
-            if h.claims.load(Ordering::Relaxed) == 0 {
+            // Acquire: a claim seen makes the collection's epoch seen
+            // (order.rs; a plain load on x86).
+            if h.claims.load(Ordering::Acquire) == 0 {
                 // SAFETY: no collection is under way, and none will touch
                 // the buffer until `busy` is cleared (module comment).
                 let r = f(unsafe { &mut *self.inner.get() });

@@ -13,13 +13,17 @@
 //! W; the analyzer's `order` module merges by it.
 //!
 //! What holds W back is a thread between its stamp and its push. Most
-//! events (allocations, frees, markers) are stamped inside the append,
-//! where `buffer.rs`'s handshake covers them: a collection waits for an
-//! append under way, and an append that starts after the collection's
-//! claim stamps after it. The others are stamped before the real call
-//! and buffered after it (realloc's free half, munmap), or kept while the
-//! hook runs (nested.rs): a thread about to take such a stamp marks itself
-//! first (`guard.rs`, `Slot::mark`), until its hook ends:
+//! events (allocations, frees, markers) are stamped by their hook just
+//! before it unwinds and appends them, without telling anyone: the append
+//! compares the stamp with the *epoch* (below) and stamps again if a
+//! collection began since, which is then the event's time. That is safe
+//! because of `buffer.rs`'s handshake: a collection waits for an append
+//! under way, and an append that starts after the collection's claim sees
+//! its epoch. The other events are stamped before the real call and
+//! buffered after it (realloc's free half, munmap), or kept while the hook
+//! runs (nested.rs), where a later time would misplace them: a thread
+//! about to take such a stamp marks itself first (`guard.rs`,
+//! `Slot::mark`), until its hook ends:
 //! - Every collection (under the file lock) reads the clock, T, and makes
 //!   T the new *epoch*.
 //! - A marking thread copies the epoch into its buffer's
@@ -40,14 +44,14 @@
 //! - An idle process still advances W: the writer collects every round.
 //!
 //! A blocked thread with an empty buffer holds nothing back; one preempted
-//! between a stamp and its push holds W at its epoch until it runs again,
-//! and one preempted inside an append makes the collection wait for it. A
-//! hook that waits for a report it asked for takes its mark back first
-//! (`guard::unmark_now`): the report waits for the watermark. The cost on
-//! the hot path: none for events stamped inside the append; for the
-//! others one load of the epoch (a line the writer changes every 5 ms) and
-//! two stores to the thread's own buffer word, no fence where `membarrier`
-//! works.
+//! after a marked stamp holds W at its epoch until it runs again, one
+//! preempted after an unmarked stamp stamps again, and one preempted inside
+//! an append makes the collection wait for it. A hook that waits for a
+//! report it asked for takes its mark back first (`guard::unmark_now`): the
+//! report waits for the watermark. The cost on the hot path: one load of
+//! the epoch (a line the writer changes every 5 ms) per event; for the
+//! marked stamps two stores to the thread's own buffer word more, no fence
+//! where `membarrier` works.
 //!
 //! Where `membarrier` cannot be registered, the `since` store is
 //! sequentially consistent (a locked instruction, as every append then
@@ -87,6 +91,13 @@ pub fn reset(slow: bool) {
 /// hook state was reset (guard.rs); no other thread's hook is under way.
 pub fn reset_in_child() {
     UNMARKED.store(0, Ordering::Release);
+}
+
+/// The latest collection's clock reading, ns: an append whose stamp is
+/// older re-stamps (see the module).
+#[inline(always)]
+pub fn epoch() -> u64 {
+    EPOCH.load(Ordering::Acquire)
 }
 
 /// How a hook told the writer that it may be stamping events.
