@@ -121,7 +121,8 @@ fn threaded_programs_have_no_wrong_frees() {
         def p():\n    for i in range(5000): q.put({'i': i, 's': str(i) * 3})\n    q.put(None)\n\
         def c():\n    while (x := q.get()) is not None: out.append(json.dumps(x))\n\
         ts = [threading.Thread(target=f) for f in (p, c)]\n[t.start() for t in ts]\n[t.join() for t in ts]\nprint(len(out))";
-    let cases: [(&str, Vec<&str>, &[(&str, &str)]); 3] = [
+    type Env<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(&str, Vec<&str>, Env); 3] = [
         // Blocks of 64 KiB: the two threads compress some each.
         ("xz", vec!["-T2", "-1", "--block-size=65536", "-c", data], &[]),
         ("sort", vec!["--parallel=2", "-S", "1M", data], &[]),
