@@ -259,23 +259,33 @@ const BATCH: usize = 4096;
 fn decode_batches<R: std::io::Read>(mut r: Reader<R>, version: u64, tx: std::sync::mpsc::SyncSender<Vec<Decoded>>) {
     let mut merge = crate::order::Merge::new(version);
     let mut batch = Vec::with_capacity(BATCH);
+    // Full batches go at once, also in the middle of a watermark's
+    // release; `gone`: the receiver is (a report that ended at a marker).
+    let gone = std::cell::Cell::new(false);
+    let mut out = |item: Decoded| {
+        batch.push(item);
+        if batch.len() >= BATCH && !gone.get() {
+            gone.set(tx.send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH))).is_err());
+        }
+    };
     loop {
         match r.next_record() {
-            Ok(Some(rec)) => merge.push(r.tid(), rec, &mut |tid, rec| batch.push(Ok((tid, rec)))),
+            Ok(Some(rec)) => merge.push(r.tid(), rec, &mut |tid, rec| out(Ok((tid, rec)))),
             Ok(None) => break,
             Err(e) => {
-                merge.finish(&mut |tid, rec| batch.push(Ok((tid, rec))));
-                batch.push(Err(e));
-                let _ = tx.send(batch);
-                return;
+                merge.finish(&mut |tid, rec| out(Ok((tid, rec))));
+                out(Err(e));
+                break;
             }
         }
-        if batch.len() >= BATCH && tx.send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH))).is_err() {
+        if gone.get() {
             return;
         }
     }
-    merge.finish(&mut |tid, rec| batch.push(Ok((tid, rec))));
-    let _ = tx.send(batch);
+    merge.finish(&mut |tid, rec| out(Ok((tid, rec))));
+    if !gone.get() {
+        let _ = tx.send(batch);
+    }
 }
 
 /// Reads the trace at `path`. Fails only when the file cannot be opened or

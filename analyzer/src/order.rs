@@ -87,8 +87,14 @@ pub struct Merge {
     latest: u64,
     /// Records queued.
     queued: usize,
-    heads: BinaryHeap<Reverse<(u64, u64, usize)>>,
 }
+
+/// A queue's oldest record: its time (ns), its arrival, the queue.
+type Head = (u64, u64, usize);
+
+/// Up to this many threads with records to hand on, the merge finds the
+/// oldest by a scan rather than a heap.
+const FEW: usize = 8;
 
 impl Merge {
     /// The merge of a stream of format version `version`.
@@ -103,7 +109,6 @@ impl Merge {
             watermarks: version >= WATERMARKS_SINCE,
             latest: 0,
             queued: 0,
-            heads: BinaryHeap::new(),
         }
     }
 
@@ -194,6 +199,11 @@ impl Merge {
         self.queued += 1;
         let queue = &mut self.queues[q];
         let items = &mut queue.items;
+        if queue.defs.is_empty() && items.back().is_none_or(|b| b.time <= time) {
+            // The common case: in order, nothing to put before it.
+            self.seq += 1;
+            return items.push_back(Item { time, seq: self.seq, rec });
+        }
         let mut at = items.len();
         while at > 0 && items[at - 1].time > time {
             at -= 1;
@@ -213,30 +223,48 @@ impl Merge {
             return;
         }
         self.released = w;
-        self.heads.clear();
+        let mut heads: Vec<Head> = Vec::new();
         for (q, queue) in self.queues.iter().enumerate() {
             if let Some(f) = queue.items.front().filter(|f| f.time < w) {
-                self.heads.push(Reverse((f.time, f.seq, q)));
+                heads.push((f.time, f.seq, q));
             }
         }
-        if self.heads.len() == 1 {
-            // One thread: its queue in order, no merging.
-            let q = self.heads.pop().expect("one").0 .2;
-            while self.queues[q].items.front().is_some_and(|f| f.time < w) {
-                let item = self.queues[q].items.pop_front().expect("just seen");
-                self.queued -= 1;
-                out(self.queues[q].tid, item.rec);
+        // The queue with the oldest head hands on its records up to the
+        // next oldest head (most come in runs of one thread's), then gives
+        // way. Few threads: the oldest found by a scan; many: a heap.
+        if heads.len() <= FEW {
+            while let Some(i) = (0..heads.len()).min_by_key(|&i| (heads[i].0, heads[i].1)) {
+                let next = heads.iter().enumerate().filter(|&(j, _)| j != i).map(|(_, h)| (h.0, h.1)).min();
+                match self.drain(heads[i].2, w, next.unwrap_or((w, 0)), out) {
+                    Some(h) => heads[i] = h,
+                    None => {
+                        heads.swap_remove(i);
+                    }
+                }
             }
-        }
-        while let Some(Reverse((_, _, q))) = self.heads.pop() {
-            let item = self.queues[q].items.pop_front().expect("a head");
-            self.queued -= 1;
-            out(self.queues[q].tid, item.rec);
-            if let Some(f) = self.queues[q].items.front().filter(|f| f.time < w) {
-                self.heads.push(Reverse((f.time, f.seq, q)));
+        } else {
+            let mut heap: BinaryHeap<Reverse<Head>> = heads.into_iter().map(Reverse).collect();
+            while let Some(Reverse((_, _, q))) = heap.pop() {
+                let next = heap.peek().map_or((w, 0), |Reverse((t, seq, _))| (*t, *seq));
+                if let Some(h) = self.drain(q, w, next, out) {
+                    heap.push(Reverse(h));
+                }
             }
         }
         self.forget_empty();
+    }
+
+    /// Hands on queue `q`'s records older than both `w` and `next` (time,
+    /// arrival); its new head if it still has one older than `w`.
+    #[inline]
+    fn drain(&mut self, q: usize, w: u64, next: (u64, u64), out: &mut impl FnMut(u32, Record)) -> Option<Head> {
+        let queue = &mut self.queues[q];
+        while queue.items.front().is_some_and(|f| f.time < w && (f.time, f.seq) <= next) {
+            let item = queue.items.pop_front().expect("just seen");
+            self.queued -= 1;
+            out(queue.tid, item.rec);
+        }
+        queue.items.front().filter(|f| f.time < w).map(|f| (f.time, f.seq, q))
     }
 
     /// Threads with nothing queued give their queue back (a program with
