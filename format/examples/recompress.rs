@@ -28,7 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 chunks.push(std::mem::take(&mut cur));
             }
             if !matches!(rec, Record::Thread { .. }) {
-                let time_ns = rec_time(&rec);
+                let time_ns = rec.time_ns().unwrap_or(0);
                 enc.encode(&mut cur, &Record::Thread { tid: r.tid(), time_ns });
             }
             tid = Some(r.tid());
@@ -53,20 +53,4 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
-}
-
-/// The time of a record that has one (0 otherwise).
-fn rec_time(rec: &Record) -> u64 {
-    match *rec {
-        Record::Alloc { time_ns, .. }
-        | Record::Free { time_ns, .. }
-        | Record::Realloc { time_ns, .. }
-        | Record::Mmap { time_ns, .. }
-        | Record::Munmap { time_ns, .. }
-        | Record::Mremap { time_ns, .. }
-        | Record::Marker { time_ns, .. }
-        | Record::Sample { time_ns, .. }
-        | Record::End { time_ns, .. } => time_ns,
-        _ => 0,
-    }
 }
