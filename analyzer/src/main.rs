@@ -62,6 +62,7 @@ Environment (read by libmtrace.so; an invalid value warns once and the default i
   MTRACE_START=on|off         off: record no allocations until mtrace_start() or mtrace()
   MTRACE_SCAN=0|1             1: memory snapshot at exit for the leak scan (`run` sets it unless --no-scan)
   MTRACE_CHECK_FREES=0|1      1: frees record their backtraces too (`run -S`)
+  MTRACE_FREERES=on|off       off: glibc's __libc_freeres() is not called at exit (`run --run-libc-freeres=no`)
   MTRACE_SCAN_SIGNAL=SIG      signal that scans for leaks now and writes a .memlog (default off)
   MTRACE_FOLLOW_FORK=on|off   off: forked children run untraced
   MTRACE_FOLLOW_EXEC=on|off   off: programs this one execs run untraced
@@ -312,11 +313,14 @@ fn main() -> ExitCode {
         }
         Cmd::Manpage { dir } => write_manpages(&dir),
     };
-    match res {
+    let code = match res {
         Ok(code) => code,
         Err(e) => {
             eprintln!("mtrace: {e:#}");
             ExitCode::from(2)
         }
-    }
+    };
+    // Everything written and cleaned up: the program's death is ours.
+    run::die_as_the_program();
+    code
 }

@@ -23,6 +23,12 @@ pub struct ReportOpts {
     /// Show at most this many recorded frames per backtrace (`run` also records only this many).
     #[arg(short = 'd', long = "depth")]
     pub(crate) depth: Option<usize>,
+    /// In text, show at most N frames of a backtrace, 0 for all (valgrind's
+    /// option and default); frames below the program's entry (`main`, a
+    /// thread's start routine) are left out. JSON, HTML and flamegraphs
+    /// have every frame recorded (-d).
+    #[arg(long, value_name = "N", default_value_t = report::text::NUM_CALLERS)]
+    pub(crate) num_callers: usize,
     /// Root folder holding the traced machine's files (for traces made elsewhere).
     #[arg(long)]
     pub(crate) sysroot: Option<PathBuf>,
@@ -116,6 +122,7 @@ impl ReportOpts {
         r.summary.since_marker = self.since_marker.clone();
         r.summary.until_marker = self.until_marker.clone();
         r.text_sections = self.sections;
+        r.text_callers = self.num_callers;
         if self.timeline {
             r.timeline = Some(report::thin(&t.timeline, report::TIMELINE_ROWS));
         }

@@ -9,8 +9,9 @@ use std::process::{Command, ExitCode};
 use anyhow::{bail, Context, Result};
 
 use crate::opts::Hooks;
+use crate::report::text::{plural, thousands};
 use crate::scan::Kind;
-use crate::{load, report::text::thousands, ReportOpts};
+use crate::{load, ReportOpts};
 
 #[derive(clap::Args)]
 pub struct RunArgs {
@@ -32,6 +33,13 @@ pub struct RunArgs {
     /// backtrace (as `mtrace report` of a trace without a scan).
     #[arg(long, conflicts_with_all = ["scan", "error_exitcode"])]
     no_scan: bool,
+    /// Call glibc's `__libc_freeres()` at exit (MTRACE_FREERES; valgrind's
+    /// option of the same name): glibc frees what it keeps for the
+    /// process's lifetime (stdio buffers, the loader's tables, the stacks
+    /// of exited threads and their DTVs), which is then no leak. `no` for
+    /// a program that breaks with it.
+    #[arg(long, value_name = "yes|no", default_value = "yes", value_parser = yes_no, action = clap::ArgAction::Set)]
+    run_libc_freeres: bool,
     /// Record the backtrace of every free too (MTRACE_CHECK_FREES=1), so that
     /// wrong frees (mismatched, double, invalid) show where they were
     /// freed; they are found without it too. Costs a second unwinding per
@@ -233,6 +241,9 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     if a.check_frees {
         cmd.env("MTRACE_CHECK_FREES", "1");
     }
+    if !a.run_libc_freeres {
+        cmd.env("MTRACE_FREERES", "off");
+    }
     let error_kinds = parse_kinds(&a.errors_for_leak_kinds)?;
     let (pid, status) = if a.ptrace {
         match trace_with_ptrace(&a, &dir)? {
@@ -272,9 +283,46 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     }
     Ok(match (status.code(), status.signal()) {
         (Some(c), _) => ExitCode::from(c as u8),
-        (None, Some(sig)) => ExitCode::from(128 + sig as u8),
+        (None, Some(sig)) => {
+            DIE_OF.store(sig, std::sync::atomic::Ordering::Relaxed);
+            ExitCode::from(128 + sig as u8)
+        }
         _ => ExitCode::FAILURE,
     })
+}
+
+/// The signal the program of `mtrace run` died of (0: none), for
+/// [`die_as_the_program`] once the report is written and the temporary
+/// folder removed.
+static DIE_OF: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Where the program of `mtrace run` died of a signal, ends mtrace by the
+/// same signal with its default action, as strace, timeout and valgrind
+/// do: a parent's `waitpid` sees the program's death (WIFSIGNALED), not an
+/// exit status. No core file of mtrace's own (its RLIMIT_CORE set to 0
+/// first). Returns if there is no such signal (or it did not end us: the
+/// caller then exits with 128+N).
+pub fn die_as_the_program() {
+    let sig = DIE_OF.load(std::sync::atomic::Ordering::Relaxed);
+    if sig <= 0 {
+        return;
+    }
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: setrlimit, sigaction, sigprocmask and raise with valid
+    // pointers; nothing else runs in this thread meanwhile.
+    unsafe {
+        let none = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        libc::setrlimit(libc::RLIMIT_CORE, &none);
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(sig, &sa, std::ptr::null_mut());
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(sig);
+    }
 }
 
 /// Writes the report of process `pid`'s trace in `dir` (its last image,
@@ -301,15 +349,15 @@ pub fn report_processes(
     let others: Vec<_> = traces.iter().filter(|(_, _, p)| Some(p) != main.as_ref()).collect();
     if !others.is_empty() && !opts.json {
         writeln!(out, "\nOther processes traced ({}):", others.len())?;
-        for (p, _, path) in &others {
+        for (p, _, path) in others.iter().take(OTHERS_SHOWN) {
             let line = match load::load(path) {
                 Ok(t) => {
                     let (bytes, blocks) = t.books.live_blocks().fold((0, 0), |acc, (_, b)| (acc.0 + b.size, acc.1 + 1));
                     format!(
-                        "pid {p} {}: {} bytes in {} blocks not freed",
+                        "pid {p} {}: {} bytes in {} not freed",
                         t.header.exe,
                         thousands(bytes),
-                        thousands(blocks)
+                        plural(blocks, "block", "blocks")
                     )
                 }
                 Err(e) => format!("pid {p}: {e:#}"),
@@ -317,9 +365,20 @@ pub fn report_processes(
             let kept = if show_paths { format!(" ({})", path.display()) } else { String::new() };
             writeln!(out, "  {line}{kept}")?;
         }
+        if others.len() > OTHERS_SHOWN {
+            let more = others.len() - OTHERS_SHOWN;
+            match show_paths {
+                true => writeln!(out, "  … {more} more, their traces in {}", dir.display())?,
+                false => writeln!(out, "  … {more} more (--keep-traces keeps every trace for mtrace report)")?,
+            }
+        }
     }
     Ok(r)
 }
+
+/// Other processes listed after the report: the rest are counted (python3
+/// started through pyenv's shims is 78 shell processes before it).
+const OTHERS_SHOWN: usize = 10;
 
 /// `--errors-for-leak-kinds`: a comma-separated list of kinds, or `all`.
 fn parse_kinds(s: &str) -> Result<Vec<Kind>> {
@@ -353,4 +412,13 @@ fn traces_in(dir: &Path) -> Result<Vec<(u32, u64, PathBuf)>> {
     }
     v.sort_by_key(|t| t.1);
     Ok(v)
+}
+
+/// `yes` or `no`, as valgrind spells its switches.
+fn yes_no(v: &str) -> Result<bool, String> {
+    match v {
+        "yes" => Ok(true),
+        "no" => Ok(false),
+        _ => Err(format!("{v:?} is neither yes nor no")),
+    }
 }

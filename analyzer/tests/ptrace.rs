@@ -100,7 +100,9 @@ fn counts(r: &Value) -> (u64, u64, u64) {
 fn same_as_preload(name: &str, src: &str, flags: &[&str], args: &[&str]) {
     let dir = scratch(&format!("ptrace-{name}"));
     let prog = build(src, &dir.join(name), flags);
-    let (pre, out1) = run_json(&dir, &[], &prog, args);
+    // glibc's freeres at exit is the preload's alone (the tracer from
+    // outside does not call it yet): compared without it.
+    let (pre, out1) = run_json(&dir, &["--run-libc-freeres=no"], &prog, args);
     for h in hooks() {
         let (pt, out2) = traced(&dir, h, &[], &prog, args);
         assert_eq!(entries(&pt), entries(&pre), "{name} ({h}): the entries");
@@ -249,7 +251,7 @@ fn a_double_free_glibc_aborts_on_is_reported_with_both_backtraces_with(h: &str) 
     let prog = build("wrong_frees.cpp", &dir.join("wrong_frees"), &["-g", "-O0"]);
     let native = Command::new(&prog).arg("double").output().unwrap();
     let (r, out) = traced(&dir, h, &["-S"], &prog, &["double"]);
-    assert_eq!(out.status.code(), Some(134));
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&out.status), Some(6));
     assert_eq!(out.stderr, native.stderr, "the program's error output");
     let e = &r["errors"][0];
     assert_eq!((e["kind"].as_str(), e["count"].as_u64()), (Some("double_free"), Some(1)), "{r}");

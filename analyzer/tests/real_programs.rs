@@ -14,9 +14,12 @@ fn sane(r: &serde_json::Value) {
     assert!(n("peak_bytes") >= n("leaked_bytes") && n("bytes_allocated") >= n("peak_bytes"), "{s}");
     let by_stack: u64 = r["stacks"].as_array().unwrap().iter().map(|e| e["bytes"].as_u64().unwrap()).sum();
     assert_eq!(by_stack, n("leaked_bytes"));
-    // Every backtrace has frames, and some resolve to a function.
-    assert!(r["stacks"].as_array().unwrap().iter().all(|e| !e["frames"].as_array().unwrap().is_empty()));
-    assert!(r["stacks"].as_array().unwrap().iter().any(|e| e["frames"][0]["function"].is_string()));
+    // Every backtrace has frames, and some resolve to a function (in a
+    // stripped program, at least libc's that start it).
+    let stacks = r["stacks"].as_array().unwrap();
+    assert!(stacks.iter().all(|e| !e["frames"].as_array().unwrap().is_empty()));
+    let named = |e: &serde_json::Value| e["frames"].as_array().unwrap().iter().any(|f| f["function"].is_string());
+    assert!(stacks.is_empty() || stacks.iter().any(named), "{stacks:?}");
 }
 
 #[test]

@@ -160,6 +160,19 @@ impl Heap {
     }
 }
 
+/// Waits up to `ms` milliseconds for the tracer's heap to be free; false
+/// if it stays locked (in a fatal signal's handler: the interrupted code
+/// may be the holder, and allocating would never return).
+pub fn free_within(ms: u32) -> bool {
+    for _ in 0..ms {
+        if !HEAP.locked.load(Ordering::Acquire) {
+            return true;
+        }
+        crate::sys::sleep_ms(1);
+    }
+    !HEAP.locked.load(Ordering::Acquire)
+}
+
 static HEAP: Heap =
     Heap { locked: AtomicBool::new(false), heap: UnsafeCell::new(dlmalloc::Dlmalloc::new_with_allocator(Pages)) };
 

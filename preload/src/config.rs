@@ -52,6 +52,9 @@ pub struct Config {
     pub report_dir: Option<String>,
     /// `MTRACE_TEST_ORDER`: test-only perturbations of the order.
     pub test: TestOrder,
+    /// `MTRACE_FREERES=off` (`mtrace run --run-libc-freeres=no`): glibc's
+    /// `__libc_freeres()` is not called at exit.
+    pub freeres: bool,
 }
 
 /// Perturbations of the stream's order for the tests of the analyzer's
@@ -87,7 +90,19 @@ impl CollectOrder {
         match self {
             CollectOrder::Registered => {}
             CollectOrder::Reverse => v.reverse(),
-            CollectOrder::ExitedLast => v.sort_by_key(|t| exited(t)),
+            CollectOrder::ExitedLast => {
+                // The flags read once: a thread may exit meanwhile, and a
+                // key that changes during the sort breaks it (Rust's sort
+                // panics on an inconsistent order).
+                let flags: Vec<bool> = v.iter().map(&exited).collect();
+                let mut i = 0;
+                for k in 0..v.len() {
+                    if !flags[k] {
+                        v[i..=k].rotate_right(1);
+                        i += 1;
+                    }
+                }
+            }
             CollectOrder::Shuffle => {
                 // xorshift, seeded by the clock: a new order every round.
                 let mut x = sys::monotonic_ns() | 1;
@@ -230,6 +245,7 @@ pub fn load() -> Config {
     };
     let follow_fork = on_off(c"MTRACE_FOLLOW_FORK");
     let follow_exec = on_off(c"MTRACE_FOLLOW_EXEC");
+    let freeres = on_off(c"MTRACE_FREERES");
     let test = match var(c"MTRACE_TEST_ORDER") {
         None => TestOrder::default(),
         Some(v) => parse_test_order(&v).unwrap_or_else(|| {
@@ -253,6 +269,7 @@ pub fn load() -> Config {
         follow_exec,
         report_dir,
         test,
+        freeres,
     }
 }
 

@@ -53,6 +53,10 @@ extern "C" fn init() {
     }
     let Some(s) = session::get() else { return };
     session::start_writer();
+    if s.scan {
+        // Looked up now: a fatal signal's scan must not ask the loader.
+        snapshot::own_range(true);
+    }
     signals::install();
     if let Some(sig) = s.report_signal {
         reports::install(sig);
@@ -69,6 +73,14 @@ extern "C" fn init() {
 /// Library destructor: runs in `exit()` after the program's atexit handlers
 /// and static destructors; later events are written synchronously.
 extern "C" fn fini() {
+    // What glibc keeps for the process's lifetime is not the program's
+    // leak: it frees it, outside any hook so that its frees are recorded
+    // (docs/SCAN.md).
+    if let Some(s) = session::current() {
+        if s.freeres && s.pid == sys::getpid() && !s.is_finished() {
+            real::libc_freeres();
+        }
+    }
     let _g = Guard::enter();
     if let Some(s) = session::current() {
         if s.scan && s.pid == sys::getpid() && !s.is_finished() {

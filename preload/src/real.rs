@@ -159,6 +159,40 @@ fn arena_base() -> usize {
 }
 
 static EXIT: NextFn = NextFn::new(c"exit");
+static FREERES: NextFn = NextFn::new(c"__libc_freeres");
+static THREAD_ATEXIT: NextFn = NextFn::new(c"__cxa_thread_atexit_impl");
+
+extern "C" {
+    /// This library's handle (crtbegin's), for `__cxa_thread_atexit_impl`.
+    static __dso_handle: u8;
+}
+
+/// Has `dtor(obj)` called when the calling thread exits, among its TLS
+/// destructors (glibc's `__cxa_thread_atexit_impl`, which C++'s
+/// `thread_local` uses: no pthread key taken from the program). Nothing
+/// where libc has none.
+pub fn thread_atexit(dtor: extern "C" fn(*mut c_void), obj: *mut c_void) {
+    type F = unsafe extern "C" fn(extern "C" fn(*mut c_void), *mut c_void, *const u8) -> i32;
+    // SAFETY: F is __cxa_thread_atexit_impl's signature; __dso_handle is
+    // this library's, which glibc keeps loaded while the destructor waits.
+    if let Some(f) = unsafe { next::<F>(&THREAD_ATEXIT) } {
+        unsafe { f(dtor, obj, std::ptr::addr_of!(__dso_handle)) };
+    }
+}
+
+/// Calls glibc's `__libc_freeres()`, which frees what libc keeps for the
+/// process's lifetime (stdio buffers, NSS and locale data, the loader's
+/// tables, the stacks of exited threads it caches with their DTVs) for
+/// memory debuggers at exit: valgrind calls it (`--run-libc-freeres`), so
+/// does glibc's own `mtrace()`. Nothing where libc has none.
+pub fn libc_freeres() {
+    type F = unsafe extern "C" fn();
+    // SAFETY: F is __libc_freeres's signature; glibc allows the call at
+    // the end of the process, its documented purpose.
+    if let Some(f) = unsafe { next::<F>(&FREERES) } {
+        unsafe { f() }
+    }
+}
 
 /// The address of libc's `exit` (0 when it cannot be found): the leak scan
 /// at exit takes its roots from the frame that called it.

@@ -1,11 +1,14 @@
-//! Fatal signals: the trace is flushed before the process dies, then the
-//! signal takes its default action, so the exit status (and core dump) are
-//! the same as without the tracer. Installed only where the program left
+//! Fatal signals: the trace is flushed (after a leak scan, when the session
+//! scans) before the process dies, then the signal takes its default
+//! action, so the exit status (and core dump) are the same as without the
+//! tracer. Installed only where the program left
 //! the default action; a handler the program installs later replaces ours.
+
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use mtrace_format::EndReason;
 
-use crate::recorder;
+use crate::{recorder, sys};
 
 /// The signals whose default action ends the process that a program meets
 /// in practice: faults, abort, and the ones a user or a pipe sends (Ctrl-C,
@@ -26,13 +29,91 @@ const FATAL: [i32; 10] = [
     libc::SIGPIPE,
 ];
 
-extern "C" fn on_fatal(sig: i32) {
+/// The thread that handles the first fatal signal (0: none yet). Every
+/// other thread that meets one waits for it: the process ends once, after
+/// one flush (with `SA_RESETHAND`, a second thread faulting during the
+/// first one's flush took the default action and ended the process
+/// mid-flush, leaving traces without an end and sometimes without events).
+static HANDLER: AtomicI32 = AtomicI32::new(0);
+
+/// How long a thread waits for another thread's flush and scan before it
+/// ends the process itself (the flush gives up on a lock after ~2 s; the
+/// scan reads memory at GB/s).
+const WAIT_FOR_FLUSH_MS: u32 = 60_000;
+
+/// Makes the calling thread the one that ends the process (the program's
+/// `abort()` calls it before its scan and flush); false if another thread
+/// already is.
+pub fn claim_the_end() -> bool {
+    let me = sys::gettid() as i32;
+    match HANDLER.compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => true,
+        Err(t) => t == me,
+    }
+}
+
+extern "C" fn on_fatal(sig: i32, _: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let me = sys::gettid() as i32;
+    match HANDLER.compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {}
+        // A fault inside this thread's own flush, or the signal of the
+        // program's abort() after its flush: end at once.
+        Err(t) if t == me => die(sig),
+        Err(_) => {
+            for _ in 0..WAIT_FOR_FLUSH_MS {
+                // The flush's scan stops the threads: this one answers
+                // with the registers its own signal interrupted.
+                crate::stop::park_in_signal(ctx);
+                sys::sleep_ms(1);
+            }
+            die(sig)
+        }
+    }
     let _g = crate::guard::Guard::enter();
+    scan(ctx);
     recorder::final_flush(EndReason::Signal(sig as u32), true);
-    // SA_RESETHAND restored the default action; the re-raised signal is
-    // delivered when this handler returns (or at once) and ends the process.
-    // SAFETY: raise is async-signal-safe.
-    unsafe { libc::raise(sig) };
+    die(sig)
+}
+
+/// The leak scan of a process that dies of a signal, as at exit (docs/SCAN.md):
+/// the calling thread's roots are the registers the signal interrupted
+/// and its stack from there. Skipped, with one line, where it could not
+/// end: the tracer's heap stays locked (the signal interrupted the tracer
+/// in it).
+fn scan(ctx: *mut libc::c_void) {
+    let Some(s) = crate::session::current() else { return };
+    if !s.scan || s.pid != sys::getpid() || s.is_finished() || s.writer_tid() == sys::gettid() {
+        return;
+    }
+    if !crate::allocator::free_within(1000) {
+        // Written as it is: sys::warn would allocate from that heap.
+        sys::write_all(2, b"mtrace: no leak scan: the fatal signal interrupted the tracer inside its own heap\n");
+        return;
+    }
+    let (regs, sp) = crate::stop::interrupted(ctx);
+    let live_from = sp.saturating_sub(crate::stop::RED_ZONE);
+    crate::snapshot::take(s, crate::snapshot::By::Interrupted { regs, len: regs.len(), live_from });
+}
+
+/// Ends the process with `sig`'s default action (and its core dump, where
+/// the system makes one), as it would have ended without the tracer.
+fn die(sig: i32) -> ! {
+    // SAFETY: sigaction, sigprocmask and raise are async-signal-safe and
+    // get valid pointers; exit_group does not return.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = libc::SIG_DFL;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(sig, &sa, std::ptr::null_mut());
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(sig);
+        // Not reached: every signal of FATAL ends the process by default.
+        libc::syscall(libc::SYS_exit_group, 128 + sig);
+        std::hint::unreachable_unchecked()
+    }
 }
 
 pub fn install() {
@@ -44,8 +125,10 @@ pub fn install() {
                 continue;
             }
             let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_fatal as extern "C" fn(i32) as usize;
-            sa.sa_flags = libc::SA_RESETHAND | libc::SA_ONSTACK;
+            sa.sa_sigaction = on_fatal as extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) as usize;
+            // No SA_RESETHAND: a second thread's fatal signal must reach
+            // the one flush too (see HANDLER).
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
             libc::sigemptyset(&mut sa.sa_mask);
             libc::sigaction(sig, &sa, std::ptr::null_mut());
         }

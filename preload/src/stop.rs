@@ -10,8 +10,9 @@
 //! malloc's, its buffer's), so it parks when it leaves the hook instead
 //! (guard.rs), with the registers of that point.
 //!
-//! Threads that block the signal, do not answer within a second, or
-//! exceed [`SLOTS`] are "missed": the scan reads their stacks whole.
+//! Threads that block the signal for more than [`BLOCKED_WAIT_US`], do not
+//! answer within a second, or exceed [`SLOTS`] are "missed": the scan
+//! reads their stacks whole.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
@@ -21,11 +22,14 @@ use crate::sys;
 
 /// Threads a stop can hold at once.
 const SLOTS: usize = 1024;
+/// How long a thread that blocked the stop signal when it was sent gets to
+/// take it, µs (the others get a second).
+const BLOCKED_WAIT_US: u32 = 100_000;
 /// Words of registers kept per thread (x86_64: gregs R8 … RIP).
-const REGS: usize = 17;
+pub const REGS: usize = 17;
 /// The x86-64 ABI's red zone: a leaf function's live data below the stack
 /// pointer, which an interrupting signal leaves alone.
-const RED_ZONE: u64 = 128;
+pub const RED_ZONE: u64 = 128;
 
 struct Slot {
     tid: AtomicI32,
@@ -119,12 +123,23 @@ impl Drop for Stopped {
     }
 }
 
-/// Stops every thread of the process except those in `skip`.
-pub fn others(skip: &[i32]) -> Stopped {
-    let one = LOCK.lock();
+/// Stops every thread of the process except those in `skip`. Not
+/// `patient` (a fatal signal's handler): `None` when another stop holds
+/// the threads for 2 s.
+pub fn others(skip: &[i32], patient: bool) -> Option<Stopped> {
+    let one = if patient {
+        LOCK.lock()
+    } else {
+        (0..2000).find_map(|_| {
+            LOCK.try_lock().or_else(|| {
+                sys::sleep_ms(1);
+                None
+            })
+        })?
+    };
     let tids: Vec<i32> = tasks().into_iter().filter(|t| !skip.contains(t)).collect();
     if tids.is_empty() || !install() {
-        return Stopped { slots: Vec::new(), missed: tids, _one: one };
+        return Some(Stopped { slots: Vec::new(), missed: tids, _one: one });
     }
     let sig = stop_signal();
     let epoch = EPOCH.fetch_add(1, Ordering::Relaxed) + 1;
@@ -136,25 +151,33 @@ pub fn others(skip: &[i32]) -> Stopped {
     COUNT.store(n, Ordering::SeqCst);
     ACTIVE.store(epoch, Ordering::SeqCst);
     let mut missed: Vec<i32> = tids[n..].to_vec();
+    // (slot, blocked when sent): a thread that blocks the signal now may
+    // unblock it soon (pthread_create blocks every signal around clone),
+    // and then takes it: it gets BLOCKED_WAIT_US. A signal still pending
+    // after the stop is harmless (the handler sees no stop on).
     let mut waiting = Vec::with_capacity(n);
     for (i, &tid) in tids[..n].iter().enumerate() {
-        if blocks(tid, sig) || !tgkill(tid, sig) {
+        let blocked = blocks(tid, sig);
+        if tgkill(tid, sig) {
+            waiting.push((i, blocked));
+        } else {
             SLOT[i].tid.store(0, Ordering::Relaxed);
             missed.push(tid);
-        } else {
-            waiting.push(i);
         }
     }
-    for _ in 0..10_000 {
-        if waiting.iter().all(|&i| SLOT[i].parked.load(Ordering::Acquire) == epoch) {
+    for round in 0..10_000u32 {
+        let waited_us = round * 100;
+        if waiting.iter().all(|&(i, blocked)| {
+            SLOT[i].parked.load(Ordering::Acquire) == epoch || (blocked && waited_us >= BLOCKED_WAIT_US)
+        }) {
             break;
         }
         sys::sleep_us(100);
     }
     let (slots, late): (Vec<usize>, Vec<usize>) =
-        waiting.into_iter().partition(|&i| SLOT[i].parked.load(Ordering::Acquire) == epoch);
+        waiting.into_iter().map(|(i, _)| i).partition(|&i| SLOT[i].parked.load(Ordering::Acquire) == epoch);
     missed.extend(late.iter().map(|&i| SLOT[i].tid.load(Ordering::Relaxed)));
-    Stopped { slots, missed, _one: one }
+    Some(Stopped { slots, missed, _one: one })
 }
 
 /// The thread ids of this process, from /proc/self/task.
@@ -214,9 +237,21 @@ extern "C" fn on_stop_signal(_: i32, _: *mut libc::siginfo_t, ctx: *mut libc::c_
     sys::set_errno(errno);
 }
 
+/// In a signal handler that will not return to the code it interrupted
+/// (a fatal signal's, waiting for another thread's flush): parks the
+/// calling thread if a stop is on, with the interrupted registers, even
+/// inside a hook (the hook never resumes, so the locks it may hold are no
+/// reason to wait for its end).
+pub fn park_in_signal(ctx: *mut libc::c_void) {
+    if ACTIVE.load(Ordering::Acquire) != 0 {
+        let (regs, sp) = interrupted(ctx);
+        park(&regs, sp.saturating_sub(RED_ZONE));
+    }
+}
+
 /// The interrupted registers in a signal's ucontext, and the stack pointer.
 #[cfg(target_arch = "x86_64")]
-fn interrupted(ctx: *mut libc::c_void) -> ([u64; REGS], u64) {
+pub fn interrupted(ctx: *mut libc::c_void) -> ([u64; REGS], u64) {
     let mut regs = [0u64; REGS];
     // SAFETY: the kernel passes a valid ucontext_t to an SA_SIGINFO handler.
     let g = unsafe { &(*ctx.cast::<libc::ucontext_t>()).uc_mcontext.gregs };
@@ -228,7 +263,7 @@ fn interrupted(ctx: *mut libc::c_void) -> ([u64; REGS], u64) {
 
 /// Elsewhere: no registers; the handler's own frame bounds the stack.
 #[cfg(not(target_arch = "x86_64"))]
-fn interrupted(_: *mut libc::c_void) -> ([u64; REGS], u64) {
+pub fn interrupted(_: *mut libc::c_void) -> ([u64; REGS], u64) {
     let regs = own_registers();
     let mut out = [0u64; REGS];
     out[..regs.len()].copy_from_slice(&regs);

@@ -3,7 +3,6 @@
 //! buffer's mutex is contended only when the writer collects full buffers.
 
 use std::sync::Arc;
-use std::sync::Once;
 
 use mtrace_format::{Encoder, Family, Record};
 use rustc_hash::FxHashMap;
@@ -61,36 +60,41 @@ const DEAD: usize = 1;
 
 // This thread's state pointer lives in the guard's thread-local (guard.rs
 // `Slot`): a hook finds it with the one access it makes to enter. Thread
-// exit is handled by a pthread key.
+// exit is handled by a TLS destructor (`__cxa_thread_atexit_impl`, as C++
+// `thread_local` and Rust's `thread_local!` use on glibc), not a pthread
+// key: the program keeps all PTHREAD_KEYS_MAX (1,024) of its keys.
 
-static KEY_ONCE: Once = Once::new();
-static KEY: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
-
-/// pthread key destructor: runs after the thread's C++ thread_local
-/// destructors, so most of a thread's last frees are already buffered.
+/// TLS destructor of a thread's state: runs after the C++ thread_local
+/// destructors registered after the thread's first event (in reverse
+/// order of registration), before its pthread key destructors, whose
+/// events then go out synchronously.
 extern "C" fn thread_exit(p: *mut libc::c_void) {
     let _g = crate::guard::Guard::enter();
     let st = p as *mut ThreadState;
     if st.is_null() || st as usize == DEAD {
         return;
     }
-    // SAFETY: p is the Box pointer set with pthread_setspecific in state().
+    if Slot::current().cell().get() != st {
+        // Not this thread's current state (a fork child's copy of its
+        // parent's registration): not ours to free.
+        return;
+    }
+    // SAFETY: p is the Box pointer registered by state_in for this thread.
     let st = unsafe { Box::from_raw(st) };
     // The hook this runs in stays marked, without the buffer's word.
     crate::guard::mark_to_shared();
+    crate::snapshot::thread_ended();
     st.buf.exited.store(true, std::sync::atomic::Ordering::Release);
     Slot::current().cell().set(DEAD as *mut ThreadState);
 }
 
-fn key() -> libc::pthread_key_t {
-    KEY_ONCE.call_once(|| {
-        let mut k: libc::pthread_key_t = 0;
-        // SAFETY: k is a valid out-pointer; thread_exit has the right signature.
-        if unsafe { libc::pthread_key_create(&mut k, Some(thread_exit)) } == 0 {
-            KEY.store(k, std::sync::atomic::Ordering::Release);
-        }
-    });
-    KEY.load(std::sync::atomic::Ordering::Acquire)
+/// Registers [`thread_exit`] of `st` for the calling thread's exit; not
+/// for the main thread, whose end is the process's (exit runs the library
+/// destructor instead).
+fn at_thread_exit(st: *mut ThreadState) {
+    if sys::gettid() != sys::getpid() {
+        crate::real::thread_atexit(thread_exit, st.cast());
+    }
 }
 
 /// This thread's state for session `s`, created (or reset after a fork) on
@@ -131,14 +135,11 @@ fn state_in(s: &Session, slot: Slot) -> Option<&'static mut ThreadState> {
         events: 0,
     }));
     slot.cell().set(st);
+    crate::snapshot::thread_began();
     // SAFETY: just created, owned by this thread.
     let buf: &ThreadBuf = unsafe { &(*st).buf };
     slot.set_since(&buf.since, s.gen);
-    let k = key();
-    if k != u32::MAX {
-        // SAFETY: k is a live key; st stays valid until thread_exit frees it.
-        unsafe { libc::pthread_setspecific(k, st.cast()) };
-    }
+    at_thread_exit(st);
     // SAFETY: just created, owned by this thread.
     Some(unsafe { &mut *st })
 }

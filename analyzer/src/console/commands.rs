@@ -204,13 +204,14 @@ impl<'a> Console<'a> {
             })
         })?;
         r.summary.since_marker = since;
+        r.text_callers = self.opts.num_callers;
         if matches!(sort, SortKey::Badfree | SortKey::Mismatched) {
             // These keys order the wrong frees (mtrace-ng's meaning).
             if r.errors.is_empty() {
                 writeln!(out, "No wrong frees.")?;
             }
             r.errors.truncate(n);
-            return Ok(crate::report::errors::write_text(&r.errors, out)?);
+            return Ok(crate::report::errors::write_text(&r.errors, r.text_callers, out)?);
         }
         r.stacks.truncate(n);
         crate::report::text::write_entries_only(&r, out)?;

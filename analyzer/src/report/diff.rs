@@ -175,9 +175,7 @@ pub fn write_text(d: &Diff, limit: usize, w: &mut dyn Write) -> io::Result<()> {
             change(c.peak_bytes, "byte", "bytes"),
             change(c.calls, "allocation call", "allocation calls")
         )?;
-        for (j, f) in c.frames.iter().enumerate() {
-            writeln!(w, "{}", super::text::frame_line(f, j == 0))?;
-        }
+        super::text::frames(&c.frames, super::text::NUM_CALLERS, w)?;
     }
     Ok(())
 }

@@ -107,7 +107,9 @@ fn what(e: &ErrorEntry) -> String {
 }
 
 /// The section "Wrong frees" of the text report (nothing without any).
-pub fn write_text(errors: &[ErrorEntry], w: &mut dyn Write) -> io::Result<()> {
+/// Writes the wrong frees, at most `callers` frames of each backtrace (see
+/// [`super::text::shown`]).
+pub fn write_text(errors: &[ErrorEntry], callers: usize, w: &mut dyn Write) -> io::Result<()> {
     if errors.is_empty() {
         return Ok(());
     }
@@ -119,7 +121,7 @@ pub fn write_text(errors: &[ErrorEntry], w: &mut dyn Write) -> io::Result<()> {
         if e.free_frames.is_empty() {
             writeln!(w, "    (where it was freed: mtrace run -S records the backtraces of frees)")?;
         }
-        frames(&e.free_frames, w)?;
+        frames(&e.free_frames, callers, w)?;
         let Some(b) = &e.block else {
             writeln!(w, "  Address {:#x} is not inside any block the trace knows", e.address)?;
             continue;
@@ -131,12 +133,12 @@ pub fn write_text(errors: &[ErrorEntry], w: &mut dyn Write) -> io::Result<()> {
             if e.first_free_frames.is_empty() && b.offset == 0 {
                 writeln!(w, "    (where: mtrace run -S records the backtraces of frees)")?;
             }
-            frames(&e.first_free_frames, w)?;
+            frames(&e.first_free_frames, callers, w)?;
             writeln!(w, "  Block was alloc'd at")?;
         } else {
             writeln!(w, "  Address {:#x} is {offset} inside a block of size {size} alloc'd", e.address)?;
         }
-        frames(&e.alloc_frames, w)?;
+        frames(&e.alloc_frames, callers, w)?;
     }
     Ok(())
 }

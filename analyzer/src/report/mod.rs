@@ -177,6 +177,10 @@ pub struct Report {
     /// The text shows `sections` (`--sections`; JSON always has them).
     #[serde(skip)]
     pub text_sections: bool,
+    /// The text shows at most this many frames of a backtrace (0: all;
+    /// `--num-callers`); JSON and HTML have every recorded frame.
+    #[serde(skip)]
+    pub text_callers: usize,
     /// The text lists the still reachable blocks and mappings of a scanned
     /// report (`--show-reachable`).
     #[serde(skip)]
@@ -450,6 +454,7 @@ pub fn build_view(
         sections: None,
         intervals: None,
         text_sections: false,
+        text_callers: 0,
         show_reachable,
         suppressed: None,
         scan: kinds.and(crate::scan::info(t)).map(|s| crate::scan::ScanInfo { marking_s: marking, ..s }),

@@ -74,7 +74,7 @@ fn write_timeline(r: &Report, w: &mut dyn Write) -> io::Result<()> {
 /// Writes the text report to `w`.
 pub fn write_text(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     write_summary(r, w)?;
-    super::errors::write_text(&r.errors, w)?;
+    super::errors::write_text(&r.errors, r.text_callers, w)?;
     write_timeline(r, w)?;
     write_entries(r, w)?;
     write_intervals(r, w)?;
@@ -101,15 +101,53 @@ fn write_intervals(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         )?;
         let cells: Vec<String> = g.per_window.iter().map(|p| thousands(p.bytes)).collect();
         writeln!(w, "    bytes per interval: {}", cells.join(" "))?;
-        frames(&g.frames, w)?;
+        frames(&g.frames, r.text_callers, w)?;
     }
     Ok(())
 }
 
-/// Writes backtrace `f` one frame per line, as [`frame_line`] shapes them.
-pub(crate) fn frames(f: &[Frame], w: &mut dyn Write) -> io::Result<()> {
+/// Frames of a backtrace the text shows by default (`--num-callers`):
+/// valgrind's default, so that a report reads like memcheck's; the
+/// allocating call and eleven callers reach the program's own code in the
+/// programs we tried (python3's deepest leaks are interpreter frames).
+pub const NUM_CALLERS: usize = 12;
+
+/// glibc's frames below a program's entry: below `main` (the process's
+/// start) and below a thread's start routine. memcheck hides them too
+/// (`--show-below-main=no`).
+const BELOW_ENTRY: [&str; 7] = [
+    "__libc_start_call_main",
+    "__libc_start_main_impl",
+    "__libc_start_main",
+    "_start",
+    "start_thread",
+    "clone3",
+    "clone",
+];
+
+/// The frames of `f` the text shows: up to the program's entry (`main`, a
+/// thread's start routine: the frames of [`BELOW_ENTRY`] after it are
+/// left out) and at most `callers` of them (0: all); and how many of the
+/// frames up to the entry that leaves out.
+pub fn shown(f: &[Frame], callers: usize) -> (&[Frame], usize) {
+    let entry = f
+        .iter()
+        .skip(1)
+        .position(|fr| fr.function.as_deref().is_some_and(|n| BELOW_ENTRY.contains(&n)))
+        .map_or(f.len(), |i| i + 1);
+    let n = if callers == 0 { entry } else { entry.min(callers) };
+    (&f[..n], entry - n)
+}
+
+/// Writes backtrace `f` one frame per line, as [`frame_line`] shapes them,
+/// the frames [`shown`] keeps, and "… N more frames" where it cut.
+pub(crate) fn frames(f: &[Frame], callers: usize, w: &mut dyn Write) -> io::Result<()> {
+    let (f, more) = shown(f, callers);
     for (j, fr) in f.iter().enumerate() {
         writeln!(w, "{}", frame_line(fr, j == 0))?;
+    }
+    if more > 0 {
+        writeln!(w, "    … {} (--num-callers)", plural(more as u64, "more frame", "more frames"))?;
     }
     Ok(())
 }
@@ -123,7 +161,7 @@ fn write_sections(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     writeln!(w, "\nMost allocation calls:")?;
     for (i, e) in x.most_calls.iter().enumerate() {
         writeln!(w, "#{}: {} ({})", i + 1, plural(e.count, "call", "calls"), plural(e.bytes, "byte", "bytes"))?;
-        frames(&e.frames, w)?;
+        frames(&e.frames, r.text_callers, w)?;
     }
     writeln!(
         w,
@@ -133,12 +171,12 @@ fn write_sections(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     )?;
     for (i, e) in x.temporary.iter().enumerate() {
         writeln!(w, "#{}: {}", i + 1, plural(e.count, "temporary allocation", "temporary allocations"))?;
-        frames(&e.frames, w)?;
+        frames(&e.frames, r.text_callers, w)?;
     }
     writeln!(w, "\nPeak memory consumers (at {}):", secs(r.summary.peak_time_ns))?;
     for (i, e) in x.peak_consumers.iter().enumerate() {
         writeln!(w, "#{}: {} in {}", i + 1, plural(e.bytes, "byte", "bytes"), plural(e.count, "block", "blocks"))?;
-        frames(&e.frames, w)?;
+        frames(&e.frames, r.text_callers, w)?;
     }
     write_older_than(r, w)?;
     writeln!(w, "\nAllocation sizes:")?;
@@ -159,7 +197,7 @@ fn write_older_than(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     writeln!(w, "\nStill live, allocated long before the end (--older-than):")?;
     for (i, e) in old.iter().enumerate() {
         writeln!(w, "#{}: {} in {}", i + 1, plural(e.bytes, "byte", "bytes"), plural(e.count, "block", "blocks"))?;
-        frames(&e.frames, w)?;
+        frames(&e.frames, r.text_callers, w)?;
     }
     Ok(())
 }
@@ -285,7 +323,11 @@ fn write_leak_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     let Some(k) = &r.kinds else { return Ok(()) };
     match &r.scan {
         Some(s) => {
-            let when = if s.at_exit { "at exit".to_owned() } else { format!("at {:.3} s", s.time_s) };
+            let when = match (s.at_exit, r.summary.ended_by.as_deref()) {
+                (true, Some(end)) if end != "exit" => format!("at the end ({end})"),
+                (true, _) => "at exit".to_owned(),
+                _ => format!("at {:.3} s", s.time_s),
+            };
             let threads = plural(s.threads_stopped, "thread", "threads");
             let read = plural(s.bytes, "byte", "bytes");
             writeln!(w, "\nLeak summary (memcheck's kinds, from the scan {when}; {threads} stopped, {read} read):")?;
@@ -350,7 +392,7 @@ fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
                 e.family,
                 plural(e.total_allocations, "allocation", "allocations")
             )?;
-            frames(&e.frames, w)?;
+            frames(&e.frames, r.text_callers, w)?;
             continue;
         }
         writeln!(
@@ -367,9 +409,7 @@ fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
             let (b, n) = (plural(l.bytes, "byte", "bytes"), plural(l.blocks, "block", "blocks"));
             writeln!(w, "    of which lost at the last scan: {b} in {n}")?;
         }
-        for (j, f) in e.frames.iter().enumerate() {
-            writeln!(w, "{}", frame_line(f, j == 0))?;
-        }
+        frames(&e.frames, r.text_callers, w)?;
     }
     Ok(())
 }

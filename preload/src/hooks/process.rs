@@ -23,8 +23,12 @@ static FEXECVE: NextFn = NextFn::new(c"fexecve");
 static DLCLOSE: NextFn = NextFn::new(c"dlclose");
 
 fn flush(reason: EndReason) {
-    let _g = Guard::enter();
-    recorder::final_flush(reason, false);
+    match Guard::enter() {
+        Some(_g) => recorder::final_flush(reason, false),
+        // Inside a hook: the tracer's own code may hold the locks the
+        // flush takes (an abort in it): it waits for none for long.
+        None => recorder::final_flush(reason, true),
+    }
 }
 
 fn real_exit(status: i32) -> ! {
@@ -54,7 +58,21 @@ pub extern "C" fn _Exit(status: i32) -> ! {
 
 #[no_mangle]
 pub extern "C" fn abort() -> ! {
-    flush(EndReason::Abort);
+    // The program's own call (glibc's calls, an assert's among them, are
+    // internal and end in the fatal-signal handler, which scans too). A
+    // thread that meets a fatal signal meanwhile waits for this one; if
+    // another thread is already ending the process, its SIGABRT waits.
+    if crate::signals::claim_the_end() {
+        if let Some(_g) = Guard::enter() {
+            if let Some(s) = session::current() {
+                if s.scan && s.pid == sys::getpid() && !s.is_finished() {
+                    let by = crate::snapshot::By::program_calling(abort as extern "C" fn() -> ! as usize);
+                    crate::snapshot::take(s, by);
+                }
+            }
+        }
+        flush(EndReason::Abort);
+    }
     type F = unsafe extern "C" fn() -> !;
     // SAFETY: F is abort's signature.
     match unsafe { next::<F>(&ABORT) } {

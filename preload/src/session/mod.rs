@@ -60,6 +60,8 @@ pub struct Session {
     pub scan: bool,
     /// Frees record their backtraces (`MTRACE_CHECK_FREES`).
     pub check_frees: bool,
+    /// glibc frees what it keeps at exit (`MTRACE_FREERES`).
+    pub freeres: bool,
     /// Kernel thread id of the writer thread (0 until it runs): it is the
     /// tracer's, never stopped or scanned.
     pub writer_tid: AtomicU32,
@@ -285,6 +287,7 @@ impl Session {
             scan_signal: cfg.scan_signal.filter(|_| !out_file.is_socket()),
             scan: cfg.scan,
             check_frees: cfg.check_frees,
+            freeres: cfg.freeres,
             writer_tid: AtomicU32::new(0),
             writer_started: AtomicBool::new(false),
             writer_stack: [AtomicU64::new(0), AtomicU64::new(0)],

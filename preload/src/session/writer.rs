@@ -17,11 +17,13 @@ use crate::{modules, sys};
 impl Session {
     /// Holds the trace file for one writer of many pieces in a row (the
     /// leak scan's snapshot), after writing everything the threads
-    /// buffered so far.
-    pub fn hold_file(&self) -> FileHold<'_> {
-        let g = self.file.lock();
-        self.collect(false);
-        FileHold { s: self, _g: g }
+    /// buffered so far. Not `patient` (a fatal signal's handler): `None`
+    /// when the file stays locked for ~2 s, and a buffer whose owner was
+    /// interrupted in an append is left as it is (see [`super::end::lock`]).
+    pub fn hold_file(&self, patient: bool) -> Option<FileHold<'_>> {
+        let g = super::end::lock(&self.file, !patient)?;
+        self.collect_with(false, patient);
+        Some(FileHold { s: self, _g: g })
     }
 
     /// Writes every thread's buffered records, the buffer being filled
@@ -31,12 +33,19 @@ impl Session {
     /// establishes (order.rs). The caller holds the file lock. Returns the
     /// bytes of records written.
     pub(super) fn collect(&self, exited_only: bool) -> usize {
+        self.collect_with(exited_only, true)
+    }
+
+    /// [`Session::collect`]; not `patient` in a fatal signal's handler.
+    fn collect_with(&self, exited_only: bool, patient: bool) -> usize {
         // The steps in order.rs's order: clock, claim, shared count, list,
         // each thread's word before its buffer.
         let mut reading = order::Reading::start(self.now());
         let claim = self.handoff.claim();
         reading.unmarked();
-        let mut threads: Vec<Arc<ThreadBuf>> = self.threads.lock().clone();
+        let Some(list) = super::end::lock(&self.threads, !patient) else { return 0 };
+        let mut threads: Vec<Arc<ThreadBuf>> = list.clone();
+        drop(list);
         self.test.collect.arrange(&mut threads, |t| t.exited.load(Ordering::Acquire));
         let mut batch = Vec::new();
         let (mut counted, mut written) = (0, 0);
@@ -49,7 +58,7 @@ impl Session {
                 continue;
             }
             reading.thread(&t.since);
-            let full = t.take(&claim, true, |b| {
+            let full = t.take(&claim, patient, |b| {
                 if !b.cur.is_empty() {
                     let cur = std::mem::replace(&mut b.cur, Vec::with_capacity(BUF_CAP));
                     b.full.push(cur);
@@ -57,7 +66,7 @@ impl Session {
                 counted += std::mem::take(&mut b.full_bytes);
                 std::mem::take(&mut b.full)
             });
-            if exited {
+            if exited && full.is_some() {
                 done.push(Arc::as_ptr(t));
             }
             taken.push(full.unwrap_or_default());
@@ -89,7 +98,9 @@ impl Session {
         }
         self.write_compressed(&batch);
         self.pending.fetch_sub(counted, Ordering::Relaxed);
-        self.threads.lock().retain(|t| !done.contains(&Arc::as_ptr(t)));
+        if let Some(mut list) = super::end::lock(&self.threads, !patient) {
+            list.retain(|t| !done.contains(&Arc::as_ptr(t)));
+        }
         written
     }
 

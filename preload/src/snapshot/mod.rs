@@ -15,7 +15,7 @@
 //! mappings only the words that can matter to the scan are written
 //! (filter.rs).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use mtrace_format::region_kind;
 
@@ -53,6 +53,49 @@ fn relro(maps: &[(u64, u64, bool, String)]) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// The stacks of the program's threads that have ended, [low, high):
+/// glibc keeps an exited thread's stack mapped for the next thread (its
+/// cache) or until it is joined, with stale pointers in its dead frames
+/// that would hide the blocks they point to (memcheck never scans a dead
+/// thread's stack). From the mapping's start up to the thread's descriptor
+/// (`struct pthread`, at the top of the mapping on x86_64 and aarch64:
+/// glibc's own pointers, to the thread's DTV among them, stay roots). Set
+/// by thread.rs for the threads that made an event; a stack a new thread
+/// uses again leaves.
+static DEAD_STACKS: parking_lot::Mutex<Vec<(u64, u64)>> = parking_lot::Mutex::new(Vec::new());
+
+/// The calling thread ends: its stack is no root from now on (but for a
+/// thread that takes it over).
+pub fn thread_ended() {
+    if sys::gettid() == sys::getpid() {
+        // The main thread's stack ends with the process.
+        return;
+    }
+    // SAFETY: pthread_self has no preconditions.
+    let descriptor = unsafe { libc::pthread_self() } as u64;
+    if let Some((lo, hi)) = sys::own_stack().filter(|&(lo, hi)| lo < descriptor && descriptor <= hi) {
+        let _ = hi;
+        let mut dead = DEAD_STACKS.lock();
+        if !dead.contains(&(lo, descriptor)) {
+            dead.push((lo, descriptor));
+        }
+    }
+}
+
+/// The calling thread began (its first event): a dead stack it runs on
+/// is live again.
+pub fn thread_began() {
+    let sp = stack_address();
+    DEAD_STACKS.lock().retain(|&(lo, hi)| !(lo <= sp && sp < hi));
+}
+
+/// An address on the calling thread's stack.
+#[inline(never)]
+fn stack_address() -> u64 {
+    let here = std::hint::black_box(0u8);
+    std::hint::black_box(&here as *const u8 as u64)
+}
+
 /// Who takes the snapshot.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum By {
@@ -62,6 +105,11 @@ pub enum By {
     Program([u64; 7]),
     /// The writer thread (on demand): the tracer's own, not a root.
     Writer,
+    /// A thread of the program in a fatal signal's handler: the registers
+    /// the signal interrupted (`stop::interrupted`), and its stack is live
+    /// from `live_from` up. Every lock is taken with a deadline (the
+    /// thread may have been interrupted holding one of the tracer's).
+    Interrupted { regs: [u64; crate::stop::REGS], len: usize, live_from: u64 },
 }
 
 impl By {
@@ -73,6 +121,24 @@ impl By {
     pub fn program_calling(func: usize) -> By {
         By::Program(crate::unwind::program_frame::caller_of(func).unwrap_or_else(crate::stop::own_registers))
     }
+}
+
+/// This library's address range, found once: [`take`] leaves its data
+/// out of the roots.
+static OWN: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// This library's address range; not `patient` (a fatal signal's
+/// handler, which may have interrupted the loader holding its lock), only
+/// if it was found before (lib.rs's constructor looks it up).
+pub fn own_range(patient: bool) -> Option<(u64, u64)> {
+    let (lo, hi) = (OWN[0].load(Ordering::Acquire), OWN[1].load(Ordering::Acquire));
+    if hi > 0 || !patient {
+        return (hi > 0).then_some((lo, hi));
+    }
+    let (lo, hi) = crate::modules::range_of(own_range as fn(bool) -> Option<(u64, u64)> as usize)?;
+    OWN[0].store(lo as u64, Ordering::Release);
+    OWN[1].store(hi as u64, Ordering::Release);
+    Some((lo as u64, hi as u64))
 }
 
 /// `[lo, hi)` minus each of `out` (ranges that may overlap it or not).
@@ -96,28 +162,38 @@ fn subtract(lo: u64, hi: u64, out: &[(u64, u64)]) -> Vec<(u64, u64)> {
 /// Stops the program's other threads, then writes the snapshot and a
 /// ScanEnd into the trace; returns the ScanEnd's time, ns.
 pub fn take(s: &Session, by: By) -> u64 {
+    let patient = !matches!(by, By::Interrupted { .. });
     // Before stopping anybody: a stopped thread may hold the loader's lock.
-    let own = crate::modules::range_of(take as fn(&Session, By) -> u64 as usize).map(|(a, b)| (a as u64, b as u64));
+    let own = own_range(patient);
     let me = sys::gettid();
     let writer = s.writer_tid();
     let writer_stack = (s.writer_stack[0].load(Ordering::Relaxed), s.writer_stack[1].load(Ordering::Relaxed));
-    let stopped = crate::stop::others(&[me as i32, writer as i32]);
+    let Some(stopped) = crate::stop::others(&[me as i32, writer as i32], patient) else {
+        sys::warn("another leak scan held the program's threads for 2 s; no scan");
+        return s.now();
+    };
     let now = s.now();
     let Some(mut scratch) = Scratch::new(me, now) else {
         sys::warn("no memory for the leak scan's snapshot; no scan");
         return now;
     };
-    let file = s.hold_file();
+    let Some(file) = s.hold_file(patient) else {
+        sys::warn("the trace stayed locked for 2 s; no leak scan");
+        return now;
+    };
     // Registers: the stopped threads', the calling thread's if it is the
     // program's; threads not stopped get an empty (unknown) set.
-    let own_regs = match by {
-        By::Program(r) => Some(r),
-        By::Writer => None,
-    };
     let mut stacks: Vec<u64> = Vec::new();
-    if let Some(r) = &own_regs {
-        scratch.registers(&file, me, r);
-        stacks.push(r[r.len() - 1]);
+    match &by {
+        By::Program(r) => {
+            scratch.registers(&file, me, r);
+            stacks.push(r[r.len() - 1]);
+        }
+        By::Interrupted { regs, len, live_from } => {
+            scratch.registers(&file, me, &regs[..*len]);
+            stacks.push(*live_from);
+        }
+        By::Writer => {}
     }
     for p in stopped.parked() {
         scratch.registers(&file, p.tid as u32, p.regs());
@@ -127,10 +203,14 @@ pub fn take(s: &Session, by: By) -> u64 {
         scratch.registers(&file, tid as u32, &[]);
     }
     // The tracer's own memory: this library, its heap, the writer's stack
-    // and compression context, the scratch.
+    // and compression context, the scratch. And the stacks of threads that
+    // ended (no live thread's stack pointer in them).
     let mut tracer = vec![writer_stack, s.zstd_range(), scratch.range()];
     tracer.extend(own);
     tracer.extend(crate::allocator::range());
+    let me_sp = stack_address();
+    let dead = DEAD_STACKS.lock().clone();
+    tracer.extend(dead.into_iter().filter(|&(lo, hi)| !stacks.iter().chain([&me_sp]).any(|&sp| lo <= sp && sp < hi)));
     let maps = readable_mappings();
     if cfg!(target_pointer_width = "64") {
         let spans: Vec<(u64, u64, bool)> = maps.iter().map(|m| (m.0, m.1, m.2)).collect();
