@@ -185,6 +185,33 @@ impl Heap {
     }
 }
 
+/// glibc's smallest threshold for serving a block by a mapping of its own
+/// (DEFAULT_MMAP_THRESHOLD_MIN, malloc/malloc.c), bytes.
+const MMAP_THRESHOLD_MIN: u64 = 128 * 1024;
+const PAGE: u64 = 4096;
+
+/// The mmap'd chunks of the heap blocks overlapping `[lo, hi)`, if every
+/// one of them is such a block: at least [`MMAP_THRESHOLD_MIN`] bytes, 16
+/// bytes into a page (the chunk's header fills the mapping's first 16
+/// bytes, malloc/malloc.c's sysmalloc_mmap). `None` when a block is not
+/// one (the mapping is an arena, all malloc's) or no block overlaps. The
+/// first block of the brk heap can look like one; then the rest of that
+/// heap is read as a root, which can hide a leak, never make one.
+fn mmapped_chunks_only(heap: &Heap, lo: u64, hi: u64) -> Option<Vec<(u64, u64)>> {
+    let blocks = heap.blocks.iter().skip_while(|b| b.0 + b.1.max(1) <= lo).take_while(|b| b.0 < hi);
+    let mut chunks = Vec::new();
+    for &(start, size) in blocks {
+        if size < MMAP_THRESHOLD_MIN - 16 || start % PAGE != 16 {
+            return None;
+        }
+        // The chunk: 16-byte aligned size with its 8-byte size field,
+        // rounded up to pages.
+        let len = ((size + 8 + 15) & !15) + 8;
+        chunks.push((start - 16, (start - 16 + len).next_multiple_of(PAGE)));
+    }
+    (!chunks.is_empty()).then_some(chunks)
+}
+
 /// Where glibc's malloc puts the header of the chunk after the block at
 /// `start` of `size` bytes (64-bit: 16-byte chunk alignment, 8-byte size
 /// field, 32-byte minimum chunk; glibc's malloc/malloc.c). When the size
@@ -294,6 +321,23 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Vec<Classified>> {
             }
             mem.words(at, hi, |w| reach(w, true, &mut state, &mut work));
         } else {
+            // A mapping whose only blocks are large ones malloc mapped on
+            // their own (mmap'd chunks) is malloc's only there: the rest is
+            // memory the kernel merged with them, the loader's among it
+            // (its early pages: the link maps of the libraries loaded at
+            // start, the main thread's static TLS), a root. python3 with a
+            // 128 KiB block beside those pages had every dlopen'd module's
+            // link map possibly lost in 1 run of 20.
+            if let Some(chunks) = mmapped_chunks_only(&heap, lo, hi) {
+                let mut at = lo;
+                for (clo, chi) in chunks {
+                    mem.words(at, clo, |w| reach(w, true, &mut state, &mut work));
+                    at = at.max(chi);
+                }
+                mem.words(at, hi, |w| reach(w, true, &mut state, &mut work));
+                i = j;
+                continue;
+            }
             // The program's own mmaps are roots even where the kernel merged
             // them into one mapping with malloc's (an anonymous mapping next
             // to a large block's): python's object arenas beside a big

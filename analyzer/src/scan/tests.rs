@@ -153,3 +153,25 @@ fn heuristics_need_their_exact_layout() {
     let c = classify(&t, Heuristics::NONE).unwrap();
     assert!(c.iter().all(|c| c.kind == Possible && c.via.is_none()));
 }
+
+#[test]
+fn memory_merged_with_mmapped_chunks_is_a_root() {
+    // One mapping: the loader's page (a pointer to block S, in the arena
+    // elsewhere) and then a 128 KiB block malloc mapped on its own, which
+    // the kernel merged into one mapping. The loader's page is a root.
+    const MAP: u64 = 0x100_0000;
+    let big = (MAP + 0x1000 + 16, 128 * 1024);
+    let small = (HEAP, 32);
+    let mut words = vec![0u64; (0x1000 + 0x21000) / 8];
+    words[0] = small.0;
+    let kinds = run(&[small, big], vec![region(MAP, &words, region_kind::MAPPING)]);
+    assert_eq!(kinds, vec![Kind::Reachable, Kind::Definite]);
+    // With a small block in the same mapping it is an arena, all malloc's:
+    // the word is a stale one, not a root.
+    let arena_block = (MAP + 0x800, 32);
+    let kinds = run(&[small, arena_block, big], vec![region(MAP, &words, region_kind::MAPPING)]);
+    assert_eq!(kinds, vec![Kind::Definite, Kind::Definite, Kind::Definite]);
+    // A large block that is not 16 bytes into a page is an arena's too.
+    let kinds = run(&[small, (big.0 + 16, big.1)], vec![region(MAP, &words, region_kind::MAPPING)]);
+    assert_eq!(kinds, vec![Kind::Definite, Kind::Definite]);
+}
