@@ -11,15 +11,7 @@ use std::process::Command;
 /// memcheck's blocks of each kind for `prog args`: definitely,
 /// indirectly, possibly lost, still reachable.
 fn memcheck_blocks(dir: &std::path::Path, prog: &std::path::Path, args: &[&str]) -> [u64; 4] {
-    let out = Command::new("valgrind").current_dir(dir).arg("--leak-check=full").arg(prog).args(args).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stderr);
-    ["definitely lost", "indirectly lost", "possibly lost", "still reachable"].map(|what| {
-        text.lines().find(|l| l.contains(&format!("{what}:"))).map_or(0, |l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            let i = w.iter().position(|x| *x == "bytes").unwrap();
-            w[i + 2].replace(',', "").parse().unwrap()
-        })
-    })
+    memcheck(dir, &[], prog, args).map(|(_, blocks)| blocks)
 }
 
 fn kinds(r: &serde_json::Value) -> [(u64, u64); 4] {

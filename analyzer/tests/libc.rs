@@ -7,25 +7,10 @@ mod common;
 use common::*;
 use std::process::Command;
 
-/// memcheck's (bytes, blocks) of each kind for `prog args`: definitely,
-/// indirectly, possibly lost.
-fn memcheck(dir: &std::path::Path, prog: &std::path::Path, args: &[&str]) -> [(u64, u64); 3] {
-    let out = Command::new("valgrind")
-        .current_dir(dir)
-        .args(["--leak-check=full"])
-        .arg(prog)
-        .args(args)
-        .output()
-        .expect("valgrind");
-    let text = String::from_utf8_lossy(&out.stderr);
-    let num = |s: &str| s.replace(',', "").parse::<u64>().unwrap();
-    ["definitely lost", "indirectly lost", "possibly lost"].map(|what| {
-        text.lines().find(|l| l.contains(&format!("{what}:"))).map_or((0, 0), |l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            let i = w.iter().position(|x| *x == "bytes").unwrap();
-            (num(w[i - 1]), num(w[i + 2]))
-        })
-    })
+/// memcheck's (bytes, blocks) definitely, indirectly, possibly lost.
+fn memcheck3(dir: &std::path::Path, prog: &std::path::Path, args: &[&str]) -> [(u64, u64); 3] {
+    let [d, i, p, _] = memcheck(dir, &[], prog, args);
+    [d, i, p]
 }
 
 /// mtrace's (bytes, blocks) of the same kinds.
@@ -47,7 +32,7 @@ fn blocks_lost_through_threads_that_ended_are_found() {
         ("tsd", "tsd", (1337, 1)),
         ("none", "", (0, 0)),
     ] {
-        let theirs = memcheck(&dir, &prog, &[mode]);
+        let theirs = memcheck3(&dir, &prog, &[mode]);
         assert_eq!(theirs, [want, (0, 0), (0, 0)], "{mode}: valgrind");
         for run in 0..runs {
             let (r, _) = run_json(&dir, &["--scan"], &prog, &[mode]);
@@ -132,4 +117,43 @@ fn the_program_keeps_all_its_pthread_keys() {
         (Some(3), Some(3), Some(0)),
         "{s}"
     );
+}
+
+#[test]
+fn glibc_frees_after_every_librarys_destructor() {
+    // A library the program links has a destructor that runs after the
+    // program's (and after libmtrace.so's own): it reads the environment,
+    // prints and frees. freeres runs after it, as under valgrind.
+    let dir = scratch("libc-exit-order");
+    let src = ctests_dir().join("exit_order.c");
+    let lib = dir.join("libexit_order.so");
+    let cc = |args: &[&std::ffi::OsStr]| {
+        let st = Command::new("cc").args(["-g", "-O0"]).args(args).status().unwrap();
+        assert!(st.success());
+    };
+    cc(&["-DLIB".as_ref(), "-shared".as_ref(), "-fPIC".as_ref(), "-o".as_ref(), lib.as_os_str(), src.as_os_str()]);
+    let prog = dir.join("exit_order");
+    let rpath = format!("-Wl,-rpath,{}", dir.display());
+    let libdir = format!("-L{}", dir.display());
+    cc(&["-o".as_ref(), prog.as_os_str(), src.as_os_str(), libdir.as_ref(), "-lexit_order".as_ref(), rpath.as_ref()]);
+    let native = Command::new(&prog).env("EXIT_ORDER", "set").output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&native.stdout), "main returns\nlibrary destructor: EXIT_ORDER=set\n");
+    let (r, out) = run_json_env(&dir, &[("EXIT_ORDER", "set")], &["--scan"], &prog, &[]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&native.stdout));
+    // The destructor's free is in the books, before the end.
+    assert_eq!(r["summary"]["leaked_blocks"], 0, "{}", r["summary"]);
+    assert_eq!(kinds(&r), [(0, 0); 3], "{}", r["kinds"]);
+}
+
+#[test]
+fn a_cxx_program_keeps_only_libstdcxxs_exception_pool() {
+    // glibc's blocks are freed; libstdc++'s emergency exception pool stays
+    // (72,704 bytes, still reachable: its __freeres is not called, see
+    // preload/src/real.rs). The lost blocks are memcheck's.
+    let dir = scratch("libc-cxx");
+    let prog = build("cxx.cpp", &dir.join("cxx"), &["-g", "-O0"]);
+    let (r, _) = run_json(&dir, &["--scan"], &prog, &[]);
+    assert_eq!(r["kinds"]["reachable"]["bytes"], 72_704, "{}", r["kinds"]);
+    assert_eq!(r["kinds"]["reachable"]["blocks"], 1, "{}", r["kinds"]);
+    assert_eq!(kinds(&r), memcheck3(&dir, &prog, &[]), "{}", r["kinds"]);
 }

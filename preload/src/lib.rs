@@ -68,14 +68,35 @@ extern "C" fn init() {
         sys::drop_from_preload("libmtrace.so");
     }
     fork::install_once();
+    AT_THE_END.store(real::at_the_end_of_exit(the_end), std::sync::atomic::Ordering::Release);
 }
 
-/// Library destructor: runs in `exit()` after the program's atexit handlers
-/// and static destructors; later events are written synchronously.
+/// [`the_end`] is registered to run at the end of `exit`.
+static AT_THE_END: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Library destructor: runs in `exit()` after the program's atexit
+/// handlers, among the libraries' destructors. The end of the trace waits
+/// for [`the_end`], after all of them, where it could be registered.
 extern "C" fn fini() {
+    if !AT_THE_END.load(std::sync::atomic::Ordering::Acquire) {
+        end_of_exit();
+    }
+}
+
+/// The last of `exit`'s handlers: after the program's atexit handlers and
+/// every library's destructor (libstdc++'s, libpython's), as memcheck's
+/// end comes after them.
+extern "C" fn the_end(_: *mut libc::c_void) {
+    end_of_exit();
+}
+
+/// The end of a process that exits: glibc's freeres, the leak scan, the
+/// trace's end; later events are written synchronously.
+fn end_of_exit() {
     // What glibc keeps for the process's lifetime is not the program's
     // leak: it frees it, outside any hook so that its frees are recorded
-    // (docs/SCAN.md).
+    // (docs/SCAN.md). It also empties the environment (setenv.c's
+    // free_mem): nothing may run after it that reads it.
     if let Some(s) = session::current() {
         if s.freeres && s.pid == sys::getpid() && !s.is_finished() {
             real::libc_freeres();

@@ -161,6 +161,7 @@ fn arena_base() -> usize {
 static EXIT: NextFn = NextFn::new(c"exit");
 static FREERES: NextFn = NextFn::new(c"__libc_freeres");
 static THREAD_ATEXIT: NextFn = NextFn::new(c"__cxa_thread_atexit_impl");
+static CXA_ATEXIT: NextFn = NextFn::new(c"__cxa_atexit");
 
 extern "C" {
     /// This library's handle (crtbegin's), for `__cxa_thread_atexit_impl`.
@@ -180,11 +181,35 @@ pub fn thread_atexit(dtor: extern "C" fn(*mut c_void), obj: *mut c_void) {
     }
 }
 
+/// Has `f(NULL)` called by `exit` after the exit handlers registered
+/// before this call ran: registered from the library's constructor, that
+/// is after the destructors of every library and the program (glibc
+/// registers the loader's `_dl_fini`, which runs them, later, in
+/// `__libc_start_main`; exit handlers run in reverse order). With no
+/// `__dso_handle`, so that this library's own destructor
+/// (`__cxa_finalize`) does not run it early. False where libc has none.
+pub fn at_the_end_of_exit(f: extern "C" fn(*mut c_void)) -> bool {
+    type F = unsafe extern "C" fn(extern "C" fn(*mut c_void), *mut c_void, *const u8) -> i32;
+    // SAFETY: F is __cxa_atexit's signature; a null DSO handle registers
+    // for the process, as atexit in a program does.
+    match unsafe { next::<F>(&CXA_ATEXIT) } {
+        Some(g) => unsafe { g(f, std::ptr::null_mut(), std::ptr::null()) == 0 },
+        None => false,
+    }
+}
+
 /// Calls glibc's `__libc_freeres()`, which frees what libc keeps for the
 /// process's lifetime (stdio buffers, NSS and locale data, the loader's
 /// tables, the stacks of exited threads it caches with their DTVs) for
 /// memory debuggers at exit: valgrind calls it (`--run-libc-freeres`), so
 /// does glibc's own `mtrace()`. Nothing where libc has none.
+///
+/// Not libstdc++'s `__gnu_cxx::__freeres()` (valgrind calls it too): the
+/// free of its 72,704-byte exception pool makes malloc consolidate its
+/// fast bins, and on a heap an undetected double free damaged, glibc then
+/// aborts a program that exits 0 without the tracer (wrong_frees.rs's
+/// `double-undetected` and `mixed` cases did). The pool stays "still
+/// reachable".
 pub fn libc_freeres() {
     type F = unsafe extern "C" fn();
     // SAFETY: F is __libc_freeres's signature; glibc allows the call at

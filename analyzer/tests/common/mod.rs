@@ -178,3 +178,27 @@ pub fn spawn_until(cmd: &mut Command, expect: &str) -> std::process::Child {
     std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
     c
 }
+
+/// valgrind's memcheck on `prog args` in `dir` with `env`: (bytes, blocks)
+/// definitely, indirectly, possibly lost and still reachable, from its
+/// summary ("==N==    definitely lost: 185 bytes in 4 blocks"; no summary
+/// at all when every block was freed).
+pub fn memcheck(dir: &Path, env: &[(&str, &str)], prog: &Path, args: &[&str]) -> [(u64, u64); 4] {
+    let out = Command::new("valgrind")
+        .current_dir(dir)
+        .envs(env.iter().copied())
+        .arg("--leak-check=full")
+        .arg(prog)
+        .args(args)
+        .output()
+        .expect("valgrind");
+    let text = String::from_utf8_lossy(&out.stderr);
+    let num = |s: &str| s.replace(',', "").parse::<u64>().unwrap();
+    ["definitely lost", "indirectly lost", "possibly lost", "still reachable"].map(|what| {
+        text.lines().find(|l| l.contains(&format!("{what}:"))).map_or((0, 0), |l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let i = w.iter().position(|x| *x == "bytes").unwrap();
+            (num(w[i - 1]), num(w[i + 2]))
+        })
+    })
+}
