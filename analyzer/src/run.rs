@@ -188,6 +188,12 @@ fn run_interactive(a: RunArgs) -> Result<ExitCode> {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     let code = crate::relay::client::client(crate::relay::client::ClientArgs::interactive_on(sock, a.output, a.opts));
+    if crate::relay::client::LEFT_RUNNING.load(std::sync::atomic::Ordering::Relaxed) {
+        // `quit`: the program runs on under its server, which keeps the
+        // socket in the temporary folder; it is left behind for it.
+        let _ = dir.keep();
+        return code;
+    }
     let _ = server.wait();
     code
 }

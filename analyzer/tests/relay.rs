@@ -249,7 +249,7 @@ fn console_on_a_served_program() {
     assert!(d.contains("Change in live blocks") && d.contains("+55 bytes in +1 block"), "{d}");
     assert!(!d.contains("250 bytes") && !d.contains("66 bytes"), "{d}");
     writeln!(console, "proclist").unwrap();
-    writeln!(console, "quit").unwrap();
+    writeln!(console, "wait").unwrap();
     drop(console);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(t.ask("quit"), "holding 6 blocks\n");
@@ -325,7 +325,7 @@ fn run_interactive_console() {
         "timeline",
         "report",
         "dump tsc 999999",
-        "quit",
+        "wait",
     ] {
         writeln!(console, "{cmd}").unwrap();
     }
@@ -371,6 +371,46 @@ fn the_console_in_a_pseudo_terminal() {
 }
 
 #[test]
+fn quit_leaves_at_once_and_the_program_runs_on_for_the_next_client() {
+    // In a terminal, as a user types it: `quit` ends the client within a
+    // second (exit status 75, EX_TEMPFAIL: no status of the program's
+    // yet); the program and the server go on, and a later client gets
+    // the whole run.
+    let dir = scratch("relay-quit");
+    let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+    let m = markers("attach_target.c");
+    let addr = format!("unix:{}", dir.join("s.sock").display());
+    let mut t = Target::start(&addr, &prog, &[]);
+    assert_eq!(t.line(), "ready\n");
+    assert_eq!(t.ask("leak 10"), "ok leak 10\n");
+    let cmd = format!("{} client {addr} -i -o /dev/null", mtrace().display());
+    let mut p = rexpect::spawn(&cmd, Some(20_000)).unwrap();
+    p.exp_string("mtrace> ").unwrap();
+    let asked = Instant::now();
+    p.send_line("quit").unwrap();
+    p.exp_string("the program runs on under mtrace server").unwrap();
+    p.exp_eof().unwrap();
+    let status = format!("{:?}", p.process.wait().unwrap());
+    assert!(asked.elapsed() < Duration::from_secs(1), "{:?}", asked.elapsed());
+    assert!(status.contains("Exited") && status.ends_with(", 75)"), "{status}");
+    // Still running, still traced.
+    assert_eq!(t.ask("leak 20"), "ok leak 20\n");
+    let c = std::thread::spawn({
+        let (addr, dir) = (addr.clone(), dir.clone());
+        move || client(&addr, &dir, &[])
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(t.ask("quit"), "holding 2 blocks\n");
+    let (r, out) = c.join().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        leaks_in(&r, "attach_target.c"),
+        vec![leak(30, 2, "malloc", "keep", m["window"]), leak(1000, 1, "malloc", "main", m["before"])]
+    );
+    assert_eq!(t.server.wait().unwrap().code(), Some(3));
+}
+
+#[test]
 fn proclist_shows_every_process_of_a_forking_and_execing_program() {
     let dir = scratch("relay-proclist");
     let script = dir.join("prog.sh");
@@ -381,7 +421,7 @@ fn proclist_shows_every_process_of_a_forking_and_execing_program() {
     let (c, mut console) = console_client(&addr, Path::new("/dev/null"));
     std::thread::sleep(Duration::from_millis(600));
     writeln!(console, "proclist").unwrap();
-    writeln!(console, "quit").unwrap();
+    writeln!(console, "wait").unwrap();
     drop(console);
     let out = c.wait_with_output().unwrap();
     assert!(out.status.success());
@@ -476,7 +516,7 @@ fn report_points_top_and_markers_in_the_console() {
     let names: Vec<String> =
         written(&f("markers")).lines().map(|l| l.split_whitespace().last().unwrap_or_default().to_owned()).collect();
     assert_eq!(names, ["report", "report", "here"]);
-    writeln!(console, "quit").unwrap();
+    writeln!(console, "wait").unwrap();
     drop(console);
     assert_eq!(t.ask("quit"), "holding 3 blocks\n");
     assert_eq!(c.wait_with_output().unwrap().status.code(), Some(3));

@@ -148,8 +148,8 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     let copier = std::thread::spawn(move || copy_stream(stream, file));
     if a.interactive {
         let mut live = Session { control: control.try_clone()?, trace: trace.clone(), copier: &copier };
-        crate::console::run(&mut live, &a.opts)?;
-        // Leaving the console ends the attach.
+        let _ = crate::console::run(&mut live, &a.opts)?;
+        // Leaving the console ends the attach (quit detaches).
         STOP.store(true, Ordering::Relaxed);
     }
     let deadline = a.duration.map(|ns| Instant::now() + Duration::from_nanos(ns));

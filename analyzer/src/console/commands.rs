@@ -86,7 +86,8 @@ impl<'a> Console<'a> {
     }
 
     /// Carries out one command line; true when it ended tracing.
-    pub(super) fn command(&mut self, line: &str, out: &mut dyn Write) -> Result<bool> {
+    /// Runs one command line; `Some` when it leaves the console.
+    pub(super) fn command(&mut self, line: &str, out: &mut dyn Write) -> Result<Option<super::Leave>> {
         let mut words = line.split_whitespace();
         let verb = resolve(words.next().unwrap_or_default())?;
         let args: Vec<&str> = words.collect();
@@ -165,12 +166,13 @@ impl<'a> Console<'a> {
             },
             "detach" => {
                 self.live.send("detach")?;
-                return Ok(true);
+                return Ok(Some(super::Leave::Detach));
             }
-            "quit" => return Ok(true),
+            "quit" => return Ok(Some(super::Leave::Quit)),
+            "wait" => return Ok(Some(super::Leave::Wait)),
             _ => unreachable!("every command is handled"),
         }
-        Ok(false)
+        Ok(None)
     }
 
     /// Runs `f` on the books of process `pid` (default: the program's),

@@ -71,7 +71,11 @@ const COMMANDS: &[(&str, &str)] = &[
         "set depth N | set searchpath DIR[:DIR…] — frames per backtrace from now on, or where binaries are looked for",
     ),
     ("detach", "detach — stop tracing for good; the process goes on"),
-    ("quit", "quit — leave the console (after mtrace attach: and detach; else tracing goes on to the end)"),
+    (
+        "quit",
+        "quit — leave now: mtrace client ends and the program goes on under mtrace server (a later client may connect); after mtrace attach, detach",
+    ),
+    ("wait", "wait — leave the console and report when the program ends (as at the end of input)"),
     ("help", "help [COMMAND] — this list, or one command's line"),
 ];
 
@@ -93,22 +97,37 @@ fn resolve(word: &str) -> Result<&'static str> {
     }
 }
 
-/// Runs the console until `detach` (the process told to stop tracing),
-/// `quit` or the end of input (tracing goes on), or the stream's end.
-pub fn run(live: &mut dyn Live, opts: &ReportOpts) -> Result<()> {
+/// How the console was left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Leave {
+    /// `quit`: leave now; the program goes on (under `mtrace server`, or
+    /// detached after `mtrace attach`).
+    Quit,
+    /// `wait` or the end of input: leave the console, report at the end
+    /// (scripts that pipe commands in get the final report).
+    Wait,
+    /// `detach`: the process was told to stop tracing.
+    Detach,
+    /// The process's stream ended.
+    Ended,
+}
+
+/// Runs the console until a command leaves it, the input ends, or the
+/// process's stream does; says which.
+pub fn run(live: &mut dyn Live, opts: &ReportOpts) -> Result<Leave> {
     let mut c = commands::Console::new(live, opts.clone());
     let mut ed = rustyline::DefaultEditor::new()?;
-    say("mtrace console: help lists the commands; detach or quit ends tracing");
+    say("mtrace console: help lists the commands; quit leaves, detach ends tracing");
     loop {
         if c.live.ended() {
             say("the process's stream ended");
-            return Ok(());
+            return Ok(Leave::Ended);
         }
         let line = match ed.readline("mtrace> ") {
             Ok(l) => l,
             Err(rustyline::error::ReadlineError::Interrupted) => continue,
-            // End of input: as quit.
-            Err(_) => return Ok(()),
+            // End of input: as wait.
+            Err(_) => return Ok(Leave::Wait),
         };
         let line = line.trim();
         if line.is_empty() {
@@ -137,8 +156,8 @@ pub fn run(live: &mut dyn Live, opts: &ReportOpts) -> Result<()> {
         };
         page(&collected);
         match res {
-            Ok(true) => return Ok(()),
-            Ok(false) => {}
+            Ok(Some(leave)) => return Ok(leave),
+            Ok(None) => {}
             Err(e) => say(&format!("{e:#}")),
         }
     }

@@ -55,6 +55,15 @@ impl ClientArgs {
     }
 }
 
+/// The exit status of a client that left with `quit` while the program
+/// runs on: sysexits.h's EX_TEMPFAIL ("try again later"), as no status of
+/// the program's is known yet (mtrace's own errors are 2).
+pub const LEFT: u8 = 75;
+
+/// Set when the console's `quit` left the program running (`mtrace run
+/// -i` then does not wait for its server).
+pub static LEFT_RUNNING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 pub fn client(a: ClientArgs) -> Result<ExitCode> {
     let token = Addr::token(&a.token_file)?;
     let addr = Addr::parse(a.addr.as_deref())?;
@@ -71,8 +80,13 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
     let receiver = std::thread::spawn(move || receive(reader, &d, &st));
     if a.interactive {
         let mut live = Live { conn: conn.clone_conn()?, streams: streams.clone() };
-        if live.wait_first().is_some() {
-            crate::console::run(&mut live, &a.opts)?;
+        if live.wait_first().is_some() && crate::console::run(&mut live, &a.opts)? == crate::console::Leave::Quit {
+            // Leave now: the server keeps the program and its spool; the
+            // receiver, blocked in a read, ends with the connection.
+            conn.close();
+            LEFT_RUNNING.store(true, std::sync::atomic::Ordering::Relaxed);
+            eprintln!("mtrace: left; the program runs on under mtrace server ({addr}): mtrace client connects again");
+            return Ok(ExitCode::from(LEFT));
         }
     }
     let res = receiver.join().map_err(|_| anyhow!("the receiving thread failed"))?;
