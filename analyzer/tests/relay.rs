@@ -522,3 +522,36 @@ fn report_points_top_and_markers_in_the_console() {
     assert_eq!(c.wait_with_output().unwrap().status.code(), Some(3));
     t.server.wait().unwrap();
 }
+
+#[test]
+fn the_preload_streams_to_an_address_in_the_shared_syntax() {
+    // MTRACE_OUTPUT takes the addresses `mtrace server` and `client` take
+    // (mtrace_format::address): `localhost` without a name lookup, and a
+    // malformed one is one warning, with the program untouched.
+    let dir = scratch("relay-preload-tcp");
+    let prog = build("families.c", &dir.join("families"), &["-g", "-O0"]);
+    let native = Command::new(&prog).output().unwrap();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let reader = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut bytes = Vec::new();
+        s.read_to_end(&mut bytes).unwrap();
+        bytes
+    });
+    let out = Command::new(&prog)
+        .env("LD_PRELOAD", lib())
+        .env("MTRACE_OUTPUT", format!("tcp:localhost:{port}"))
+        .output()
+        .unwrap();
+    assert_eq!((out.status.code(), &out.stdout, &out.stderr), (native.status.code(), &native.stdout, &native.stderr));
+    let bytes = reader.join().unwrap();
+    let trace = dir.join("got.mtrace");
+    std::fs::write(&trace, &bytes).unwrap();
+    assert_eq!(leaks_in(&report_json(&trace), "families.c").len(), 9);
+    let out = Command::new(&prog).env("LD_PRELOAD", lib()).env("MTRACE_OUTPUT", "tcp:localhost:http").output().unwrap();
+    assert_eq!((out.status.code(), &out.stdout), (native.status.code(), &native.stdout));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().filter(|l| l.starts_with("mtrace: ")).count(), 1, "{err}");
+    assert!(err.contains("the port is a number from 0 to 65535"), "{err}");
+}

@@ -1,11 +1,13 @@
 //! The mtrace stream format, defined once for every producer (the preload,
-//! later the ptrace tracer) and for the analyzer.
+//! the ptrace tracer) and for the analyzer, with the socket address syntax
+//! they share ([`address`]).
 //!
 //! A stream is a [`Header`] followed by [`Record`]s. Every integer after the
 //! 8-byte magic is an unsigned LEB128 varint, so the stream reads the same on
 //! hosts of either byte order. `docs/FORMAT.md` describes the bytes in prose
 //! for readers written in other languages.
 
+pub mod address;
 mod decode;
 mod encode;
 pub mod naming;

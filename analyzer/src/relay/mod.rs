@@ -25,6 +25,7 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context, Result};
+use mtrace_format::address::Address;
 
 pub const DATA: u8 = 1;
 pub const END: u8 = 2;
@@ -34,8 +35,6 @@ pub const COMMAND: u8 = 4;
 pub const ALL: u32 = u32::MAX;
 /// Largest payload of a frame, bytes.
 pub const MAX_FRAME: u32 = 1 << 20;
-/// mtrace-ng's port.
-pub const DEFAULT_PORT: u16 = 4576;
 
 /// Writes one frame.
 pub fn write_frame(w: &mut dyn Write, kind: u8, id: u32, payload: &[u8]) -> std::io::Result<()> {
@@ -97,8 +96,9 @@ pub enum Addr {
 }
 
 impl Addr {
-    /// `unix:PATH`, `tcp:HOST:PORT` (`tcp:` alone: 127.0.0.1:4576, `tcp:HOST`:
-    /// port 4576); none: `$XDG_RUNTIME_DIR/mtrace.sock`, else
+    /// An address in the stream's syntax (`mtrace_format::address`:
+    /// `unix:PATH`, `tcp:HOST:PORT`, `tcp:HOST` on port 4576, `tcp:` alone
+    /// 127.0.0.1:4576); none: `$XDG_RUNTIME_DIR/mtrace.sock`, else
     /// `/tmp/mtrace-UID.sock`.
     pub fn parse(s: Option<&str>) -> Result<Addr> {
         let Some(s) = s else {
@@ -109,21 +109,12 @@ impl Addr {
             };
             return Ok(Addr::Unix(path));
         };
-        if let Some(p) = s.strip_prefix("unix:") {
-            if p.is_empty() {
-                bail!("unix: needs a path");
-            }
-            return Ok(Addr::Unix(PathBuf::from(p)));
+        match Address::parse(s) {
+            None => bail!("{s:?}: an address is unix:PATH or tcp:HOST:PORT"),
+            Some(Err(why)) => bail!("{s}: {why}"),
+            Some(Ok(Address::Unix(p))) => Ok(Addr::Unix(PathBuf::from(p))),
+            Some(Ok(Address::Tcp { host, port })) => Ok(Addr::Tcp(format!("{host}:{port}"))),
         }
-        let Some(hp) = s.strip_prefix("tcp:") else {
-            bail!("{s:?}: an address is unix:PATH or tcp:HOST:PORT");
-        };
-        let hp = match hp {
-            "" => format!("127.0.0.1:{DEFAULT_PORT}"),
-            h if !h.contains(':') || h.ends_with(']') => format!("{h}:{DEFAULT_PORT}"),
-            h => h.to_owned(),
-        };
-        Ok(Addr::Tcp(hp))
     }
 
     /// The secret in `token_file` (its first line), if given.
@@ -191,6 +182,8 @@ mod tests {
         assert_eq!(Addr::parse(Some("tcp:[::1]")).unwrap(), Addr::Tcp("[::1]:4576".into()));
         assert_eq!(Addr::parse(Some("tcp:h:99")).unwrap(), Addr::Tcp("h:99".into()));
         assert!(Addr::parse(Some("h:99")).is_err());
+        assert!(Addr::parse(Some("unix:")).is_err());
+        assert!(Addr::parse(Some("tcp:h:x")).is_err());
     }
 
     #[test]

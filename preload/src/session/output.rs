@@ -24,6 +24,7 @@ use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use crate::sys::{self, identity, move_high};
+use mtrace_format::address::Address;
 
 /// The trace file, or socket.
 pub struct Output {
@@ -58,14 +59,13 @@ impl Output {
         Ok(Output { fd: AtomicI32::new(fd), id, path: c, socket: false, lost: AtomicBool::new(false) })
     }
 
-    /// Connects to `addr`: `unix:PATH`, or `tcp:HOST:PORT` with HOST an
-    /// IPv4 or `[IPv6]` address or `localhost` (no name lookup inside the
-    /// program). `None` when `addr` names no socket; `Some(Err(message))`
-    /// when the connection failed.
+    /// Connects to `addr`, in the syntax of `mtrace_format::address`, with
+    /// a TCP host an IPv4 or `[IPv6]` address or `localhost` (no name
+    /// lookup inside the program). `None` when `addr` names no socket;
+    /// `Some(Err(message))` when it is malformed or the connection failed.
     pub fn connect(addr: &str) -> Option<Result<Output, String>> {
-        let (unix, rest) =
-            if let Some(p) = addr.strip_prefix("unix:") { (true, p) } else { (false, addr.strip_prefix("tcp:")?) };
-        Some(connect_socket(unix, rest).map(|fd| {
+        let parsed = Address::parse(addr)?;
+        Some(parsed.and_then(|a| connect_socket(&a)).map(|fd| {
             let fd = move_high(fd, -1).unwrap_or(fd);
             let id = identity(fd).unwrap_or((0, 0));
             let path = CString::new(addr).unwrap_or_default();
@@ -227,44 +227,41 @@ fn open_existing(path: &std::ffi::CStr) -> Result<i32, i32> {
     }
 }
 
-/// A connected stream socket (close-on-exec) to a UNIX socket at `path`
-/// or to `host:port`.
-fn connect_socket(unix: bool, rest: &str) -> Result<i32, String> {
+/// A connected stream socket (close-on-exec) to `addr`.
+fn connect_socket(addr: &Address) -> Result<i32, String> {
     // SAFETY: plain socket calls on a descriptor we own; the address
     // structures are fully initialised before use.
     unsafe {
-        if unix {
+        if let Address::Unix(path) = addr {
             let mut sa: libc::sockaddr_un = std::mem::zeroed();
             sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
-            let bytes = rest.as_bytes();
-            if bytes.is_empty() || bytes.len() >= sa.sun_path.len() {
-                return Err(format!("bad UNIX socket path {rest:?}"));
+            let bytes = path.as_bytes();
+            if bytes.len() >= sa.sun_path.len() {
+                return Err(format!("UNIX socket path too long: {path:?}"));
             }
             for (d, &b) in sa.sun_path.iter_mut().zip(bytes) {
                 *d = b as libc::c_char;
             }
             let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-            finish_connect(fd, (&raw const sa).cast(), std::mem::size_of::<libc::sockaddr_un>() as u32)
-        } else {
-            let rest = rest.replacen("localhost:", "127.0.0.1:", 1);
-            let addr: std::net::SocketAddr = rest.parse().map_err(|_| format!("bad address {rest:?} (HOST:PORT)"))?;
-            match addr {
-                std::net::SocketAddr::V4(a) => {
-                    let mut sa: libc::sockaddr_in = std::mem::zeroed();
-                    sa.sin_family = libc::AF_INET as libc::sa_family_t;
-                    sa.sin_port = a.port().to_be();
-                    sa.sin_addr.s_addr = u32::from(*a.ip()).to_be();
-                    let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-                    finish_connect(fd, (&raw const sa).cast(), std::mem::size_of::<libc::sockaddr_in>() as u32)
-                }
-                std::net::SocketAddr::V6(a) => {
-                    let mut sa: libc::sockaddr_in6 = std::mem::zeroed();
-                    sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-                    sa.sin6_port = a.port().to_be();
-                    sa.sin6_addr.s6_addr = a.ip().octets();
-                    let fd = libc::socket(libc::AF_INET6, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-                    finish_connect(fd, (&raw const sa).cast(), std::mem::size_of::<libc::sockaddr_in6>() as u32)
-                }
+            return finish_connect(fd, (&raw const sa).cast(), std::mem::size_of::<libc::sockaddr_un>() as u32);
+        }
+        let ip = addr.ip().ok_or("HOST is an IP address or localhost (no name lookup in the program)")?;
+        match ip {
+            std::net::SocketAddr::V4(a) => {
+                let mut sa: libc::sockaddr_in = std::mem::zeroed();
+                sa.sin_family = libc::AF_INET as libc::sa_family_t;
+                sa.sin_port = a.port().to_be();
+                sa.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+                let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+                finish_connect(fd, (&raw const sa).cast(), std::mem::size_of::<libc::sockaddr_in>() as u32)
+            }
+            std::net::SocketAddr::V6(a) => {
+                let mut sa: libc::sockaddr_in6 = std::mem::zeroed();
+                sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                sa.sin6_port = a.port().to_be();
+                sa.sin6_addr.s6_addr = a.ip().octets();
+                let fd = libc::socket(libc::AF_INET6, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+                finish_connect(fd, (&raw const sa).cast(), std::mem::size_of::<libc::sockaddr_in6>() as u32)
             }
         }
     }
