@@ -115,23 +115,13 @@ impl Target {
     }
 }
 
-#[test]
-fn a_second_client_after_the_first_left() {
-    let dir = scratch("relay-second");
-    let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+/// After a first client left: the program (attach_target.c, told `leak
+/// 10` before) runs on, and a second client gets the whole run.
+fn a_second_client_gets_the_whole_run(mut t: Target, addr: &str, dir: &Path) {
     let m = markers("attach_target.c");
-    let addr = format!("unix:{}", dir.join("s.sock").display());
-    let mut t = Target::start(&addr, &prog, &[]);
-    assert_eq!(t.line(), "ready\n");
-    let mut first = Command::new(mtrace()).args(["client", &addr, "-o", "/dev/null"]).spawn().unwrap();
-    assert_eq!(t.ask("leak 10"), "ok leak 10\n");
-    std::thread::sleep(Duration::from_millis(200));
-    first.kill().unwrap();
-    first.wait().unwrap();
-    // The program went on; a second client gets the whole run.
     assert_eq!(t.ask("leak 20"), "ok leak 20\n");
     let c = std::thread::spawn({
-        let (addr, dir) = (addr.clone(), dir.clone());
+        let (addr, dir) = (addr.to_owned(), dir.to_owned());
         move || client(&addr, &dir, &[])
     });
     std::thread::sleep(Duration::from_millis(300));
@@ -143,6 +133,22 @@ fn a_second_client_after_the_first_left() {
         vec![leak(30, 2, "malloc", "keep", m["window"]), leak(1000, 1, "malloc", "main", m["before"])]
     );
     assert_eq!(t.server.wait().unwrap().code(), Some(3));
+}
+
+#[test]
+fn a_second_client_after_the_first_left() {
+    let dir = scratch("relay-second");
+    let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+    let addr = format!("unix:{}", dir.join("s.sock").display());
+    let mut t = Target::start(&addr, &prog, &[]);
+    assert_eq!(t.line(), "ready\n");
+    let mut first = Command::new(mtrace()).args(["client", &addr, "-o", "/dev/null"]).spawn().unwrap();
+    assert_eq!(t.ask("leak 10"), "ok leak 10\n");
+    std::thread::sleep(Duration::from_millis(200));
+    first.kill().unwrap();
+    first.wait().unwrap();
+    // The program went on; a second client gets the whole run.
+    a_second_client_gets_the_whole_run(t, &addr, &dir);
 }
 
 /// Waits until `f` exists and has stopped growing.
@@ -378,7 +384,6 @@ fn quit_leaves_at_once_and_the_program_runs_on_for_the_next_client() {
     // the whole run.
     let dir = scratch("relay-quit");
     let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
-    let m = markers("attach_target.c");
     let addr = format!("unix:{}", dir.join("s.sock").display());
     let mut t = Target::start(&addr, &prog, &[]);
     assert_eq!(t.line(), "ready\n");
@@ -394,20 +399,7 @@ fn quit_leaves_at_once_and_the_program_runs_on_for_the_next_client() {
     assert!(asked.elapsed() < Duration::from_secs(1), "{:?}", asked.elapsed());
     assert!(status.contains("Exited") && status.ends_with(", 75)"), "{status}");
     // Still running, still traced.
-    assert_eq!(t.ask("leak 20"), "ok leak 20\n");
-    let c = std::thread::spawn({
-        let (addr, dir) = (addr.clone(), dir.clone());
-        move || client(&addr, &dir, &[])
-    });
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(t.ask("quit"), "holding 2 blocks\n");
-    let (r, out) = c.join().unwrap();
-    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(
-        leaks_in(&r, "attach_target.c"),
-        vec![leak(30, 2, "malloc", "keep", m["window"]), leak(1000, 1, "malloc", "main", m["before"])]
-    );
-    assert_eq!(t.server.wait().unwrap().code(), Some(3));
+    a_second_client_gets_the_whole_run(t, &addr, &dir);
 }
 
 #[test]
