@@ -22,12 +22,14 @@ use anyhow::{bail, Result};
 use mtrace_format::{Reader, Record};
 use rustc_hash::FxHashMap as HashMap;
 
+use mtrace_format::protocol::marker;
+
 use crate::books::LiveTotals;
 use crate::load::{Flow, Keeper, Trace, Window};
 
 /// Marker names whose live totals per backtrace are kept when they pass
 /// (the latest of each name): the console's report points and resets.
-pub const BASELINE_MARKERS: &[&str] = &["report", "reset"];
+pub const BASELINE_MARKERS: &[&str] = &[marker::REPORT, marker::RESET];
 
 /// How long the follower sleeps when it has read all there is.
 const POLL: Duration = Duration::from_millis(5);

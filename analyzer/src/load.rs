@@ -213,10 +213,10 @@ pub struct Trace {
 }
 
 /// Name of the marker the preload writes after an on-demand leak scan.
-pub const SCAN_MARKER: &str = "scan";
+pub const SCAN_MARKER: &str = mtrace_format::protocol::marker::SCAN;
 
 /// Name of the marker that starts a stream made by `mtrace attach`.
-pub const ATTACH_MARKER: &str = "attach";
+pub const ATTACH_MARKER: &str = mtrace_format::protocol::marker::ATTACH;
 
 impl Trace {
     /// An empty trace of the process `header` describes.

@@ -1,6 +1,7 @@
 //! The mtrace stream format, defined once for every producer (the preload,
 //! the ptrace tracer) and for the analyzer, with the socket address syntax
-//! they share ([`address`]).
+//! ([`address`]) and the commands and marker names ([`protocol`]) they
+//! share.
 //!
 //! A stream is a [`Header`] followed by [`Record`]s. Every integer after the
 //! 8-byte magic is an unsigned LEB128 varint, so the stream reads the same on
@@ -11,6 +12,8 @@ pub mod address;
 mod decode;
 mod encode;
 pub mod naming;
+pub mod protocol;
+pub mod realloc;
 mod record;
 pub mod sparse;
 mod varint;

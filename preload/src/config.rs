@@ -17,8 +17,8 @@ pub enum Unwinder {
 
 /// Frames recorded per backtrace unless `MTRACE_DEPTH` says otherwise.
 pub const DEFAULT_DEPTH: usize = 64;
-/// Upper bound for `MTRACE_DEPTH`.
-pub const MAX_DEPTH: usize = 256;
+/// Upper bound for `MTRACE_DEPTH` (the protocol's, for `depth N` too).
+pub const MAX_DEPTH: usize = mtrace_format::protocol::MAX_DEPTH;
 
 pub struct Config {
     /// Frames per backtrace, 1..=MAX_DEPTH.

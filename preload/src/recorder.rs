@@ -5,6 +5,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use mtrace_format::realloc::Realloc;
 use mtrace_format::{EndReason, Family, Record};
 
 use crate::guard::Slot;
@@ -227,10 +228,11 @@ pub fn realloc(at: Caller, old: *mut libc::c_void, new: *mut libc::c_void, size:
     let (at, slot) = match at {
         Caller::Hook(at, slot) => (at, slot),
         Caller::Nested => {
-            if !old.is_null() && (!new.is_null() || size == 0) {
+            let outcome = Realloc::of(old as u64, new as u64, size as u64);
+            if outcome.frees_old() {
                 nested_free(old, t0);
             }
-            if !new.is_null() {
+            if matches!(outcome, Realloc::Allocated | Realloc::Resized) {
                 keep_alloc(new as u64, size as u64);
             }
             return own;
@@ -242,28 +244,22 @@ pub fn realloc(at: Caller, old: *mut libc::c_void, new: *mut libc::c_void, size:
 }
 
 fn realloc_in_hook(bt: Backtrace, slot: Slot, old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: u64) {
-    if old.is_null() {
-        if !new.is_null() {
-            with_bt(bt, slot, AllocEvent { family: Family::Malloc, addr: new as u64, size: size as u64 });
+    match Realloc::of(old as u64, new as u64, size as u64) {
+        Realloc::Failed => {}
+        Realloc::Allocated => {
+            with_bt(bt, slot, AllocEvent { family: Family::Malloc, addr: new as u64, size: size as u64 })
         }
-    } else if !collecting() {
-        // The old block goes; the new one is not recorded.
-        if !new.is_null() || size == 0 {
-            free_as(bt, slot, Family::Malloc, old, Some(t0));
-        }
-    } else if new.is_null() {
-        if size == 0 {
-            free_as(bt, slot, Family::Malloc, old, Some(t0));
-        }
-    } else {
-        with_bt(bt, slot, |time_ns, stack| Record::Realloc {
+        // Not collecting: the old block goes; the new one is not recorded.
+        Realloc::Freed | Realloc::Resized if !collecting() => free_as(bt, slot, Family::Malloc, old, Some(t0)),
+        Realloc::Freed => free_as(bt, slot, Family::Malloc, old, Some(t0)),
+        Realloc::Resized => with_bt(bt, slot, |time_ns, stack| Record::Realloc {
             time_ns,
             free_time_ns: t0,
             old: old as u64,
             new: new as u64,
             size: size as u64,
             stack,
-        });
+        }),
     }
 }
 

@@ -5,6 +5,7 @@
 //! another (libstdc++'s `new` calling malloc, glibc's free calling munmap)
 //! are the outer call's: one event, as libmtrace.so records them.
 
+use mtrace_format::realloc::Realloc;
 use mtrace_format::{Family, Record};
 use nix::unistd::Pid;
 
@@ -282,16 +283,14 @@ pub fn returned(p: &mut Process, th: &mut Thread, tid: Pid, r: &mut Regs, stack:
         }
         Call::Realloc { array } => {
             let size = if array { a1.wrapping_mul(a2) } else { a1 };
-            // glibc's rules: realloc(NULL, n) allocates; realloc(p, 0)
-            // that returns NULL freed p; any other NULL failed.
-            match (a0, res) {
-                (0, 0) => None,
-                (0, new) => Some(alloc(new, Family::Malloc, size)),
-                (old, 0) if size == 0 => {
-                    Some(Record::Free { time_ns: q.time, family: Family::Malloc, addr: old, stack: 0 })
+            let (old, new) = (a0, res);
+            match Realloc::of(old, new, size) {
+                Realloc::Failed => None,
+                Realloc::Allocated => Some(alloc(new, Family::Malloc, size)),
+                Realloc::Freed => Some(Record::Free { time_ns: q.time, family: Family::Malloc, addr: old, stack: 0 }),
+                Realloc::Resized => {
+                    Some(Record::Realloc { time_ns, free_time_ns: q.time, old, new, size, stack: q.stack })
                 }
-                (_, 0) => None,
-                (old, new) => Some(Record::Realloc { time_ns, free_time_ns: q.time, old, new, size, stack: q.stack }),
             }
         }
         // mmap and mremap return MAP_FAILED, -1, when they fail.

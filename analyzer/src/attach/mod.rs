@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use mtrace_format::protocol::Command;
 
 use crate::opts::Hooks;
 use crate::ReportOpts;
@@ -167,8 +168,9 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     }
     if !copier.is_finished() {
         // The process is still there: detach, and wait for its End record.
-        let cmds: &[u8] = if a.scan { b"scan\ndetach\n" } else { b"detach\n" };
-        let _ = control.write_all(cmds);
+        let detach = Command::Detach.line();
+        let cmds = if a.scan { Command::Scan.line() + &detach } else { detach };
+        let _ = control.write_all(cmds.as_bytes());
         let until = Instant::now() + DETACH_TIMEOUT;
         while !copier.is_finished() && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(10));

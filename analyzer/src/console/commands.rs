@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
+use mtrace_format::protocol::{marker, Command, MAX_DEPTH};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::{resolve, Live, COMMANDS};
@@ -143,20 +144,22 @@ impl<'a> Console<'a> {
             })??,
             "marker" => {
                 let Some(name) = args.first() else { bail!("marker NAME") };
-                self.live.send(&format!("marker {name}"))?;
+                self.live.send(&Command::Marker((*name).to_owned()).to_string())?;
             }
             "scan" => self.scan(&args, out)?,
             "reset" => {
                 let path = self.books(None)?;
                 let live = &mut *self.live;
-                let n = self.books[&path].at_next_marker("reset", ANSWER, || live.send("marker reset"), |_, n| n)?;
-                self.opts.since_marker = Some(format!("reset#{n}"));
+                let reset = Command::Marker(marker::RESET.to_owned()).to_string();
+                let n = self.books[&path].at_next_marker(marker::RESET, ANSWER, || live.send(&reset), |_, n| n)?;
+                self.opts.since_marker = Some(format!("{}#{n}", marker::RESET));
                 writeln!(out, "counting from now")?;
             }
-            "start" | "stop" => self.live.send(verb)?,
+            "start" => self.live.send(&Command::Start.to_string())?,
+            "stop" => self.live.send(&Command::Stop.to_string())?,
             "set" => match args.as_slice() {
-                ["depth", n] if n.parse::<usize>().is_ok_and(|d| (1..=256).contains(&d)) => {
-                    self.live.send(&format!("depth {n}"))?;
+                ["depth", n] if n.parse::<usize>().is_ok_and(|d| (1..=MAX_DEPTH).contains(&d)) => {
+                    self.live.send(&Command::Depth(n.parse()?).to_string())?;
                 }
                 ["searchpath", dirs] => {
                     self.opts.binpath = dirs.split(':').filter(|d| !d.is_empty()).map(PathBuf::from).collect();
@@ -165,7 +168,7 @@ impl<'a> Console<'a> {
                 _ => bail!("set depth N (1 to 256) | set searchpath DIR[:DIR…]"),
             },
             "detach" => {
-                self.live.send("detach")?;
+                self.live.send(&Command::Detach.to_string())?;
                 return Ok(Some(super::Leave::Detach));
             }
             "quit" => return Ok(Some(super::Leave::Quit)),
@@ -198,7 +201,7 @@ impl<'a> Console<'a> {
         let lost = self.scans.get(&path).map(|s| &s.lost);
         let b = &self.books[&path];
         let mut r = b.with(|st| {
-            let base = since.as_ref().and_then(|_| st.baselines.get("reset")).cloned();
+            let base = since.as_ref().and_then(|_| st.baselines.get(marker::RESET)).cloned();
             let t = st.trace.as_mut().expect("with() checks the header");
             view(t, base, false, |t| {
                 let v = View { lost_before: lost, heuristics, ..View::default() };
@@ -227,18 +230,19 @@ impl<'a> Console<'a> {
         let sym = &mut self.sym;
         let live = &mut *self.live;
         let opts = &self.opts;
+        let report = Command::Marker(marker::REPORT.to_owned()).to_string();
         let r = self.books[&path].at_next_marker(
-            "report",
+            marker::REPORT,
             ANSWER,
-            || live.send("marker report"),
+            || live.send(&report),
             |st, n| {
                 // The follower keeps this marker's totals after we are done:
                 // the ones held now are the previous report point's.
-                let base = (n > 1).then(|| st.baselines.get("report").cloned()).flatten();
+                let base = (n > 1).then(|| st.baselines.get(marker::REPORT).cloned()).flatten();
                 let t = st.trace.as_mut().expect("a marker came, so the header did");
                 let mut r = view(t, base, false, |t| crate::report::build(t, sym, opts.sort, opts.depth, true));
-                r.summary.since_marker = (n > 1).then(|| format!("report#{}", n - 1));
-                r.summary.until_marker = Some(format!("report#{n}"));
+                r.summary.since_marker = (n > 1).then(|| format!("{}#{}", marker::REPORT, n - 1));
+                r.summary.until_marker = Some(format!("{}#{n}", marker::REPORT));
                 r
             },
         )?;
@@ -278,7 +282,7 @@ impl<'a> Console<'a> {
         let res = b.at_next_marker(
             SCAN_MARKER,
             ANSWER,
-            || live.send_to(pid, "scan"),
+            || live.send_to(pid, &Command::Scan.to_string()),
             |st, n| {
                 let t = st.trace.as_mut().expect("a marker came, so the header did");
                 let res = view(t, None, true, |t| {

@@ -217,7 +217,7 @@ pub unsafe extern "C" fn mtrace_attach_init(settings: *const c_char) -> i32 {
     }
     // Tells the analyzer that blocks from before this point are unknown.
     if let Some(s) = crate::session::current() {
-        s.marker(0, "attach");
+        s.marker(0, mtrace_format::protocol::marker::ATTACH);
     }
     crate::session::start_writer();
     crate::fork::install_once();

@@ -14,10 +14,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use mtrace_format::protocol::{marker, Command};
 use mtrace_format::{Encoder, EndReason, Record};
 
-use super::{Session, SCAN_REPORT};
-use crate::config::MAX_DEPTH;
+use super::Session;
 use crate::{recorder, snapshot, sys};
 
 /// One unknown command was warned about.
@@ -41,27 +41,24 @@ impl Session {
         true
     }
 
-    /// Carries out one command; false when it ended tracing.
+    /// Carries out one command line (`mtrace_format::protocol`); false
+    /// when it ended tracing.
     fn command(&self, line: &str) -> bool {
-        let (verb, arg) = line.split_once(' ').map_or((line, ""), |(v, a)| (v, a.trim()));
-        match verb {
-            "" => {}
-            "start" => recorder::set_collecting(true),
-            "stop" => recorder::set_collecting(false),
-            "depth" => match arg.parse::<usize>() {
-                Ok(d) if (1..=MAX_DEPTH).contains(&d) => self.set_depth(d),
-                _ => warn_once(line),
-            },
-            "marker" => self.marker(0, arg),
-            "scan" => {
+        match Command::parse(line) {
+            Ok(None) => {}
+            Ok(Some(Command::Start)) => recorder::set_collecting(true),
+            Ok(Some(Command::Stop)) => recorder::set_collecting(false),
+            Ok(Some(Command::Depth(d))) => self.set_depth(d),
+            Ok(Some(Command::Marker(name))) => self.marker(0, &name),
+            Ok(Some(Command::Scan)) => {
                 snapshot::take(self, snapshot::By::Writer);
-                self.marker(0, SCAN_REPORT);
+                self.marker(0, marker::SCAN);
             }
-            "detach" => {
+            Ok(Some(Command::Detach)) => {
                 self.detach();
                 return false;
             }
-            _ => warn_once(line),
+            Err(_) => warn_once(line),
         }
         true
     }

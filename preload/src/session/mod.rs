@@ -33,10 +33,10 @@ pub const BUF_CAP: usize = 64 * 1024;
 /// reached 76 MiB of peak RSS without this, 15 MiB natively).
 const PENDING_MAX: usize = 8 << 20;
 /// Marker name of the reports the report signal asks for.
-const SIGNAL_REPORT: &str = "signal";
+const SIGNAL_REPORT: &str = mtrace_format::protocol::marker::SIGNAL;
 /// Marker name that follows an on-demand leak scan: its report covers
 /// everything live, classified (not the change since the last report).
-pub const SCAN_REPORT: &str = "scan";
+pub const SCAN_REPORT: &str = mtrace_format::protocol::marker::SCAN;
 /// How often the writer thread collects full buffers, ms.
 const WRITER_POLL_MS: u64 = 5;
 /// RSS is sampled every this many writer rounds (10 ms).

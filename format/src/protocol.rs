@@ -1,0 +1,109 @@
+//! The protocol between the analyzer and a producer beyond the records:
+//! the commands a reader sends back on a socket stream, one per line
+//! ([`Command`]), and the names of the markers that mean something to the
+//! analyzer ([`marker`]). Both sides use these; no literal elsewhere.
+
+use std::fmt;
+
+/// Marker names the producers write and the analyzer reads.
+pub mod marker {
+    /// Follows an on-demand leak scan's snapshot (the console's `scan`,
+    /// `MTRACE_SCAN_SIGNAL`, `mtrace_scan()`): its report covers everything
+    /// live, classified.
+    pub const SCAN: &str = "scan";
+    /// Starts a stream made by `mtrace attach`: the blocks allocated
+    /// before it are unknown.
+    pub const ATTACH: &str = "attach";
+    /// A report point the report signal (SIGUSR1) asked for.
+    pub const SIGNAL: &str = "signal";
+    /// The console's `report`: a report point.
+    pub const REPORT: &str = "report";
+    /// The console's `reset`: its reports count from here.
+    pub const RESET: &str = "reset";
+}
+
+/// The largest backtrace depth a producer records (frames): the bound of
+/// `MTRACE_DEPTH` and of [`Command::Depth`].
+pub const MAX_DEPTH: usize = 256;
+
+/// A command to a producer (preload/src/session/control.rs carries them
+/// out); as a line, its [`fmt::Display`] form.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Record allocations again.
+    Start,
+    /// Stop recording allocations (frees are still recorded).
+    Stop,
+    /// Frames per backtrace from now on, 1 to [`MAX_DEPTH`].
+    Depth(usize),
+    /// Write a marker of this name.
+    Marker(String),
+    /// Take a leak scan's snapshot, then a [`marker::SCAN`] marker.
+    Scan,
+    /// Stop tracing for good; the process goes on.
+    Detach,
+}
+
+impl Command {
+    /// The command on `line` (without its newline); `Ok(None)` for an empty
+    /// line, `Err(line)` for one that is no command.
+    pub fn parse(line: &str) -> Result<Option<Command>, String> {
+        let line = line.trim();
+        let (verb, arg) = line.split_once(' ').map_or((line, ""), |(v, a)| (v, a.trim()));
+        Ok(Some(match (verb, arg) {
+            ("", _) => return Ok(None),
+            ("start", "") => Command::Start,
+            ("stop", "") => Command::Stop,
+            ("depth", n) => match n.parse::<usize>() {
+                Ok(d) if (1..=MAX_DEPTH).contains(&d) => Command::Depth(d),
+                _ => return Err(line.to_owned()),
+            },
+            ("marker", name) if !name.is_empty() => Command::Marker(name.to_owned()),
+            ("scan", "") => Command::Scan,
+            ("detach", "") => Command::Detach,
+            _ => return Err(line.to_owned()),
+        }))
+    }
+
+    /// The line to send: the command and its newline.
+    pub fn line(&self) -> String {
+        format!("{self}\n")
+    }
+}
+
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Command::Start => write!(f, "start"),
+            Command::Stop => write!(f, "stop"),
+            Command::Depth(d) => write!(f, "depth {d}"),
+            Command::Marker(name) => write!(f, "marker {name}"),
+            Command::Scan => write!(f, "scan"),
+            Command::Detach => write!(f, "detach"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Command, MAX_DEPTH};
+
+    #[test]
+    fn every_command_reads_back_as_written() {
+        for c in [
+            Command::Start,
+            Command::Stop,
+            Command::Depth(1),
+            Command::Depth(MAX_DEPTH),
+            Command::Marker("before load".into()),
+            Command::Scan,
+            Command::Detach,
+        ] {
+            assert_eq!(Command::parse(&c.line()), Ok(Some(c.clone())), "{c}");
+        }
+        assert_eq!(Command::parse("  "), Ok(None));
+        for bad in ["depth 0", "depth 257", "depth x", "marker", "scan now", "jump"] {
+            assert_eq!(Command::parse(bad), Err(bad.to_owned()));
+        }
+    }
+}
