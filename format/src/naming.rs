@@ -42,6 +42,16 @@ pub fn expand(pattern: &str, pid: u32, prog: &str) -> String {
     out
 }
 
+/// The most numeric suffixes a producer tries for a taken name.
+pub const MAX_SUFFIX: u32 = 999;
+
+/// The names a producer tries for a trace whose name is `base`, in order:
+/// `base`, then `base.1` to `base.999` (an exec keeps the pid, and the new
+/// image must not overwrite the old one's trace).
+pub fn candidates(base: &str) -> impl Iterator<Item = String> + '_ {
+    (0..=MAX_SUFFIX).map(move |i| if i == 0 { base.to_owned() } else { format!("{base}.{i}") })
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -57,5 +67,14 @@ mod tests {
         assert_eq!(super::program_name(&args), "jq");
         assert_eq!(super::program_name(&["dir/".to_string()]), "program");
         assert_eq!(super::program_name(&[]), "program");
+    }
+
+    #[test]
+    fn candidates_are_the_name_then_numbered() {
+        let c: Vec<String> = super::candidates("t.mtrace").collect();
+        assert_eq!(
+            (c.len(), c[0].as_str(), c[1].as_str(), c[999].as_str()),
+            (1000, "t.mtrace", "t.mtrace.1", "t.mtrace.999")
+        );
     }
 }

@@ -128,6 +128,26 @@ pub struct Header {
 }
 
 impl Header {
+    /// The header of a stream this version writes about process `pid`,
+    /// run on this host's architecture, byte order and pointer size,
+    /// started at `start_realtime_ns` / `start_monotonic_ns` (ns): the one
+    /// rule of both producers.
+    pub fn of_process(pid: u32, ppid: u32, exe: String, cmdline: Vec<String>, start: (u64, u64)) -> Header {
+        Header {
+            version: crate::VERSION,
+            pointer_size: std::mem::size_of::<usize>() as u8,
+            big_endian: cfg!(target_endian = "big"),
+            arch: std::env::consts::ARCH.into(),
+            pid,
+            ppid,
+            exe,
+            cmdline,
+            start_realtime_ns: start.0,
+            start_monotonic_ns: start.1,
+            time_shift: crate::TIME_SHIFT,
+        }
+    }
+
     /// The size in bytes of the target's words as the leak scan reads
     /// them: 4 on a 32-bit target, else 8.
     pub fn word_size(&self) -> usize {

@@ -62,24 +62,13 @@ impl Stream {
         let cmdline = naming::cmdline_args(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default());
         let base = naming::expand(pattern, pid, &naming::program_name(&cmdline));
         let mut last = None;
-        for i in 0..1000 {
-            let path = if i == 0 { base.clone() } else { format!("{base}.{i}") };
+        for path in naming::candidates(&base) {
             match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
                 Ok(file) => {
                     let start = monotonic_ns();
-                    let header = Header {
-                        version: mtrace_format::VERSION,
-                        pointer_size: 8,
-                        big_endian: cfg!(target_endian = "big"),
-                        arch: std::env::consts::ARCH.into(),
-                        pid,
-                        ppid,
-                        exe,
-                        cmdline,
-                        start_realtime_ns: realtime_ns(),
-                        start_monotonic_ns: start,
-                        time_shift: mtrace_format::TIME_SHIFT,
-                    };
+                    let mut header = Header::of_process(pid, ppid, exe, cmdline, (realtime_ns(), start));
+                    // The target's words (x86_64, the only CPU ported).
+                    header.pointer_size = 8;
                     let mut file = file;
                     let mut head = Vec::new();
                     encode_header(&mut head, &header);

@@ -196,8 +196,7 @@ fn open_output(cfg: &config::Config, pid: u32, prog: &str) -> Option<(output::Ou
     // An exec keeps the pid: the new image must not overwrite the old
     // image's trace, so a taken name gets a numeric suffix.
     let mut last_err = 0;
-    for i in 0..1000 {
-        let candidate = if i == 0 { path.clone() } else { format!("{path}.{i}") };
+    for candidate in naming::candidates(&path) {
         match output::Output::create(&candidate) {
             Ok(out) => return Some((out, candidate)),
             Err(libc::EEXIST) => continue,
@@ -209,7 +208,7 @@ fn open_output(cfg: &config::Config, pid: u32, prog: &str) -> Option<(output::Ou
     }
     let msg = match last_err {
         // Every name was taken (a fixed MTRACE_OUTPUT for many processes).
-        0 => format!("it and {path}.1 to {path}.999 exist (name each process's trace with %p)"),
+        0 => format!("it and {path}.1 to {path}.{} exist (name each process's trace with %p)", naming::MAX_SUFFIX),
         libc::EISDIR => "it is a folder".to_owned(),
         libc::ENXIO => "a FIFO nobody reads".to_owned(),
         libc::ENODEV => "it exists and is neither a regular file, the null device nor a FIFO".to_owned(),
@@ -247,19 +246,8 @@ impl Session {
         sys::open_statm();
         unwind::init();
         let start_mono = sys::monotonic_ns();
-        let header = Header {
-            version: mtrace_format::VERSION,
-            pointer_size: std::mem::size_of::<usize>() as u8,
-            big_endian: cfg!(target_endian = "big"),
-            arch: std::env::consts::ARCH.into(),
-            pid,
-            ppid: sys::getppid(),
-            exe: sys::readlink(c"/proc/self/exe").unwrap_or_default(),
-            cmdline,
-            start_realtime_ns: sys::realtime_ns(),
-            start_monotonic_ns: start_mono,
-            time_shift: mtrace_format::TIME_SHIFT,
-        };
+        let exe = sys::readlink(c"/proc/self/exe").unwrap_or_default();
+        let header = Header::of_process(pid, sys::getppid(), exe, cmdline, (sys::realtime_ns(), start_mono));
         let mut out = Vec::with_capacity(4096);
         encode_header(&mut out, &header);
         // Read the generation before listing so that a concurrent dlopen is
