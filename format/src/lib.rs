@@ -11,6 +11,7 @@
 pub mod address;
 mod decode;
 mod encode;
+pub mod maps;
 pub mod naming;
 pub mod protocol;
 pub mod realloc;

@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use mtrace_format::maps::Mapping;
 use mtrace_format::{Module, Segment};
 use nix::unistd::Pid;
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
@@ -29,35 +30,14 @@ pub struct Loaded {
 /// A line of /proc/PID/maps for a file: (start, end, file offset, path).
 pub fn file_mappings(pid: Pid) -> Result<Vec<(u64, u64, u64, String)>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).with_context(|| format!("/proc/{pid}/maps"))?;
-    let mut v = Vec::new();
-    for line in text.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(_perms), Some(off), Some(_dev), Some(_inode)) =
-            (f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
-            continue;
-        };
-        let path: String = f.collect::<Vec<_>>().join(" ");
-        if !path.starts_with('/') || path.ends_with(" (deleted)") {
-            continue;
-        }
-        let Some((a, b)) = range.split_once('-') else { continue };
-        let (Ok(a), Ok(b), Ok(off)) =
-            (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16), u64::from_str_radix(off, 16))
-        else {
-            continue;
-        };
-        v.push((a, b, off, path));
-    }
-    Ok(v)
+    Ok(Mapping::all(&text).filter(Mapping::is_file).map(|m| (m.start, m.end, m.offset, m.path)).collect())
 }
 
 /// [start, end) of the kernel's mapping `name` (as `[uprobes]`) in `pid`.
 pub fn special_mapping(pid: Pid, name: &str) -> Option<(u64, u64)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let line = text.lines().find(|l| l.split_whitespace().nth(5) == Some(name))?;
-    let (a, b) = line.split_whitespace().next()?.split_once('-')?;
-    Some((u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?))
+    let found = Mapping::all(&text).find(|m| m.path == name).map(|m| (m.start, m.end));
+    found
 }
 
 /// Each file mapped in `pid`: (path, lowest start, highest end, file

@@ -24,21 +24,8 @@ pub fn maps(pid: i32) -> Result<Vec<Map>> {
         std::io::ErrorKind::PermissionDenied => anyhow!("not permitted to read the mappings of process {pid}"),
         _ => anyhow!("process {pid}: {e}"),
     })?;
-    Ok(text
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (range, perms, offset) = (f.next()?, f.next()?, f.next()?);
-            let path = f.nth(2).unwrap_or("").to_owned();
-            let (s, e) = range.split_once('-')?;
-            Some(Map {
-                start: u64::from_str_radix(s, 16).ok()?,
-                end: u64::from_str_radix(e, 16).ok()?,
-                exec: perms.as_bytes().get(2) == Some(&b'x'),
-                offset: u64::from_str_radix(offset, 16).ok()?,
-                path,
-            })
-        })
+    Ok(mtrace_format::maps::Mapping::all(&text)
+        .map(|m| Map { start: m.start, end: m.end, exec: m.exec, offset: m.offset, path: m.path })
         .collect())
 }
 

@@ -17,6 +17,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use mtrace_format::maps::Mapping;
 use mtrace_format::region_kind;
 
 use crate::session::Session;
@@ -30,16 +31,9 @@ use scratch::Scratch;
 /// readable ones only.
 fn readable_mappings() -> Vec<(u64, u64, bool, String)> {
     let Some(maps) = sys::read_file(c"/proc/self/maps") else { return Vec::new() };
-    String::from_utf8_lossy(&maps)
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (range, perms) = (f.next()?, f.next()?);
-            let name = f.nth(3).unwrap_or("").to_owned();
-            let (lo, hi) = range.split_once('-')?;
-            let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
-            perms.starts_with('r').then_some((lo, hi, perms.as_bytes().get(1) == Some(&b'w'), name))
-        })
+    Mapping::all(&String::from_utf8_lossy(&maps))
+        .filter(|m| m.read)
+        .map(|m| (m.start, m.end, m.write, m.path))
         .collect()
 }
 

@@ -296,13 +296,9 @@ fn module_of(cfis: &[Arc<Cfi>], addr: u64) -> Option<&Cfi> {
 /// lock of the thread while it allocates, and its allocation lands here.
 fn stack_top(sp: u64) -> Option<u64> {
     let maps = crate::sys::read_file(c"/proc/self/maps")?;
-    maps.split(|&b| b == b'\n').find_map(|line| {
-        let range = line.split(|&b| b == b' ').next()?;
-        let text = std::str::from_utf8(range).ok()?;
-        let (lo, hi) = text.split_once('-')?;
-        let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
-        (lo <= sp && sp < hi).then_some(hi)
-    })
+    let text = String::from_utf8_lossy(&maps);
+    let top = mtrace_format::maps::Mapping::all(&text).find(|m| m.start <= sp && sp < m.end).map(|m| m.end);
+    top
 }
 
 /// The stack pointer of the caller, roughly: enough to find its mapping.
