@@ -289,3 +289,19 @@ fn a_bad_setting_is_warned_about_once_per_run() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("-d 0: the depth must be 1 to 256"));
 }
+
+#[test]
+fn the_preload_interposes_on_every_function_of_the_shared_table() {
+    // mtrace_format::functions::INTERPOSED is what both producers follow:
+    // libmtrace.so exports a hook for each (the ptrace tracer looks them
+    // up by the same names).
+    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(lib()).output().expect("nm (binutils)");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let exported: std::collections::HashSet<&str> =
+        text.lines().filter_map(|l| l.split_whitespace().nth(2)).map(|n| n.split('@').next().unwrap_or(n)).collect();
+    let missing: Vec<&str> =
+        mtrace_format::functions::INTERPOSED.iter().map(|&(n, _)| n).filter(|n| !exported.contains(n)).collect();
+    assert_eq!(missing, Vec::<&str>::new());
+    assert!(mtrace_format::functions::INTERPOSED.len() >= 35);
+}

@@ -11,6 +11,7 @@
 pub mod address;
 mod decode;
 mod encode;
+pub mod functions;
 pub mod maps;
 pub mod naming;
 pub mod protocol;

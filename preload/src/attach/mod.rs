@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, CStr, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use mtrace_format::functions::INTERPOSED;
 use parking_lot::Mutex;
 
 use crate::{modules, sys};
@@ -64,8 +65,8 @@ fn hooks() -> HashMap<Vec<u8>, u64> {
     if handle.is_null() {
         return out;
     }
-    for name in HOOKED {
-        let c = CString::new(*name).expect("no NUL in a symbol name");
+    for name in hooked() {
+        let c = CString::new(name).expect("no NUL in a symbol name");
         // SAFETY: a valid handle and name.
         let a = unsafe { libc::dlsym(handle, c.as_ptr()) } as usize;
         if (lo..hi).contains(&a) {
@@ -77,44 +78,16 @@ fn hooks() -> HashMap<Vec<u8>, u64> {
     out
 }
 
-/// The functions the hooks interpose on (hooks/).
-const HOOKED: &[&str] = &[
-    "malloc",
-    "calloc",
-    "realloc",
-    "reallocarray",
-    "free",
-    "cfree",
-    "posix_memalign",
-    "aligned_alloc",
-    "memalign",
-    "valloc",
-    "pvalloc",
+/// The functions the hooks interpose on (hooks/): the allocation functions
+/// of the shared table (`mtrace_format::functions::INTERPOSED`), and the
+/// process's lifetime, descriptors and the C API.
+fn hooked() -> impl Iterator<Item = &'static str> {
+    INTERPOSED.iter().map(|&(name, _)| name).chain(OTHER_HOOKS.iter().copied())
+}
+
+/// The hooks that are not allocation functions.
+const OTHER_HOOKS: &[&str] = &[
     "malloc_usable_size",
-    "_Znwm",
-    "_ZnwmRKSt9nothrow_t",
-    "_ZnwmSt11align_val_t",
-    "_ZnwmSt11align_val_tRKSt9nothrow_t",
-    "_Znam",
-    "_ZnamRKSt9nothrow_t",
-    "_ZnamSt11align_val_t",
-    "_ZnamSt11align_val_tRKSt9nothrow_t",
-    "_ZdlPv",
-    "_ZdlPvRKSt9nothrow_t",
-    "_ZdlPvSt11align_val_t",
-    "_ZdlPvSt11align_val_tRKSt9nothrow_t",
-    "_ZdlPvm",
-    "_ZdlPvmSt11align_val_t",
-    "_ZdaPv",
-    "_ZdaPvRKSt9nothrow_t",
-    "_ZdaPvSt11align_val_t",
-    "_ZdaPvSt11align_val_tRKSt9nothrow_t",
-    "_ZdaPvm",
-    "_ZdaPvmSt11align_val_t",
-    "mmap",
-    "mmap64",
-    "munmap",
-    "mremap",
     "_exit",
     "_Exit",
     "abort",

@@ -1,0 +1,111 @@
+//! The functions the producers follow: the same set libmtrace.so
+//! interposes on and the ptrace tracer puts breakpoints on, by symbol name
+//! (Itanium C++ ABI names for a 64-bit size_t), and what each call means.
+
+use crate::Family;
+
+/// What a call of an interposed function does, with its arguments'
+/// positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    /// Returns a block of `size` (argument `size`; `calloc`: the product
+    /// of arguments 0 and 1) from `family`.
+    Alloc { family: Family, size: usize },
+    /// `calloc(n, size)`.
+    Calloc,
+    /// `posix_memalign(out, align, size)`: the block is written to `*out`.
+    PosixMemalign,
+    /// `realloc(p, size)`; `reallocarray(p, n, size)` when `array`.
+    Realloc { array: bool },
+    /// Frees its argument 0.
+    Free { family: Family },
+    /// C++ `operator new`: the block comes from the allocator it calls
+    /// (malloc, aligned_alloc), one event with the family of `new`.
+    New { family: Family },
+    /// `mmap(addr, len, prot, flags, fd, off)`.
+    Mmap,
+    /// `munmap(addr, len)`.
+    Munmap,
+    /// `mremap(old, old_len, new_len, flags, ...)`.
+    Mremap,
+    /// The dynamic loader's `_dl_debug_state`: the module list changed.
+    LoaderState,
+}
+
+impl Call {
+    /// Memory-mapping calls made by the module that defines them (glibc's
+    /// own, for large blocks and thread stacks) are not the program's.
+    pub fn mapping(self) -> bool {
+        matches!(self, Call::Mmap | Call::Munmap | Call::Mremap)
+    }
+}
+
+/// Every allocation function both producers follow, by symbol: the
+/// preload interposes on each (preload/src/hooks/, checked by
+/// analyzer/tests/process.rs against `nm -D libmtrace.so`), the ptrace
+/// tracer puts a breakpoint or uprobe on each.
+pub const INTERPOSED: &[(&str, Call)] = &[
+    ("malloc", Call::Alloc { family: Family::Malloc, size: 0 }),
+    ("calloc", Call::Calloc),
+    ("realloc", Call::Realloc { array: false }),
+    ("reallocarray", Call::Realloc { array: true }),
+    ("free", Call::Free { family: Family::Malloc }),
+    ("cfree", Call::Free { family: Family::Malloc }),
+    ("memalign", Call::Alloc { family: Family::Aligned, size: 1 }),
+    ("aligned_alloc", Call::Alloc { family: Family::Aligned, size: 1 }),
+    ("valloc", Call::Alloc { family: Family::Aligned, size: 0 }),
+    ("pvalloc", Call::Alloc { family: Family::Aligned, size: 0 }),
+    ("posix_memalign", Call::PosixMemalign),
+    ("mmap", Call::Mmap),
+    ("mmap64", Call::Mmap),
+    ("munmap", Call::Munmap),
+    ("mremap", Call::Mremap),
+    ("_Znwm", Call::New { family: Family::New }),
+    ("_Znam", Call::New { family: Family::NewArray }),
+    ("_ZnwmRKSt9nothrow_t", Call::New { family: Family::New }),
+    ("_ZnamRKSt9nothrow_t", Call::New { family: Family::NewArray }),
+    ("_ZnwmSt11align_val_t", Call::New { family: Family::New }),
+    ("_ZnamSt11align_val_t", Call::New { family: Family::NewArray }),
+    ("_ZnwmSt11align_val_tRKSt9nothrow_t", Call::New { family: Family::New }),
+    ("_ZnamSt11align_val_tRKSt9nothrow_t", Call::New { family: Family::NewArray }),
+    ("_ZdlPv", Call::Free { family: Family::New }),
+    ("_ZdaPv", Call::Free { family: Family::NewArray }),
+    ("_ZdlPvm", Call::Free { family: Family::New }),
+    ("_ZdaPvm", Call::Free { family: Family::NewArray }),
+    ("_ZdlPvRKSt9nothrow_t", Call::Free { family: Family::New }),
+    ("_ZdaPvRKSt9nothrow_t", Call::Free { family: Family::NewArray }),
+    ("_ZdlPvSt11align_val_t", Call::Free { family: Family::New }),
+    ("_ZdaPvSt11align_val_t", Call::Free { family: Family::NewArray }),
+    ("_ZdlPvmSt11align_val_t", Call::Free { family: Family::New }),
+    ("_ZdaPvmSt11align_val_t", Call::Free { family: Family::NewArray }),
+    ("_ZdlPvSt11align_val_tRKSt9nothrow_t", Call::Free { family: Family::New }),
+    ("_ZdaPvSt11align_val_tRKSt9nothrow_t", Call::Free { family: Family::NewArray }),
+];
+
+/// The dynamic loader's hook the ptrace tracer watches for a changed
+/// module list (the preload notices new modules by their generation).
+pub const LOADER_STATE: (&str, Call) = ("_dl_debug_state", Call::LoaderState);
+
+/// The call a symbol name stands for (versioned names like
+/// `malloc@@GLIBC_2.2.5` included), the loader's hook among them.
+pub fn lookup(name: &str) -> Option<Call> {
+    let base = name.split('@').next().unwrap_or(name);
+    INTERPOSED.iter().chain([&LOADER_STATE]).find(|(n, _)| *n == base).map(|&(_, c)| c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{lookup, Call, INTERPOSED};
+    use crate::Family;
+
+    #[test]
+    fn names_and_versions() {
+        assert_eq!(lookup("free@@GLIBC_2.2.5"), Some(Call::Free { family: Family::Malloc }));
+        assert_eq!(lookup("_dl_debug_state"), Some(Call::LoaderState));
+        assert_eq!(lookup("strdup"), None);
+        let mut names: Vec<&str> = INTERPOSED.iter().map(|(n, _)| *n).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), INTERPOSED.len(), "a name twice");
+    }
+}
