@@ -30,7 +30,7 @@ enum Cmd {
     /// Print the report of a trace file.
     Report(ReportArgs),
     /// Run a program under the tracer and print its report when it ends.
-    #[command(after_help = ENV_HELP)]
+    #[command(after_help = mtrace_format::settings::help())]
     Run(run::RunArgs),
     /// Compare two traces (two runs, or two builds): per backtrace, the
     /// change in bytes not freed, at the peak, and in allocation calls.
@@ -53,25 +53,6 @@ enum Cmd {
     /// (mtrace-report(1), …), into DIR (e.g. ~/.local/share/man/man1).
     Manpage { dir: PathBuf },
 }
-
-/// The environment variables of libmtrace.so, for `mtrace run --help`.
-const ENV_HELP: &str = "\
-Environment (read by libmtrace.so; an invalid value warns once and the default is used):
-  MTRACE_OUTPUT=PATH          trace file (%p pid, %e program); `run` sets it
-  MTRACE_DEPTH=N              frames per backtrace, 1-256 (default 64; `run -d` sets it)
-  MTRACE_START=on|off         off: record no allocations until mtrace_start() or mtrace()
-  MTRACE_SCAN=0|1             1: memory snapshot at exit for the leak scan (`run` sets it unless --no-scan)
-  MTRACE_CHECK_FREES=0|1      1: frees record their backtraces too (`run -S`)
-  MTRACE_FREERES=on|off       off: glibc's __libc_freeres() is not called at exit (`run --run-libc-freeres=no`)
-  MTRACE_SCAN_SIGNAL=SIG      signal that scans for leaks now and writes a .memlog (default off)
-  MTRACE_FOLLOW_FORK=on|off   off: forked children run untraced
-  MTRACE_FOLLOW_EXEC=on|off   off: programs this one execs run untraced
-  MTRACE_REPORT_SIGNAL=SIG    signal that writes an incremental report (default USR1; off)
-  MTRACE_REPORT_DIR=DIR       where <program>-<pid>-<n>.memlog reports go (default: cwd)
-  MTRACE_UNWINDER=U           fast, libgcc, or check (both, differences on stderr); default fast
-  MTRACE_CLOCK=tsc|monotonic  event clock (default tsc where the TSC is invariant)
-  MTRACE_BIN=PATH             the mtrace binary that writes .memlog reports (`run` sets it)
-  MTRACE_LIB=PATH             the libmtrace.so that `run` preloads (default: next to mtrace)";
 
 #[derive(Args)]
 struct DiffArgs {

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use anyhow::{bail, Context, Result};
+use mtrace_format::settings;
 
 use crate::opts::Hooks;
 use crate::report::text::{plural, thousands};
@@ -84,7 +85,7 @@ pub struct RunArgs {
 
 /// libmtrace.so: `MTRACE_LIB`, else next to this executable.
 pub fn find_lib() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("MTRACE_LIB") {
+    if let Some(p) = std::env::var_os(settings::LIB.name()) {
         let p = PathBuf::from(p);
         if !p.is_file() {
             bail!("MTRACE_LIB={}: no such file", p.display());
@@ -228,27 +229,27 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         _ => lib.display().to_string(),
     };
     let mut cmd = Command::new(&a.command[0]);
-    cmd.args(&a.command[1..]).env("LD_PRELOAD", preload).env("MTRACE_OUTPUT", dir.join("%e.%p.mtrace"));
+    cmd.args(&a.command[1..]).env("LD_PRELOAD", preload).env(settings::OUTPUT.name(), dir.join("%e.%p.mtrace"));
     // The preload runs this binary to write incremental reports (SIGUSR1).
     if let Ok(me) = std::env::current_exe() {
-        cmd.env("MTRACE_BIN", me);
+        cmd.env(settings::BIN.name(), me);
     }
     if let Some(d) = a.opts.depth {
         if !(1..=256).contains(&d) {
             bail!("-d {d}: the depth must be 1 to 256");
         }
-        cmd.env("MTRACE_DEPTH", d.to_string());
+        cmd.env(settings::DEPTH.name(), d.to_string());
     }
     // Each warning of the tracer once for the whole run, not per process.
-    cmd.env("MTRACE_WARN_DIR", &dir);
+    cmd.env(settings::WARN_DIR.name(), &dir);
     if !a.no_scan {
-        cmd.env("MTRACE_SCAN", "1");
+        cmd.env(settings::SCAN.name(), "1");
     }
     if a.check_frees {
-        cmd.env("MTRACE_CHECK_FREES", "1");
+        cmd.env(settings::CHECK_FREES.name(), "1");
     }
     if !a.run_libc_freeres {
-        cmd.env("MTRACE_FREERES", "off");
+        cmd.env(settings::FREERES.name(), "off");
     }
     let error_kinds = parse_kinds(&a.errors_for_leak_kinds)?;
     let (pid, status) = if a.ptrace {

@@ -2,6 +2,7 @@
 //! one warning naming the variable and falls back to the default.
 
 use crate::sys;
+use mtrace_format::settings;
 
 /// The unwinder that records backtraces (`MTRACE_UNWINDER`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,7 +178,7 @@ fn var(name: &std::ffi::CStr) -> Option<String> {
 }
 
 pub fn load() -> Config {
-    let depth = match var(c"MTRACE_DEPTH") {
+    let depth = match var(settings::DEPTH.var) {
         None => DEFAULT_DEPTH,
         Some(v) => match v.trim().parse::<usize>() {
             Ok(d) if (1..=MAX_DEPTH).contains(&d) => d,
@@ -189,8 +190,8 @@ pub fn load() -> Config {
             }
         },
     };
-    let output = var(c"MTRACE_OUTPUT").filter(|s| !s.is_empty());
-    let unwinder = match var(c"MTRACE_UNWINDER").as_deref() {
+    let output = var(settings::OUTPUT.var).filter(|s| !s.is_empty());
+    let unwinder = match var(settings::UNWINDER.var).as_deref() {
         None | Some("fast") => Unwinder::Fast,
         Some("libgcc") => Unwinder::Libgcc,
         Some("check") => Unwinder::Check,
@@ -201,7 +202,7 @@ pub fn load() -> Config {
             Unwinder::Fast
         }
     };
-    let tsc_clock = match var(c"MTRACE_CLOCK").as_deref() {
+    let tsc_clock = match var(settings::CLOCK.var).as_deref() {
         None | Some("tsc") => true,
         Some("monotonic") => false,
         Some(v) => {
@@ -209,7 +210,7 @@ pub fn load() -> Config {
             true
         }
     };
-    let report_signal = match var(c"MTRACE_REPORT_SIGNAL") {
+    let report_signal = match var(settings::REPORT_SIGNAL.var) {
         None => Some(libc::SIGUSR1),
         Some(v) => parse_signal(&v).unwrap_or_else(|| {
             sys::warn_once_per_run(&format!(
@@ -218,7 +219,7 @@ pub fn load() -> Config {
             Some(libc::SIGUSR1)
         }),
     };
-    let report_dir = var(c"MTRACE_REPORT_DIR").filter(|s| !s.is_empty()).filter(|d| {
+    let report_dir = var(settings::REPORT_DIR.var).filter(|s| !s.is_empty()).filter(|d| {
         // Checked once here: otherwise every report would fail on its own.
         let ok = std::ffi::CString::new(d.as_str())
             // SAFETY: access with a NUL-terminated path.
@@ -231,10 +232,10 @@ pub fn load() -> Config {
         }
         ok
     });
-    let start = on_off(c"MTRACE_START");
-    let scan = zero_one(c"MTRACE_SCAN");
-    let check_frees = zero_one(c"MTRACE_CHECK_FREES");
-    let scan_signal = match var(c"MTRACE_SCAN_SIGNAL") {
+    let start = on_off(settings::START.var);
+    let scan = zero_one(settings::SCAN.var);
+    let check_frees = zero_one(settings::CHECK_FREES.var);
+    let scan_signal = match var(settings::SCAN_SIGNAL.var) {
         None => None,
         Some(v) => parse_signal(&v).unwrap_or_else(|| {
             sys::warn_once_per_run(&format!(
@@ -243,10 +244,10 @@ pub fn load() -> Config {
             None
         }),
     };
-    let follow_fork = on_off(c"MTRACE_FOLLOW_FORK");
-    let follow_exec = on_off(c"MTRACE_FOLLOW_EXEC");
-    let freeres = on_off(c"MTRACE_FREERES");
-    let test = match var(c"MTRACE_TEST_ORDER") {
+    let follow_fork = on_off(settings::FOLLOW_FORK.var);
+    let follow_exec = on_off(settings::FOLLOW_EXEC.var);
+    let freeres = on_off(settings::FREERES.var);
+    let test = match var(settings::TEST_ORDER.var) {
         None => TestOrder::default(),
         Some(v) => parse_test_order(&v).unwrap_or_else(|| {
             sys::warn_once_per_run(&format!(

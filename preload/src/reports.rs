@@ -103,7 +103,7 @@ const WCLONE: i32 = 0x8000_0000u32 as i32;
 
 impl Reporter {
     pub fn new(trace: String, prog: &str, pid: u32, dir: Option<String>) -> Reporter {
-        let analyzer = match sys::getenv(c"MTRACE_BIN") {
+        let analyzer = match sys::getenv(mtrace_format::settings::BIN.var) {
             // SAFETY: access with a NUL-terminated path.
             Some(p) => match CString::new(p.clone()) {
                 Ok(c) if unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0 => Some(c),
@@ -153,7 +153,7 @@ impl Reporter {
     /// (the writer's [`Reporter::reap`] must not take it first).
     pub fn start(&self, seq: u64, out: Option<&str>, since_previous: bool, waited: bool) -> Option<i32> {
         let Some(analyzer) = &self.analyzer else {
-            if seq == 1 && sys::getenv(c"MTRACE_BIN").is_none() {
+            if seq == 1 && sys::getenv(mtrace_format::settings::BIN.var).is_none() {
                 sys::warn("no mtrace binary next to libmtrace.so (set MTRACE_BIN); report points are only markers");
             }
             return None;

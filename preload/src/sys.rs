@@ -88,7 +88,7 @@ pub fn warn(msg: &str) {
 /// starts (`make -j2` started 31) is printed by the first only. Which one
 /// was first is settled by creating `DIR/warned-HASH` exclusively.
 pub fn warn_once_per_run(msg: &str) {
-    if let Some(dir) = getenv(c"MTRACE_WARN_DIR") {
+    if let Some(dir) = getenv(mtrace_format::settings::WARN_DIR.var) {
         // FNV-1a of the message names its file.
         let h = msg.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
         if let Ok(path) = std::ffi::CString::new(format!("{dir}/warned-{h:016x}")) {

@@ -32,7 +32,7 @@ pub fn add(to: &AtomicU64, t: Instant) {
 
 /// The counters on stderr, if asked for.
 pub fn print() {
-    if std::env::var_os("MTRACE_PTRACE_STATS").is_none() {
+    if std::env::var_os(mtrace_format::settings::PTRACE_STATS.name()).is_none() {
         return;
     }
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);

@@ -72,7 +72,7 @@ const SMALL_STACK: u32 = 2 << 10;
 /// the copy ends); less costs the program less at each call. A bad value
 /// gets one warning and the default.
 fn stack_bytes() -> u32 {
-    let Some(v) = std::env::var_os("MTRACE_PTRACE_STACK") else { return STACK };
+    let Some(v) = std::env::var_os(mtrace_format::settings::PTRACE_STACK.name()) else { return STACK };
     match v.to_str().and_then(|v| v.parse::<u32>().ok()) {
         Some(n) if (1024..=65528).contains(&n) && n % 8 == 0 => n,
         _ => {

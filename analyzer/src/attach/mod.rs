@@ -117,14 +117,19 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
     listener.set_nonblocking(true)?;
     give_to_owner_of(a.pid, dir.path(), &sock)?;
-    let mut settings =
-        format!("MTRACE_OUTPUT=unix:{}\nMTRACE_FOLLOW_FORK=off\nMTRACE_FOLLOW_EXEC=off\n", sock.display());
+    use mtrace_format::settings::{CHECK_FREES, DEPTH, FOLLOW_EXEC, FOLLOW_FORK, OUTPUT};
+    let mut set = vec![
+        (OUTPUT, format!("unix:{}", sock.display())),
+        (FOLLOW_FORK, "off".to_owned()),
+        (FOLLOW_EXEC, "off".to_owned()),
+    ];
     if let Some(d) = a.opts.depth {
-        settings.push_str(&format!("MTRACE_DEPTH={d}\n"));
+        set.push((DEPTH, d.to_string()));
     }
     if a.check_frees {
-        settings.push_str("MTRACE_CHECK_FREES=1\n");
+        set.push((CHECK_FREES, "1".to_owned()));
     }
+    let settings: String = set.iter().map(|(s, v)| format!("{}={v}\n", s.name())).collect();
     let started = Instant::now();
     inject_library(a.pid, &t, &lib, &settings)?;
     let stopped_for = started.elapsed();

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use mtrace_format::settings;
 
 use super::{read_line, write_frame, Addr, Conn, ALL, COMMAND, DATA, END, EXIT};
 
@@ -215,12 +216,14 @@ pub fn server(a: ServerArgs) -> Result<ExitCode> {
         first = Some(accept_client(&listener, &token, &shared));
     }
     let mut cmd = Command::new(&a.command[0]);
-    cmd.args(&a.command[1..]).env("LD_PRELOAD", &lib).env("MTRACE_OUTPUT", format!("unix:{}", internal.display()));
+    cmd.args(&a.command[1..])
+        .env("LD_PRELOAD", &lib)
+        .env(settings::OUTPUT.name(), format!("unix:{}", internal.display()));
     if a.check_frees {
-        cmd.env("MTRACE_CHECK_FREES", "1");
+        cmd.env(settings::CHECK_FREES.name(), "1");
     }
     if let Some(d) = a.depth {
-        cmd.env("MTRACE_DEPTH", d.to_string());
+        cmd.env(settings::DEPTH.name(), d.to_string());
     }
     let mut child = cmd.spawn().with_context(|| format!("cannot run {}", a.command[0]))?;
     let sh = shared.clone();
