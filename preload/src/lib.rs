@@ -9,7 +9,8 @@
 //! flush; `real` finds the functions the hooks forward to; `attach` starts
 //! tracing in a running process (`mtrace attach`). `unsafe` lives in
 //! `attach`, `real`, `sys`, `hooks`, `modules`, `signals`, `stop`, `snapshot` and
-//! `allocator`.
+//! `allocator` (and a few blocks elsewhere), each block with its `SAFETY:`
+//! comment: clippy's `undocumented_unsafe_blocks` is denied workspace-wide.
 
 // The unit tests run as an ordinary executable: without the hooks and the
 // constructor, so that the test binary does not trace itself.

@@ -177,6 +177,7 @@ pub fn thread_atexit(dtor: extern "C" fn(*mut c_void), obj: *mut c_void) {
     // SAFETY: F is __cxa_thread_atexit_impl's signature; __dso_handle is
     // this library's, which glibc keeps loaded while the destructor waits.
     if let Some(f) = unsafe { next::<F>(&THREAD_ATEXIT) } {
+        // SAFETY: the real function, with the arguments of the caller's C contract.
         unsafe { f(dtor, obj, std::ptr::addr_of!(__dso_handle)) };
     }
 }
@@ -193,6 +194,7 @@ pub fn at_the_end_of_exit(f: extern "C" fn(*mut c_void)) -> bool {
     // SAFETY: F is __cxa_atexit's signature; a null DSO handle registers
     // for the process, as atexit in a program does.
     match unsafe { next::<F>(&CXA_ATEXIT) } {
+        // SAFETY: `f` takes the (null) argument it is registered with.
         Some(g) => unsafe { g(f, std::ptr::null_mut(), std::ptr::null()) == 0 },
         None => false,
     }
@@ -215,6 +217,7 @@ pub fn libc_freeres() {
     // SAFETY: F is __libc_freeres's signature; glibc allows the call at
     // the end of the process, its documented purpose.
     if let Some(f) = unsafe { next::<F>(&FREERES) } {
+        // SAFETY: the real function, with the arguments of the caller's C contract.
         unsafe { f() }
     }
 }

@@ -106,6 +106,7 @@ impl Reporter {
         let analyzer = match sys::getenv(mtrace_format::settings::BIN.var) {
             // SAFETY: access with a NUL-terminated path.
             Some(p) => match CString::new(p.clone()) {
+                // SAFETY: access with a NUL-terminated path.
                 Ok(c) if unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0 => Some(c),
                 _ => {
                     sys::warn(&format!("MTRACE_BIN={p:?} is not an executable file; report points are only markers"));

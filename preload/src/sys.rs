@@ -286,6 +286,7 @@ static STATM_ID: [std::sync::atomic::AtomicU64; 2] =
 pub fn identity(fd: i32) -> Option<(u64, u64)> {
     // SAFETY: st is a valid out-pointer; fstat on any number is safe.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: st is a valid out-pointer; fstat on any number is safe.
     (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
 }
 
@@ -298,6 +299,7 @@ const HIGH_FD: i32 = 900;
 pub fn move_high(fd: i32, avoid: i32) -> Option<i32> {
     // SAFETY: rl is a valid out-pointer.
     let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: rl is a valid out-pointer.
     let limit = match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } {
         0 => rl.rlim_cur.min(1 << 20) as i32,
         _ => 1024,

@@ -126,6 +126,7 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
     traced(
         // SAFETY: F is posix_memalign's signature; out is valid per contract.
         || match unsafe { next::<F>(&POSIX_MEMALIGN) } {
+            // SAFETY: the real function, with the arguments of the caller's C contract.
             Some(f) => unsafe { f(out, align, size) },
             None => libc::ENOMEM,
         },
@@ -166,6 +167,7 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
     type F = unsafe extern "C" fn(*mut c_void) -> usize;
     // SAFETY: F is malloc_usable_size's signature; p per contract.
     match unsafe { next::<F>(&USABLE_SIZE) } {
+        // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(p) },
         None => 0,
     }

@@ -40,6 +40,7 @@ macro_rules! new_hook {
             NEXT.resolve_tracked();
             // SAFETY: F is this symbol's signature in the C++ ABI.
             let forward = || match unsafe { next::<F>(&NEXT) } {
+                // SAFETY: the real function, with the arguments of the caller's C contract.
                 Some(f) => unsafe { f(size $(, $arg)*) },
                 None => $fallback(size $(, $arg)*),
             };
@@ -76,7 +77,9 @@ macro_rules! delete_hook {
             traced_free($family, p, true, || {
                 // SAFETY: F is this symbol's signature; p per the caller's contract.
                 match unsafe { next::<F>(&NEXT) } {
+                    // SAFETY: the real function, with the arguments of the caller's C contract.
                     Some(f) => unsafe { f(p $(, $arg)*) },
+                    // SAFETY: p came from the real allocator, per the caller's contract.
                     None => unsafe { real::free(p) },
                 }
             })

@@ -36,6 +36,7 @@ fn real_close(fd: i32) -> i32 {
     type F = unsafe extern "C" fn(i32) -> i32;
     // SAFETY: F is close's signature.
     match unsafe { next::<F>(&CLOSE) } {
+        // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(fd) },
         // SAFETY: the close system call on any number is safe.
         None => unsafe { libc::syscall(libc::SYS_close, fd) as i32 },
@@ -46,6 +47,7 @@ fn real_close_range(first: u32, last: u32, flags: i32) -> i32 {
     type F = unsafe extern "C" fn(u32, u32, i32) -> i32;
     // SAFETY: F is close_range's signature (glibc 2.34).
     match unsafe { next::<F>(&CLOSE_RANGE) } {
+        // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(first, last, flags) },
         // SAFETY: the close_range system call (Linux 5.9) on any range.
         None => unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) as i32 },
@@ -74,6 +76,7 @@ pub unsafe extern "C" fn dup2(old: i32, new: i32) -> i32 {
     type F = unsafe extern "C" fn(i32, i32) -> i32;
     // SAFETY: F is dup2's signature.
     match unsafe { next::<F>(&DUP2) } {
+        // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(old, new) },
         // SAFETY: the dup2 system call on any numbers.
         None => unsafe { libc::syscall(libc::SYS_dup2, old, new) as i32 },
@@ -92,6 +95,7 @@ pub unsafe extern "C" fn dup3(old: i32, new: i32, flags: i32) -> i32 {
     type F = unsafe extern "C" fn(i32, i32, i32) -> i32;
     // SAFETY: F is dup3's signature.
     match unsafe { next::<F>(&DUP3) } {
+        // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(old, new, flags) },
         // SAFETY: the dup3 system call on any numbers.
         None => unsafe { libc::syscall(libc::SYS_dup3, old, new, flags) as i32 },
@@ -152,6 +156,7 @@ fn closefrom_real(low: u32) {
     // SAFETY: F is closefrom's signature (glibc 2.34); closing descriptors
     // is what the program asked for.
     match unsafe { next::<F>(&CLOSEFROM) } {
+        // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(low.min(i32::MAX as u32) as i32) },
         None => {
             real_close_range(low, u32::MAX, 0);

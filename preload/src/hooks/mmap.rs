@@ -20,7 +20,9 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i
     traced(
         // SAFETY: MmapFn is mmap's signature on LP64 (off_t is 64-bit).
         || match unsafe { next::<MmapFn>(&MMAP) } {
+            // SAFETY: the real function, with the arguments of the caller's C contract.
             Some(f) => unsafe { f(addr, len, prot, flags, fd, off) },
+            // SAFETY: the same system call, with the caller's arguments.
             None => unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void },
         },
         |&p, at| recorder::mmap(at, p, len, prot, flags, fd),
@@ -51,7 +53,9 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
     type F = unsafe extern "C" fn(*mut c_void, usize) -> i32;
     // SAFETY: F is munmap's signature.
     let call = || match unsafe { next::<F>(&MUNMAP) } {
+        // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(addr, len) },
+        // SAFETY: the same system call, with the caller's arguments.
         None => unsafe { libc::syscall(libc::SYS_munmap, addr, len) as i32 },
     };
     let Some(_g) = Guard::enter() else { return call() };
@@ -81,6 +85,7 @@ pub unsafe extern "C" fn mremap(
     traced(
         // SAFETY: F matches how mremap reads its arguments (see above).
         || match unsafe { next::<F>(&MREMAP) } {
+            // SAFETY: the real function, with the arguments of the caller's C contract.
             Some(f) => unsafe { f(old, old_len, new_len, flags, new_addr) },
             None => libc::MAP_FAILED,
         },

@@ -35,6 +35,7 @@ fn real_exit(status: i32) -> ! {
     type F = unsafe extern "C" fn(i32) -> !;
     // SAFETY: F is _exit's signature.
     match unsafe { next::<F>(&EXIT) } {
+        // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(status) },
         // SAFETY: exit_group ends the process and does not return.
         None => unsafe {
@@ -76,6 +77,7 @@ pub extern "C" fn abort() -> ! {
     type F = unsafe extern "C" fn() -> !;
     // SAFETY: F is abort's signature.
     match unsafe { next::<F>(&ABORT) } {
+        // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f() },
         // SAFETY: raising SIGABRT with its default action ends the process.
         None => unsafe {
@@ -112,6 +114,7 @@ pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> 
     type F = unsafe extern "C" fn(*const c_char, Argv, Argv) -> i32;
     // SAFETY: F is execve's signature; arguments per contract.
     around_exec(|| match unsafe { next::<F>(&EXECVE) } {
+        // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(path, argv, envp) },
         None => -1,
     })
@@ -124,6 +127,7 @@ pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) ->
     type F = unsafe extern "C" fn(*const c_char, Argv, Argv) -> i32;
     // SAFETY: as execve.
     around_exec(|| match unsafe { next::<F>(&EXECVPE) } {
+        // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(file, argv, envp) },
         None => -1,
     })
@@ -136,6 +140,7 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: Argv) -> i32 {
     type F = unsafe extern "C" fn(*const c_char, Argv) -> i32;
     // SAFETY: F is execv's signature.
     around_exec(|| match unsafe { next::<F>(&EXECV) } {
+        // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(path, argv) },
         None => -1,
     })
@@ -148,6 +153,7 @@ pub unsafe extern "C" fn execvp(file: *const c_char, argv: Argv) -> i32 {
     type F = unsafe extern "C" fn(*const c_char, Argv) -> i32;
     // SAFETY: F is execvp's signature.
     around_exec(|| match unsafe { next::<F>(&EXECVP) } {
+        // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(file, argv) },
         None => -1,
     })
@@ -160,6 +166,7 @@ pub unsafe extern "C" fn fexecve(fd: i32, argv: Argv, envp: Argv) -> i32 {
     type F = unsafe extern "C" fn(i32, Argv, Argv) -> i32;
     // SAFETY: F is fexecve's signature.
     around_exec(|| match unsafe { next::<F>(&FEXECVE) } {
+        // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(fd, argv, envp) },
         None => -1,
     })
@@ -175,6 +182,7 @@ pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> i32 {
     type F = unsafe extern "C" fn(*mut c_void) -> i32;
     // SAFETY: F is dlclose's signature; handle per contract.
     let rc = match unsafe { next::<F>(&DLCLOSE) } {
+        // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(handle) },
         None => -1,
     };

@@ -203,6 +203,7 @@ impl Output {
 fn open_existing(path: &std::ffi::CStr) -> Result<i32, i32> {
     // SAFETY: st is a valid out-pointer, path NUL-terminated.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: path is NUL-terminated and st a valid out-pointer.
     if unsafe { libc::stat(path.as_ptr(), &mut st) } != 0 {
         return Err(sys::errno());
     }
