@@ -45,6 +45,7 @@ pub extern "C" fn after_fork_child() {
     // SAFETY: before_fork took the heap's lock, in the thread the child runs.
     unsafe { crate::allocator::release_after_fork() };
     crate::stop::reset_in_child();
+    crate::signals::reset_in_child();
     guard::reset_in_child();
     session::order::reset_in_child();
     crate::nested::reset_in_child();

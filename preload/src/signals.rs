@@ -52,6 +52,12 @@ pub fn claim_the_end() -> bool {
     }
 }
 
+/// In a forked child: no thread of its own is ending it (a thread of the
+/// parent that was is not in the child).
+pub fn reset_in_child() {
+    HANDLER.store(0, Ordering::Release);
+}
+
 extern "C" fn on_fatal(sig: i32, _: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     let me = sys::gettid() as i32;
     match HANDLER.compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire) {
