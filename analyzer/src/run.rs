@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use anyhow::{bail, Context, Result};
+use mtrace_format::protocol::MAX_DEPTH;
 use mtrace_format::settings;
 
 use crate::opts::Hooks;
@@ -154,7 +155,7 @@ fn trace_with_ptrace(a: &RunArgs, dir: &Path) -> Result<(u32, Option<std::proces
     let opts = mtrace_ptrace::Options {
         output: dir.join("%e.%p.mtrace").display().to_string(),
         settings: mtrace_ptrace::Settings {
-            depth: a.opts.depth.unwrap_or(64).clamp(1, 256),
+            depth: a.opts.depth.unwrap_or(64).clamp(1, MAX_DEPTH),
             check_frees: a.check_frees,
         },
         hooks: a.hooks.into(),
@@ -235,8 +236,8 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         cmd.env(settings::BIN.name(), me);
     }
     if let Some(d) = a.opts.depth {
-        if !(1..=256).contains(&d) {
-            bail!("-d {d}: the depth must be 1 to 256");
+        if !(1..=MAX_DEPTH).contains(&d) {
+            bail!("-d {d}: the depth must be 1 to {MAX_DEPTH}");
         }
         cmd.env(settings::DEPTH.name(), d.to_string());
     }

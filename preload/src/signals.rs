@@ -96,8 +96,7 @@ fn scan(ctx: *mut libc::c_void) {
         sys::write_all(2, b"mtrace: no leak scan: the fatal signal interrupted the tracer inside its own heap\n");
         return;
     }
-    let (regs, sp) = crate::stop::interrupted(ctx);
-    let live_from = sp.saturating_sub(crate::stop::RED_ZONE);
+    let (regs, live_from) = crate::stop::interrupted(ctx);
     crate::snapshot::take(s, crate::snapshot::By::Interrupted { regs, len: regs.len(), live_from });
 }
 

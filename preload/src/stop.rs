@@ -29,7 +29,7 @@ const BLOCKED_WAIT_US: u32 = 100_000;
 pub const REGS: usize = 17;
 /// The x86-64 ABI's red zone: a leaf function's live data below the stack
 /// pointer, which an interrupting signal leaves alone.
-pub const RED_ZONE: u64 = 128;
+const RED_ZONE: u64 = 128;
 
 struct Slot {
     tid: AtomicI32,
@@ -127,16 +127,7 @@ impl Drop for Stopped {
 /// `patient` (a fatal signal's handler): `None` when another stop holds
 /// the threads for 2 s.
 pub fn others(skip: &[i32], patient: bool) -> Option<Stopped> {
-    let one = if patient {
-        LOCK.lock()
-    } else {
-        (0..2000).find_map(|_| {
-            LOCK.try_lock().or_else(|| {
-                sys::sleep_ms(1);
-                None
-            })
-        })?
-    };
+    let one = crate::session::lock(&LOCK, !patient)?;
     let tids: Vec<i32> = tasks().into_iter().filter(|t| !skip.contains(t)).collect();
     if tids.is_empty() || !install() {
         return Some(Stopped { slots: Vec::new(), missed: tids, _one: one });
@@ -231,8 +222,8 @@ extern "C" fn on_stop_signal(_: i32, _: *mut libc::siginfo_t, ctx: *mut libc::c_
     }
     let errno = sys::errno();
     if !crate::guard::defer_park() {
-        let (regs, sp) = interrupted(ctx);
-        park(&regs, sp.saturating_sub(RED_ZONE));
+        let (regs, live_from) = interrupted(ctx);
+        park(&regs, live_from);
     }
     sys::set_errno(errno);
 }
@@ -244,14 +235,21 @@ extern "C" fn on_stop_signal(_: i32, _: *mut libc::siginfo_t, ctx: *mut libc::c_
 /// reason to wait for its end).
 pub fn park_in_signal(ctx: *mut libc::c_void) {
     if ACTIVE.load(Ordering::Acquire) != 0 {
-        let (regs, sp) = interrupted(ctx);
-        park(&regs, sp.saturating_sub(RED_ZONE));
+        let (regs, live_from) = interrupted(ctx);
+        park(&regs, live_from);
     }
+}
+
+/// The interrupted registers in a signal's ucontext, and the lowest live
+/// stack address: the stack pointer minus the red zone.
+pub fn interrupted(ctx: *mut libc::c_void) -> ([u64; REGS], u64) {
+    let (regs, sp) = interrupted_regs(ctx);
+    (regs, sp.saturating_sub(RED_ZONE))
 }
 
 /// The interrupted registers in a signal's ucontext, and the stack pointer.
 #[cfg(target_arch = "x86_64")]
-pub fn interrupted(ctx: *mut libc::c_void) -> ([u64; REGS], u64) {
+fn interrupted_regs(ctx: *mut libc::c_void) -> ([u64; REGS], u64) {
     let mut regs = [0u64; REGS];
     // SAFETY: the kernel passes a valid ucontext_t to an SA_SIGINFO handler.
     let g = unsafe { &(*ctx.cast::<libc::ucontext_t>()).uc_mcontext.gregs };
@@ -263,7 +261,7 @@ pub fn interrupted(ctx: *mut libc::c_void) -> ([u64; REGS], u64) {
 
 /// Elsewhere: no registers; the handler's own frame bounds the stack.
 #[cfg(not(target_arch = "x86_64"))]
-pub fn interrupted(_: *mut libc::c_void) -> ([u64; REGS], u64) {
+fn interrupted_regs(_: *mut libc::c_void) -> ([u64; REGS], u64) {
     let regs = own_registers();
     let mut out = [0u64; REGS];
     out[..regs.len()].copy_from_slice(&regs);

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use mtrace_format::protocol::Command;
+use mtrace_format::protocol::MAX_DEPTH;
 
 use crate::opts::Hooks;
 use crate::ReportOpts;
@@ -107,8 +108,8 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     let lib = crate::run::find_lib()?;
     let t = target::inspect(a.pid)?;
     if let Some(d) = a.opts.depth {
-        if !(1..=256).contains(&d) {
-            bail!("-d {d}: the depth must be 1 to 256");
+        if !(1..=MAX_DEPTH).contains(&d) {
+            bail!("-d {d}: the depth must be 1 to {MAX_DEPTH}");
         }
     }
     let dir = tempfile::Builder::new().prefix("mtrace-attach.").tempdir()?;
@@ -209,7 +210,7 @@ fn attach_ptrace(a: AttachArgs) -> Result<ExitCode> {
     let opts = mtrace_ptrace::Options {
         output: pattern,
         settings: mtrace_ptrace::Settings {
-            depth: a.opts.depth.unwrap_or(64).clamp(1, 256),
+            depth: a.opts.depth.unwrap_or(64).clamp(1, MAX_DEPTH),
             check_frees: a.check_frees,
         },
         hooks: a.hooks.into(),

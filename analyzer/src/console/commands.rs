@@ -165,7 +165,7 @@ impl<'a> Console<'a> {
                     self.opts.binpath = dirs.split(':').filter(|d| !d.is_empty()).map(PathBuf::from).collect();
                     self.sym = self.opts.symbolizer();
                 }
-                _ => bail!("set depth N (1 to 256) | set searchpath DIR[:DIR…]"),
+                _ => bail!("set depth N (1 to {MAX_DEPTH}) | set searchpath DIR[:DIR…]"),
             },
             "detach" => {
                 self.live.send(&Command::Detach.to_string())?;

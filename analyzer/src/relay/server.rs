@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use mtrace_format::protocol::MAX_DEPTH;
 use mtrace_format::settings;
 
 use super::{read_line, write_frame, Addr, Conn, ALL, COMMAND, DATA, END, EXIT};
@@ -168,8 +169,8 @@ impl Listener {
 pub fn server(a: ServerArgs) -> Result<ExitCode> {
     let lib = crate::run::find_lib()?;
     if let Some(d) = a.depth {
-        if !(1..=256).contains(&d) {
-            bail!("-d {d}: the depth must be 1 to 256");
+        if !(1..=MAX_DEPTH).contains(&d) {
+            bail!("-d {d}: the depth must be 1 to {MAX_DEPTH}");
         }
     }
     if a.spool_max < MIN_SPOOL {

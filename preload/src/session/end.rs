@@ -68,7 +68,7 @@ impl Session {
 
 /// `m` locked; in a signal handler (`in_signal`) `None` once it has been
 /// held for about 2 s.
-pub(super) fn lock<T>(m: &Mutex<T>, in_signal: bool) -> Option<MutexGuard<'_, T>> {
+pub(crate) fn lock<T>(m: &Mutex<T>, in_signal: bool) -> Option<MutexGuard<'_, T>> {
     if !in_signal {
         return Some(m.lock());
     }

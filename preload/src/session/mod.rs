@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 mod buffer;
 mod control;
 mod end;
+pub(crate) use end::lock;
 pub mod order;
 mod output;
 mod writer;

@@ -67,8 +67,7 @@ pub fn thread_ended() {
     }
     // SAFETY: pthread_self has no preconditions.
     let descriptor = unsafe { libc::pthread_self() } as u64;
-    if let Some((lo, hi)) = sys::own_stack().filter(|&(lo, hi)| lo < descriptor && descriptor <= hi) {
-        let _ = hi;
+    if let Some((lo, _)) = sys::own_stack().filter(|&(lo, hi)| lo < descriptor && descriptor <= hi) {
         let mut dead = DEAD_STACKS.lock();
         if !dead.contains(&(lo, descriptor)) {
             dead.push((lo, descriptor));
