@@ -2,13 +2,12 @@
 
 mod attach;
 mod console;
-mod opts;
 mod relay;
 mod run;
 
-pub use opts::ReportOpts;
+pub use pipeline::ReportOpts;
 
-use mtrace_analyzer::{books, live, load, malloc_trace, report, scan, symbolize};
+use mtrace_analyzer::{books, input, output, pipeline, report, scan, symbolize, trace};
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -100,16 +99,15 @@ fn write_manpages(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
 
 /// `mtrace diff OLD NEW`.
 fn diff(a: DiffArgs) -> anyhow::Result<ExitCode> {
-    let old = load::load(&a.old)?;
-    let new = load::load(&a.new)?;
+    let old = input::load(&a.old)?;
+    let new = input::load(&a.new)?;
     let mut sym = Symbolizer::new(SearchPaths { sysroot: a.sysroot.clone(), binpath: a.binpath.clone() });
     let d = report::diff::diff(&old, &new, &mut sym, a.depth);
-    let mut out = open_output(&a.output)?;
+    let mut out = output::open(a.output.as_deref())?;
     if a.json {
-        serde_json::to_writer_pretty(&mut *out, &d)?;
-        writeln!(out)?;
+        output::json(&d, &mut *out)?;
     } else {
-        report::diff::write_text(&d, a.limit, &mut *out)?;
+        output::diff::write_text(&d, a.limit, &mut *out)?;
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
@@ -125,88 +123,21 @@ struct ReportArgs {
     /// List the trace's markers (report points and named points) instead.
     #[arg(long)]
     markers: bool,
-    /// Write the collapsed stacks of --cost to FILE instead of the report
-    /// (flamegraph.pl's, inferno's and speedscope's input).
-    #[arg(long, value_name = "FILE")]
-    folded: Option<PathBuf>,
-    /// Write an interactive flamegraph SVG of --cost to FILE instead of the report.
-    #[arg(long, value_name = "FILE")]
-    flamegraph: Option<PathBuf>,
-    /// What --folded and --flamegraph measure per backtrace.
-    #[arg(long, value_enum, default_value = "leaked")]
-    cost: report::flame::Cost,
-    /// Draw the flamegraph upside down (roots at the top).
-    #[arg(long)]
-    icicle: bool,
     #[command(flatten)]
     opts: ReportOpts,
 }
 
 /// `mtrace report --markers`: one line per marker (or a JSON array).
 fn list_markers(trace: &std::path::Path, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
-    let t = load::load(trace)?;
+    let t = input::load(trace)?;
     if json {
-        serde_json::to_writer_pretty(&mut *out, &t.markers)?;
-        writeln!(out)?;
+        output::json(&t.markers, out)?;
         return Ok(());
     }
     writeln!(out, "{:>6}  {:>12}  name", "report", "time")?;
     for m in &t.markers {
         let seq = if m.seq == 0 { "-".to_owned() } else { m.seq.to_string() };
         writeln!(out, "{seq:>6}  {:>10.3} s  {}", m.time_ns as f64 / 1e9, m.name)?;
-    }
-    Ok(())
-}
-
-pub(crate) fn open_output(p: &Option<PathBuf>) -> anyhow::Result<Box<dyn Write>> {
-    buffered(match p {
-        Some(p) => Box::new(create_private(p)?),
-        None => Box::new(std::io::stdout().lock()),
-    })
-}
-
-/// `w` behind a buffer: a file is unbuffered and stdout flushes at every
-/// newline, so a report of 700,000 lines (cc1plus's, every backtrace) was
-/// as many `write` calls. The caller flushes.
-pub(crate) fn buffered(w: Box<dyn Write>) -> anyhow::Result<Box<dyn Write>> {
-    Ok(Box::new(std::io::BufWriter::with_capacity(1 << 16, w)))
-}
-
-/// Creates (or truncates) the file at `p` for a report, mode 0600 when new.
-pub(crate) fn create_private(p: &std::path::Path) -> anyhow::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(p)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
-}
-
-/// `mtrace report --folded/--flamegraph`: writes the collapsed stacks and
-/// the SVG of the trace's cost per backtrace.
-fn write_flame(a: &ReportArgs) -> anyhow::Result<()> {
-    let window = load::Window {
-        since: a.opts.since_marker.clone().map(load::MarkerSel),
-        until: a.opts.until_marker.clone().map(load::MarkerSel),
-        lifetimes: false,
-    };
-    let t = load::load_window(&a.trace, &window)?;
-    let mut sym = a.opts.symbolizer();
-    let lines = report::flame::folded(&t, &mut sym, a.cost, a.opts.depth);
-    if let Some(f) = &a.folded {
-        let mut w = std::io::BufWriter::new(create_private(f)?);
-        for l in &lines {
-            writeln!(w, "{l}")?;
-        }
-        w.flush()?;
-        eprintln!("mtrace: wrote {} ({} stacks)", f.display(), lines.len());
-    }
-    if let Some(f) = &a.flamegraph {
-        let w = std::io::BufWriter::new(create_private(f)?);
-        report::flame::flamegraph(&lines, a.cost, &t.header.exe, a.icicle, w)?;
-        eprintln!("mtrace: wrote {}", f.display());
     }
     Ok(())
 }
@@ -237,7 +168,7 @@ fn glibc_compat(args: &[String]) -> Option<ExitCode> {
         _ => return None,
     };
     let mut out = std::io::stdout().lock();
-    Some(match malloc_trace::print_compat(&log, prog.as_deref(), &mut out) {
+    Some(match output::glibc::print_compat(&log, prog.as_deref(), &mut out) {
         Ok(anything) => ExitCode::from(anything as u8),
         Err(e) => {
             eprintln!("mtrace: {e:#}");
@@ -253,7 +184,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let res = match cli.cmd {
-        Cmd::Report(a) => open_output(&a.output).and_then(|mut out| {
+        Cmd::Report(a) => output::open(a.output.as_deref()).and_then(|mut out| {
             // Into a pipe that closed (`| head`): end quietly, as Unix tools do.
             // SAFETY: restoring a signal's default action has no preconditions.
             unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
@@ -261,14 +192,11 @@ fn main() -> ExitCode {
                 list_markers(&a.trace, a.opts.json, &mut *out)?;
                 return Ok(ExitCode::SUCCESS);
             }
-            if a.folded.is_some() || a.flamegraph.is_some() {
-                write_flame(&a)?;
-                return Ok(ExitCode::SUCCESS);
-            }
-            // --html: the page instead of the text.
-            let text = a.opts.html.is_none().then_some(&mut *out as &mut dyn Write);
+            // A file of another form instead of the text.
+            let text = a.opts.files().is_empty().then_some(&mut *out as &mut dyn Write);
             let r = a.opts.report(&a.trace, text)?;
             out.flush()?;
+            let Some(r) = r else { return Ok(ExitCode::SUCCESS) };
             if let Some(e) = &r.summary.error {
                 eprintln!("mtrace: {e}");
                 return Ok(ExitCode::from(1));

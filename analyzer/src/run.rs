@@ -10,10 +10,8 @@ use anyhow::{bail, Context, Result};
 use mtrace_format::protocol::MAX_DEPTH;
 use mtrace_format::settings;
 
-use crate::opts::Hooks;
-use crate::report::text::{plural, thousands};
 use crate::scan::Kind;
-use crate::{load, ReportOpts};
+use crate::ReportOpts;
 
 #[derive(clap::Args)]
 pub struct RunArgs {
@@ -221,10 +219,10 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     let dir = dir.canonicalize()?;
     // What would fail only after the program ran fails now, with its cause.
     tempfile::tempfile_in(&dir).with_context(|| format!("{}: cannot write trace files there", dir.display()))?;
-    let mut out = crate::buffered(match &a.output {
-        Some(p) => Box::new(crate::create_private(p)?),
+    let mut out = crate::output::buffered(match &a.output {
+        Some(p) => Box::new(crate::output::create_private(p)?),
         None => Box::new(std::io::stderr().lock()),
-    })?;
+    });
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(old) if !old.is_empty() => format!("{}:{old}", lib.display()),
         _ => lib.display().to_string(),
@@ -258,7 +256,13 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
             (pid, Some(status)) => (pid, status),
             (pid, None) => {
                 eprintln!("mtrace: detached from process {pid}: it runs on, untraced");
-                let _ = report_processes(&dir, pid, &a.opts, a.keep_traces || a.trace_dir.is_some(), &mut *out)?;
+                let _ = crate::pipeline::report_processes(
+                    &dir,
+                    pid,
+                    &a.opts,
+                    a.keep_traces || a.trace_dir.is_some(),
+                    &mut *out,
+                )?;
                 out.flush()?;
                 return Ok(ExitCode::SUCCESS);
             }
@@ -273,7 +277,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     };
 
     let show_paths = a.keep_traces || a.trace_dir.is_some();
-    let r = report_processes(&dir, pid, &a.opts, show_paths, &mut *out)?;
+    let r = crate::pipeline::report_processes(&dir, pid, &a.opts, show_paths, &mut *out)?;
     // From the kind totals (after suppressions): the entry list leaves out
     // reachable blocks unless --show-reachable.
     let leak_error =
@@ -333,61 +337,6 @@ pub fn die_as_the_program() {
     }
 }
 
-/// Writes the report of process `pid`'s trace in `dir` (its last image,
-/// after any exec), then one line per other process traced there (with
-/// its trace's path when `show_paths`). Returns the report, if `pid` wrote
-/// a trace.
-pub fn report_processes(
-    dir: &Path,
-    pid: u32,
-    opts: &ReportOpts,
-    show_paths: bool,
-    out: &mut dyn Write,
-) -> Result<Option<crate::report::Report>> {
-    let traces = traces_in(dir)?;
-    let main =
-        traces.iter().filter(|(p, _, _)| *p == pid).max_by_key(|(_, start, _)| *start).map(|(_, _, path)| path.clone());
-    let r = match &main {
-        Some(path) => Some(opts.report(path, Some(&mut *out))?),
-        None => {
-            writeln!(out, "mtrace: no trace was written for pid {pid} (static executable, or preloading failed)")?;
-            None
-        }
-    };
-    let others: Vec<_> = traces.iter().filter(|(_, _, p)| Some(p) != main.as_ref()).collect();
-    if !others.is_empty() && !opts.json {
-        writeln!(out, "\nOther processes traced ({}):", others.len())?;
-        for (p, _, path) in others.iter().take(OTHERS_SHOWN) {
-            let line = match load::load(path) {
-                Ok(t) => {
-                    let (bytes, blocks) = t.books.live_blocks().fold((0, 0), |acc, (_, b)| (acc.0 + b.size, acc.1 + 1));
-                    format!(
-                        "pid {p} {}: {} bytes in {} not freed",
-                        t.header.exe,
-                        thousands(bytes),
-                        plural(blocks, "block", "blocks")
-                    )
-                }
-                Err(e) => format!("pid {p}: {e:#}"),
-            };
-            let kept = if show_paths { format!(" ({})", path.display()) } else { String::new() };
-            writeln!(out, "  {line}{kept}")?;
-        }
-        if others.len() > OTHERS_SHOWN {
-            let more = others.len() - OTHERS_SHOWN;
-            match show_paths {
-                true => writeln!(out, "  … {more} more, their traces in {}", dir.display())?,
-                false => writeln!(out, "  … {more} more (--keep-traces keeps every trace for mtrace report)")?,
-            }
-        }
-    }
-    Ok(r)
-}
-
-/// Other processes listed after the report: the rest are counted (python3
-/// started through pyenv's shims is 78 shell processes before it).
-const OTHERS_SHOWN: usize = 10;
-
 /// `--errors-for-leak-kinds`: a comma-separated list of kinds, or `all`.
 fn parse_kinds(s: &str) -> Result<Vec<Kind>> {
     let mut v = Vec::new();
@@ -407,26 +356,33 @@ fn parse_kinds(s: &str) -> Result<Vec<Kind>> {
     Ok(v)
 }
 
-/// The traces in `dir`: (pid, start time, path), oldest first.
-fn traces_in(dir: &Path) -> Result<Vec<(u32, u64, PathBuf)>> {
-    let mut v = Vec::new();
-    for e in std::fs::read_dir(dir)? {
-        let path = e?.path();
-        let Ok(f) = std::fs::File::open(&path) else { continue };
-        let mut r = mtrace_format::Reader::new(f);
-        if let Ok(h) = r.header() {
-            v.push((h.pid, h.start_monotonic_ns, path));
-        }
-    }
-    v.sort_by_key(|t| t.1);
-    Ok(v)
-}
-
 /// `yes` or `no`, as valgrind spells its switches.
 fn yes_no(v: &str) -> Result<bool, String> {
     match v {
         "yes" => Ok(true),
         "no" => Ok(false),
         _ => Err(format!("{v:?} is neither yes nor no")),
+    }
+}
+
+/// `--hooks`: how `--ptrace` hooks the allocation functions
+/// (docs/PTRACE.md).
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Hooks {
+    /// Uprobes where this user and kernel allow them, else breakpoints.
+    Auto,
+    /// Kernel uprobes: the program does not stop (root).
+    Uprobes,
+    /// Breakpoints: a stop per call (any user who may ptrace it).
+    Breakpoints,
+}
+
+impl From<Hooks> for mtrace_ptrace::Hooks {
+    fn from(h: Hooks) -> mtrace_ptrace::Hooks {
+        match h {
+            Hooks::Auto => mtrace_ptrace::Hooks::Auto,
+            Hooks::Uprobes => mtrace_ptrace::Hooks::Uprobes,
+            Hooks::Breakpoints => mtrace_ptrace::Hooks::Breakpoints,
+        }
     }
 }

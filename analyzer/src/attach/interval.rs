@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::Result;
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::report::text::{frame_line, plural};
+use crate::output::words::{frame_line, plural};
 use crate::symbolize::Symbolizer;
 
 /// Backtraces listed per interval.
@@ -20,7 +20,7 @@ const FRAMES: usize = 4;
 /// Writes one interval's view of the trace saved so far at `trace` (its
 /// last record may be cut short: what was read is used) to `out`.
 pub fn print(trace: &Path, sym: &mut Symbolizer, older_than_ns: u64, out: &mut dyn Write) -> Result<()> {
-    let t = crate::load::load(trace)?;
+    let t = crate::input::load(trace)?;
     let cutoff = t.last_time.saturating_sub(older_than_ns);
     let mut by_stack: HashMap<u32, (u64, u64)> = HashMap::default();
     for (_, b) in t.books.live_blocks().filter(|(_, b)| b.time < cutoff) {

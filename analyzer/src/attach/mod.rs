@@ -27,7 +27,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use mtrace_format::protocol::Command;
 use mtrace_format::protocol::MAX_DEPTH;
 
-use crate::opts::Hooks;
+use crate::run::Hooks;
 use crate::ReportOpts;
 
 #[derive(clap::Args)]
@@ -190,10 +190,10 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
         bail!("process {} ended before libmtrace.so sent anything", a.pid);
     }
     eprintln!("mtrace: detached from process {} ({} bytes of trace)", a.pid, copied);
-    let mut out = crate::open_output(&a.output)?;
+    let mut out = crate::output::open(a.output.as_deref())?;
     let r = a.opts.report(&trace, Some(&mut *out))?;
     out.flush()?;
-    if let Some(e) = &r.summary.error {
+    if let Some(e) = r.as_ref().and_then(|r| r.summary.error.as_ref()) {
         eprintln!("mtrace: {e}");
     }
     Ok(ExitCode::SUCCESS)
@@ -223,10 +223,10 @@ fn attach_ptrace(a: AttachArgs) -> Result<ExitCode> {
         o => eprintln!("mtrace: process {} ended ({o:?})", a.pid),
     }
     let trace = PathBuf::from(trace);
-    let mut out = crate::open_output(&a.output)?;
+    let mut out = crate::output::open(a.output.as_deref())?;
     let r = a.opts.report(&trace, Some(&mut *out))?;
     out.flush()?;
-    if let Some(e) = &r.summary.error {
+    if let Some(e) = r.as_ref().and_then(|r| r.summary.error.as_ref()) {
         eprintln!("mtrace: {e}");
     }
     Ok(ExitCode::SUCCESS)

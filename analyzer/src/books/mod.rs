@@ -24,7 +24,7 @@ use rustc_hash::FxHashMap as HashMap;
 pub struct Block {
     /// Requested size, bytes.
     pub size: u64,
-    /// Canonical backtrace index (see [`crate::load::Stacks`]).
+    /// Canonical backtrace index (see [`crate::trace::Stacks`]).
     pub stack: u32,
     pub family: Family,
     /// Allocation time, ns since the trace started.

@@ -10,10 +10,10 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::{resolve, Live, COMMANDS};
 use crate::books::{Block, LiveTotals};
-use crate::live::{LiveBooks, State};
-use crate::load::{Trace, SCAN_MARKER};
+use crate::input::live::{LiveBooks, State};
 use crate::report::{SortKey, View};
 use crate::scan::{Classified, Kind};
+use crate::trace::{Trace, SCAN_MARKER};
 use crate::ReportOpts;
 
 /// How long a report point, a reset or a scan may take to answer.
@@ -205,7 +205,7 @@ impl<'a> Console<'a> {
             let t = st.trace.as_mut().expect("with() checks the header");
             view(t, base, false, |t| {
                 let v = View { lost_before: lost, heuristics, ..View::default() };
-                crate::report::build_view(t, sym, sort, depth, true, v)
+                crate::pipeline::build(t, sym, sort, depth, true, v)
             })
         })?;
         r.summary.since_marker = since;
@@ -216,10 +216,10 @@ impl<'a> Console<'a> {
                 writeln!(out, "No wrong frees.")?;
             }
             r.errors.truncate(n);
-            return Ok(crate::report::errors::write_text(&r.errors, r.text_callers, out)?);
+            return Ok(crate::output::errors::write_text(&r.errors, r.text_callers, out)?);
         }
         r.stacks.truncate(n);
-        crate::report::text::write_entries_only(&r, out)?;
+        crate::output::text::write_entries_only(&r, out)?;
         Ok(())
     }
 
@@ -240,7 +240,8 @@ impl<'a> Console<'a> {
                 // the ones held now are the previous report point's.
                 let base = (n > 1).then(|| st.baselines.get(marker::REPORT).cloned()).flatten();
                 let t = st.trace.as_mut().expect("a marker came, so the header did");
-                let mut r = view(t, base, false, |t| crate::report::build(t, sym, opts.sort, opts.depth, true));
+                let v = View { heuristics: opts.leak_check_heuristics, ..View::default() };
+                let mut r = view(t, base, false, |t| crate::pipeline::build(t, sym, opts.sort, opts.depth, true, v));
                 r.summary.since_marker = (n > 1).then(|| format!("{}#{}", marker::REPORT, n - 1));
                 r.summary.until_marker = Some(format!("{}#{n}", marker::REPORT));
                 r
@@ -250,11 +251,9 @@ impl<'a> Console<'a> {
     }
 
     fn write(&self, r: &crate::report::Report, out: &mut dyn Write) -> Result<()> {
-        if self.opts.json {
-            serde_json::to_writer_pretty(&mut *out, r)?;
-            writeln!(out)?;
-        } else {
-            crate::report::write_text(r, out)?;
+        match self.opts.format() {
+            crate::output::Format::Json => crate::output::json(r, out)?,
+            _ => crate::output::text::write_text(r, out)?,
         }
         Ok(())
     }

@@ -95,13 +95,13 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
         res?;
         bail!("{addr}: the connection ended before the program did");
     };
-    let mut out = crate::open_output(&a.output)?;
+    let mut out = crate::output::open(a.output.as_deref())?;
     // The program's process is the first to connect; its pid is in its header.
     let main = s.files.get(&1).map(|(p, _)| p.clone());
     let pid = main.as_deref().and_then(header_pid);
     match pid {
         Some(pid) => {
-            crate::run::report_processes(dir.path(), pid, &a.opts, false, &mut *out)?;
+            crate::pipeline::report_processes(dir.path(), pid, &a.opts, false, &mut *out)?;
         }
         None => writeln!(out, "mtrace: the program sent no trace (static executable, or preloading failed)")?,
     }

@@ -3,15 +3,11 @@
 //! line; module+offset where there is no symbol), not by address, so two
 //! builds of a program compare (heaptrack_print's `--diff`).
 
-use std::io::{self, Write};
-
 use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
 
-use crate::load::Trace;
 use crate::symbolize::{Frame, Symbolizer};
-
-use super::text::{plural, thousands};
+use crate::trace::Trace;
 
 /// One backtrace's totals in one run.
 #[derive(Clone, Copy, Default)]
@@ -131,51 +127,4 @@ pub fn diff(old: &Trace, new: &Trace, sym: &mut Symbolizer, depth: Option<usize>
         calls: n.3 - o.3,
         stacks,
     }
-}
-
-fn change(v: i64, one: &str, many: &str) -> String {
-    let sign = if v > 0 {
-        "+"
-    } else if v < 0 {
-        "-"
-    } else {
-        ""
-    };
-    let n = v.unsigned_abs();
-    format!("{sign}{}", if n == 1 { format!("1 {one}") } else { format!("{} {many}", thousands(n)) })
-}
-
-/// The diff as text, at most `limit` backtraces.
-pub fn write_text(d: &Diff, limit: usize, w: &mut dyn Write) -> io::Result<()> {
-    writeln!(w, "mtrace diff")?;
-    writeln!(w, "  old:              {}", d.old)?;
-    writeln!(w, "  new:              {}", d.new)?;
-    writeln!(
-        w,
-        "  not freed:        {} in {}",
-        change(d.leaked_bytes, "byte", "bytes"),
-        change(d.leaked_blocks, "block", "blocks")
-    )?;
-    writeln!(w, "  peak:             {}", change(d.peak_bytes, "byte", "bytes"))?;
-    writeln!(w, "  allocation calls: {}", change(d.calls, "call", "calls"))?;
-    if d.stacks.is_empty() {
-        writeln!(w, "\nNo backtrace changed.")?;
-        return Ok(());
-    }
-    let shown = d.stacks.len().min(limit);
-    let n = plural(d.stacks.len() as u64, "backtrace", "backtraces");
-    writeln!(w, "\nChanged, largest change in bytes not freed first ({n}; {shown} shown):")?;
-    for (i, c) in d.stacks.iter().take(limit).enumerate() {
-        writeln!(
-            w,
-            "\n#{}: not freed {} in {}, peak {}, {}",
-            i + 1,
-            change(c.leaked_bytes, "byte", "bytes"),
-            change(c.leaked_blocks, "block", "blocks"),
-            change(c.peak_bytes, "byte", "bytes"),
-            change(c.calls, "allocation call", "allocation calls")
-        )?;
-        super::text::frames(&c.frames, super::text::NUM_CALLERS, w)?;
-    }
-    Ok(())
 }

@@ -2,15 +2,12 @@
 //! backtraces, in JSON as `errors` and in text as the section "Wrong
 //! frees", worded as valgrind memcheck words its errors.
 
-use std::io::{self, Write};
-
 use serde::Serialize;
 
-use super::text::{frames, plural, thousands};
 use super::{stack_frames, SortKey};
 use crate::books::wrong::WrongKind;
-use crate::load::Trace;
 use crate::symbolize::{Frame, Symbolizer};
+use crate::trace::Trace;
 
 /// Wrong frees of one kind, call and backtraces.
 #[derive(Serialize, Debug)]
@@ -93,52 +90,4 @@ pub fn counts(errors: &[ErrorEntry]) -> (u64, u64) {
         WrongKind::Mismatched => (bad, mis + e.count),
         _ => (bad + e.count, mis),
     })
-}
-
-/// What the entry's free did wrong, in a few words.
-fn what(e: &ErrorEntry) -> String {
-    let call = e.call;
-    match (e.kind, &e.block) {
-        (WrongKind::Mismatched, Some(b)) => format!("{call} of a block from {}", b.family),
-        (WrongKind::Mismatched, None) => format!("{call} of a block from another family"),
-        (WrongKind::DoubleFree, _) => format!("{call} of a block already freed (double free)"),
-        (WrongKind::InvalidFree, _) => format!("{call} of an address that is no block's start (invalid free)"),
-    }
-}
-
-/// The section "Wrong frees" of the text report (nothing without any).
-/// Writes the wrong frees, at most `callers` frames of each backtrace (see
-/// [`super::text::shown`]).
-pub fn write_text(errors: &[ErrorEntry], callers: usize, w: &mut dyn Write) -> io::Result<()> {
-    if errors.is_empty() {
-        return Ok(());
-    }
-    let (bad, mis) = counts(errors);
-    writeln!(w, "\nWrong frees: {} double or invalid, {} mismatched:", thousands(bad), thousands(mis))?;
-    for (i, e) in errors.iter().enumerate() {
-        let times = plural(e.count, "time", "times");
-        writeln!(w, "\n#{}: {}: {}, {times}", i + 1, e.kind.heading(), what(e))?;
-        if e.free_frames.is_empty() {
-            writeln!(w, "    (where it was freed: mtrace run -S records the backtraces of frees)")?;
-        }
-        frames(&e.free_frames, callers, w)?;
-        let Some(b) = &e.block else {
-            writeln!(w, "  Address {:#x} is not inside any block the trace knows", e.address)?;
-            continue;
-        };
-        let size = thousands(b.size);
-        let offset = plural(b.offset, "byte", "bytes");
-        if b.freed {
-            writeln!(w, "  Address {:#x} is {offset} inside a block of size {size} free'd", e.address)?;
-            if e.first_free_frames.is_empty() && b.offset == 0 {
-                writeln!(w, "    (where: mtrace run -S records the backtraces of frees)")?;
-            }
-            frames(&e.first_free_frames, callers, w)?;
-            writeln!(w, "  Block was alloc'd at")?;
-        } else {
-            writeln!(w, "  Address {:#x} is {offset} inside a block of size {size} alloc'd", e.address)?;
-        }
-        frames(&e.alloc_frames, callers, w)?;
-    }
-    Ok(())
 }

@@ -8,8 +8,8 @@
 use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
 
-use crate::load::Trace;
 use crate::symbolize::{Frame, Symbolizer};
+use crate::trace::Trace;
 
 /// Backtraces shown.
 pub const TOP: usize = 5;

@@ -1,13 +1,12 @@
-//! The leak report: built once from a loaded trace, printed as text or JSON.
+//! The report model: built from a loaded trace (and, when it has one, the
+//! leak scan's classes, which `crate::pipeline` makes); `crate::output`
+//! renders it.
 
 pub mod diff;
 pub mod errors;
-pub mod flame;
-pub mod html;
 pub mod intervals;
 pub mod sections;
 pub mod suppress;
-pub mod text;
 
 use rustc_hash::FxHashMap as HashMap;
 
@@ -15,10 +14,8 @@ use crate::scan::Kind;
 
 use serde::Serialize;
 
-use crate::load::Trace;
 use crate::symbolize::{Frame, Symbolizer};
-
-pub use text::write_text;
+use crate::trace::Trace;
 
 /// Order of the "not freed" entries (the keys of mtrace-ng).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -62,8 +59,8 @@ pub type BlockFilter<'a> = dyn Fn(u64, &crate::books::Block) -> bool + 'a;
 pub struct View<'a> {
     /// Only the live blocks (address, block) this accepts are shown and counted.
     pub keep: Option<&'a BlockFilter<'a>>,
-    /// The classification of the trace's snapshot, already made (else
-    /// [`build`] classifies when the trace has a snapshot).
+    /// The classification of the trace's snapshot (`crate::pipeline::classify`):
+    /// entries are per backtrace and leak kind with it.
     pub classes: Option<&'a HashMap<u64, crate::scan::Classified>>,
     /// Blocks (address, allocation time in ns) an earlier scan found
     /// definitely or indirectly lost: what the sort keys `bytes-leaked`
@@ -157,7 +154,7 @@ pub struct Report {
     pub stacks: Vec<LeakEntry>,
     /// With `--timeline`: RSS and live heap over time.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub timeline: Option<Vec<crate::load::TimePoint>>,
+    pub timeline: Option<Vec<crate::trace::TimePoint>>,
     /// Most calls, temporary allocations, peak consumers, size histogram
     /// (not in a report of a window between markers).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -207,7 +204,7 @@ pub fn parse_duration(s: &str) -> Result<u64, String> {
 }
 
 /// At most `rows` points of `all`, evenly spaced, the last one included.
-pub fn thin(all: &[crate::load::TimePoint], rows: usize) -> Vec<crate::load::TimePoint> {
+pub fn thin(all: &[crate::trace::TimePoint], rows: usize) -> Vec<crate::trace::TimePoint> {
     if all.len() <= rows {
         return all.to_vec();
     }
@@ -269,17 +266,7 @@ pub fn build_view(
     view: View,
 ) -> Report {
     // With a leak scan, entries are per (backtrace, kind).
-    let started = std::time::Instant::now();
-    let own: Option<HashMap<u64, crate::scan::Classified>>;
-    let classes = match view.classes {
-        Some(c) => Some(c),
-        None if t.baseline.is_none() => {
-            own = crate::scan::classify(t, view.heuristics).map(|v| v.into_iter().map(|c| (c.addr, c)).collect());
-            own.as_ref()
-        }
-        None => None,
-    };
-    let marking = started.elapsed().as_secs_f64();
+    let classes = view.classes;
     let mut groups: HashMap<(u32, Option<Kind>), Group> = HashMap::default();
     let mut kinds = classes.as_ref().map(|_| crate::scan::Kinds::default());
     // Indirect bytes per owning definitely lost block.
@@ -457,7 +444,7 @@ pub fn build_view(
         text_callers: 0,
         show_reachable,
         suppressed: None,
-        scan: kinds.and(crate::scan::info(t)).map(|s| crate::scan::ScanInfo { marking_s: marking, ..s }),
+        scan: kinds.and(crate::scan::info(t)),
         kinds,
     }
 }

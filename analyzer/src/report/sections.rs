@@ -7,9 +7,9 @@ use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
 
 use crate::books::LiveTotals;
-use crate::load::Trace;
 use crate::stats::BUCKETS;
 use crate::symbolize::{Frame, Symbolizer};
+use crate::trace::Trace;
 
 /// Entries shown per section.
 pub const TOP: usize = 5;

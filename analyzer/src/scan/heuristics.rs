@@ -125,7 +125,7 @@ pub(super) struct Segments {
 }
 
 impl Segments {
-    pub(super) fn of(modules: &[crate::load::ModuleSeen]) -> Segments {
+    pub(super) fn of(modules: &[crate::trace::ModuleSeen]) -> Segments {
         let mut spans: Vec<(u64, u64, u32)> = modules
             .iter()
             .flat_map(|m| {

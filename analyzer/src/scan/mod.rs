@@ -15,14 +15,14 @@
 
 use serde::Serialize;
 
-use crate::load::Trace;
+use crate::trace::Trace;
 use mtrace_format::{region_kind, Family};
 
 pub mod heuristics;
 mod memory;
+use crate::trace::{Region, Word};
 pub use heuristics::{Heuristic, Heuristics};
-pub use memory::Region;
-use memory::{Memory, Word};
+use memory::Memory;
 
 /// memcheck's leak kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]

@@ -6,7 +6,7 @@ fn region(addr: u64, words: &[u64], kind: u8) -> Region {
 }
 
 fn run(blocks: &[(u64, u64)], regions: Vec<Region>) -> Vec<Kind> {
-    let mut t = crate::load::Trace::new(std::path::Path::new("x"), Default::default());
+    let mut t = crate::trace::Trace::new(std::path::Path::new("x"), Default::default());
     for &(a, size) in blocks {
         t.books.alloc(0, a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0 });
     }
@@ -101,7 +101,7 @@ fn a_lost_list_is_one_definite_block_and_the_rest_indirect() {
         words[(0x20 * i / 8) as usize] = b(i - 1);
     }
     let blocks: Vec<(u64, u64)> = (0..n).map(|i| (b(i), 16)).collect();
-    let mut t = crate::load::Trace::new(std::path::Path::new("x"), Default::default());
+    let mut t = crate::trace::Trace::new(std::path::Path::new("x"), Default::default());
     for &(a, size) in &blocks {
         t.books.alloc(0, a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0 });
     }
@@ -129,7 +129,7 @@ fn heuristics_need_their_exact_layout() {
     put(b(4), 1, 20);
     let roots = region(0x1000, &[b(0) + 8, b(1) + 8, b(2) + 8, b(3) + 24, b(4) + 24], region_kind::MAPPING);
     let blocks = [(b(0), 48), (b(1), 48), (b(2), 48), (b(3), 45), (b(4), 45)];
-    let mut t = crate::load::Trace::new(std::path::Path::new("x"), Default::default());
+    let mut t = crate::trace::Trace::new(std::path::Path::new("x"), Default::default());
     for &(a, size) in &blocks {
         t.books.alloc(0, a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0 });
     }

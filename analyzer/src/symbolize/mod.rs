@@ -8,7 +8,7 @@ use std::path::Path;
 
 pub use debugfile::SearchPaths;
 
-use crate::load::ModuleSeen;
+use crate::trace::ModuleSeen;
 
 /// One symbolized frame. A return address yields one frame per level of
 /// inlining: the inlined functions first (`inlined: true`), then the

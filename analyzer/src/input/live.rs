@@ -24,8 +24,9 @@ use rustc_hash::FxHashMap as HashMap;
 
 use mtrace_format::protocol::marker;
 
+use super::{Flow, Keeper};
 use crate::books::LiveTotals;
-use crate::load::{Flow, Keeper, Trace, Window};
+use crate::trace::{Trace, Window};
 
 /// Marker names whose live totals per backtrace are kept when they pass
 /// (the latest of each name): the console's report points and resets.

@@ -1,58 +1,10 @@
-//! The human-readable report.
+//! The report as text: what memcheck users read, with heaptrack's sections
+//! on request.
 
 use std::io::{self, Write};
 
-use super::Report;
-use crate::symbolize::Frame;
-
-/// 1234567 → "1,234,567".
-pub fn thousands(v: u64) -> String {
-    let s = v.to_string();
-    let mut out = String::with_capacity(s.len() + s.len() / 3);
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-pub fn plural(n: u64, one: &str, many: &str) -> String {
-    format!("{} {}", thousands(n), if n == 1 { one } else { many })
-}
-
-/// A count that may be a change: "+1,024 bytes", "-1 block"; plain when
-/// `delta` is false.
-fn count(n: i64, one: &str, many: &str, delta: bool) -> String {
-    let sign = match (delta, n.signum()) {
-        (true, 1) => "+",
-        (_, -1) => "-",
-        _ => "",
-    };
-    format!("{sign}{}", plural(n.unsigned_abs(), one, many))
-}
-
-fn secs(ns: u64) -> String {
-    format!("{:.3} s", ns as f64 / 1e9)
-}
-
-pub fn frame_line(f: &Frame, first: bool) -> String {
-    let lead = if first { "at" } else { "by" };
-    let func = f.function.as_deref().unwrap_or("???");
-    let loc = match (&f.file, f.line) {
-        (Some(file), Some(line)) => format!(" ({file}:{line})"),
-        (Some(file), None) => format!(" ({file})"),
-        _ => format!(" ({}+{:#x})", f.module, f.offset),
-    };
-    let module = if f.file.is_some() { format!(" [{}]", f.module) } else { String::new() };
-    let inl = if f.inlined { " (inlined)" } else { "" };
-    format!("    {lead} {:#x}: {func}{loc}{module}{inl}", f.address)
-}
-
-fn mib(b: u64) -> String {
-    format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
-}
+use super::words::{count, frames, mib, plural, secs, thousands};
+use crate::report::Report;
 
 fn write_timeline(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     let Some(points) = &r.timeline else { return Ok(()) };
@@ -102,52 +54,6 @@ fn write_intervals(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         let cells: Vec<String> = g.per_window.iter().map(|p| thousands(p.bytes)).collect();
         writeln!(w, "    bytes per interval: {}", cells.join(" "))?;
         frames(&g.frames, r.text_callers, w)?;
-    }
-    Ok(())
-}
-
-/// Frames of a backtrace the text shows by default (`--num-callers`):
-/// valgrind's default, so that a report reads like memcheck's; the
-/// allocating call and eleven callers reach the program's own code in the
-/// programs we tried (python3's deepest leaks are interpreter frames).
-pub const NUM_CALLERS: usize = 12;
-
-/// glibc's frames below a program's entry: below `main` (the process's
-/// start) and below a thread's start routine. memcheck hides them too
-/// (`--show-below-main=no`).
-const BELOW_ENTRY: [&str; 7] = [
-    "__libc_start_call_main",
-    "__libc_start_main_impl",
-    "__libc_start_main",
-    "_start",
-    "start_thread",
-    "clone3",
-    "clone",
-];
-
-/// The frames of `f` the text shows: up to the program's entry (`main`, a
-/// thread's start routine: the frames of [`BELOW_ENTRY`] after it are
-/// left out) and at most `callers` of them (0: all); and how many of the
-/// frames up to the entry that leaves out.
-pub fn shown(f: &[Frame], callers: usize) -> (&[Frame], usize) {
-    let entry = f
-        .iter()
-        .skip(1)
-        .position(|fr| fr.function.as_deref().is_some_and(|n| BELOW_ENTRY.contains(&n)))
-        .map_or(f.len(), |i| i + 1);
-    let n = if callers == 0 { entry } else { entry.min(callers) };
-    (&f[..n], entry - n)
-}
-
-/// Writes backtrace `f` one frame per line, as [`frame_line`] shapes them,
-/// the frames [`shown`] keeps, and "… N more frames" where it cut.
-pub(crate) fn frames(f: &[Frame], callers: usize, w: &mut dyn Write) -> io::Result<()> {
-    let (f, more) = shown(f, callers);
-    for (j, fr) in f.iter().enumerate() {
-        writeln!(w, "{}", frame_line(fr, j == 0))?;
-    }
-    if more > 0 {
-        writeln!(w, "    … {} (--num-callers)", plural(more as u64, "more frame", "more frames"))?;
     }
     Ok(())
 }

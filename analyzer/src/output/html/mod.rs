@@ -17,10 +17,10 @@ use std::io::{self, Write};
 use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
 
-use super::{stack_frames, LeakEntry, Report};
 use crate::books::lifetimes::{Lifetimes, NEVER};
-use crate::load::Trace;
+use crate::report::{stack_frames, LeakEntry, Report};
 use crate::symbolize::{Frame, Symbolizer};
+use crate::trace::Trace;
 
 /// Backtraces drawn one by one; the others are summed into one.
 pub const MAX_STACKS: usize = 3000;
@@ -218,7 +218,10 @@ pub fn write(t: &Trace, r: &mut Report, sym: &mut Symbolizer, depth: Option<usiz
         leaks,
         leaks_total: r.stacks.len(),
         duration_ns: t.last_time,
-        timeline: super::thin(&t.timeline, MAX_POINTS).iter().map(|p| (p.time_ns, p.rss_bytes, p.heap_bytes)).collect(),
+        timeline: crate::report::thin(&t.timeline, MAX_POINTS)
+            .iter()
+            .map(|p| (p.time_ns, p.rss_bytes, p.heap_bytes))
+            .collect(),
         markers: t.markers.iter().map(|m| (m.time_ns, m.name.as_str())).collect(),
         life: life(t, lifetimes, &index, other),
         quantum_ns: lifetimes.quantum(),

@@ -8,8 +8,8 @@ use std::io::{self, Write};
 
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::load::Trace;
 use crate::symbolize::{Frame, Symbolizer};
+use crate::trace::Trace;
 
 /// What a flamegraph's widths measure, per backtrace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -68,7 +68,7 @@ pub fn folded(t: &Trace, sym: &mut Symbolizer, cost: Cost, depth: Option<usize>)
     };
     let mut lines: HashMap<String, u64> = HashMap::default();
     for (s, v) in per_stack.into_iter().filter(|&(_, v)| v > 0) {
-        let frames = super::stack_frames(t, sym, s, depth);
+        let frames = crate::report::stack_frames(t, sym, s, depth);
         let mut path: Vec<String> = frames.iter().rev().map(name).collect();
         if path.is_empty() {
             path.push("[no backtrace]".to_owned());

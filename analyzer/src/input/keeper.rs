@@ -5,9 +5,9 @@
 use anyhow::Result;
 use mtrace_format::{EndReason, Family, Record};
 
-use super::{MarkerSeen, ModuleSeen, TimePoint, Trace, Window, ATTACH_MARKER, SCAN_MARKER};
 use crate::books::wrong::Dealloc;
 use crate::books::Block;
+use crate::trace::{MarkerSeen, ModuleSeen, TimePoint, Trace, Window, ATTACH_MARKER, SCAN_MARKER};
 
 /// A pool block's key in the books: its address in the pool's own space,
 /// apart from heap addresses (user space is below 2^47) and other pools.
@@ -31,7 +31,7 @@ pub struct Keeper<'w> {
     /// Latest event time, ns.
     now: u64,
     /// The regions of a snapshot being read (until its ScanEnd).
-    regions: Vec<crate::scan::Region>,
+    regions: Vec<crate::trace::Region>,
 }
 
 impl<'w> Keeper<'w> {
@@ -147,7 +147,7 @@ impl<'w> Keeper<'w> {
             Record::ScanRegion { kind, addr, bytes, .. } => {
                 // The reader has checked a sparse payload: an error cannot
                 // happen here, and the region would be left out.
-                if let Ok(r) = crate::scan::Region::of_record(kind, addr, bytes, t.header.word_size()) {
+                if let Ok(r) = crate::trace::Region::of_record(kind, addr, bytes, t.header.word_size()) {
                     self.regions.push(r);
                 }
             }

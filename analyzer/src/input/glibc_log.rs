@@ -1,7 +1,6 @@
 //! glibc's MALLOC_TRACE logs, so that users of glibc's `mtrace()` get a
 //! drop-in upgrade: `mtrace report LOG` reads them like a trace, and
-//! `mtrace PROG LOG` prints the "Memory not freed" table the way glibc's
-//! mtrace script does, with callers resolved to file:line and function.
+//! `mtrace PROG LOG` prints glibc's table of them (`crate::output::glibc`).
 //!
 //! Log lines (glibc 2.36, malloc/mtrace-impl.c): `= Start`, `= End`, and
 //! `@ CALLER OP ADDR [SIZE]` where OP is `+` (allocation of SIZE bytes),
@@ -9,7 +8,7 @@
 //! SIZE bytes). CALLER is `path:[0xOFFSET]` (offset in the module), or
 //! `path:(symbol+0xOFF)[0xADDR]`, or `[0xADDR]`; numbers are hex.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -17,8 +16,7 @@ use mtrace_format::{Family, Header, Module, Segment};
 use object::{Object, ObjectSegment};
 
 use crate::books::Block;
-use crate::load::{ModuleSeen, Trace};
-use crate::symbolize::Symbolizer;
+use crate::trace::{ModuleSeen, Trace};
 
 /// Where the synthetic load biases of logged modules start: far above any
 /// file address, one slot of 2^44 bytes per module.
@@ -164,39 +162,4 @@ fn caller_frame(
         (bias, image_base(&file))
     });
     Some(bias + base + offset)
-}
-
-/// `mtrace [PROG] LOG`: glibc's table of blocks not freed, callers resolved.
-/// Returns whether anything was found (leaks or complaints), which is the
-/// script's exit status.
-pub fn print_compat(log: &Path, prog: Option<&Path>, out: &mut dyn Write) -> Result<bool> {
-    let (t, complaints) = load_with_complaints(log, prog)?;
-    for c in &complaints {
-        writeln!(out, "{}", c.text)?;
-    }
-    let mut sym = Symbolizer::new(Default::default());
-    let mut blocks: Vec<(u64, &Block)> = t.books.live_blocks().collect();
-    blocks.sort_by_key(|(a, _)| *a);
-    if !blocks.is_empty() {
-        writeln!(out, "\nMemory not freed:\n-----------------\n           Address     Size     Caller")?;
-    }
-    for (addr, b) in &blocks {
-        let frames =
-            t.stacks.frames[b.stack as usize].first().map(|&a| sym.frames(&t.modules, a, 0)).unwrap_or_default();
-        let caller = match frames.first() {
-            Some(f) => match (&f.file, f.line, &f.function) {
-                (Some(file), Some(line), Some(func)) => format!("{file}:{line} ({func})"),
-                (Some(file), Some(line), None) => format!("{file}:{line}"),
-                (_, _, Some(func)) => format!("{func} ({}+{:#x})", f.module, f.offset),
-                _ => format!("{}+{:#x}", f.module, f.offset),
-            },
-            None => "???".to_owned(),
-        };
-        writeln!(out, "{addr:#018x} {:#8x}  at {caller}", b.size)?;
-    }
-    let anything = !blocks.is_empty() || !complaints.is_empty();
-    if !anything {
-        writeln!(out, "No memory leaks.")?;
-    }
-    Ok(anything)
 }

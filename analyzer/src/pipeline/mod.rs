@@ -1,0 +1,279 @@
+//! The report pipeline every command runs: load a trace (its modules'
+//! debug info opened meanwhile), classify its snapshot with the leak scan,
+//! build the report model, apply suppressions and the extra sections, and
+//! write each form asked for. `mtrace report`, `run`, `attach`, `client`,
+//! the console and the fuzz target all go through it; its options are the
+//! report options those commands share ([`ReportOpts`]).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use rustc_hash::FxHashMap as HashMap;
+
+use crate::input;
+use crate::output::{self, flame, Format, Shape};
+use crate::report::{self, Report, SortKey, View};
+use crate::scan;
+use crate::symbolize::{SearchPaths, Symbolizer};
+use crate::trace::{MarkerSel, Trace, Window};
+
+mod processes;
+pub use processes::report_processes;
+
+/// Options shared by `report` and `run`.
+#[derive(Args, Clone)]
+pub struct ReportOpts {
+    /// Print one JSON document instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Order of the "not freed" backtraces.
+    #[arg(long, value_enum, default_value = "bytes")]
+    pub sort: SortKey,
+    /// Show at most this many recorded frames per backtrace (`run` also records only this many).
+    #[arg(short = 'd', long = "depth")]
+    pub depth: Option<usize>,
+    /// In text, show at most N frames of a backtrace, 0 for all (valgrind's
+    /// option and default); frames below the program's entry (`main`, a
+    /// thread's start routine) are left out. JSON, HTML and flamegraphs
+    /// have every frame recorded (-d).
+    #[arg(long, value_name = "N", default_value_t = output::words::NUM_CALLERS)]
+    pub num_callers: usize,
+    /// Root folder holding the traced machine's files (for traces made elsewhere).
+    #[arg(long)]
+    pub sysroot: Option<PathBuf>,
+    /// Folder to search for binaries by file name; may be repeated.
+    #[arg(long)]
+    pub binpath: Vec<PathBuf>,
+    /// Report the change in live blocks since this marker (a report number, or a marker's name).
+    #[arg(long, value_name = "MARKER")]
+    pub since_marker: Option<String>,
+    /// Stop at this marker (a report number, or a marker's name).
+    #[arg(long, value_name = "MARKER")]
+    pub until_marker: Option<String>,
+    /// Also show RSS and live heap over time (sampled every 10 ms).
+    #[arg(long)]
+    pub timeline: bool,
+    /// Also list blocks still live that were allocated more than DURATION
+    /// before the end (500ms, 10s, 2m, …).
+    #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
+    pub older_than: Option<u64>,
+    /// With a leak scan, also list the still reachable blocks (and the
+    /// program's own mappings).
+    #[arg(long)]
+    pub show_reachable: bool,
+    /// In text, also the sections heaptrack users know: most allocation
+    /// calls, temporary allocations, peak consumers, allocation sizes
+    /// (JSON always has them).
+    #[arg(long)]
+    pub sections: bool,
+    /// Leave out entries matched by this file's `leak:PATTERN` lines
+    /// (LeakSanitizer's format; PATTERN against function, file or module).
+    #[arg(long, value_name = "FILE")]
+    pub suppressions: Option<PathBuf>,
+    /// memcheck's heuristics for interior pointers, with the leak scan: all,
+    /// none, or some of stdstring, length64, newarray, multipleinheritance
+    /// (comma-separated); a block a heuristic's pointer reaches is still
+    /// reachable, not possibly lost (docs/SCAN.md).
+    #[arg(long, value_name = "SET", default_value = "all", value_parser = scan::Heuristics::parse)]
+    pub leak_check_heuristics: scan::Heuristics,
+    /// Also show, per time window of DURATION, the allocations still live at
+    /// the end, backtraces that leak in every window first.
+    #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
+    pub intervals: Option<u64>,
+    /// Also write the report as one self-contained HTML page to FILE: memory
+    /// over time, flamegraphs, what a time range left live, the tables
+    /// (`mtrace report`: instead of the text).
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// Also write the collapsed stacks of --cost to FILE (flamegraph.pl's,
+    /// inferno's and speedscope's input; `mtrace report`: instead of the
+    /// text).
+    #[arg(long, value_name = "FILE")]
+    pub folded: Option<PathBuf>,
+    /// Also write an interactive flamegraph SVG of --cost to FILE
+    /// (`mtrace report`: instead of the text).
+    #[arg(long, value_name = "FILE")]
+    pub flamegraph: Option<PathBuf>,
+    /// What --folded and --flamegraph measure per backtrace.
+    #[arg(long, value_enum, default_value = "leaked")]
+    pub cost: flame::Cost,
+    /// Draw the flamegraph upside down (roots at the top).
+    #[arg(long)]
+    pub icicle: bool,
+}
+
+impl ReportOpts {
+    /// A symbolizer searching `--sysroot` and `--binpath`.
+    pub fn symbolizer(&self) -> Symbolizer {
+        Symbolizer::new(SearchPaths { sysroot: self.sysroot.clone(), binpath: self.binpath.clone() })
+    }
+
+    /// The part of the trace to read: `--since-marker` to `--until-marker`,
+    /// with the blocks' lifetimes when the HTML page will show them.
+    pub fn window(&self) -> Window {
+        Window {
+            since: self.since_marker.clone().map(MarkerSel),
+            until: self.until_marker.clone().map(MarkerSel),
+            lifetimes: self.html.is_some(),
+        }
+    }
+
+    /// The form of the report on the command's own output: JSON or text.
+    pub fn format(&self) -> Format {
+        if self.json {
+            Format::Json
+        } else {
+            Format::Text
+        }
+    }
+
+    /// The forms asked to go to files (`--html`, `--folded`,
+    /// `--flamegraph`), each with its file.
+    pub fn files(&self) -> Vec<(Format, &Path)> {
+        [(Format::Html, &self.html), (Format::Folded, &self.folded), (Format::Flamegraph, &self.flamegraph)]
+            .into_iter()
+            .filter_map(|(f, p)| Some((f, p.as_deref()?)))
+            .collect()
+    }
+
+    fn shape(&self) -> Shape {
+        Shape { depth: self.depth, cost: self.cost, icicle: self.icicle }
+    }
+
+    /// Loads `trace` ([`input::load_window`]) and a symbolizer for it. The
+    /// debug info of the modules loaded at the start (the program, libc,
+    /// ...) is opened and decompressed on a second core while the trace is
+    /// read (a fifth of a report's time on churn), until the reading is
+    /// done: the rest is opened when first needed. Not for small traces,
+    /// read faster than a module is opened.
+    pub fn load(&self, trace: &Path) -> anyhow::Result<(Trace, Symbolizer)> {
+        let window = self.window();
+        let big = std::fs::metadata(trace).is_ok_and(|m| m.len() >= WARM_FROM_BYTES);
+        let done = std::sync::atomic::AtomicBool::new(!big);
+        let (t, sym) = std::thread::scope(|sc| {
+            let warm = sc.spawn(|| {
+                let mut sym = self.symbolizer();
+                if big {
+                    sym.open_modules(&input::first_modules(trace), &done);
+                }
+                sym
+            });
+            let t = input::load_window(trace, &window);
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            (t, warm.join().unwrap_or_else(|_| self.symbolizer()))
+        });
+        Ok((t?, sym))
+    }
+
+    /// The report model of `t`: classified by the leak scan when `t` has a
+    /// snapshot (and `view` brings no classes of its own), grouped and
+    /// sorted as the options say, suppressions applied, with the sections,
+    /// intervals and timeline asked for. Fails only when the suppressions
+    /// file cannot be read.
+    pub fn build(&self, t: &Trace, sym: &mut Symbolizer, view: View) -> anyhow::Result<Report> {
+        let view = View { heuristics: self.leak_check_heuristics, ..view };
+        let mut r = build(t, sym, self.sort, self.depth, self.show_reachable, view);
+        if let Some(f) = &self.suppressions {
+            let mut rules = report::suppress::read(f)?;
+            report::suppress::apply(&mut r, &mut rules);
+            r.suppressed = Some(rules);
+        }
+        r.summary.since_marker = self.since_marker.clone();
+        r.summary.until_marker = self.until_marker.clone();
+        r.text_sections = self.sections;
+        r.text_callers = self.num_callers;
+        if self.timeline {
+            r.timeline = Some(report::thin(&t.timeline, report::TIMELINE_ROWS));
+        }
+        if let Some(d) = self.intervals {
+            r.intervals = Some(report::intervals::build(t, sym, d, self.depth));
+        }
+        // Whole-run sections, not for a window (and so not in .memlog reports).
+        if self.since_marker.is_none() && self.until_marker.is_none() {
+            let at_peak = t.books.live_at_peak();
+            let inp = report::sections::Inputs { at_peak: &at_peak, older_than_ns: self.older_than, depth: self.depth };
+            r.sections = Some(report::sections::build(t, sym, &inp));
+        }
+        Ok(r)
+    }
+
+    /// Writes `r` (the report of `t`; `None` when no form needs it) to
+    /// `out` in [`Self::format`] (nothing when `out` is `None`), and each
+    /// of [`Self::files`] to its file, saying so on standard error.
+    pub fn write(
+        &self,
+        t: &Trace,
+        mut r: Option<&mut Report>,
+        sym: &mut Symbolizer,
+        out: Option<&mut dyn Write>,
+    ) -> anyhow::Result<()> {
+        let shape = self.shape();
+        for (f, path) in self.files() {
+            let mut w = std::io::BufWriter::new(output::create_private(path)?);
+            output::write(f, t, r.as_deref_mut(), sym, &shape, &mut w)?;
+            w.flush()?;
+            eprintln!("mtrace: wrote {}", path.display());
+        }
+        if let Some(out) = out {
+            output::write(self.format(), t, r, sym, &shape, out)?;
+        }
+        Ok(())
+    }
+
+    /// Loads `trace`, builds its report and writes it to `out` (none when
+    /// `out` is `None`) and to the files asked for. A trace that breaks off
+    /// is still reported (with its error named). The report is `None` when
+    /// no form asked for needed it (only `--folded`/`--flamegraph`): it is
+    /// not built then, nor is the scan run.
+    pub fn report(&self, trace: &Path, out: Option<&mut dyn Write>) -> anyhow::Result<Option<Report>> {
+        let (t, mut sym) = self.load(trace)?;
+        let needed = out.is_some() || self.files().iter().any(|(f, _)| f.needs_report());
+        let mut r = if needed { Some(self.build(&t, &mut sym, View::default())?) } else { None };
+        self.write(&t, r.as_mut(), &mut sym, out)?;
+        Ok(r)
+    }
+}
+
+/// The leak scan's classes of `t`'s blocks by address, when `t` has a
+/// complete snapshot and is not a window since a marker (whose baseline
+/// blocks the snapshot does not tell apart); and the seconds it took.
+pub fn classify(t: &Trace, heuristics: scan::Heuristics) -> (Option<HashMap<u64, scan::Classified>>, f64) {
+    if t.baseline.is_some() {
+        return (None, 0.0);
+    }
+    let started = std::time::Instant::now();
+    let classes = scan::classify(t, heuristics).map(|v| v.into_iter().map(|c| (c.addr, c)).collect());
+    (classes, started.elapsed().as_secs_f64())
+}
+
+/// [`report::build_view`] with the leak scan's classes: `view`'s own, or
+/// else [`classify`]'s of `t`'s snapshot (the report's `scan` says how
+/// long that took).
+pub fn build(
+    t: &Trace,
+    sym: &mut Symbolizer,
+    sort: SortKey,
+    depth: Option<usize>,
+    show_reachable: bool,
+    view: View,
+) -> Report {
+    if view.classes.is_some() {
+        return report::build_view(t, sym, sort, depth, show_reachable, view);
+    }
+    let (classes, marking_s) = classify(t, view.heuristics);
+    let mut r = report::build_view(t, sym, sort, depth, show_reachable, View { classes: classes.as_ref(), ..view });
+    if let Some(s) = &mut r.scan {
+        s.marking_s = marking_s;
+    }
+    r
+}
+
+/// Traces from this size (bytes) on have their modules' debug info opened
+/// while they are read: a small one is read before the first module is
+/// open, and then waits for it (the benchmark's python3 trace, 27 KiB:
+/// reported in 0.064 s without, 0.080 s with). From 4 MiB down to 256 KiB
+/// (medians of 9): cxx_work's 3.9 MB trace 0.24 → 0.21 s, python3-malloc's
+/// 4.0 MB 0.49 → 0.44 s, jq's 1.2 MB 0.37 → 0.35 s, sqlite3's 295 KB 0.09
+/// → 0.08 s.
+const WARM_FROM_BYTES: u64 = 1 << 18;

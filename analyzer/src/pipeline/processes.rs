@@ -1,0 +1,82 @@
+//! The report of a run that traced several processes (a shell script, a
+//! build): one trace per process in a folder, the program's reported in
+//! full and the others a line each.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+
+use super::ReportOpts;
+use crate::output::words::{plural, thousands};
+use crate::report::Report;
+
+/// Writes the report of process `pid`'s trace in `dir` (its last image,
+/// after any exec), then one line per other process traced there (with
+/// its trace's path when `show_paths`). Returns the report, if `pid` wrote
+/// a trace.
+pub fn report_processes(
+    dir: &Path,
+    pid: u32,
+    opts: &ReportOpts,
+    show_paths: bool,
+    out: &mut dyn Write,
+) -> Result<Option<Report>> {
+    let traces = traces_in(dir)?;
+    let main =
+        traces.iter().filter(|(p, _, _)| *p == pid).max_by_key(|(_, start, _)| *start).map(|(_, _, path)| path.clone());
+    let r = match &main {
+        Some(path) => opts.report(path, Some(&mut *out))?,
+        None => {
+            writeln!(out, "mtrace: no trace was written for pid {pid} (static executable, or preloading failed)")?;
+            None
+        }
+    };
+    let others: Vec<_> = traces.iter().filter(|(_, _, p)| Some(p) != main.as_ref()).collect();
+    if !others.is_empty() && !opts.json {
+        writeln!(out, "\nOther processes traced ({}):", others.len())?;
+        for (p, _, path) in others.iter().take(OTHERS_SHOWN) {
+            let line = match crate::input::load(path) {
+                Ok(t) => {
+                    let (bytes, blocks) = t.books.live_blocks().fold((0, 0), |acc, (_, b)| (acc.0 + b.size, acc.1 + 1));
+                    format!(
+                        "pid {p} {}: {} bytes in {} not freed",
+                        t.header.exe,
+                        thousands(bytes),
+                        plural(blocks, "block", "blocks")
+                    )
+                }
+                Err(e) => format!("pid {p}: {e:#}"),
+            };
+            let kept = if show_paths { format!(" ({})", path.display()) } else { String::new() };
+            writeln!(out, "  {line}{kept}")?;
+        }
+        if others.len() > OTHERS_SHOWN {
+            let more = others.len() - OTHERS_SHOWN;
+            match show_paths {
+                true => writeln!(out, "  … {more} more, their traces in {}", dir.display())?,
+                false => writeln!(out, "  … {more} more (--keep-traces keeps every trace for mtrace report)")?,
+            }
+        }
+    }
+    Ok(r)
+}
+
+/// Other processes listed after the report: the rest are counted (python3
+/// started through pyenv's shims is 78 shell processes before it).
+const OTHERS_SHOWN: usize = 10;
+
+/// The traces in `dir`: (pid, start time, path), oldest first.
+fn traces_in(dir: &Path) -> Result<Vec<(u32, u64, PathBuf)>> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let path = e?.path();
+        let Ok(f) = std::fs::File::open(&path) else { continue };
+        let mut r = mtrace_format::Reader::new(f);
+        if let Ok(h) = r.header() {
+            v.push((h.pid, h.start_monotonic_ns, path));
+        }
+    }
+    v.sort_by_key(|t| t.1);
+    Ok(v)
+}

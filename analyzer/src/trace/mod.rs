@@ -1,0 +1,141 @@
+//! The data model every part of the analyzer shares: one trace as read —
+//! its header, books, backtraces, modules, markers, timeline and the leak
+//! scan's snapshot. The readers (`input`) fill it; the books, the scan, the
+//! symbolizer, the reports and the outputs read it. It depends on nothing
+//! above it.
+
+use std::path::{Path, PathBuf};
+
+use mtrace_format::{EndReason, Header, Module, ReadError};
+use rustc_hash::FxHashMap as HashMap;
+
+use crate::books::Books;
+
+mod region;
+mod stacks;
+pub use region::{Region, Word};
+pub use stacks::Stacks;
+
+/// A module as first seen in the stream.
+pub struct ModuleSeen {
+    pub module: Module,
+    /// ns since the start when the module list containing it was recorded.
+    pub time: u64,
+}
+
+/// Which marker `--since-marker`/`--until-marker` mean: a number selects
+/// incremental report `seq`, `NAME#K` the K-th marker named NAME (from 1),
+/// anything else the first marker named so.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MarkerSel(pub String);
+
+impl MarkerSel {
+    /// Whether the marker `seq`/`name`, the `nth` of that name (from 1), is selected.
+    pub fn matches(&self, seq: u64, name: &str, nth: usize) -> bool {
+        if let Ok(n) = self.0.parse::<u64>() {
+            return n != 0 && n == seq;
+        }
+        match self.0.rsplit_once('#').and_then(|(n, k)| Some((n, k.parse::<usize>().ok()?))) {
+            Some((n, k)) => n == name && k == nth,
+            None => self.0 == name,
+        }
+    }
+}
+/// Where reading starts counting and stops.
+#[derive(Clone, Debug, Default)]
+pub struct Window {
+    /// Report the change since this marker (live blocks there are the baseline).
+    pub since: Option<MarkerSel>,
+    /// Stop reading at this marker.
+    pub until: Option<MarkerSel>,
+    /// Also keep when each backtrace's blocks lived ([`crate::books::lifetimes`]).
+    pub lifetimes: bool,
+}
+
+/// A marker as read: report number (0 for a named point), name, time (ns).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct MarkerSeen {
+    pub seq: u64,
+    pub name: String,
+    pub time_ns: u64,
+}
+
+/// Memory at one moment: the process's RSS sample and the books' live heap.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct TimePoint {
+    pub time_ns: u64,
+    /// Resident set size, bytes.
+    pub rss_bytes: u64,
+    /// Bytes and blocks live in the books (heap blocks and mappings).
+    pub heap_bytes: u64,
+    pub heap_blocks: u64,
+}
+
+/// Everything read from one trace.
+pub struct Trace {
+    pub path: PathBuf,
+    pub header: Header,
+    pub books: Books,
+    pub stacks: Stacks,
+    pub modules: Vec<ModuleSeen>,
+    /// The End record, if the producer wrote one.
+    pub end: Option<EndReason>,
+    /// Latest time seen, ns since the start.
+    pub last_time: u64,
+    /// Why reading stopped early (truncated or corrupt), if it did.
+    pub error: Option<ReadError>,
+    pub records: u64,
+    /// Every marker read, in stream order.
+    pub markers: Vec<MarkerSeen>,
+    /// Live bytes and blocks per canonical backtrace at the `since` marker.
+    pub baseline: Option<HashMap<u32, crate::books::LiveTotals>>,
+    /// The `until` marker was reached (reading stopped there).
+    pub reached_until: bool,
+    /// One point per RSS sample, in stream order.
+    pub timeline: Vec<TimePoint>,
+    pub stats: crate::stats::RunStats,
+    /// Pool names (`mtrace_alloc`), by id.
+    pub pools: HashMap<u32, String>,
+    /// The memory snapshot for the leak scan (`MTRACE_SCAN=1`), if complete.
+    pub snapshot: Option<Vec<Region>>,
+    /// When the snapshot was taken, ns: later blocks are not in it.
+    pub snapshot_time: u64,
+    /// The last snapshot was an on-demand scan (a "scan" marker follows it).
+    pub snapshot_on_demand: bool,
+    /// Traced from an attach (`mtrace attach`; an [`ATTACH_MARKER`] marker):
+    /// the blocks allocated before it are unknown.
+    pub attached: bool,
+}
+
+/// Name of the marker the preload writes after an on-demand leak scan.
+pub const SCAN_MARKER: &str = mtrace_format::protocol::marker::SCAN;
+
+/// Name of the marker that starts a stream made by `mtrace attach`.
+pub const ATTACH_MARKER: &str = mtrace_format::protocol::marker::ATTACH;
+
+impl Trace {
+    /// An empty trace of the process `header` describes.
+    pub fn new(path: &Path, header: Header) -> Trace {
+        Trace {
+            path: path.to_owned(),
+            header,
+            books: Books::default(),
+            stacks: Stacks::default(),
+            modules: Vec::new(),
+            end: None,
+            last_time: 0,
+            error: None,
+            records: 0,
+            markers: Vec::new(),
+            baseline: None,
+            reached_until: false,
+            timeline: Vec::new(),
+            stats: Default::default(),
+            pools: HashMap::default(),
+            snapshot: None,
+            snapshot_time: u64::MAX,
+            snapshot_on_demand: false,
+            attached: false,
+        }
+    }
+}

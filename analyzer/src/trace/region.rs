@@ -1,0 +1,200 @@
+//! The snapshot's memory as the producers wrote it: regions of bytes as
+//! they were, or sparse regions holding only the words that can matter to
+//! the scan (the format's `sparse` module). A word a sparse region left out
+//! reads as not held, as an unreadable page does: it could neither point to
+//! a block nor satisfy a heuristic.
+
+use mtrace_format::{region_kind, sparse};
+
+/// One region of the snapshot.
+pub struct Region {
+    /// One of [`region_kind`]'s kinds (without the flags).
+    pub kind: u8,
+    /// The next piece of the same mapping as the region before it.
+    pub continues: bool,
+    pub addr: u64,
+    /// Bytes of memory the region stands for.
+    pub len: u64,
+    /// The bytes as they were (empty for a sparse region).
+    bytes: Vec<u8>,
+    held: Option<Held>,
+}
+
+/// The words a sparse region holds.
+struct Held {
+    /// Bit `i % 64` of `bits[i / 64]`: word `i` is held.
+    bits: Vec<u64>,
+    /// `rank[g]`: words held before word `64 * g`.
+    rank: Vec<u32>,
+    /// The held words' values, in order.
+    values: Vec<u64>,
+}
+
+impl Held {
+    /// Whether word `i` is held.
+    fn holds(&self, i: usize) -> bool {
+        self.bits[i / 64] >> (i % 64) & 1 != 0
+    }
+
+    /// How many words before word `i` are held: where its value is in
+    /// `values` when it is.
+    fn index(&self, i: usize) -> usize {
+        self.rank[i / 64] as usize + (self.bits[i / 64] & ((1u64 << (i % 64)) - 1)).count_ones() as usize
+    }
+}
+
+impl Region {
+    /// A region of `bytes` as they were at `addr`.
+    pub fn dense(kind: u8, continues: bool, addr: u64, bytes: Vec<u8>) -> Region {
+        Region { kind, continues, addr, len: bytes.len() as u64, bytes, held: None }
+    }
+
+    /// The region of a ScanRegion record (`kind` with its flags) of a
+    /// target with `word`-byte pointers; an error for a sparse payload
+    /// that does not parse (the reader has already checked it).
+    pub fn of_record(kind: u8, addr: u64, bytes: Vec<u8>, word: usize) -> Result<Region, String> {
+        let continues = kind & region_kind::SAME_MAPPING != 0;
+        let plain = kind & !(region_kind::SAME_MAPPING | region_kind::SPARSE);
+        if kind & region_kind::SPARSE == 0 {
+            return Ok(Region::dense(plain, continues, addr, bytes));
+        }
+        let s = sparse::parse(&bytes, word)?;
+        let mut bits = Vec::with_capacity(s.bits.len().div_ceil(8));
+        let mut rank = Vec::with_capacity(bits.capacity());
+        let mut held = 0u32;
+        for chunk in s.bits.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            let b = u64::from_le_bytes(w);
+            rank.push(held);
+            held += b.count_ones();
+            bits.push(b);
+        }
+        let values = s.values().collect();
+        Ok(Region {
+            kind: plain,
+            continues,
+            addr,
+            len: s.len,
+            bytes: Vec::new(),
+            held: Some(Held { bits, rank, values }),
+        })
+    }
+
+    /// The address after the region.
+    pub fn end(&self) -> u64 {
+        self.addr + self.len
+    }
+
+    /// The bytes as they were (a dense region's), for the registers.
+    pub fn dense_bytes(&self) -> Option<&[u8]> {
+        self.held.is_none().then_some(&self.bytes[..])
+    }
+
+    /// The word at offset `o`, if the region holds it: `word.size` bytes,
+    /// or 8 with `eight` (two held words of a 4-byte target).
+    pub(crate) fn word_at(&self, o: u64, word: Word, eight: bool) -> Option<u64> {
+        let n = if eight { 8 } else { word.size };
+        if o.checked_add(n as u64)? > self.len {
+            return None;
+        }
+        let o = o as usize;
+        let Some(h) = &self.held else {
+            let b = self.bytes.get(o..o + n)?;
+            return Some(if eight { word.read8(b) } else { word.read(b) });
+        };
+        if !o.is_multiple_of(word.size) {
+            return None;
+        }
+        let i = o / word.size;
+        if !h.holds(i) {
+            return None;
+        }
+        let v = h.values[h.index(i)];
+        if n == word.size {
+            return Some(v);
+        }
+        // Two 4-byte words; held ones are consecutive in `values`.
+        if !h.holds(i + 1) {
+            return None;
+        }
+        let w = h.values[h.index(i) + 1];
+        Some(if word.big { v << 32 | w } else { w << 32 | v })
+    }
+
+    /// Calls `f` with each aligned, held word in `[lo, hi)` (absolute
+    /// addresses), in order.
+    pub(crate) fn each_word(&self, lo: u64, hi: u64, word: Word, mut f: impl FnMut(u64)) {
+        let size = word.size as u64;
+        let from = lo.max(self.addr).next_multiple_of(size);
+        let to = hi.min(self.end());
+        if from + size > to {
+            return;
+        }
+        let Some(h) = &self.held else {
+            let mut a = from;
+            while a + size <= to {
+                let o = (a - self.addr) as usize;
+                f(word.read(&self.bytes[o..o + word.size]));
+                a += size;
+            }
+            return;
+        };
+        // Sparse regions start word-aligned: word indexes from `from`.
+        let (first, last) = (((from - self.addr) / size) as usize, ((to - self.addr) / size) as usize);
+        for g in first / 64..last.div_ceil(64) {
+            let mut b = h.bits[g];
+            if g == first / 64 {
+                b &= !0u64 << (first % 64);
+            }
+            if g == last / 64 {
+                b &= (1u64 << (last % 64)) - 1;
+            }
+            let mut at = h.index(first.max(g * 64));
+            while b != 0 {
+                f(h.values[at]);
+                at += 1;
+                b &= b - 1;
+            }
+        }
+    }
+}
+
+/// A pointer as the target stores it: its size (bytes) and byte order,
+/// from the stream's header (a 32-bit big-endian target's words are 4
+/// bytes, most significant first).
+#[derive(Clone, Copy)]
+pub struct Word {
+    /// Bytes.
+    pub size: usize,
+    /// Most significant byte first.
+    pub big: bool,
+}
+
+impl Word {
+    pub fn of(h: &mtrace_format::Header) -> Word {
+        Word { size: h.word_size(), big: h.big_endian }
+    }
+
+    /// The pointer in `b` (exactly `size` bytes).
+    pub fn read(self, b: &[u8]) -> u64 {
+        let mut w = [0u8; 8];
+        if self.big {
+            w[8 - self.size..].copy_from_slice(b);
+            u64::from_be_bytes(w)
+        } else {
+            w[..self.size].copy_from_slice(b);
+            u64::from_le_bytes(w)
+        }
+    }
+
+    /// The 8-byte number in `b` (exactly 8 bytes), in the target's order.
+    pub fn read8(self, b: &[u8]) -> u64 {
+        let w: [u8; 8] = b.try_into().unwrap_or_default();
+        if self.big {
+            u64::from_be_bytes(w)
+        } else {
+            u64::from_le_bytes(w)
+        }
+    }
+}
