@@ -12,7 +12,7 @@ use nix::unistd::Pid;
 use crate::arch::{self, Regs};
 use crate::funcs::Call;
 use crate::process::Process;
-use crate::target;
+use crate::target::{self, Stack};
 
 /// An interposed function's hook: where it is, what it does, and the
 /// module that defines it.
@@ -22,29 +22,6 @@ pub struct Hook {
     pub call: Call,
     /// [start, end) of the module.
     pub module: (u64, u64),
-}
-
-/// Where the stack words the call logic reads come from.
-#[derive(Clone, Copy)]
-pub enum Stack<'a> {
-    /// The stopped thread's memory (a breakpoint stop).
-    Live,
-    /// The copy a uprobe took, from `base` (the stack pointer) up; nothing
-    /// beyond it.
-    Copy { base: u64, bytes: &'a [u8] },
-}
-
-impl Stack<'_> {
-    /// The word at `addr` of process `pid`'s stack.
-    pub fn read_u64(&self, pid: Pid, addr: u64) -> Option<u64> {
-        match *self {
-            Stack::Live => target::read_u64(pid, addr),
-            Stack::Copy { base, bytes } => {
-                let off = addr.checked_sub(base)? as usize;
-                Some(u64::from_le_bytes(bytes.get(off..off.checked_add(8)?)?.try_into().ok()?))
-            }
-        }
-    }
 }
 
 /// The outermost interposed call a thread is in.

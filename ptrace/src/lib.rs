@@ -16,10 +16,17 @@
 //! defined in `tracefs`, counted by `perf` events per thread): the thread
 //! does not stop; the kernel copies its registers and the top of its stack
 //! into a ring, and the same call logic (`calls`) runs on the copies.
+//!
+//! And for `mtrace attach` (the preload's way in): [`inspect`] looks a
+//! running process over (its libc's loader functions, whether it can be
+//! attached to), [`inject`] calls a function inside it (`dlopen` of
+//! libmtrace.so) from a thread that holds no lock the call needs.
 
 mod arch;
 mod calls;
 mod funcs;
+pub mod inject;
+pub mod inspect;
 mod modules;
 mod perf;
 mod process;

@@ -11,7 +11,23 @@ use nix::unistd::Pid;
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
 use crate::funcs::{self, Call};
-use crate::unwind::Bytes;
+
+/// Bytes shared between the modules of a process and its forked children.
+#[derive(Clone)]
+pub struct Bytes(pub std::sync::Arc<[u8]>);
+
+impl Default for Bytes {
+    fn default() -> Bytes {
+        Bytes(std::sync::Arc::from(Vec::new()))
+    }
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
 
 /// One loaded ELF file.
 pub struct Loaded {

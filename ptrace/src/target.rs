@@ -109,3 +109,26 @@ pub fn syscall(tid: Pid, nr: u64, args: [u64; 6], signals: &mut Vec<nix::sys::si
     set_regs(tid, &saved)?;
     result
 }
+
+/// Where the stack words the call logic reads come from.
+#[derive(Clone, Copy)]
+pub enum Stack<'a> {
+    /// The stopped thread's memory (a breakpoint stop).
+    Live,
+    /// The copy a uprobe took, from `base` (the stack pointer) up; nothing
+    /// beyond it.
+    Copy { base: u64, bytes: &'a [u8] },
+}
+
+impl Stack<'_> {
+    /// The word at `addr` of process `pid`'s stack.
+    pub fn read_u64(&self, pid: Pid, addr: u64) -> Option<u64> {
+        match *self {
+            Stack::Live => read_u64(pid, addr),
+            Stack::Copy { base, bytes } => {
+                let off = addr.checked_sub(base)? as usize;
+                Some(u64::from_le_bytes(bytes.get(off..off.checked_add(8)?)?.try_into().ok()?))
+            }
+        }
+    }
+}

@@ -7,29 +7,11 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use nix::unistd::Pid;
 
-use crate::calls::Stack;
-use crate::modules::Loaded;
-use crate::target;
+use crate::modules::{Bytes, Loaded};
+use crate::target::{self, Stack};
 
 /// Stack bytes read at once from the stack pointer up.
 const CHUNK: usize = 16 << 10;
-
-/// Bytes shared between the modules of a process and its forked children.
-#[derive(Clone)]
-pub struct Bytes(pub std::sync::Arc<[u8]>);
-
-impl Default for Bytes {
-    fn default() -> Bytes {
-        Bytes(std::sync::Arc::from(Vec::new()))
-    }
-}
-
-impl std::ops::Deref for Bytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        &self.0
-    }
-}
 
 /// A process's unwinder: its modules' unwind tables and framehop's cache.
 pub struct Unwind {

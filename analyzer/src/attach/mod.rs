@@ -11,9 +11,7 @@
 //! record and closes the stream, and goes on untraced. If `mtrace` itself
 //! dies, the closed socket means detach too.
 
-mod inject;
 mod interval;
-mod target;
 
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -106,7 +104,7 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     // From the start: a SIGTERM during the injection detaches right after it.
     catch_stop_signals();
     let lib = crate::run::find_lib()?;
-    let t = target::inspect(a.pid)?;
+    let t = mtrace_ptrace::inspect::inspect(a.pid)?;
     if let Some(d) = a.opts.depth {
         if !(1..=MAX_DEPTH).contains(&d) {
             bail!("-d {d}: the depth must be 1 to {MAX_DEPTH}");
@@ -272,8 +270,8 @@ fn give_to_owner_of(pid: i32, dir: &std::path::Path, sock: &std::path::Path) -> 
 
 /// `dlopen`s `lib` in process `pid` and calls its `mtrace_attach_init`
 /// with `settings`; the process's registers are restored after.
-fn inject_library(pid: i32, t: &target::Target, lib: &std::path::Path, settings: &str) -> Result<()> {
-    let mut tracee = inject::Tracee::seize(pid)?;
+fn inject_library(pid: i32, t: &mtrace_ptrace::inspect::Target, lib: &std::path::Path, settings: &str) -> Result<()> {
+    let mut tracee = mtrace_ptrace::inject::Tracee::seize(pid)?;
     tracee.choose(&t.busy)?;
     let mut path = lib.as_os_str().as_encoded_bytes().to_vec();
     path.push(0);

@@ -287,14 +287,14 @@ impl Tracer {
         let at = arch::trapped_at(r.ip());
         if at == p.trampoline && at != 0 {
             let now = p.stream.now();
-            if calls::returned(p, th, tid, &mut r, calls::Stack::Live, now) {
+            if calls::returned(p, th, tid, &mut r, crate::target::Stack::Live, now) {
                 let _ = target::set_regs(tid, &r);
                 return resume(tid, None);
             }
         } else if let Some(b) = p.breakpoints.get(&at).copied() {
             p.sample(tid.as_raw() as u32);
             let hook = Hook { at: b.at, call: b.call, module: b.module };
-            let at = calls::Entry { regs: &r, stack: calls::Stack::Live, time: p.stream.now() };
+            let at = calls::Entry { regs: &r, stack: crate::target::Stack::Live, time: p.stream.now() };
             let reload = calls::entry(p, th, tid, &hook, &at, &self.opts.settings, &mut self.frames);
             if reload {
                 let mut signals = Vec::new();
@@ -478,7 +478,7 @@ impl Tracer {
         let Ok(mut r) = target::regs(tid) else { return };
         let at = arch::trapped_at(r.ip());
         let now = p.stream.now();
-        if at == p.trampoline && at != 0 && calls::returned(p, th, tid, &mut r, calls::Stack::Live, now) {
+        if at == p.trampoline && at != 0 && calls::returned(p, th, tid, &mut r, crate::target::Stack::Live, now) {
             let _ = target::set_regs(tid, &r);
         } else if p.breakpoints.contains_key(&at) {
             r.set_ip(at);

@@ -250,7 +250,7 @@ fn handle(
     stats::SAMPLES.fetch_add(1, Ordering::Relaxed);
     let Some(pt) = p.points.get(point) else { return };
     let hook = Hook { at: pt.at, call: pt.call, module: pt.module };
-    let stack = calls::Stack::Copy { base: regs.sp(), bytes: stack };
+    let stack = crate::target::Stack::Copy { base: regs.sp(), bytes: stack };
     let time = p.stream.at(time);
     if ret {
         calls::returned(p, th, tid, &mut regs, stack, time);
