@@ -7,7 +7,7 @@
 //! exited thread's buffer, a thread preempted between its stamp and its
 //! push). From version 9 the producer states watermarks
 //! ([`Record::Watermark`]): every event stamped before W is in the stream
-//! before it (`preload/src/session/order.rs` says how it knows). So the
+//! before it (`preload/src/stream/order.rs` says how it knows). So the
 //! merge keeps each thread's records in a queue and, at each watermark,
 //! hands on every record stamped before it, oldest first across threads
 //! (each thread's own order kept). The books then see the events of an

@@ -149,7 +149,7 @@ fn glibc_frees_after_every_librarys_destructor() {
 fn a_cxx_program_keeps_only_libstdcxxs_exception_pool() {
     // glibc's blocks are freed; libstdc++'s emergency exception pool stays
     // (72,704 bytes, still reachable: its __freeres is not called, see
-    // preload/src/real.rs). The lost blocks are memcheck's.
+    // preload/src/platform/real.rs). The lost blocks are memcheck's.
     let dir = scratch("libc-cxx");
     let prog = build("cxx.cpp", &dir.join("cxx"), &["-g", "-O0"]);
     let (r, _) = run_json(&dir, &["--scan"], &prog, &[]);

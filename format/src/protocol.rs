@@ -26,7 +26,7 @@ pub mod marker {
 /// `MTRACE_DEPTH` and of [`Command::Depth`].
 pub const MAX_DEPTH: usize = 256;
 
-/// A command to a producer (preload/src/session/control.rs carries them
+/// A command to a producer (preload/src/stream/control.rs carries them
 /// out); as a line, its [`fmt::Display`] form.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {

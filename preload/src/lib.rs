@@ -2,124 +2,87 @@
 //! into, with its backtrace, to an mtrace stream (see the `mtrace-format`
 //! crate and docs/FORMAT.md).
 //!
-//! Layout: `hooks` are the exported entry points; `recorder` turns a call
-//! into a record; `thread` keeps per-thread buffers and interned
-//! backtraces; `session` owns the file (kept out of the program's way:
-//! `session/output.rs`, `hooks/fds.rs`), the writer thread and the final
-//! flush; `real` finds the functions the hooks forward to; `attach` starts
-//! tracing in a running process (`mtrace attach`). `unsafe` lives in
-//! `attach`, `real`, `sys`, `hooks`, `modules`, `signals`, `stop`, `snapshot` and
-//! `allocator` (and a few blocks elsewhere), each block with its `SAFETY:`
-//! comment: clippy's `undocumented_unsafe_blocks` is denied workspace-wide.
+//! Rooms, from the top down; a room names only rooms below it (checked by
+//! `scripts/module_cycles`), and what a lower room needs done above it
+//! goes through the table the crate root wires ([`UP`]):
+//! - `hooks`: the exported entry points (malloc, new, mmap, fork, the C API);
+//! - `lifecycle`: constructor and destructor, the end of `exit`, fork,
+//!   fatal signals, `mtrace attach`;
+//! - `snapshot`: the leak scan's snapshot, and stopping the other threads
+//!   for it (`stop`);
+//! - `record`: a call made a record — the reentrancy guard, per-thread
+//!   state and buffers, nested calls, the recorder;
+//! - `stream`: the session (its file or socket, kept out of the program's
+//!   way), the writer thread, the order of threads' records, report points;
+//! - `unwind`: the unwinders (the fast CFI unwinder, libgcc's);
+//! - `platform`: system calls, the clock, the settings, the loaded
+//!   modules, the tracer's own heap, the real functions behind the hooks.
+//!
+//! `unsafe` lives in `lifecycle::attach`, `platform` (`real`, `sys`,
+//! `modules`, `allocator`), `hooks`, `lifecycle::signals`, `snapshot` (and a
+//! few blocks elsewhere), each block with its `SAFETY:` comment: clippy's
+//! `undocumented_unsafe_blocks` is denied workspace-wide.
 
 // The unit tests run as an ordinary executable: without the hooks and the
 // constructor, so that the test binary does not trace itself.
 #![cfg_attr(test, allow(dead_code))]
 
-mod allocator;
-mod attach;
-mod clock;
-mod config;
-mod fork;
-mod guard;
 #[cfg(not(test))]
 mod hooks;
-mod modules;
-mod nested;
-mod real;
-mod recorder;
-mod reports;
-mod session;
-mod signals;
+mod lifecycle;
+mod platform;
+mod record;
 mod snapshot;
-mod stop;
-mod sys;
-mod thread;
+mod stream;
 mod unwind;
 
-use guard::Guard;
-use mtrace_format::EndReason;
-
 #[global_allocator]
-static ALLOC: allocator::TracerHeap = allocator::TracerHeap;
+static ALLOC: platform::allocator::TracerHeap = platform::allocator::TracerHeap;
 
-/// Library constructor. Events before it (other libraries' constructors)
-/// are already recorded: the session starts lazily on the first event; this
-/// adds the writer thread, fatal-signal handlers and fork handlers.
-extern "C" fn init() {
-    let _g = Guard::enter();
-    // Loaded by `mtrace attach`: dormant until it calls mtrace_attach_init.
-    if !attach::preloaded() {
-        return;
-    }
-    let Some(s) = session::get() else { return };
-    session::start_writer();
-    if s.scan {
-        // Looked up now: a fatal signal's scan must not ask the loader.
-        snapshot::own_range(true);
-    }
-    signals::install();
-    if let Some(sig) = s.report_signal {
-        reports::install(sig);
-    }
-    if let Some(sig) = s.scan_signal {
-        reports::install_scan(sig);
-    }
-    if !s.follow_exec {
-        sys::drop_from_preload("libmtrace.so");
-    }
-    fork::install_once();
-    AT_THE_END.store(real::at_the_end_of_exit(the_end), std::sync::atomic::Ordering::Release);
+/// The calls a room makes into a room above it, wired here once (the
+/// crate root) so that no module names one above it: the stream starts
+/// lazily on the program's first event, from whichever hook sees it, so
+/// these cannot be registered at run time. Each is rare (a session's
+/// start, a stop, a scan, a dlopen), never on a hook's fast path.
+pub(crate) struct Up {
+    /// A session starts (its settings read, collection on or off): the
+    /// functions the hooks forward to are resolved before any is needed.
+    pub starting: fn(collect: bool),
+    /// Tracing stopped for good (the trace was lost, or detached): `mtrace
+    /// attach`'s redirections are undone.
+    pub stopped: fn(),
+    /// The writer thread was asked for a leak scan (`MTRACE_SCAN_SIGNAL`).
+    pub scan: fn(&stream::Session),
+    /// Modules were loaded or unloaded (seen by the writer): `mtrace
+    /// attach` redirects the new ones.
+    pub modules_changed: fn(),
+    /// The calling thread (the writer) never enters a hook's recording.
+    pub hold_guard: fn(),
+    /// The calling thread is about to wait inside a hook: its mark on the
+    /// stream's order is taken back first.
+    pub unmark: fn(),
+    /// A hook ends on a thread asked to stop for a snapshot: it parks
+    /// (the argument: the hook's own allocation, kept out of the scan).
+    pub park: fn(own: u64),
 }
 
-/// [`the_end`] is registered to run at the end of `exit`.
-static AT_THE_END: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Library destructor: runs in `exit()` after the program's atexit
-/// handlers, among the libraries' destructors. The end of the trace waits
-/// for [`the_end`], after all of them, where it could be registered.
-extern "C" fn fini() {
-    if !AT_THE_END.load(std::sync::atomic::Ordering::Acquire) {
-        end_of_exit();
-    }
-}
-
-/// The last of `exit`'s handlers: after the program's atexit handlers and
-/// every library's destructor (libstdc++'s, libpython's), as memcheck's
-/// end comes after them.
-extern "C" fn the_end(_: *mut libc::c_void) {
-    end_of_exit();
-}
-
-/// The end of a process that exits: glibc's freeres, the leak scan, the
-/// trace's end; later events are written synchronously.
-fn end_of_exit() {
-    // What glibc keeps for the process's lifetime is not the program's
-    // leak: it frees it, outside any hook so that its frees are recorded
-    // (docs/SCAN.md). It also empties the environment (setenv.c's
-    // free_mem): nothing may run after it that reads it.
-    if let Some(s) = session::current() {
-        if s.freeres && s.pid == sys::getpid() && !s.is_finished() {
-            real::libc_freeres();
-        }
-    }
-    let _g = Guard::enter();
-    if let Some(s) = session::current() {
-        if s.scan && s.pid == sys::getpid() && !s.is_finished() {
-            // The roots: the program's frame that called exit (a return
-            // from main calls it too), not the exit path below it.
-            snapshot::take(s, snapshot::By::program_calling(real::libc_exit()));
-        }
-    }
-    recorder::final_flush(EndReason::Exit, false);
-}
+/// The wiring of [`Up`].
+pub(crate) static UP: Up = Up {
+    starting: lifecycle::starting,
+    stopped: lifecycle::attach::undo,
+    scan: lifecycle::scan_by_writer,
+    modules_changed: lifecycle::attach::redirect_new,
+    hold_guard: record::guard::Guard::hold_forever,
+    unmark: record::guard::unmark_now,
+    park: snapshot::stop::park_here,
+};
 
 #[cfg(not(test))]
 #[used]
 #[link_section = ".init_array"]
-static INIT: extern "C" fn() = init;
+static INIT: extern "C" fn() = lifecycle::init;
 
 #[cfg(not(test))]
 #[used]
 #[link_section = ".fini_array"]
-static FINI: extern "C" fn() = fini;
+static FINI: extern "C" fn() = lifecycle::fini;

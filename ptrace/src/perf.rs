@@ -316,12 +316,6 @@ impl Drop for Ring {
     }
 }
 
-/// All-zero registers, filled from a sample by `arch`.
-pub fn blank_regs() -> libc::user_regs_struct {
-    // SAFETY: user_regs_struct is plain integers; zero is a value of each.
-    unsafe { std::mem::zeroed() }
-}
-
 fn word(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }

@@ -21,7 +21,7 @@ use crate::ReportOpts;
 
 /// What the console acts on: a process sending its stream.
 pub trait Live {
-    /// Sends one command line to the process (preload/src/session/control.rs).
+    /// Sends one command line to the process (preload/src/stream/control.rs).
     fn send(&mut self, cmd: &str) -> Result<()>;
     /// [`Live::send`] to process `pid` of the program (default: the program's).
     fn send_to(&mut self, pid: Option<u32>, cmd: &str) -> Result<()> {

@@ -6,8 +6,8 @@ use std::ffi::c_void;
 use mtrace_format::Family;
 
 use super::{traced, traced_free, traced_knowing};
-use crate::real::{self, next, NextFn};
-use crate::recorder;
+use crate::platform::real::{self, next, NextFn};
+use crate::record::recorder;
 use crate::unwind::Here;
 
 #[no_mangle]
@@ -84,7 +84,7 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
         // SAFETY: same contract; glibc's reallocarray is realloc after the overflow check.
         Some(total) => unsafe { realloc(p, total) },
         None => {
-            crate::sys::set_errno(libc::ENOMEM);
+            crate::platform::sys::set_errno(libc::ENOMEM);
             std::ptr::null_mut()
         }
     }

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use mtrace_format::Record;
 
-use crate::guard::Guard;
-use crate::{recorder, session, thread};
+use crate::record::guard::Guard;
+use crate::{record::recorder, record::thread, stream};
 
 fn text(p: *const c_char) -> Option<String> {
     // SAFETY: the caller passes NULL or a NUL-terminated string.
@@ -23,7 +23,7 @@ fn text(p: *const c_char) -> Option<String> {
 pub unsafe extern "C" fn mtrace_marker(name: *const c_char) {
     let Some(_g) = Guard::enter() else { return };
     let name = text(name).unwrap_or_default();
-    if let Some(s) = session::get() {
+    if let Some(s) = stream::get() {
         thread::push(s, thread::When::Early(s.now()), None, |time_ns, _| Record::Marker { time_ns, seq: 0, name });
     }
 }
@@ -38,7 +38,7 @@ pub unsafe extern "C" fn mtrace_marker(name: *const c_char) {
 pub unsafe extern "C" fn mtrace_report(path: *const c_char) -> i32 {
     let Some(_g) = Guard::enter() else { return -1 };
     let out = text(path);
-    match session::get() {
+    match stream::get() {
         Some(s) if s.report_point("mtrace_report", out.as_deref(), true) => 0,
         _ => -1,
     }
@@ -56,9 +56,10 @@ pub unsafe extern "C" fn mtrace_report(path: *const c_char) -> i32 {
 pub unsafe extern "C" fn mtrace_scan(path: *const c_char) -> i32 {
     let Some(_g) = Guard::enter() else { return -1 };
     let out = text(path);
-    match session::get() {
+    match stream::get() {
         Some(s)
-            if s.scan_point(
+            if crate::snapshot::scan_point(
+                s,
                 crate::snapshot::By::program_calling(mtrace_scan as *const () as usize),
                 out.as_deref(),
                 true,
@@ -99,7 +100,7 @@ pub extern "C" fn glibc_mtrace() {
     let Some(_g) = Guard::enter() else { return };
     if GLIBC_MTRACE_CALLS.fetch_add(1, Ordering::AcqRel) == 0 {
         recorder::set_collecting(true);
-    } else if let Some(s) = session::get() {
+    } else if let Some(s) = stream::get() {
         s.report_point("mtrace()", None, true);
     }
 }
@@ -109,7 +110,7 @@ pub extern "C" fn glibc_mtrace() {
 pub extern "C" fn glibc_muntrace() {
     let Some(_g) = Guard::enter() else { return };
     recorder::set_collecting(false);
-    if let Some(s) = session::get() {
+    if let Some(s) = stream::get() {
         s.report_point("muntrace()", None, true);
     }
 }
@@ -122,9 +123,9 @@ pub extern "C" fn glibc_muntrace() {
 #[no_mangle]
 pub unsafe extern "C" fn mtrace_alloc(pool: *const c_char, ptr: *const std::ffi::c_void, size: usize) {
     let Some(_g) = Guard::enter() else { return };
-    let errno = crate::sys::errno();
+    let errno = crate::platform::sys::errno();
     recorder::pool_alloc(crate::unwind::Here::now(), &text(pool).unwrap_or_default(), ptr as u64, size as u64);
-    crate::sys::set_errno(errno);
+    crate::platform::sys::set_errno(errno);
 }
 
 /// Records the release of a block recorded with `mtrace_alloc`.
@@ -134,7 +135,7 @@ pub unsafe extern "C" fn mtrace_alloc(pool: *const c_char, ptr: *const std::ffi:
 #[no_mangle]
 pub unsafe extern "C" fn mtrace_free(pool: *const c_char, ptr: *const std::ffi::c_void) {
     let Some(_g) = Guard::enter() else { return };
-    let errno = crate::sys::errno();
+    let errno = crate::platform::sys::errno();
     recorder::pool_free(&text(pool).unwrap_or_default(), ptr as u64);
-    crate::sys::set_errno(errno);
+    crate::platform::sys::set_errno(errno);
 }

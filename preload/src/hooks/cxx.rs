@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use mtrace_format::Family;
 
 use super::traced_free;
-use crate::real::{self, next, NextFn};
-use crate::recorder;
+use crate::platform::real::{self, next, NextFn};
+use crate::record::recorder;
 
 const fn cstr(b: &'static [u8]) -> &'static CStr {
     match CStr::from_bytes_with_nul(b) {
@@ -37,7 +37,7 @@ macro_rules! new_hook {
         pub extern "C-unwind" fn $name(size: usize $(, $arg: $ty)*) -> *mut c_void {
             static NEXT: NextFn = NextFn::new(cstr(concat!($sym, "\0").as_bytes()));
             type F = unsafe extern "C-unwind" fn(usize $(, $ty)*) -> *mut c_void;
-            NEXT.resolve_tracked();
+            resolve_tracked(&NEXT);
             // SAFETY: F is this symbol's signature in the C++ ABI.
             let forward = || match unsafe { next::<F>(&NEXT) } {
                 // SAFETY: the real function, with the arguments of the caller's C contract.
@@ -69,7 +69,7 @@ macro_rules! delete_hook {
             static NEXT: NextFn = NextFn::new(cstr(concat!($sym, "\0").as_bytes()));
             type F = unsafe extern "C" fn(*mut c_void $(, $ty)*);
             $(let _ = &$arg;)*
-            NEXT.resolve_tracked();
+            resolve_tracked(&NEXT);
             if $direct && direct() {
                 // SAFETY: p per the caller's contract: a block of malloc.
                 return traced_free($family, p, false, || unsafe { real::free(p) });
@@ -101,7 +101,7 @@ fn direct() -> bool {
         2 => false,
         _ => {
             // dlsym may allocate: inside a hook of its own, as NextFn does.
-            let _g = crate::guard::Guard::enter();
+            let _g = crate::record::guard::Guard::enter();
             let yes = decide();
             DIRECT.store(if yes { 1 } else { 2 }, Ordering::Relaxed);
             yes
@@ -120,7 +120,7 @@ fn decide() -> bool {
     // Ours: defined in this library. (The address of an exported function
     // taken here would be the interposed one, the program's if it defines
     // its own: only the module tells.)
-    let own = crate::modules::range_of(decide as fn() -> bool as usize);
+    let own = crate::platform::modules::range_of(decide as fn() -> bool as usize);
     let ours = |name: &CStr| own.is_some_and(|(lo, hi)| (lo..hi).contains(&global(name)));
     let names = [c"_Znwm", c"_Znam", c"_ZdlPv", c"_ZdaPv", c"malloc", c"free"];
     let in_libstdcxx = |f: &NextFn| {
@@ -176,3 +176,16 @@ delete_hook!("_ZdlPvmSt11align_val_t", delete_sized_aligned, Family::New, (size:
 delete_hook!("_ZdaPvmSt11align_val_t", delete_array_sized_aligned, Family::NewArray, (size: usize, align: usize), false);
 delete_hook!("_ZdlPvSt11align_val_tRKSt9nothrow_t", delete_aligned_nothrow, Family::New, (align: usize, nt: Nothrow), false);
 delete_hook!("_ZdaPvSt11align_val_tRKSt9nothrow_t", delete_array_aligned_nothrow, Family::NewArray, (align: usize, nt: Nothrow), false);
+
+/// Resolves `f` now, unless done, with this thread inside a hook of its
+/// own (not a forwarding one): what glibc allocates in `dlsym` (its error
+/// state) is then kept as internal blocks, whose later frees by the
+/// program find them. Called by hooks that forward (libstdc++'s `operator
+/// new`), inside which nothing is kept: `nm -D` of libstdc++ had 2 frees
+/// of blocks "from before tracing" this way.
+fn resolve_tracked(f: &crate::platform::real::NextFn) {
+    if f.unresolved() {
+        let _g = crate::record::guard::Guard::enter();
+        f.get();
+    }
+}

@@ -1,13 +1,13 @@
 //! The calls that close or replace descriptors: before the program's call
 //! frees the trace's descriptor, the trace moves to another number
-//! (session/output.rs), and a range the program closes leaves it out. The
+//! (stream/output.rs), and a range the program closes leaves it out. The
 //! program sees what it asked for: the number it closed is free, the number
 //! it `dup2`ed onto is its file. Calls the tracer itself makes (inside a
 //! hook) go straight through.
 
-use crate::guard::Guard;
-use crate::real::{next, NextFn};
-use crate::session;
+use crate::platform::real::{next, NextFn};
+use crate::record::guard::Guard;
+use crate::stream;
 
 static CLOSE: NextFn = NextFn::new(c"close");
 static DUP2: NextFn = NextFn::new(c"dup2");
@@ -27,9 +27,9 @@ pub fn init() {
 }
 
 /// The session, unless this thread is inside a hook (the tracer's own call).
-fn program_call() -> Option<(Guard, &'static session::Session)> {
+fn program_call() -> Option<(Guard, &'static stream::Session)> {
     let g = Guard::enter()?;
-    Some((g, session::current()?))
+    Some((g, stream::current()?))
 }
 
 fn real_close(fd: i32) -> i32 {
@@ -104,7 +104,7 @@ pub unsafe extern "C" fn dup3(old: i32, new: i32, flags: i32) -> i32 {
 
 /// Closes `[first, last]` but the trace's descriptor (held still by the
 /// session's file lock). Returns close_range's result.
-fn close_range_but_trace(s: &session::Session, first: u32, last: u32, flags: i32) -> i32 {
+fn close_range_but_trace(s: &stream::Session, first: u32, last: u32, flags: i32) -> i32 {
     let hold = s.hold_file_number();
     let Some(fd) = hold.fd().filter(|&fd| (first..=last).contains(&fd)) else {
         return real_close_range(first, last, flags);

@@ -3,9 +3,9 @@
 use std::ffi::c_void;
 
 use super::traced;
-use crate::guard::Guard;
-use crate::real::{next, NextFn};
-use crate::recorder;
+use crate::platform::real::{next, NextFn};
+use crate::record::guard::Guard;
+use crate::record::recorder;
 
 static MMAP: NextFn = NextFn::new(c"mmap");
 static MUNMAP: NextFn = NextFn::new(c"munmap");

@@ -9,8 +9,8 @@ pub mod fds;
 pub mod mmap;
 pub mod process;
 
-use crate::guard::{Entry, Guard};
-use crate::recorder::{self, Caller, Own};
+use crate::record::guard::{Entry, Guard};
+use crate::record::recorder::{self, Caller, Own};
 use crate::unwind::Here;
 use mtrace_format::Family;
 

@@ -9,9 +9,9 @@ use std::ffi::{c_char, c_void};
 
 use mtrace_format::EndReason;
 
-use crate::guard::Guard;
-use crate::real::{next, NextFn};
-use crate::{recorder, session, sys};
+use crate::platform::real::{next, NextFn};
+use crate::record::guard::Guard;
+use crate::{platform::sys, record::recorder, stream};
 
 static EXIT: NextFn = NextFn::new(c"_exit");
 static ABORT: NextFn = NextFn::new(c"abort");
@@ -63,9 +63,9 @@ pub extern "C" fn abort() -> ! {
     // internal and end in the fatal-signal handler, which scans too). A
     // thread that meets a fatal signal meanwhile waits for this one; if
     // another thread is already ending the process, its SIGABRT waits.
-    if crate::signals::claim_the_end() {
+    if crate::lifecycle::signals::claim_the_end() {
         if let Some(_g) = Guard::enter() {
-            if let Some(s) = session::current() {
+            if let Some(s) = stream::current() {
                 if s.scan && s.pid == sys::getpid() && !s.is_finished() {
                     let by = crate::snapshot::By::program_calling(abort as extern "C" fn() -> ! as usize);
                     crate::snapshot::take(s, by);
@@ -96,7 +96,7 @@ fn around_exec(call: impl FnOnce() -> i32) -> i32 {
     flush(EndReason::Exec);
     let rc = call();
     let errno = sys::errno();
-    if let Some(s) = session::current() {
+    if let Some(s) = stream::current() {
         if s.pid == sys::getpid() {
             s.resume();
         }

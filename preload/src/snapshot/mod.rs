@@ -20,11 +20,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use mtrace_format::maps::Mapping;
 use mtrace_format::region_kind;
 
-use crate::session::Session;
-use crate::sys;
+use crate::platform::sys;
+use crate::record::dead_stacks;
+use crate::stream::Session;
 
 mod filter;
 mod scratch;
+pub mod stop;
 use scratch::Scratch;
 
 /// The mappings of `/proc/self/maps`: (start, end, writable, name), the
@@ -47,48 +49,6 @@ fn relro(maps: &[(u64, u64, bool, String)]) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// The stacks of the program's threads that have ended, [low, high):
-/// glibc keeps an exited thread's stack mapped for the next thread (its
-/// cache) or until it is joined, with stale pointers in its dead frames
-/// that would hide the blocks they point to (memcheck never scans a dead
-/// thread's stack). From the mapping's start up to the thread's descriptor
-/// (`struct pthread`, at the top of the mapping on x86_64 and aarch64:
-/// glibc's own pointers, to the thread's DTV among them, stay roots). Set
-/// by thread.rs for the threads that made an event; a stack a new thread
-/// uses again leaves.
-static DEAD_STACKS: parking_lot::Mutex<Vec<(u64, u64)>> = parking_lot::Mutex::new(Vec::new());
-
-/// The calling thread ends: its stack is no root from now on (but for a
-/// thread that takes it over).
-pub fn thread_ended() {
-    if sys::gettid() == sys::getpid() {
-        // The main thread's stack ends with the process.
-        return;
-    }
-    // SAFETY: pthread_self has no preconditions.
-    let descriptor = unsafe { libc::pthread_self() } as u64;
-    if let Some((lo, _)) = sys::own_stack().filter(|&(lo, hi)| lo < descriptor && descriptor <= hi) {
-        let mut dead = DEAD_STACKS.lock();
-        if !dead.contains(&(lo, descriptor)) {
-            dead.push((lo, descriptor));
-        }
-    }
-}
-
-/// The calling thread began (its first event): a dead stack it runs on
-/// is live again.
-pub fn thread_began() {
-    let sp = stack_address();
-    DEAD_STACKS.lock().retain(|&(lo, hi)| !(lo <= sp && sp < hi));
-}
-
-/// An address on the calling thread's stack.
-#[inline(never)]
-fn stack_address() -> u64 {
-    let here = std::hint::black_box(0u8);
-    std::hint::black_box(&here as *const u8 as u64)
-}
-
 /// Who takes the snapshot.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum By {
@@ -102,7 +62,7 @@ pub enum By {
     /// the signal interrupted (`stop::interrupted`), and its stack is live
     /// from `live_from` up. Every lock is taken with a deadline (the
     /// thread may have been interrupted holding one of the tracer's).
-    Interrupted { regs: [u64; crate::stop::REGS], len: usize, live_from: u64 },
+    Interrupted { regs: [u64; crate::snapshot::stop::REGS], len: usize, live_from: u64 },
 }
 
 impl By {
@@ -112,7 +72,7 @@ impl By {
     /// are not roots. Where unwinding cannot reach that frame, the calling
     /// thread's registers and stack from here.
     pub fn program_calling(func: usize) -> By {
-        By::Program(crate::unwind::program_frame::caller_of(func).unwrap_or_else(crate::stop::own_registers))
+        By::Program(crate::unwind::program_frame::caller_of(func).unwrap_or_else(crate::snapshot::stop::own_registers))
     }
 }
 
@@ -128,7 +88,7 @@ pub fn own_range(patient: bool) -> Option<(u64, u64)> {
     if hi > 0 || !patient {
         return (hi > 0).then_some((lo, hi));
     }
-    let (lo, hi) = crate::modules::range_of(own_range as fn(bool) -> Option<(u64, u64)> as usize)?;
+    let (lo, hi) = crate::platform::modules::range_of(own_range as fn(bool) -> Option<(u64, u64)> as usize)?;
     OWN[0].store(lo as u64, Ordering::Release);
     OWN[1].store(hi as u64, Ordering::Release);
     Some((lo as u64, hi as u64))
@@ -161,7 +121,7 @@ pub fn take(s: &Session, by: By) -> u64 {
     let me = sys::gettid();
     let writer = s.writer_tid();
     let writer_stack = (s.writer_stack[0].load(Ordering::Relaxed), s.writer_stack[1].load(Ordering::Relaxed));
-    let Some(stopped) = crate::stop::others(&[me as i32, writer as i32], patient) else {
+    let Some(stopped) = crate::snapshot::stop::others(&[me as i32, writer as i32], patient) else {
         sys::warn("another leak scan held the program's threads for 2 s; no scan");
         return s.now();
     };
@@ -200,9 +160,9 @@ pub fn take(s: &Session, by: By) -> u64 {
     // ended (no live thread's stack pointer in them).
     let mut tracer = vec![writer_stack, s.zstd_range(), scratch.range()];
     tracer.extend(own);
-    tracer.extend(crate::allocator::range());
-    let me_sp = stack_address();
-    let dead = DEAD_STACKS.lock().clone();
+    tracer.extend(crate::platform::allocator::range());
+    let me_sp = dead_stacks::stack_address();
+    let dead = dead_stacks::all();
     tracer.extend(dead.into_iter().filter(|&(lo, hi)| !stacks.iter().chain([&me_sp]).any(|&sp| lo <= sp && sp < hi)));
     let maps = readable_mappings();
     if cfg!(target_pointer_width = "64") {
@@ -229,6 +189,15 @@ pub fn take(s: &Session, by: By) -> u64 {
     drop(file);
     drop(stopped);
     now
+}
+
+/// A leak scan now (the program's threads stopped while memory is read),
+/// then its report like [`Session::report_point`]'s. `by` says whether the
+/// calling thread is the program's (its stack is a root). With `wait`,
+/// returns whether the report was written.
+pub fn scan_point(s: &Session, by: By, out: Option<&str>, wait: bool) -> bool {
+    take(s, by);
+    s.report_point(crate::stream::SCAN_REPORT, out, wait)
 }
 
 #[cfg(test)]

@@ -9,8 +9,8 @@
 use mtrace_format::{compressed_header, region_kind, sparse, Encoder, Record};
 
 use super::filter::Filter;
-use crate::session::FileHold;
-use crate::sys;
+use crate::platform::sys;
+use crate::stream::FileHold;
 
 /// Bytes per ScanRegion record (the format allows up to 1 MiB).
 pub const PIECE: usize = 512 * 1024;

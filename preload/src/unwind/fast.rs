@@ -58,7 +58,7 @@ static GEN: AtomicU64 = AtomicU64::new(0);
 /// read). Cheap when nothing changed: one `dl_iterate_phdr` that stops at
 /// the first entry.
 pub fn refresh() {
-    let dl_gen = crate::modules::generation();
+    let dl_gen = crate::platform::modules::generation();
     let mut m = MASTER.lock();
     if m.as_ref().is_some_and(|m| m.dl_gen == dl_gen) {
         return;
@@ -80,7 +80,7 @@ pub fn refresh() {
 /// reused rather than copied again (a dlopen changes one module, not all).
 fn loaded_modules(mut old: Vec<Loaded>) -> Vec<Loaded> {
     let mut out = Vec::new();
-    crate::modules::each(|name, bias, phdrs| {
+    crate::platform::modules::each(|name, bias, phdrs| {
         let loads: Vec<(u64, u64)> = phdrs
             .iter()
             .filter(|p| p.p_type == libc::PT_LOAD)
@@ -95,13 +95,13 @@ fn loaded_modules(mut old: Vec<Loaded>) -> Vec<Loaded> {
         }
         let Some(hdr) = phdrs.iter().find(|p| p.p_type == PT_GNU_EH_FRAME) else { return };
         // SAFETY: PT_GNU_EH_FRAME lies in a loaded segment of this module.
-        let hdr_bytes = unsafe { crate::modules::mapped(bias, hdr.p_vaddr, hdr.p_memsz) };
+        let hdr_bytes = unsafe { crate::platform::modules::mapped(bias, hdr.p_vaddr, hdr.p_memsz) };
         let Some(eh_avma) = eh_frame_address(hdr_bytes, bias.wrapping_add(hdr.p_vaddr)) else { return };
         // .eh_frame ends with a zero terminator somewhere before the end of
         // its segment; framehop finds entries through the header's table.
         let Some(&(_, seg_end)) = loads.iter().find(|r| r.0 <= eh_avma && eh_avma < r.1) else { return };
         // SAFETY: [eh_avma, seg_end) is inside one loaded segment.
-        let eh_bytes = unsafe { crate::modules::mapped(bias, eh_avma - bias, seg_end - eh_avma) };
+        let eh_bytes = unsafe { crate::platform::modules::mapped(bias, eh_avma - bias, seg_end - eh_avma) };
         let hdr_copy = Bytes(hdr_bytes.into());
         let eh_copy = Bytes(eh_bytes.into());
         let info = ExplicitModuleSectionInfo {
@@ -295,7 +295,7 @@ fn module_of(cfis: &[Arc<Cfi>], addr: u64) -> Option<&Cfi> {
 /// Read from /proc/self/maps, not pthread_getattr_np: that function holds a
 /// lock of the thread while it allocates, and its allocation lands here.
 fn stack_top(sp: u64) -> Option<u64> {
-    let maps = crate::sys::read_file(c"/proc/self/maps")?;
+    let maps = crate::platform::sys::read_file(c"/proc/self/maps")?;
     let text = String::from_utf8_lossy(&maps);
     let top = mtrace_format::maps::Mapping::all(&text).find(|m| m.start <= sp && sp < m.end).map(|m| m.end);
     top

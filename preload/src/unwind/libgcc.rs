@@ -4,7 +4,7 @@
 /// Writes up to `depth` return addresses into `out`; returns how many.
 #[inline(never)]
 pub fn capture(out: &mut [u64], depth: usize) -> usize {
-    let mut raw = [0u64; crate::config::MAX_DEPTH + 16];
+    let mut raw = [0u64; crate::platform::config::MAX_DEPTH + 16];
     let mut n = 0;
     // SAFETY: trace_unsynchronized is unsafe only because it must not run
     // concurrently with itself on platforms whose unwinder is not

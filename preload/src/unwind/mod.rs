@@ -34,7 +34,7 @@ pub fn init() {
     if OWN_HI.load(Ordering::Acquire) != 0 {
         return;
     }
-    if let Some((lo, hi)) = crate::modules::range_of(init as fn() as usize) {
+    if let Some((lo, hi)) = crate::platform::modules::range_of(init as fn() as usize) {
         OWN_LO.store(lo, Ordering::Release);
         OWN_HI.store(hi, Ordering::Release);
     }
@@ -80,11 +80,11 @@ const SHOWN: usize = 5;
 /// few that differ on stderr.
 #[inline(never)]
 pub fn check(frames: &[u64], depth: usize) {
-    let mut theirs = [0u64; crate::config::MAX_DEPTH];
+    let mut theirs = [0u64; crate::platform::config::MAX_DEPTH];
     let n = libgcc::capture(&mut theirs, depth);
     CHECKED.fetch_add(1, Ordering::Relaxed);
     if frames != &theirs[..n] && DIFFERED.fetch_add(1, Ordering::Relaxed) < SHOWN {
-        crate::sys::warn(&format!("unwinder check: fast {frames:x?}\n  libgcc {:x?}", &theirs[..n]));
+        crate::platform::sys::warn(&format!("unwinder check: fast {frames:x?}\n  libgcc {:x?}", &theirs[..n]));
     }
 }
 

@@ -19,7 +19,7 @@
 //! forces a walk.
 
 use super::cfi::Rule;
-use crate::config::MAX_DEPTH;
+use crate::platform::config::MAX_DEPTH;
 
 /// Frames a walk keeps: the deepest backtrace plus the tracer's own frames.
 pub const MAX_FRAMES: usize = MAX_DEPTH + 16;

@@ -46,7 +46,7 @@ impl Regs {
     /// the order of the mask's bits; `None` if there are too few.
     pub fn from_perf(words: &[u8]) -> Option<Regs> {
         let w = |i: usize| words.get(i * 8..i * 8 + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
-        let mut r = crate::perf::blank_regs();
+        let mut r = blank_regs();
         r.rax = w(0)?;
         r.rcx = w(1)?;
         r.rdx = w(2)?;
@@ -138,6 +138,12 @@ pub fn syscall_regs(r: &Regs, ip: u64, nr: u64, args: [u64; 6]) -> Regs {
     s.0.r9 = args[5];
     s.0.rip = ip;
     s
+}
+
+/// All-zero registers, to be filled from a sample.
+fn blank_regs() -> libc::user_regs_struct {
+    // SAFETY: user_regs_struct is plain integers; zero is a value of each.
+    unsafe { std::mem::zeroed() }
 }
 
 #[cfg(test)]

@@ -17,13 +17,13 @@
 //! The stream may go to a socket instead (`MTRACE_OUTPUT=unix:PATH` or
 //! `tcp:HOST:PORT`): written with `MSG_NOSIGNAL`, so that a reader that went
 //! away stops tracing (one warning) instead of killing the program with
-//! SIGPIPE; it carries commands back (session/control.rs). A socket cannot
+//! SIGPIPE; it carries commands back (stream/control.rs). A socket cannot
 //! be opened again: if it was closed or replaced, tracing stops.
 
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
-use crate::sys::{self, identity, move_high};
+use crate::platform::sys::{self, identity, move_high};
 use mtrace_format::address::Address;
 
 /// The trace file, or socket.

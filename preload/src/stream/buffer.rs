@@ -23,7 +23,7 @@ use mtrace_format::{Encoder, Record};
 use parking_lot::Mutex;
 
 use super::BUF_CAP;
-use crate::sys;
+use crate::platform::sys;
 
 /// Encoded records of one thread that the writer has not written yet.
 pub struct BufInner {

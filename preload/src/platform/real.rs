@@ -121,17 +121,9 @@ fn core_fn(f: &NextFn) -> Option<usize> {
 }
 
 impl NextFn {
-    /// Resolves now, unless done, with this thread inside a hook of its
-    /// own (not a forwarding one): what glibc allocates in `dlsym` (its
-    /// error state) is then kept as internal blocks, whose later frees by
-    /// the program find them. Called by hooks that forward (libstdc++'s
-    /// `operator new`), inside which nothing is kept: `nm -D` of libstdc++
-    /// had 2 frees of blocks "from before tracing" this way.
-    pub fn resolve_tracked(&self) {
-        if self.addr_if_resolved().is_none() && self.addr.load(Ordering::Acquire) == 0 {
-            let _g = crate::guard::Guard::enter();
-            self.get();
-        }
+    /// Whether the function is not resolved yet (nor being resolved).
+    pub fn unresolved(&self) -> bool {
+        self.addr_if_resolved().is_none() && self.addr.load(Ordering::Acquire) == 0
     }
 
     fn addr_if_resolved(&self) -> Option<usize> {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use mtrace_format::EndReason;
 
-use crate::{recorder, sys};
+use crate::{platform::sys, record::recorder};
 
 /// The signals whose default action ends the process that a program meets
 /// in practice: faults, abort, and the ones a user or a pipe sends (Ctrl-C,
@@ -69,13 +69,13 @@ extern "C" fn on_fatal(sig: i32, _: *mut libc::siginfo_t, ctx: *mut libc::c_void
             for _ in 0..WAIT_FOR_FLUSH_MS {
                 // The flush's scan stops the threads: this one answers
                 // with the registers its own signal interrupted.
-                crate::stop::park_in_signal(ctx);
+                crate::snapshot::stop::park_in_signal(ctx);
                 sys::sleep_ms(1);
             }
             die(sig)
         }
     }
-    let _g = crate::guard::Guard::enter();
+    let _g = crate::record::guard::Guard::enter();
     scan(ctx);
     recorder::final_flush(EndReason::Signal(sig as u32), true);
     die(sig)
@@ -87,16 +87,16 @@ extern "C" fn on_fatal(sig: i32, _: *mut libc::siginfo_t, ctx: *mut libc::c_void
 /// end: the tracer's heap stays locked (the signal interrupted the tracer
 /// in it).
 fn scan(ctx: *mut libc::c_void) {
-    let Some(s) = crate::session::current() else { return };
+    let Some(s) = crate::stream::current() else { return };
     if !s.scan || s.pid != sys::getpid() || s.is_finished() || s.writer_tid() == sys::gettid() {
         return;
     }
-    if !crate::allocator::free_within(1000) {
+    if !crate::platform::allocator::free_within(1000) {
         // Written as it is: sys::warn would allocate from that heap.
         sys::write_all(2, b"mtrace: no leak scan: the fatal signal interrupted the tracer inside its own heap\n");
         return;
     }
-    let (regs, live_from) = crate::stop::interrupted(ctx);
+    let (regs, live_from) = crate::snapshot::stop::interrupted(ctx);
     crate::snapshot::take(s, crate::snapshot::By::Interrupted { regs, len: regs.len(), live_from });
 }
 

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use mtrace_format::{Encoder, Family, Record};
 use rustc_hash::FxHashMap;
 
-use crate::config::{Unwinder, MAX_DEPTH};
-use crate::guard::Slot;
-use crate::session::{order, BufInner, Session, ThreadBuf, BUF_CAP, FLUSH_AT};
+use crate::platform::config::{Unwinder, MAX_DEPTH};
+use crate::record::guard::Slot;
+use crate::stream::{order, BufInner, Session, ThreadBuf, BUF_CAP, FLUSH_AT};
 use crate::unwind::Here;
-use crate::{sys, unwind};
+use crate::{platform::sys, unwind};
 
 pub struct ThreadState {
     gen: u64,
@@ -69,7 +69,7 @@ const DEAD: usize = 1;
 /// order of registration), before its pthread key destructors, whose
 /// events then go out synchronously.
 extern "C" fn thread_exit(p: *mut libc::c_void) {
-    let _g = crate::guard::Guard::enter();
+    let _g = crate::record::guard::Guard::enter();
     let st = p as *mut ThreadState;
     if st.is_null() || st as usize == DEAD {
         return;
@@ -82,8 +82,8 @@ extern "C" fn thread_exit(p: *mut libc::c_void) {
     // SAFETY: p is the Box pointer registered by state_in for this thread.
     let st = unsafe { Box::from_raw(st) };
     // The hook this runs in stays marked, without the buffer's word.
-    crate::guard::mark_to_shared();
-    crate::snapshot::thread_ended();
+    crate::record::guard::mark_to_shared();
+    super::dead_stacks::thread_ended();
     st.buf.exited.store(true, std::sync::atomic::Ordering::Release);
     Slot::current().cell().set(DEAD as *mut ThreadState);
 }
@@ -93,7 +93,7 @@ extern "C" fn thread_exit(p: *mut libc::c_void) {
 /// destructor instead).
 fn at_thread_exit(st: *mut ThreadState) {
     if sys::gettid() != sys::getpid() {
-        crate::real::thread_atexit(thread_exit, st.cast());
+        crate::platform::real::thread_atexit(thread_exit, st.cast());
     }
 }
 
@@ -135,7 +135,7 @@ fn state_in(s: &Session, slot: Slot) -> Option<&'static mut ThreadState> {
         events: 0,
     }));
     slot.cell().set(st);
-    crate::snapshot::thread_began();
+    super::dead_stacks::thread_began();
     // SAFETY: just created, owned by this thread.
     let buf: &ThreadBuf = unsafe { &(*st).buf };
     slot.set_since(&buf.since, s.gen);
@@ -154,7 +154,7 @@ pub enum Backtrace {
     Known(u32),
 }
 
-/// When an event was stamped (ns since the start), as `session/order.rs`
+/// When an event was stamped (ns since the start), as `stream/order.rs`
 /// tells them apart.
 #[derive(Clone, Copy)]
 pub enum When {
@@ -254,7 +254,7 @@ pub fn push_as(s: &Session, when: When, bt: Backtrace, make: impl FnOnce(u64, u3
 #[inline(always)]
 pub fn push_in(slot: Slot, s: &Session, when: When, bt: Backtrace, make: impl Event) {
     // Written outside the buffer: stamped again, marked first
-    // (session/order.rs), unless marked already.
+    // (stream/order.rs), unless marked already.
     let stamp = || match when {
         When::Marked(t) => t,
         When::Early(_) => {
@@ -285,7 +285,7 @@ pub fn push_in(slot: Slot, s: &Session, when: When, bt: Backtrace, make: impl Ev
         }
         let now = match when {
             // A collection began since the stamp: it may state a
-            // watermark past it without this event (session/order.rs).
+            // watermark past it without this event (stream/order.rs).
             When::Early(t) if t < order::epoch() => s.now(),
             When::Early(t) | When::Marked(t) => t,
         };

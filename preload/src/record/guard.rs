@@ -10,7 +10,7 @@
 use std::cell::Cell;
 use std::sync::atomic::AtomicU64;
 
-use crate::session::{self, order, Mark};
+use crate::stream::{self, order, Mark};
 
 /// Bit of [`STATE`]: the thread is inside a hook.
 const IN_HOOK: u8 = 1;
@@ -24,7 +24,7 @@ const NESTED: u8 = 4;
 /// ours (see hooks::traced_as): calls nested in it are the hook's own.
 const FORWARDING: u8 = 8;
 /// Bits of [`STATE`]: how the hook told the writer, before its first
-/// stamp ([`Slot::mark`]), that it is stamping events (session/order.rs):
+/// stamp ([`Slot::mark`]), that it is stamping events (stream/order.rs):
 /// in its buffer's word, or in the shared count. Kept in the flags so that
 /// a guard left by [`leave_held`] or torn down by a fork child's reset
 /// finds (or forgets) its mark.
@@ -49,8 +49,8 @@ pub enum Entry {
 /// access, so a hook finds both with one (see [`Guard::slot`]).
 struct Tls {
     flags: Cell<u8>,
-    thread: Cell<*mut crate::thread::ThreadState>,
-    /// The word of this thread's buffer its hooks mark (session/order.rs),
+    thread: Cell<*mut crate::record::thread::ThreadState>,
+    /// The word of this thread's buffer its hooks mark (stream/order.rs),
     /// and the session it belongs to; null while the thread has none.
     since: Cell<*const AtomicU64>,
     since_gen: Cell<u64>,
@@ -82,7 +82,7 @@ impl Slot {
 
     /// The cell holding this thread's tracer state (thread.rs: null until
     /// its first event, a marker once torn down at thread exit).
-    pub fn cell(&self) -> &Cell<*mut crate::thread::ThreadState> {
+    pub fn cell(&self) -> &Cell<*mut crate::record::thread::ThreadState> {
         &self.tls().thread
     }
 
@@ -106,11 +106,11 @@ impl Slot {
             return;
         }
         let p = t.since.get();
-        let m = if !p.is_null() && t.since_gen.get() == session::generation() {
+        let m = if !p.is_null() && t.since_gen.get() == stream::generation() {
             // SAFETY: set by thread.rs to the word of the buffer this
             // thread's state holds, and cleared before that state goes.
             order::enter(Some(unsafe { &*p }))
-        } else if session::tracing_may_start() {
+        } else if stream::tracing_may_start() {
             // No buffer in the current session yet: its first event.
             order::enter(None)
         } else {
@@ -228,7 +228,7 @@ impl Drop for Guard {
             g.set(0);
         } else {
             let (alloc, free) = self.own.get();
-            crate::recorder::write_nested(alloc, free);
+            crate::record::recorder::write_nested(alloc, free);
             // Events kept while writing (rare) wait for the next hook,
             // which writes them: the mark stays until then, since their
             // stamps are in no buffer yet.
@@ -243,7 +243,7 @@ impl Drop for Guard {
             self.slot.unmark(v & MARKS);
         }
         if v & PARK_PENDING != 0 {
-            crate::stop::park_here(self.own.get().0);
+            (crate::UP.park)(self.own.get().0);
         }
     }
 }
@@ -256,7 +256,7 @@ pub fn unmark_now() {
     let slot = Slot::current();
     let f = &slot.tls().flags;
     if f.get() & NESTED != 0 {
-        crate::recorder::write_nested(0, 0);
+        crate::record::recorder::write_nested(0, 0);
     }
     let v = f.get();
     if v & NESTED == 0 && v & MARKS != 0 {

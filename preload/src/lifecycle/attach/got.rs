@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 
-use crate::modules;
+use crate::platform::modules;
 
 const DT_NULL: i64 = 0;
 const DT_PLTRELSZ: i64 = 2;

@@ -11,8 +11,7 @@ use super::{current, order, Session, ThreadBuf, BUF_CAP, PENDING_MAX, SAMPLE_EVE
 
 /// While idle, an RSS sample at least every this many sampling rounds (1 s).
 const IDLE_SAMPLE_EVERY: u64 = 100;
-use crate::guard::Guard;
-use crate::{modules, sys};
+use crate::{platform::modules, platform::sys};
 
 impl Session {
     /// Holds the trace file for one writer of many pieces in a row (the
@@ -182,8 +181,8 @@ impl Session {
             if !self.poll_commands(&mut commands) {
                 return;
             }
-            if crate::reports::take_scan_request() {
-                self.scan_point(crate::snapshot::By::Writer, None, false);
+            if crate::stream::reports::take_scan_request() {
+                (crate::UP.scan)(self);
             }
             if self.reporter.take_request() {
                 self.report_point(SIGNAL_REPORT, None, false);
@@ -215,7 +214,7 @@ impl Session {
         *last = g;
         #[cfg(target_arch = "x86_64")]
         crate::unwind::fast::refresh();
-        crate::attach::redirect_new();
+        (crate::UP.modules_changed)();
         let now = self.now();
         let mut out = Vec::with_capacity(4096);
         let mut enc = Encoder::new();
@@ -240,7 +239,7 @@ impl FileHold<'_> {
 }
 
 extern "C" fn writer_main(_: *mut libc::c_void) -> *mut libc::c_void {
-    Guard::hold_forever();
+    (crate::UP.hold_guard)();
     if let Some(s) = current() {
         if let Some((lo, hi)) = sys::own_stack() {
             s.writer_stack[0].store(lo, Ordering::Relaxed);

@@ -63,7 +63,7 @@ pub fn list() -> Vec<Module> {
     });
     if let Some(first) = out.first_mut() {
         if first.path.is_empty() {
-            first.path = crate::sys::readlink(c"/proc/self/exe").unwrap_or_default();
+            first.path = crate::platform::sys::readlink(c"/proc/self/exe").unwrap_or_default();
         }
     }
     out

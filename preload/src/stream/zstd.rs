@@ -11,7 +11,7 @@
 
 use mtrace_format::compressed_header;
 
-use crate::sys;
+use crate::platform::sys;
 
 /// The writer's level: it must keep up with the program.
 const LEVEL: i32 = 1;

@@ -18,7 +18,7 @@ use mtrace_format::protocol::{marker, Command};
 use mtrace_format::{Encoder, EndReason, Record};
 
 use super::Session;
-use crate::{recorder, snapshot, sys};
+use crate::{platform::sys, record::recorder, snapshot};
 
 /// One unknown command was warned about.
 static WARNED: AtomicBool = AtomicBool::new(false);
@@ -85,7 +85,7 @@ impl Session {
     /// longer redirected (after `mtrace attach`), everything buffered and
     /// an End record (reason detach) are written, the stream is closed.
     pub fn detach(&self) {
-        crate::attach::undo();
+        crate::lifecycle::attach::undo();
         self.final_flush(EndReason::Detach, false, None);
         super::stop_tracing();
         self.out.close();

@@ -1,7 +1,7 @@
 //! Settings read from the environment once per session. A bad value prints
 //! one warning naming the variable and falls back to the default.
 
-use crate::sys;
+use crate::platform::sys;
 use mtrace_format::settings;
 
 /// The unwinder that records backtraces (`MTRACE_UNWINDER`).

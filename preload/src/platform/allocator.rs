@@ -17,7 +17,7 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use crate::real;
+use crate::platform::real;
 
 /// Address space to reserve, tried in order (only what dlmalloc asks for
 /// is made accessible; the rest costs no memory).
@@ -168,7 +168,7 @@ pub fn free_within(ms: u32) -> bool {
         if !HEAP.locked.load(Ordering::Acquire) {
             return true;
         }
-        crate::sys::sleep_ms(1);
+        crate::platform::sys::sleep_ms(1);
     }
     !HEAP.locked.load(Ordering::Acquire)
 }

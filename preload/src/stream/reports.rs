@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::sys;
+use crate::platform::sys;
 
 /// Report requests from the signal handler, counted.
 static REQUESTS: AtomicU64 = AtomicU64::new(0);
@@ -29,7 +29,7 @@ static MARKED: AtomicU64 = AtomicU64::new(0);
 /// needs), the timeout lets the program go on and the report follows.
 extern "C" fn on_report_signal(_: i32) {
     // No session (tracing off in this process): nobody would answer.
-    if crate::session::current().is_none() {
+    if crate::stream::current().is_none() {
         return;
     }
     let errno = sys::errno();
@@ -192,7 +192,7 @@ impl Reporter {
 
 /// `mtrace` in the folder of libmtrace.so.
 fn next_to_library() -> Option<String> {
-    let (lib, _, _) = crate::modules::containing(next_to_library as fn() -> Option<String> as usize)?;
+    let (lib, _, _) = crate::platform::modules::containing(next_to_library as fn() -> Option<String> as usize)?;
     let dir = std::path::Path::new(&lib.path).parent()?;
     let bin = dir.join("mtrace");
     bin.is_file().then(|| bin.to_string_lossy().into_owned())

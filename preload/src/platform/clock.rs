@@ -18,14 +18,14 @@
 //! stamped a few ns before the producer's malloc of it (11 ns seen, a
 //! producer/consumer program handing 2,000,000 blocks over, 1 run in 11).
 //! The analyzer merges the threads' events by time up to the watermarks
-//! (session/order.rs), and orders events of different threads closer than
+//! (stream/order.rs), and orders events of different threads closer than
 //! `EPS` (250 ns) by the allocator's contract (analyzer/src/books/ties.rs).
 //! Until they did, every stamp was `lfence; rdtsc` (17 ns against 10).
 //! Invariant TSCs of one machine are synchronized across cores.
 
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
-use crate::sys;
+use crate::platform::sys;
 
 /// The session's clock.
 pub struct Clock {

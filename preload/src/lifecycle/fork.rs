@@ -4,8 +4,8 @@
 
 use std::cell::Cell;
 
-use crate::guard::{self, Guard};
-use crate::session::{self, current};
+use crate::record::guard::{self, Guard};
+use crate::stream::{self, current};
 
 thread_local! {
     /// The forking thread entered the hook guard in `before_fork`: it holds
@@ -23,13 +23,13 @@ pub extern "C" fn before_fork() {
     if let Some(s) = current() {
         s.hold_for_fork();
     }
-    crate::allocator::hold_for_fork();
+    crate::platform::allocator::hold_for_fork();
 }
 
 /// pthread_atfork parent: release what `before_fork` took.
 pub extern "C" fn after_fork_parent() {
     // SAFETY: before_fork took the heap's lock, in this thread.
-    unsafe { crate::allocator::release_after_fork() };
+    unsafe { crate::platform::allocator::release_after_fork() };
     if let Some(s) = current() {
         // SAFETY: before_fork took the locks, in this thread.
         unsafe { s.release_after_fork() };
@@ -43,16 +43,16 @@ pub extern "C" fn after_fork_parent() {
 /// the child, are not written again), or none.
 pub extern "C" fn after_fork_child() {
     // SAFETY: before_fork took the heap's lock, in the thread the child runs.
-    unsafe { crate::allocator::release_after_fork() };
-    crate::stop::reset_in_child();
-    crate::signals::reset_in_child();
+    unsafe { crate::platform::allocator::release_after_fork() };
+    crate::snapshot::stop::reset_in_child();
+    crate::lifecycle::signals::reset_in_child();
     guard::reset_in_child();
-    session::order::reset_in_child();
-    crate::nested::reset_in_child();
+    stream::order::reset_in_child();
+    crate::record::nested::reset_in_child();
     HELD.with(|h| h.set(false));
     let Some(parent) = current() else { return };
     let _g = Guard::enter();
-    session::restart_in_child(parent.follow_fork);
+    stream::restart_in_child(parent.follow_fork);
 }
 
 /// Registers the fork handlers, once per process (from the constructor, or

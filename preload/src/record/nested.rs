@@ -48,14 +48,14 @@ pub fn keep(e: Event) {
     }
     EVENTS.with(|v| v[n].set(Some(e)));
     LEN.with(|l| l.set(n + 1));
-    crate::guard::set_nested(true);
+    crate::record::guard::set_nested(true);
 }
 
 /// Takes the kept events in order, leaving out allocations at
 /// `outer_alloc` and frees at `outer_free` (the outer hook's own block).
 pub fn take(outer_alloc: u64, outer_free: u64, mut f: impl FnMut(Event)) {
     let n = LEN.with(|l| l.replace(0));
-    crate::guard::set_nested(false);
+    crate::record::guard::set_nested(false);
     for i in 0..n {
         let Some(e) = EVENTS.with(|v| v[i].take()) else { continue };
         match e {

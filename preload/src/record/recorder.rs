@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use mtrace_format::realloc::Realloc;
 use mtrace_format::{EndReason, Family, Record};
 
-use crate::guard::Slot;
-use crate::thread::{AllocEvent, Backtrace, Event, FreeEvent, When};
+use crate::record::guard::Slot;
+use crate::record::thread::{AllocEvent, Backtrace, Event, FreeEvent, When};
 use crate::unwind::Here;
-use crate::{nested, session, sys, thread};
+use crate::{platform::sys, record::nested, record::thread, stream};
 
 /// Whether allocations are recorded (`MTRACE_START`, `mtrace_start()`,
 /// `mtrace_stop()`). Frees are recorded either way, so that blocks
@@ -36,7 +36,7 @@ pub fn collecting() -> bool {
 /// the reentrancy guard (or is the writer thread).
 pub fn set_collecting(on: bool) {
     // First: a session starting now sets the flag from MTRACE_START.
-    let s = session::get();
+    let s = stream::get();
     if COLLECTING.swap(on, Ordering::AcqRel) != on {
         if let Some(s) = s {
             s.write_now(|time_ns| Record::Coverage { time_ns, collecting: on, whole: false });
@@ -59,7 +59,7 @@ thread_local! {
 /// and used again for its record afterwards; else 0. The caller has
 /// entered the hook (not nested in one).
 pub fn realloc_stack(at: Here) -> u32 {
-    match session::get() {
+    match stream::get() {
         Some(s) if s.check_frees && collecting() => {
             let errno = sys::errno();
             let id = thread::intern(s, at);
@@ -96,16 +96,16 @@ fn with_bt(bt: Backtrace, slot: Slot, make: impl Event) {
         return;
     }
     let errno = sys::errno();
-    if let Some(s) = session::get() {
+    if let Some(s) = stream::get() {
         thread::push_in(slot, s, When::Early(s.now()), bt, make);
     }
     sys::set_errno(errno);
 }
 
 /// The time of an event the calling hook (its thread's `slot`) buffers
-/// for session `s`, ns: the hook is marked first (session/order.rs).
+/// for session `s`, ns: the hook is marked first (stream/order.rs).
 #[inline(always)]
-fn stamp(slot: Slot, s: &session::Session) -> u64 {
+fn stamp(slot: Slot, s: &stream::Session) -> u64 {
     slot.mark();
     s.now()
 }
@@ -115,7 +115,7 @@ fn stamp(slot: Slot, s: &session::Session) -> u64 {
 #[inline]
 fn without_stack(t: Option<u64>, make: impl FnOnce(u64) -> Record) {
     let errno = sys::errno();
-    if let Some(s) = session::get() {
+    if let Some(s) = stream::get() {
         thread::push(s, t.map_or_else(|| When::Early(s.now()), When::Marked), None, |t, _| make(t));
     }
     sys::set_errno(errno);
@@ -150,7 +150,7 @@ pub fn alloc(at: Caller, family: Family, addr: *mut libc::c_void, size: usize) -
 /// An allocation inside a hook, for the outer hook to write (also while
 /// not collecting: it is not the program's, and its free is recorded).
 fn keep_alloc(addr: u64, size: u64) {
-    if let Some(s) = session::get() {
+    if let Some(s) = stream::get() {
         nested::keep(nested::Event::Alloc(addr, size, stamp(Slot::current(), s)));
     }
 }
@@ -158,7 +158,7 @@ fn keep_alloc(addr: u64, size: u64) {
 /// A free inside a hook of `p` (stamped `t` before the real free), for the
 /// outer hook to write.
 pub fn nested_free(p: *mut libc::c_void, t: u64) {
-    if !p.is_null() && session::get().is_some() {
+    if !p.is_null() && stream::get().is_some() {
         nested::keep(nested::Event::Free(p as u64, t));
     }
 }
@@ -168,7 +168,7 @@ pub fn nested_free(p: *mut libc::c_void, t: u64) {
 /// (0: none). Called by the guard when it knows some wait.
 pub fn write_nested(own_alloc: u64, own_free: u64) {
     let errno = sys::errno();
-    let s = session::get();
+    let s = stream::get();
     nested::take(own_alloc, own_free, |e| {
         let Some(s) = s else { return };
         match e {
@@ -193,7 +193,7 @@ pub fn write_nested(own_alloc: u64, own_free: u64) {
 /// The session time for an event that must be stamped before the real call
 /// (free, munmap, the free half of realloc); 0 when not tracing.
 pub fn now() -> u64 {
-    session::get().map_or(0, |s| stamp(Slot::current(), s))
+    stream::get().map_or(0, |s| stamp(Slot::current(), s))
 }
 
 /// Records a free before the real free runs (stamped as it is buffered),
@@ -210,7 +210,7 @@ fn free_as(bt: Backtrace, slot: Slot, family: Family, addr: *mut libc::c_void, t
         return;
     }
     let addr = addr as u64;
-    let Some(s) = session::get() else { return };
+    let Some(s) = stream::get() else { return };
     let bt = if s.check_frees && collecting() { bt } else { Backtrace::None };
     let errno = sys::errno();
     let when = t.map_or_else(|| When::Early(s.now()), When::Marked);
@@ -319,7 +319,7 @@ fn pool_id(name: &str) -> Option<u32> {
     pools.push(name.to_owned());
     let id = pools.len() as u32;
     drop(pools);
-    let s = session::get()?;
+    let s = stream::get()?;
     let name = name.to_owned();
     thread::push(s, When::Early(s.now()), None, move |_, _| Record::PoolName { id, name });
     Some(id)
@@ -343,18 +343,18 @@ pub fn pool_free(pool: &str, addr: u64) {
 /// After dlopen/dlclose: the whole module list, so that the analyzer can
 /// symbolize frames of libraries that are gone by the end.
 pub fn modules_changed() {
-    let list = crate::modules::list();
+    let list = crate::platform::modules::list();
     without_stack(None, move |time_ns| Record::Modules { time_ns, modules: list });
 }
 
 /// Writes everything out before the process ends or execs (with the free
 /// of a realloc this thread was inside of, see [`realloc_begins`]).
 pub fn final_flush(reason: EndReason, in_signal: bool) {
-    if let Some(s) = session::current() {
+    if let Some(s) = stream::current() {
         if s.pid == sys::getpid() {
             let pending = REALLOC_OLD.with(|c| c.replace((0, 0, 0)));
             s.final_flush(reason, in_signal, (pending.0 != 0).then_some(pending));
-            if s.unwinder == crate::config::Unwinder::Check && !in_signal {
+            if s.unwinder == crate::platform::config::Unwinder::Check && !in_signal {
                 sys::warn(&crate::unwind::check_summary());
             }
         }

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering}
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::sys;
+use crate::platform::sys;
 
 /// Threads a stop can hold at once.
 const SLOTS: usize = 1024;
@@ -127,7 +127,7 @@ impl Drop for Stopped {
 /// `patient` (a fatal signal's handler): `None` when another stop holds
 /// the threads for 2 s.
 pub fn others(skip: &[i32], patient: bool) -> Option<Stopped> {
-    let one = crate::session::lock(&LOCK, !patient)?;
+    let one = crate::stream::lock(&LOCK, !patient)?;
     let tids: Vec<i32> = tasks().into_iter().filter(|t| !skip.contains(t)).collect();
     if tids.is_empty() || !install() {
         return Some(Stopped { slots: Vec::new(), missed: tids, _one: one });
@@ -221,7 +221,7 @@ extern "C" fn on_stop_signal(_: i32, _: *mut libc::siginfo_t, ctx: *mut libc::c_
         return;
     }
     let errno = sys::errno();
-    if !crate::guard::defer_park() {
+    if !crate::record::guard::defer_park() {
         let (regs, live_from) = interrupted(ctx);
         park(&regs, live_from);
     }

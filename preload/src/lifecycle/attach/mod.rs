@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use mtrace_format::functions::INTERPOSED;
 use parking_lot::Mutex;
 
-use crate::{modules, sys};
+use crate::{platform::modules, platform::sys};
 
 /// The GOT slots rewritten, and the modules (by load bias) already done.
 struct Redirected {
@@ -121,7 +121,7 @@ pub fn redirect_new() {
     let mut st = STATE.lock();
     let pairs: Vec<(u64, u64)> = [c"malloc", c"calloc", c"realloc", c"free"]
         .iter()
-        .filter_map(|n| crate::real::canonical_plt(n).err())
+        .filter_map(|n| crate::platform::real::canonical_plt(n).err())
         .map(|(plt, real)| (plt as u64, real as u64))
         .filter(|&(_, real)| real != 0)
         .collect();
@@ -177,23 +177,23 @@ pub fn undo() {
 /// `settings` is a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn mtrace_attach_init(settings: *const c_char) -> i32 {
-    let _g = crate::guard::Guard::enter();
-    if attached() || (preloaded() && crate::session::current().is_some()) {
+    let _g = crate::record::guard::Guard::enter();
+    if attached() || (preloaded() && crate::stream::current().is_some()) {
         return -2;
     }
     // SAFETY: per the contract.
     let text = unsafe { CStr::from_ptr(settings) }.to_string_lossy().into_owned();
-    crate::config::set_overrides(&text);
-    crate::real::resolve_from_default();
-    if !crate::session::start_attached() {
+    crate::platform::config::set_overrides(&text);
+    crate::platform::real::resolve_from_default();
+    if !crate::stream::start_attached() {
         return -1;
     }
     // Tells the analyzer that blocks from before this point are unknown.
-    if let Some(s) = crate::session::current() {
+    if let Some(s) = crate::stream::current() {
         s.marker(0, mtrace_format::protocol::marker::ATTACH);
     }
-    crate::session::start_writer();
-    crate::fork::install_once();
+    crate::stream::start_writer();
+    crate::lifecycle::fork::install_once();
     ATTACHED.store(true, Ordering::Release);
     redirect_new();
     0

@@ -8,7 +8,7 @@ use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::Ordering;
 
 use super::{Session, SIGNAL_REPORT};
-use crate::sys;
+use crate::platform::sys;
 
 impl Session {
     /// Writes everything buffered and an End record; afterwards events are

@@ -14,6 +14,7 @@ mod end;
 pub(crate) use end::lock;
 pub mod order;
 mod output;
+pub mod reports;
 mod writer;
 mod zstd;
 
@@ -21,8 +22,8 @@ pub use buffer::{BufInner, Handoff, ThreadBuf};
 pub use order::Mark;
 pub use writer::{start_writer, FileHold};
 
-use crate::clock::Clock;
-use crate::{config, modules, sys, unwind};
+use crate::platform::clock::Clock;
+use crate::{platform::config, platform::modules, platform::sys, unwind};
 
 /// A thread's buffer becomes "full" and goes to the writer at this size.
 pub const FLUSH_AT: usize = 60 * 1024;
@@ -52,7 +53,7 @@ pub struct Session {
     /// Frames per backtrace (a command may change it).
     depth: AtomicUsize,
     /// The unwinder (`MTRACE_UNWINDER`).
-    pub unwinder: crate::config::Unwinder,
+    pub unwinder: crate::platform::config::Unwinder,
     /// The signal that asks for an incremental report, if any.
     pub report_signal: Option<i32>,
     /// The signal that asks for a leak scan and its report, if any.
@@ -74,7 +75,7 @@ pub struct Session {
     pub follow_fork: bool,
     /// Trace programs this one execs (`MTRACE_FOLLOW_EXEC`).
     pub follow_exec: bool,
-    pub reporter: crate::reports::Reporter,
+    pub reporter: crate::stream::reports::Reporter,
     /// The trace file.
     out: output::Output,
     /// Held while anything writes to `out`, so that buffers never
@@ -224,7 +225,7 @@ fn open_output(cfg: &config::Config, pid: u32, prog: &str) -> Option<(output::Ou
 /// before.
 fn stop_tracing() {
     STATE.store(DISABLED, Ordering::Release);
-    crate::attach::undo();
+    (crate::UP.stopped)();
 }
 
 impl Session {
@@ -235,13 +236,11 @@ impl Session {
     /// unknown address invalid. With `MTRACE_START=off` it says that
     /// allocations are not collected.
     fn create(from_start: bool) -> Option<Session> {
-        crate::real::init();
-        #[cfg(not(test))]
-        crate::hooks::fds::init();
+        crate::platform::real::init();
         let cfg = config::load();
         let pid = sys::getpid();
         let cmdline = naming::cmdline_args(&sys::read_file(c"/proc/self/cmdline").unwrap_or_default());
-        crate::recorder::init_collecting(cfg.start);
+        (crate::UP.starting)(cfg.start);
         let prog = naming::program_name(&cmdline);
         let (out_file, path) = open_output(&cfg, pid, &prog)?;
         sys::open_statm();
@@ -282,7 +281,7 @@ impl Session {
             writer_stack: [AtomicU64::new(0), AtomicU64::new(0)],
             follow_fork: cfg.follow_fork,
             follow_exec: cfg.follow_exec,
-            reporter: crate::reports::Reporter::new(path, &prog, pid, cfg.report_dir.clone()),
+            reporter: crate::stream::reports::Reporter::new(path, &prog, pid, cfg.report_dir.clone()),
             out: out_file,
             file: Mutex::new(()),
             zstd: Mutex::new(None),
@@ -388,20 +387,12 @@ impl Session {
             Some(pid) if wait => {
                 // The report reads up to the marker once a watermark
                 // passes it: this thread must not hold it back meanwhile.
-                crate::guard::unmark_now();
+                (crate::UP.unmark)();
                 self.reporter.wait(pid)
             }
             Some(_) => true,
             None => false,
         }
-    }
-
-    /// A leak scan now (the program's threads stopped while memory is
-    /// read), then its report like [`Session::report_point`]'s. `by` says
-    /// whether the calling thread is the program's (its stack is a root).
-    pub fn scan_point(&self, by: crate::snapshot::By, out: Option<&str>, wait: bool) -> bool {
-        crate::snapshot::take(self, by);
-        self.report_point(SCAN_REPORT, out, wait)
     }
 }
 

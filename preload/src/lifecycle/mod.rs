@@ -1,0 +1,103 @@
+//! The library's life in a process: its constructor and destructor, the
+//! end of `exit`, fork, fatal signals, and `mtrace attach`'s late start.
+//! The only layer that calls down into all the others (stream, record,
+//! snapshot, unwind, platform); nothing below names it.
+
+pub mod attach;
+pub mod fork;
+pub mod signals;
+
+use mtrace_format::EndReason;
+
+use crate::platform::{real, sys};
+use crate::record::guard::Guard;
+use crate::record::recorder;
+use crate::snapshot;
+use crate::stream::{self, reports};
+
+/// Library constructor. Events before it (other libraries' constructors)
+/// are already recorded: the session starts lazily on the first event; this
+/// adds the writer thread, fatal-signal handlers and fork handlers.
+pub extern "C" fn init() {
+    let _g = Guard::enter();
+    // Loaded by `mtrace attach`: dormant until it calls mtrace_attach_init.
+    if !attach::preloaded() {
+        return;
+    }
+    let Some(s) = stream::get() else { return };
+    stream::start_writer();
+    if s.scan {
+        // Looked up now: a fatal signal's scan must not ask the loader.
+        snapshot::own_range(true);
+    }
+    signals::install();
+    if let Some(sig) = s.report_signal {
+        reports::install(sig);
+    }
+    if let Some(sig) = s.scan_signal {
+        reports::install_scan(sig);
+    }
+    if !s.follow_exec {
+        sys::drop_from_preload("libmtrace.so");
+    }
+    fork::install_once();
+    AT_THE_END.store(real::at_the_end_of_exit(the_end), std::sync::atomic::Ordering::Release);
+}
+
+/// [`the_end`] is registered to run at the end of `exit`.
+static AT_THE_END: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Library destructor: runs in `exit()` after the program's atexit
+/// handlers, among the libraries' destructors. The end of the trace waits
+/// for [`the_end`], after all of them, where it could be registered.
+pub extern "C" fn fini() {
+    if !AT_THE_END.load(std::sync::atomic::Ordering::Acquire) {
+        end_of_exit();
+    }
+}
+
+/// The last of `exit`'s handlers: after the program's atexit handlers and
+/// every library's destructor (libstdc++'s, libpython's), as memcheck's
+/// end comes after them.
+extern "C" fn the_end(_: *mut libc::c_void) {
+    end_of_exit();
+}
+
+/// The end of a process that exits: glibc's freeres, the leak scan, the
+/// trace's end; later events are written synchronously.
+fn end_of_exit() {
+    // What glibc keeps for the process's lifetime is not the program's
+    // leak: it frees it, outside any hook so that its frees are recorded
+    // (docs/SCAN.md). It also empties the environment (setenv.c's
+    // free_mem): nothing may run after it that reads it.
+    if let Some(s) = stream::current() {
+        if s.freeres && s.pid == sys::getpid() && !s.is_finished() {
+            real::libc_freeres();
+        }
+    }
+    let _g = Guard::enter();
+    if let Some(s) = stream::current() {
+        if s.scan && s.pid == sys::getpid() && !s.is_finished() {
+            // The roots: the program's frame that called exit (a return
+            // from main calls it too), not the exit path below it.
+            snapshot::take(s, snapshot::By::program_calling(real::libc_exit()));
+        }
+    }
+    recorder::final_flush(EndReason::Exit, false);
+}
+
+/// A session starts ([`crate::Up::starting`]): the functions the
+/// file-descriptor hooks forward to are resolved before the trace's file
+/// is opened, and collection is on or off as `MTRACE_START` says.
+pub fn starting(collect: bool) {
+    #[cfg(not(test))]
+    crate::hooks::fds::init();
+    recorder::init_collecting(collect);
+}
+
+/// The writer thread was asked for a leak scan ([`crate::Up::scan`]): a
+/// snapshot taken by it (no program thread's frame is the caller), then
+/// the scan's report point.
+pub fn scan_by_writer(s: &stream::Session) {
+    snapshot::scan_point(s, snapshot::By::Writer, None, false);
+}

@@ -1,0 +1,11 @@
+//! A call made a record: the reentrancy guard and the thread's marks
+//! (`guard`), calls the tracer makes inside a hook (`nested`), each
+//! thread's state, buffer and interned backtraces (`thread`), and the
+//! recorder that turns a hooked call into records (`recorder`). Below it:
+//! the stream it writes to, the unwinders, the platform.
+
+pub mod dead_stacks;
+pub mod guard;
+pub mod nested;
+pub mod recorder;
+pub mod thread;
