@@ -7,7 +7,7 @@ use std::sync::Arc;
 use mtrace_format::{Encoder, Family, Record};
 use rustc_hash::FxHashMap;
 
-use crate::platform::config::{Unwinder, MAX_DEPTH};
+use crate::platform::config::MAX_DEPTH;
 use crate::record::guard::Slot;
 use crate::stream::{order, BufInner, Session, ThreadBuf, BUF_CAP, FLUSH_AT};
 use crate::unwind::Here;
@@ -19,40 +19,9 @@ pub struct ThreadState {
     buf: Arc<ThreadBuf>,
     /// Backtrace → id, for the backtraces this thread has defined in the stream.
     stacks: FxHashMap<Box<[u64]>, u32>,
-    unwinding: Unwinding,
+    unwinding: unwind::Unwinding,
     /// Events pushed, counted only for `MTRACE_TEST_ORDER`'s stalls.
     events: u64,
-}
-
-/// What a thread unwinds with.
-struct Unwinding {
-    /// The backtrace being recorded (a field, not a local: no 2 KiB of
-    /// zeroes per event).
-    frames: Box<[u64; MAX_DEPTH]>,
-    /// The fast unwinder, made on this thread's first backtrace.
-    #[cfg(target_arch = "x86_64")]
-    unwinder: Option<crate::unwind::fast::ThreadUnwinder>,
-}
-
-impl Unwinding {
-    /// This thread's backtrace from the hook's frame `at` into
-    /// `self.frames`, with the session's unwinder; returns how many frames.
-    fn capture(&mut self, s: &Session, at: Here) -> usize {
-        #[cfg(target_arch = "x86_64")]
-        if s.unwinder != Unwinder::Libgcc {
-            if self.unwinder.is_none() {
-                self.unwinder = crate::unwind::fast::ThreadUnwinder::new();
-            }
-            if let Some(n) = self.unwinder.as_mut().and_then(|u| u.capture(&mut self.frames[..], s.depth(), at)) {
-                if s.unwinder == Unwinder::Check {
-                    unwind::check(&self.frames[..n], s.depth());
-                }
-                return n;
-            }
-        }
-        let _ = at;
-        unwind::libgcc::capture(&mut self.frames[..], s.depth())
-    }
 }
 
 /// Marks a thread whose state was torn down at thread exit.
@@ -127,11 +96,7 @@ fn state_in(s: &Session, slot: Slot) -> Option<&'static mut ThreadState> {
         tid: sys::gettid(),
         buf: s.register(),
         stacks: FxHashMap::default(),
-        unwinding: Unwinding {
-            frames: Box::new([0; MAX_DEPTH]),
-            #[cfg(target_arch = "x86_64")]
-            unwinder: None,
-        },
+        unwinding: unwind::Unwinding::default(),
         events: 0,
     }));
     slot.cell().set(st);
@@ -180,13 +145,13 @@ pub fn push(s: &Session, when: When, stack_at: Option<Here>, make: impl FnOnce(u
 /// buffer).
 pub fn intern(s: &Session, at: Here) -> u32 {
     let Some(st) = state(s) else { return 0 };
-    let n = st.unwinding.capture(s, at);
+    let n = st.unwinding.capture(s.unwinder, s.depth(), at);
     st.buf.own(&s.handoff, |b| {
         if s.is_finished() {
             return 0;
         }
         b.begin(st.tid, || s.now());
-        intern_in(s, &mut st.stacks, b, &st.unwinding.frames[..n])
+        intern_in(s, &mut st.stacks, b, st.unwinding.frames(n))
     })
 }
 
@@ -273,10 +238,10 @@ pub fn push_in(slot: Slot, s: &Session, when: When, bt: Backtrace, make: impl Ev
     }
     // Unwind before appending: the writer may be waiting for the append.
     let n = match bt {
-        Backtrace::From(at) => Some(st.unwinding.capture(s, at)),
+        Backtrace::From(at) => Some(st.unwinding.capture(s.unwinder, s.depth(), at)),
         _ => None,
     };
-    let frames = n.map(|n| &st.unwinding.frames[..n]);
+    let frames = n.map(|n| st.unwinding.frames(n));
     let mut make = Some(make);
     // Some(behind): appended; None: the stream has ended, write it now.
     let appended = st.buf.own(&s.handoff, |b| {

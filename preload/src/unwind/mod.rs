@@ -26,6 +26,61 @@ mod walk;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::platform::config::{Unwinder, MAX_DEPTH};
+
+/// What a thread unwinds with: the one place that chooses among the
+/// unwinders (`MTRACE_UNWINDER`, [`Unwinder`]); a new unwinder is a
+/// variant there and an arm here.
+pub struct Unwinding {
+    /// The backtrace being recorded (a field, not a local: no 2 KiB of
+    /// zeroes per event).
+    frames: Box<[u64; MAX_DEPTH]>,
+    /// The fast unwinder, made on this thread's first backtrace.
+    #[cfg(target_arch = "x86_64")]
+    fast: Option<fast::ThreadUnwinder>,
+}
+
+impl Default for Unwinding {
+    fn default() -> Unwinding {
+        Unwinding {
+            frames: Box::new([0; MAX_DEPTH]),
+            #[cfg(target_arch = "x86_64")]
+            fast: None,
+        }
+    }
+}
+
+impl Unwinding {
+    /// This thread's backtrace from the hook's frame `at`, at most `depth`
+    /// frames, with unwinder `kind`; returns how many frames
+    /// [`Unwinding::frames`] then holds.
+    #[inline]
+    pub fn capture(&mut self, kind: Unwinder, depth: usize, at: Here) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        if kind != Unwinder::Libgcc {
+            if self.fast.is_none() {
+                self.fast = fast::ThreadUnwinder::new();
+            }
+            if let Some(n) = self.fast.as_mut().and_then(|u| u.capture(&mut self.frames[..], depth, at)) {
+                if kind == Unwinder::Check {
+                    check(&self.frames[..n], depth);
+                }
+                return n;
+            }
+        }
+        let _ = (at, kind);
+        libgcc::capture(&mut self.frames[..], depth)
+    }
+
+    /// The first `n` frames of the last [`Unwinding::capture`] (return
+    /// addresses, innermost first).
+    #[inline]
+    pub fn frames(&self, n: usize) -> &[u64] {
+        &self.frames[..n]
+    }
+}
+
+
 static OWN_LO: AtomicUsize = AtomicUsize::new(0);
 static OWN_HI: AtomicUsize = AtomicUsize::new(0);
 
