@@ -1,3 +1,6 @@
+//! Builds the exec shim (C) into libmtrace.so and links the library with
+//! every symbol bound at load time.
+
 fn main() {
     println!("cargo:rerun-if-changed=src/exec_shim.c");
     // Resolve every symbol at load time: a lazy PLT fix-up in the writer

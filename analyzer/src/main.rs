@@ -233,3 +233,24 @@ fn main() -> ExitCode {
     run::die_as_the_program();
     code
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    /// The command line the preload runs for a report point is one this
+    /// binary takes, with the markers and output it means.
+    #[test]
+    fn the_preloads_report_command_parses() {
+        for (seq, since) in [(1, true), (3, true), (3, false)] {
+            let argv = mtrace_format::protocol::report_point_argv("/t/p.1.mtrace", seq, "/t/p-1-3.memlog", since);
+            let cli = super::Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+            let super::Cmd::Report(a) = cli.cmd else { panic!("{argv:?}: not `report`") };
+            assert_eq!(a.trace, std::path::Path::new("/t/p.1.mtrace"));
+            assert_eq!(a.output.as_deref(), Some(std::path::Path::new("/t/p-1-3.memlog")));
+            assert_eq!(a.opts.until_marker.as_deref(), Some(seq.to_string().as_str()));
+            let since_marker = (seq > 1 && since).then(|| (seq - 1).to_string());
+            assert_eq!(a.opts.since_marker, since_marker);
+        }
+    }
+}

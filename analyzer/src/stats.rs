@@ -8,11 +8,13 @@ use rustc_hash::FxHashMap as HashMap;
 /// Histogram buckets: sizes up to 2^0, 2^1, … 2^(BUCKETS-2) bytes, and larger.
 pub const BUCKETS: usize = 26;
 
+/// What the run did, counted while the books are kept: temporary allocations and the size histogram.
 #[derive(Default)]
 pub struct RunStats {
     /// Backtrace → allocations freed right after being made: heaptrack's
     /// definition, no other allocation by the same thread in between.
     pub temporary: HashMap<u32, u64>,
+    /// Temporary allocations in all.
     pub temporary_total: u64,
     /// The thread of the latest allocation, and its (address, backtrace):
     /// apart from the other threads' (most programs have one thread
@@ -32,6 +34,7 @@ pub fn bucket(size: u64) -> usize {
 }
 
 impl RunStats {
+    /// Counts an allocation of `size` bytes at `addr` by thread `tid` from backtrace `stack`.
     pub fn alloc(&mut self, tid: u32, addr: u64, size: u64, stack: u32) {
         match self.last.replace((tid, addr, stack)) {
             Some(l) if l.0 == tid => {}
@@ -47,6 +50,7 @@ impl RunStats {
         b.1 = b.1.saturating_add(size);
     }
 
+    /// Counts a free of `addr` by thread `tid`: temporary if it is that thread's latest allocation.
     pub fn free(&mut self, tid: u32, addr: u64) {
         let stack = match self.last {
             Some((t, a, stack)) if t == tid => {

@@ -18,7 +18,12 @@ pub enum Address {
     Unix(String),
     /// A TCP connection to `host:port` (`host` as written: a name, an IPv4
     /// address or `[IPv6]`).
-    Tcp { host: String, port: u16 },
+    Tcp {
+        /// As written.
+        host: String,
+        /// 0: any free port (a listener's).
+        port: u16,
+    },
 }
 
 impl Address {

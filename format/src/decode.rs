@@ -39,6 +39,7 @@ pub enum ReadErrorKind {
 pub struct ReadError {
     /// Offset from the start of the stream, bytes.
     pub offset: u64,
+    /// What was wrong there.
     pub kind: ReadErrorKind,
 }
 
@@ -98,6 +99,7 @@ pub struct Reader<R> {
 type Res<T> = Result<T, ReadErrorKind>;
 
 impl<R: Read> Reader<R> {
+    /// A reader of the stream `inner` holds, from its first byte (the header).
     pub fn new(inner: R) -> Reader<R> {
         Reader {
             inner,

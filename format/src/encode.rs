@@ -52,6 +52,7 @@ fn append<const N: usize>(out: &mut Vec<u8>, b: &[u8; N], n: usize) {
 }
 
 impl Encoder {
+    /// An encoder at the start of a stream (no thread, time 0).
     pub fn new() -> Encoder {
         Encoder::default()
     }

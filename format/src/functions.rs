@@ -10,18 +10,32 @@ use crate::Family;
 pub enum Call {
     /// Returns a block of `size` (argument `size`; `calloc`: the product
     /// of arguments 0 and 1) from `family`.
-    Alloc { family: Family, size: usize },
+    Alloc {
+        /// Whose block.
+        family: Family,
+        /// The argument holding the size.
+        size: usize,
+    },
     /// `calloc(n, size)`.
     Calloc,
     /// `posix_memalign(out, align, size)`: the block is written to `*out`.
     PosixMemalign,
     /// `realloc(p, size)`; `reallocarray(p, n, size)` when `array`.
-    Realloc { array: bool },
+    Realloc {
+        /// `reallocarray`.
+        array: bool,
+    },
     /// Frees its argument 0.
-    Free { family: Family },
+    Free {
+        /// Whose block.
+        family: Family,
+    },
     /// C++ `operator new`: the block comes from the allocator it calls
     /// (malloc, aligned_alloc), one event with the family of `new`.
-    New { family: Family },
+    New {
+        /// `new` or `new[]`.
+        family: Family,
+    },
     /// `mmap(addr, len, prot, flags, fd, off)`.
     Mmap,
     /// `munmap(addr, len)`.

@@ -8,10 +8,15 @@
 /// A mapping of a process.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mapping {
+    /// First address.
     pub start: u64,
+    /// One past the last address.
     pub end: u64,
+    /// `r`.
     pub read: bool,
+    /// `w`.
     pub write: bool,
+    /// `x`.
     pub exec: bool,
     /// Offset in the file mapped, bytes.
     pub offset: u64,

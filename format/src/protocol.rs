@@ -84,6 +84,21 @@ impl fmt::Display for Command {
     }
 }
 
+/// The command line (`argv`, from `mtrace`) a producer runs to write the
+/// report of report point `seq` of the trace at `trace` to `out`: what was
+/// live at the point (`--until-marker`), or with `since_previous` the
+/// change since report point `seq - 1` (`--since-marker`; report point 1
+/// has none before it). The analyzer's test parses it with its own
+/// command line, so the two cannot drift apart.
+pub fn report_point_argv(trace: &str, seq: u64, out: &str, since_previous: bool) -> Vec<String> {
+    let mut args = vec!["mtrace".to_owned(), "report".to_owned(), trace.to_owned()];
+    args.extend(["--until-marker".to_owned(), seq.to_string(), "-o".to_owned(), out.to_owned()]);
+    if seq > 1 && since_previous {
+        args.extend(["--since-marker".to_owned(), (seq - 1).to_string()]);
+    }
+    args
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Command, MAX_DEPTH};

@@ -111,7 +111,9 @@ pub struct Header {
     pub big_endian: bool,
     /// Target architecture as Rust names it (`x86_64`, `aarch64`, …).
     pub arch: String,
+    /// The traced process's id.
     pub pid: u32,
+    /// Its parent's.
     pub ppid: u32,
     /// Path of the traced executable (`/proc/self/exe`).
     pub exe: String,
@@ -184,12 +186,17 @@ pub struct Module {
     pub bias: u64,
     /// Contents of the NT_GNU_BUILD_ID note, empty when there is none.
     pub build_id: Vec<u8>,
+    /// Its PT_LOAD segments.
     pub segments: Vec<Segment>,
 }
 
 /// One record of the stream. `time_ns` is nanoseconds since the header's
-/// `start_monotonic_ns`; the encoder stores it as a delta.
+/// `start_monotonic_ns`; the encoder stores it as a delta. The fields of
+/// each variant are named in its description (and in docs/FORMAT.md, with
+/// their encoding), not one by one: `addr`, `size`, `len` are bytes,
+/// `stack` a backtrace id of a [`Record::Stack`] (0: none).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(missing_docs)]
 pub enum Record {
     /// The records up to the next `Thread` come from thread `tid` (a Linux
     /// TID); `time_ns` is the base for their times.

@@ -5,28 +5,17 @@
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Result};
+use mtrace_format::maps::Mapping;
 use object::{Object, ObjectSymbol};
 
-/// One line of `/proc/PID/maps`.
-#[derive(Debug, Clone)]
-pub struct Map {
-    pub start: u64,
-    pub end: u64,
-    pub exec: bool,
-    pub offset: u64,
-    pub path: String,
-}
-
 /// The mappings of process `pid`.
-pub fn maps(pid: i32) -> Result<Vec<Map>> {
+pub fn maps(pid: i32) -> Result<Vec<Mapping>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => anyhow!("no such process: {pid}"),
         std::io::ErrorKind::PermissionDenied => anyhow!("not permitted to read the mappings of process {pid}"),
         _ => anyhow!("process {pid}: {e}"),
     })?;
-    Ok(mtrace_format::maps::Mapping::all(&text)
-        .map(|m| Map { start: m.start, end: m.end, exec: m.exec, offset: m.offset, path: m.path })
-        .collect())
+    Ok(Mapping::all(&text).collect())
 }
 
 fn file_name(path: &str) -> &str {
@@ -35,13 +24,17 @@ fn file_name(path: &str) -> &str {
 
 /// The functions of the process's libc that the injection calls.
 pub struct Libc {
+    /// `dlopen`'s address in the process.
     pub dlopen: u64,
+    /// `dlsym`'s.
     pub dlsym: u64,
+    /// `dlerror`'s.
     pub dlerror: u64,
 }
 
 /// What `mtrace attach` found in the process.
 pub struct Target {
+    /// Where its libc's loader functions are.
     pub libc: Libc,
     /// Text of libc and the loader: a thread stopped there may hold a lock.
     pub busy: Vec<(u64, u64)>,
@@ -67,7 +60,7 @@ pub fn inspect(pid: i32) -> Result<Target> {
             );
         }
     }
-    let is_libc = |m: &Map| {
+    let is_libc = |m: &Mapping| {
         let n = file_name(&m.path);
         n.starts_with("libc.so") || n.starts_with("libc-2.")
     };

@@ -26,6 +26,7 @@ pub struct Block {
     pub size: u64,
     /// Canonical backtrace index (see [`crate::trace::Stacks`]).
     pub stack: u32,
+    /// Allocator family.
     pub family: Family,
     /// Allocation time, ns since the trace started.
     pub time: u64,
@@ -34,7 +35,9 @@ pub struct Block {
 /// Totals of one backtrace over the whole run.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StackTotals {
+    /// Allocation calls.
     pub allocations: u64,
+    /// Bytes requested by them.
     pub bytes: u64,
 }
 
@@ -54,11 +57,15 @@ struct PerStack {
 /// What one backtrace holds live at a moment.
 #[derive(Clone, Copy, Debug)]
 pub struct LiveTotals {
+    /// Bytes live.
     pub bytes: u64,
+    /// Blocks live.
     pub blocks: u64,
+    /// Their family (of the latest block).
     pub family: Family,
 }
 
+/// The books of one trace: every live block and mapping, totals per backtrace, the peak, the wrong frees.
 pub struct Books {
     /// Heap blocks (and pool blocks, at their own keys) by address, with
     /// blocks glibc allocated inside a hook (`Family::Internal`): kept so
@@ -81,10 +88,15 @@ pub struct Books {
     pub frees: u64,
     /// Bytes requested by all allocation calls.
     pub bytes_allocated: u64,
+    /// Bytes live now (heap blocks and mappings).
     pub cur_bytes: u64,
+    /// Blocks live now.
     pub cur_blocks: u64,
+    /// Most bytes live at once.
     pub peak_bytes: u64,
+    /// Blocks live at that peak.
     pub peak_blocks: u64,
+    /// When the peak was reached, ns since the start.
     pub peak_time: u64,
     /// The stream holds every heap block of the process so far
     /// ([`mtrace_format::Record::Coverage`]): a free of an address it never

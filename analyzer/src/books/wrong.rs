@@ -106,6 +106,7 @@ pub fn mismatched(alloc: Family, free: Family) -> bool {
 pub struct Concerned {
     /// The block's start.
     pub addr: u64,
+    /// The block as it was allocated.
     pub block: Block,
     /// It had been freed already.
     pub freed: bool,
@@ -114,12 +115,15 @@ pub struct Concerned {
 /// One wrong free.
 #[derive(Clone, Debug)]
 pub struct WrongFree {
+    /// Double, invalid or mismatched.
     pub kind: WrongKind,
+    /// The call that freed.
     pub call: Dealloc,
     /// The address freed.
     pub addr: u64,
     /// When, ns since the start.
     pub time: u64,
+    /// The block the address falls in, if the trace knows one.
     pub block: Option<Concerned>,
     /// Double free: the backtrace of the free before it, when recorded.
     pub first_free: Option<u32>,
@@ -142,6 +146,8 @@ pub struct Mismatches {
 }
 
 impl Mismatches {
+    /// Adds one mismatched free: counted in the group of the first one
+    /// with the same [`key`] (kind, call, the backtraces involved).
     pub fn add(&mut self, w: WrongFree) {
         self.groups.entry(key(&w)).or_insert_with(|| (w, 0)).1 += 1;
     }

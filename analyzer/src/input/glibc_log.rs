@@ -32,6 +32,7 @@ pub fn is_log(path: &Path) -> bool {
 
 /// A problem the glibc script also reports, as it words it.
 pub struct Complaint {
+    /// The line glibc's script prints.
     pub text: String,
 }
 
@@ -53,6 +54,7 @@ pub fn load(path: &Path, prog: Option<&Path>) -> Result<Trace> {
     load_with_complaints(path, prog).map(|(t, _)| t)
 }
 
+/// [`load`], and the problems glibc's script would report (a free of an address never allocated, …).
 pub fn load_with_complaints(path: &Path, prog: Option<&Path>) -> Result<(Trace, Vec<Complaint>)> {
     let f = std::fs::File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
     let exe = prog.map_or_else(|| "(glibc MALLOC_TRACE log)".to_owned(), |p| p.display().to_string());

@@ -19,7 +19,9 @@ fn pool_key(pool: u32, addr: u64) -> u64 {
 /// `until` marker was reached).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flow {
+    /// Go on reading.
     Go,
+    /// The window's `until` marker was reached: stop.
     Until,
 }
 
@@ -35,6 +37,7 @@ pub struct Keeper<'w> {
 }
 
 impl<'w> Keeper<'w> {
+    /// A keeper of the records inside window `w`.
     pub fn new(w: &'w Window) -> Keeper<'w> {
         Keeper { w, now: 0, regions: Vec::new() }
     }

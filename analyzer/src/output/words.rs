@@ -18,6 +18,7 @@ pub fn thousands(v: u64) -> String {
     out
 }
 
+/// `n` and its noun: "1 block", "1,024 blocks".
 pub fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{} {}", thousands(n), if n == 1 { one } else { many })
 }
@@ -33,10 +34,12 @@ pub fn count(n: i64, one: &str, many: &str, delta: bool) -> String {
     format!("{sign}{}", plural(n.unsigned_abs(), one, many))
 }
 
+/// ns as seconds with three decimals: "1.250 s".
 pub fn secs(ns: u64) -> String {
     format!("{:.3} s", ns as f64 / 1e9)
 }
 
+/// One frame as memcheck shows it: `at`/`by`, address, function, file:line or module+offset, module.
 pub fn frame_line(f: &Frame, first: bool) -> String {
     let lead = if first { "at" } else { "by" };
     let func = f.function.as_deref().unwrap_or("???");
@@ -50,6 +53,7 @@ pub fn frame_line(f: &Frame, first: bool) -> String {
     format!("    {lead} {:#x}: {func}{loc}{module}{inl}", f.address)
 }
 
+/// Bytes as MiB with one decimal.
 pub fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
 }

@@ -23,23 +23,30 @@ struct Costs {
 pub struct Change {
     /// Bytes and blocks not freed at the end.
     pub leaked_bytes: i64,
+    /// Blocks not freed at the end.
     pub leaked_blocks: i64,
     /// Bytes live at the peak of live memory.
     pub peak_bytes: i64,
     /// Allocation calls over the run.
     pub calls: i64,
+    /// The backtrace, symbolized.
     pub frames: Vec<Frame>,
 }
 
 /// The whole comparison.
 #[derive(Serialize, Debug)]
 pub struct Diff {
+    /// The earlier trace's path.
     pub old: String,
+    /// The later trace's path.
     pub new: String,
     /// The totals' changes: not freed, peak, allocation calls.
     pub leaked_bytes: i64,
+    /// Change in blocks not freed.
     pub leaked_blocks: i64,
+    /// Change in bytes live at the peak.
     pub peak_bytes: i64,
+    /// Change in allocation calls.
     pub calls: i64,
     /// Backtraces whose costs changed, largest change in bytes not freed
     /// first, then in peak bytes, then in calls.

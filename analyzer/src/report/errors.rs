@@ -37,6 +37,7 @@ pub struct ErrorEntry {
 /// The block a wrong free concerns.
 #[derive(Serialize, Debug)]
 pub struct BlockInfo {
+    /// The block's start.
     pub address: u64,
     /// Requested size, bytes.
     pub size: u64,

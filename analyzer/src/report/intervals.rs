@@ -14,14 +14,18 @@ use crate::trace::Trace;
 /// Backtraces shown.
 pub const TOP: usize = 5;
 
+/// One time window of `--intervals`.
 #[derive(Serialize, Debug, Clone, Copy, Default)]
 pub struct Window {
+    /// Start, ns since the trace started.
     pub start_ns: u64,
     /// Allocations made in this window and never freed.
     pub allocations: u64,
+    /// Bytes of those allocations.
     pub bytes: u64,
 }
 
+/// A backtrace whose allocations left live memory in many windows.
 #[derive(Serialize, Debug)]
 pub struct Grower {
     /// Windows in which this backtrace left live memory.
@@ -30,17 +34,24 @@ pub struct Grower {
     pub bytes_per_s: f64,
     /// Unfreed allocations per second over the run.
     pub allocations_per_s: f64,
+    /// Its allocations per window.
     pub per_window: Vec<Window>,
+    /// The backtrace, symbolized.
     pub frames: Vec<Frame>,
 }
 
+/// `--intervals`: the run cut into windows, the backtraces that left memory live in the most of them first.
 #[derive(Serialize, Debug)]
 pub struct Intervals {
+    /// A window's length, ns.
     pub duration_ns: u64,
+    /// How many windows.
     pub windows: u64,
+    /// The backtraces, at most [`TOP`].
     pub stacks: Vec<Grower>,
 }
 
+/// The intervals of `t` in windows of `duration_ns` (ns); `depth` recorded frames per backtrace.
 pub fn build(t: &Trace, sym: &mut Symbolizer, duration_ns: u64, depth: Option<usize>) -> Intervals {
     let d = duration_ns.max(1);
     let windows = t.last_time / d + 1;

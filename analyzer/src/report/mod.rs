@@ -70,6 +70,7 @@ pub struct View<'a> {
     pub heuristics: crate::scan::Heuristics,
 }
 
+/// The report's totals (`summary` in JSON).
 #[derive(Serialize, Debug)]
 pub struct Summary {
     /// Allocation calls: malloc family, new, realloc, mmap, mremap.
@@ -80,12 +81,14 @@ pub struct Summary {
     pub bytes_allocated: u64,
     /// Most bytes live at once (heap blocks and mappings).
     pub peak_bytes: u64,
+    /// Blocks live at that peak.
     pub peak_blocks: u64,
     /// When the peak was reached, ns since the start.
     pub peak_time_ns: u64,
     /// Bytes still allocated when the trace ended (with `since_marker`: the
     /// change since that marker, which may be negative).
     pub leaked_bytes: i64,
+    /// Blocks still allocated (or their change).
     pub leaked_blocks: i64,
     /// Time of the last event, ns since the start.
     pub duration_ns: u64,
@@ -117,7 +120,9 @@ pub struct Summary {
 /// marker, the change in its live blocks: negative when more were freed).
 #[derive(Serialize, Debug)]
 pub struct LeakEntry {
+    /// Bytes not freed (or their change since the marker).
     pub bytes: i64,
+    /// Blocks not freed (or their change).
     pub blocks: i64,
     /// Allocations made from this backtrace over the whole run.
     pub total_allocations: u64,
@@ -135,22 +140,31 @@ pub struct LeakEntry {
     /// and blocks found definitely or indirectly lost.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lost: Option<crate::scan::Total>,
+    /// The backtrace, symbolized, innermost first.
     pub frames: Vec<Frame>,
 }
 
 /// Rows of `--timeline` at most: longer runs are shown at even steps.
 pub const TIMELINE_ROWS: usize = 60;
 
+/// The report of one trace: its JSON document is this, field for field.
 #[derive(Serialize, Debug)]
 pub struct Report {
+    /// The trace's path.
     pub trace: String,
+    /// The traced executable.
     pub program: String,
+    /// Its process id.
     pub pid: u32,
+    /// Its parent's.
     pub ppid: u32,
+    /// Its command line.
     pub cmdline: Vec<String>,
+    /// The totals.
     pub summary: Summary,
     /// Wrong frees: mismatched, double and invalid frees.
     pub errors: Vec<errors::ErrorEntry>,
+    /// The blocks not freed, per backtrace (and leak kind, with the scan), sorted as asked.
     pub stacks: Vec<LeakEntry>,
     /// With `--timeline`: RSS and live heap over time.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -17,8 +17,11 @@ pub const TOP: usize = 5;
 /// A backtrace with a count and bytes.
 #[derive(Serialize, Debug)]
 pub struct Entry {
+    /// Calls or blocks (the section says which).
     pub count: u64,
+    /// Bytes.
     pub bytes: u64,
+    /// The backtrace, symbolized.
     pub frames: Vec<Frame>,
 }
 
@@ -26,20 +29,26 @@ pub struct Entry {
 /// than the bucket before); `null` for the last, open bucket.
 #[derive(Serialize, Debug)]
 pub struct Bucket {
+    /// The bucket's largest size, bytes.
     pub max_size: Option<u64>,
+    /// Allocation calls in it.
     pub calls: u64,
+    /// Bytes they requested.
     pub bytes: u64,
 }
 
+/// The sections heaptrack users know (`--sections`).
 #[derive(Serialize, Debug)]
 pub struct Sections {
     /// Backtraces with the most allocation calls (count = calls, bytes = bytes requested).
     pub most_calls: Vec<Entry>,
     /// Allocations freed before the same thread allocated again (count).
     pub temporary: Vec<Entry>,
+    /// Temporary allocations of the whole run.
     pub temporary_total: u64,
     /// What each backtrace held live at the peak (count = blocks).
     pub peak_consumers: Vec<Entry>,
+    /// Allocation sizes by powers of two.
     pub histogram: Vec<Bucket>,
     /// With `--older-than`: live blocks allocated that long before the end (count = blocks).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -52,6 +61,7 @@ pub struct Inputs<'a> {
     pub at_peak: &'a HashMap<u32, LiveTotals>,
     /// `--older-than`, ns.
     pub older_than_ns: Option<u64>,
+    /// Recorded frames per backtrace (`-d`).
     pub depth: Option<usize>,
 }
 
@@ -64,6 +74,7 @@ fn top(mut v: Vec<(u32, u64, u64)>, by_bytes: bool) -> Vec<(u32, u64, u64)> {
     v
 }
 
+/// The sections of `t`.
 pub fn build(t: &Trace, sym: &mut Symbolizer, inp: &Inputs) -> Sections {
     let mut entries = |rows: Vec<(u32, u64, u64)>| -> Vec<Entry> {
         rows.into_iter()

@@ -12,10 +12,13 @@ use super::Report;
 /// One suppression and what it suppressed.
 #[derive(Serialize, Debug, Clone)]
 pub struct Rule {
+    /// The `leak:` line's pattern.
     pub pattern: String,
     /// Entries, blocks and bytes it suppressed.
     pub entries: u64,
+    /// Blocks it suppressed.
     pub blocks: i64,
+    /// Bytes it suppressed.
     pub bytes: i64,
 }
 

@@ -26,13 +26,18 @@ use super::{Memory, Total};
 /// One heuristic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Heuristic {
+    /// `stdstring`: a pointer to the characters of a `std::string`.
     StdString,
+    /// `length64`: a pointer 8 bytes into a block that starts with its length.
     Length64,
+    /// `newarray`: a pointer 8 bytes into a `new[]` block that starts with its element count.
     NewArray,
+    /// `multipleinheritance`: a pointer to a second base class's vtable pointer.
     MultipleInheritance,
 }
 
 impl Heuristic {
+    /// The four, in memcheck's order.
     pub const ALL: [Heuristic; 4] =
         [Heuristic::StdString, Heuristic::Length64, Heuristic::NewArray, Heuristic::MultipleInheritance];
 
@@ -63,9 +68,12 @@ impl Default for Heuristics {
 }
 
 impl Heuristics {
+    /// Every heuristic (memcheck's default for `--leak-check-heuristics`).
     pub const ALL: Heuristics = Heuristics(0b1111);
+    /// None.
     pub const NONE: Heuristics = Heuristics(0);
 
+    /// Whether `h` is in the set.
     pub fn has(self, h: Heuristic) -> bool {
         self.0 & h.bit() != 0
     }
@@ -92,13 +100,18 @@ impl Heuristics {
 /// which reachable via heuristic").
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct ViaHeuristic {
+    /// Blocks reached through `stdstring`.
     pub stdstring: Total,
+    /// Through `length64`.
     pub length64: Total,
+    /// Through `newarray`.
     pub newarray: Total,
+    /// Through `multipleinheritance`.
     pub multipleinheritance: Total,
 }
 
 impl ViaHeuristic {
+    /// The total of `h`, to add to.
     pub fn get_mut(&mut self, h: Heuristic) -> &mut Total {
         match h {
             Heuristic::StdString => &mut self.stdstring,
@@ -108,6 +121,7 @@ impl ViaHeuristic {
         }
     }
 
+    /// The total of `h`.
     pub fn get(&self, h: Heuristic) -> Total {
         match h {
             Heuristic::StdString => self.stdstring,

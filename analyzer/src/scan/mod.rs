@@ -28,13 +28,18 @@ use memory::Memory;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
+    /// No pointer reaches it from a root or another block (memcheck's "definitely lost").
     Definite,
+    /// Reached only from definitely lost blocks ("indirectly lost").
     Indirect,
+    /// Reached only through interior pointers ("possibly lost").
     Possible,
+    /// A pointer to its start is reachable from a root ("still reachable").
     Reachable,
 }
 
 impl Kind {
+    /// memcheck's words for the kind: "definitely lost", ….
     pub fn words(self) -> &'static str {
         match self {
             Kind::Definite => "definitely lost",
@@ -48,16 +53,22 @@ impl Kind {
 /// Bytes and blocks of one kind.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct Total {
+    /// Bytes.
     pub bytes: u64,
+    /// Blocks.
     pub blocks: u64,
 }
 
 /// The four totals, memcheck's "LEAK SUMMARY".
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct Kinds {
+    /// Definitely lost.
     pub definite: Total,
+    /// Indirectly lost.
     pub indirect: Total,
+    /// Possibly lost.
     pub possible: Total,
+    /// Still reachable.
     pub reachable: Total,
     /// Of the still reachable: those only a heuristic's interior pointer
     /// reaches, per heuristic (heuristics.rs).
@@ -123,8 +134,11 @@ pub fn info(t: &Trace) -> Option<ScanInfo> {
 /// A classified block: its address and kind; `owner` is the definitely
 /// lost block whose group an indirectly lost block belongs to.
 pub struct Classified {
+    /// The block's start.
     pub addr: u64,
+    /// Its kind.
     pub kind: Kind,
+    /// For an indirectly lost block, the definitely lost one that owns it.
     pub owner: Option<u64>,
     /// Still reachable only through an interior pointer this heuristic accepted.
     pub via: Option<Heuristic>,

@@ -18,14 +18,18 @@ pub struct Frame {
     /// The return address as recorded (hex in JSON).
     #[serde(serialize_with = "hex")]
     pub address: u64,
+    /// The function, demangled (the inlined one for an inlined frame).
     pub function: Option<String>,
+    /// The source file.
     pub file: Option<String>,
+    /// The line.
     pub line: Option<u32>,
     /// File name of the module, or `?` when no module covers the address.
     pub module: String,
     /// Offset of the address in the module's own numbering (file vaddr).
     #[serde(serialize_with = "hex")]
     pub offset: u64,
+    /// Inlined into the frame after it (same address).
     pub inlined: bool,
 }
 
@@ -52,6 +56,7 @@ pub struct Symbolizer {
 }
 
 impl Symbolizer {
+    /// A symbolizer looking for binaries and debug files as `paths` says.
     pub fn new(paths: SearchPaths) -> Symbolizer {
         Symbolizer { paths, cache: HashMap::new() }
     }

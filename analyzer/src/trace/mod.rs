@@ -18,6 +18,7 @@ pub use stacks::Stacks;
 
 /// A module as first seen in the stream.
 pub struct ModuleSeen {
+    /// The module.
     pub module: Module,
     /// ns since the start when the module list containing it was recorded.
     pub time: u64,
@@ -55,28 +56,38 @@ pub struct Window {
 /// A marker as read: report number (0 for a named point), name, time (ns).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct MarkerSeen {
+    /// Report number (0 for a named point).
     pub seq: u64,
+    /// Its name.
     pub name: String,
+    /// When, ns since the start.
     pub time_ns: u64,
 }
 
 /// Memory at one moment: the process's RSS sample and the books' live heap.
 #[derive(Clone, Copy, Debug, serde::Serialize)]
 pub struct TimePoint {
+    /// When, ns since the start.
     pub time_ns: u64,
     /// Resident set size, bytes.
     pub rss_bytes: u64,
-    /// Bytes and blocks live in the books (heap blocks and mappings).
+    /// Bytes live in the books (heap blocks and mappings).
     pub heap_bytes: u64,
+    /// Blocks live in the books.
     pub heap_blocks: u64,
 }
 
 /// Everything read from one trace.
 pub struct Trace {
+    /// Where it was read from.
     pub path: PathBuf,
+    /// The stream's header.
     pub header: Header,
+    /// The books kept from its records.
     pub books: Books,
+    /// Its backtraces.
     pub stacks: Stacks,
+    /// Every module list's modules, as first seen.
     pub modules: Vec<ModuleSeen>,
     /// The End record, if the producer wrote one.
     pub end: Option<EndReason>,
@@ -84,6 +95,7 @@ pub struct Trace {
     pub last_time: u64,
     /// Why reading stopped early (truncated or corrupt), if it did.
     pub error: Option<ReadError>,
+    /// Records read.
     pub records: u64,
     /// Every marker read, in stream order.
     pub markers: Vec<MarkerSeen>,
@@ -93,6 +105,7 @@ pub struct Trace {
     pub reached_until: bool,
     /// One point per RSS sample, in stream order.
     pub timeline: Vec<TimePoint>,
+    /// Temporary allocations and the size histogram.
     pub stats: crate::stats::RunStats,
     /// Pool names (`mtrace_alloc`), by id.
     pub pools: HashMap<u32, String>,

@@ -12,6 +12,7 @@ pub struct Region {
     pub kind: u8,
     /// The next piece of the same mapping as the region before it.
     pub continues: bool,
+    /// Start address in the target.
     pub addr: u64,
     /// Bytes of memory the region stands for.
     pub len: u64,
@@ -172,6 +173,7 @@ pub struct Word {
 }
 
 impl Word {
+    /// The words of the target `h` describes.
     pub fn of(h: &mtrace_format::Header) -> Word {
         Word { size: h.word_size(), big: h.big_endian }
     }

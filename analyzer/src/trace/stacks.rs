@@ -34,6 +34,7 @@ pub struct Stacks {
 }
 
 impl Stacks {
+    /// Defines stream id `id` as backtrace `frames` (return addresses, innermost first), first seen at `time` (ns).
     pub fn define(&mut self, id: u32, frames: Vec<u64>, time: u64) {
         let hash = |f: &[u64]| FxBuildHasher.hash_one(f);
         let all = &mut self.frames;

@@ -160,11 +160,7 @@ impl Reporter {
             return None;
         };
         let out = out.map_or_else(|| format!("{}{seq}.memlog", self.prefix), str::to_owned);
-        let mut args = vec!["mtrace".to_owned(), "report".to_owned(), self.trace.clone()];
-        args.extend(["--until-marker".to_owned(), seq.to_string(), "-o".to_owned(), out]);
-        if seq > 1 && since_previous {
-            args.extend(["--since-marker".to_owned(), (seq - 1).to_string()]);
-        }
+        let args = mtrace_format::protocol::report_point_argv(&self.trace, seq, &out, since_previous);
         let pid = spawn(analyzer, &args)?;
         if !waited {
             self.children.lock().push(pid);

@@ -80,7 +80,6 @@ impl Unwinding {
     }
 }
 
-
 static OWN_LO: AtomicUsize = AtomicUsize::new(0);
 static OWN_HI: AtomicUsize = AtomicUsize::new(0);
 

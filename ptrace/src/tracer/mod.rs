@@ -59,7 +59,9 @@ pub enum Hooks {
 pub struct Options {
     /// The trace files: `%p` the pid, `%e` the program (as MTRACE_OUTPUT).
     pub output: String,
+    /// What the records hold (backtrace depth, frees' backtraces).
     pub settings: Settings,
+    /// Breakpoints or uprobes.
     pub hooks: Hooks,
 }
 
