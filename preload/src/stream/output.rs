@@ -26,6 +26,39 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use crate::platform::sys::{self, identity, move_high};
 use mtrace_format::address::Address;
 
+/// What the stream goes to: the one place a new transport adds a variant
+/// (and its arms below); its address syntax is `mtrace_format::address`'s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sink {
+    /// A file (or the null device, or a FIFO with a reader): written with
+    /// `write`, opened again by its path if the program closes it.
+    File,
+    /// A connected UNIX or TCP stream socket: written with `send` (no
+    /// SIGPIPE), and read for the reader's commands.
+    Socket,
+}
+
+impl Sink {
+    /// Writes what it can of `buf` to `fd`: `write(2)`'s or `send(2)`'s result.
+    fn put(self, fd: i32, buf: &[u8]) -> isize {
+        // SAFETY: buf is a valid readable slice.
+        unsafe {
+            match self {
+                Sink::File => libc::write(fd, buf.as_ptr().cast(), buf.len()),
+                Sink::Socket => libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL),
+            }
+        }
+    }
+
+    /// What the stream goes to, in a warning.
+    fn name(self) -> &'static str {
+        match self {
+            Sink::File => "the trace file",
+            Sink::Socket => "the trace's connection",
+        }
+    }
+}
+
 /// The trace file, or socket.
 pub struct Output {
     fd: AtomicI32,
@@ -33,8 +66,8 @@ pub struct Output {
     id: (u64, u64),
     /// Its absolute path, or the socket's address, for messages.
     path: CString,
-    /// A socket (else a file, which can be opened again by `path`).
-    socket: bool,
+    /// What it is.
+    sink: Sink,
     lost: AtomicBool,
 }
 
@@ -56,7 +89,7 @@ impl Output {
         }
         let fd = move_high(fd, -1).unwrap_or(fd);
         let id = identity(fd).ok_or_else(sys::errno)?;
-        Ok(Output { fd: AtomicI32::new(fd), id, path: c, socket: false, lost: AtomicBool::new(false) })
+        Ok(Output { fd: AtomicI32::new(fd), id, path: c, sink: Sink::File, lost: AtomicBool::new(false) })
     }
 
     /// Connects to `addr`, in the syntax of `mtrace_format::address`, with
@@ -69,14 +102,14 @@ impl Output {
             let fd = move_high(fd, -1).unwrap_or(fd);
             let id = identity(fd).unwrap_or((0, 0));
             let path = CString::new(addr).unwrap_or_default();
-            Output { fd: AtomicI32::new(fd), id, path, socket: true, lost: AtomicBool::new(false) }
+            Output { fd: AtomicI32::new(fd), id, path, sink: Sink::Socket, lost: AtomicBool::new(false) }
         }))
     }
 
     /// Reads what the reader sent (without waiting) into `into`; false
     /// when it closed the connection or it broke. Always true for a file.
     pub fn receive(&self, into: &mut Vec<u8>) -> bool {
-        if !self.socket || self.is_lost() {
+        if self.sink != Sink::Socket || self.is_lost() {
             return true;
         }
         let mut buf = [0u8; 512];
@@ -101,7 +134,7 @@ impl Output {
 
     /// Whether the stream goes to a socket.
     pub fn is_socket(&self) -> bool {
-        self.socket
+        self.sink == Sink::Socket
     }
 
     /// Closes the stream for good (after the End record of a detach).
@@ -129,14 +162,7 @@ impl Output {
         }
         let mut buf = bytes;
         while !buf.is_empty() {
-            // SAFETY: buf is a valid readable slice.
-            let n = unsafe {
-                if self.socket {
-                    libc::send(self.fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL)
-                } else {
-                    libc::write(self.fd(), buf.as_ptr().cast(), buf.len())
-                }
-            };
+            let n = self.sink.put(self.fd(), buf);
             if n < 0 {
                 if sys::errno() == libc::EINTR {
                     continue;
@@ -151,7 +177,7 @@ impl Output {
 
     /// Opens the trace file again, appending, if the path still names it.
     fn reopen(&self) -> bool {
-        if self.socket {
+        if self.sink != Sink::File {
             return false;
         }
         // SAFETY: path is NUL-terminated.
@@ -187,8 +213,7 @@ impl Output {
     pub fn lose(&self, why: &str) -> bool {
         if !self.lost.swap(true, Ordering::AcqRel) {
             let path = self.path.to_string_lossy();
-            let what = if self.socket { "the trace's connection" } else { "the trace file" };
-            sys::warn(&format!("{what} {path} {why}; tracing stops here"));
+            sys::warn(&format!("{} {path} {why}; tracing stops here", self.sink.name()));
             super::stop_tracing();
         }
         false
