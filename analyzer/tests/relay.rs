@@ -151,6 +151,33 @@ fn a_second_client_after_the_first_left() {
     a_second_client_gets_the_whole_run(t, &addr, &dir);
 }
 
+/// profile.proto's types, from the schema pprof reads.
+#[allow(missing_docs, clippy::all, dead_code)]
+mod proto {
+    include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
+}
+
+/// The in-use objects and bytes of a pprof heap profile by the source
+/// file name and line of each sample's first location.
+fn pprof_in_use(f: &Path) -> std::collections::HashMap<(String, u32), (i64, i64)> {
+    use prost::Message;
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(f).unwrap()).read_to_end(&mut bytes).unwrap();
+    let p = proto::Profile::decode(&bytes[..]).unwrap();
+    let mut by = std::collections::HashMap::new();
+    for x in p.sample.iter().filter(|x| x.value[2] > 0) {
+        let Some(line) = x.location_id.first().and_then(|&id| p.location[id as usize - 1].line.last()) else {
+            continue;
+        };
+        let file = &p.string_table[p.function[line.function_id as usize - 1].filename as usize];
+        let key = (file.rsplit('/').next().unwrap().to_owned(), line.line as u32);
+        let e: &mut (i64, i64) = by.entry(key).or_default();
+        e.0 += x.value[2];
+        e.1 += x.value[3];
+    }
+    by
+}
+
 /// Waits until `f` exists and has stopped growing.
 fn written(f: &Path) -> String {
     let until = Instant::now() + Duration::from_secs(20);
@@ -189,6 +216,12 @@ fn console_on_a_served_program() {
     assert!(entries[0].starts_with("1: 1,000 bytes in 1 block") && entries[0].contains(&at("before")), "{d}");
     assert!(entries[1].starts_with("2: 250 bytes in 3 blocks") && entries[1].contains(&at("window")), "{d}");
     assert!(entries[2].starts_with("3: 33 bytes in 1 block") && entries[2].contains(&at("lost")), "{d}");
+    // pprof: the same live blocks in a heap profile pprof reads.
+    writeln!(console, "pprof {} >{}", f("heap.pb.gz").display(), f("pprof_said").display()).unwrap();
+    assert_eq!(written(&f("pprof_said")), format!("wrote {}\n", f("heap.pb.gz").display()));
+    let in_use = pprof_in_use(&f("heap.pb.gz"));
+    assert_eq!(in_use.get(&("attach_target.c".to_owned(), m["window"])), Some(&(3, 250)), "{in_use:?}");
+    assert_eq!(in_use.get(&("attach_target.c".to_owned(), m["lost"])), Some(&(1, 33)), "{in_use:?}");
     // scan: the dropped block is lost.
     writeln!(console, "scan >{}", f("scan").display()).unwrap();
     let s = written(&f("scan"));

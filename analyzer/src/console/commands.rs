@@ -147,6 +147,12 @@ impl<'a> Console<'a> {
                 self.live.send(&Command::Marker((*name).to_owned()).to_string())?;
             }
             "scan" => self.scan(&args, out)?,
+            "pprof" => {
+                let (pid, args) = pid_arg(&args);
+                let [file] = args.as_slice() else { bail!("pprof FILE [PID]") };
+                self.pprof(pid, std::path::Path::new(file))?;
+                writeln!(out, "wrote {file}")?;
+            }
             "reset" => {
                 let path = self.books(None)?;
                 let live = &mut *self.live;
@@ -176,6 +182,21 @@ impl<'a> Console<'a> {
             _ => unreachable!("every command is handled"),
         }
         Ok(None)
+    }
+
+    /// `pprof FILE`: the books of process `pid` so far as a pprof heap
+    /// profile (allocations over the run, blocks live now; no leak kinds:
+    /// the console's scans keep only what they found lost).
+    fn pprof(&mut self, pid: Option<u32>, file: &std::path::Path) -> Result<()> {
+        let path = self.books(pid)?;
+        let sym = &mut self.sym;
+        let depth = self.opts.depth;
+        let mut w = crate::output::open(Some(file))?;
+        self.books[&path].with(|st| -> Result<()> {
+            let t = st.trace.as_ref().expect("with() checks the header");
+            crate::output::pprof::write(t, None, sym, depth, &mut w)?;
+            Ok(w.flush()?)
+        })?
     }
 
     /// Runs `f` on the books of process `pid` (default: the program's),

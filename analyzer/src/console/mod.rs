@@ -60,6 +60,7 @@ const COMMANDS: &[(&str, &str)] = &[
         "scan",
         "scan [all|new|leak] [PID] — stop the process's threads for a snapshot and classify as memcheck does: all live blocks (default), those allocated since the last scan, or those the last scan found lost",
     ),
+    ("pprof", "pprof FILE [PID] — write the books so far as a pprof heap profile (go tool pprof, Pyroscope, Parca)"),
     ("proclist", "proclist — the program's processes: pid, state, program"),
     ("markers", "markers — the report points and named points so far"),
     ("marker", "marker NAME — set a named point now"),

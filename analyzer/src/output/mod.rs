@@ -1,5 +1,6 @@
 //! Every form a report takes, behind one [`Format`]: text, JSON, the HTML
-//! page, collapsed stacks and the flamegraph SVG; and the forms of other
+//! page, collapsed stacks, the flamegraph SVG and pprof's heap profile;
+//! and the forms of other
 //! commands' results (`diff`'s text, glibc's table). A new output is a
 //! variant here and a module beside this one; [`write`] is the one place
 //! that chooses among them. The words every text shares are in [`words`].
@@ -9,13 +10,17 @@ pub mod errors;
 pub mod flame;
 pub mod glibc;
 pub mod html;
+pub mod pprof;
 pub mod text;
 pub mod words;
 
 use std::io::{self, Write};
 use std::path::Path;
 
+use rustc_hash::FxHashMap as HashMap;
+
 use crate::report::Report;
+use crate::scan::Classified;
 use crate::symbolize::Symbolizer;
 use crate::trace::Trace;
 
@@ -32,6 +37,8 @@ pub enum Format {
     Folded,
     /// An interactive flamegraph SVG ([`flame::flamegraph`]).
     Flamegraph,
+    /// pprof's heap profile, gzip-compressed protobuf ([`pprof`]).
+    Pprof,
 }
 
 impl Format {
@@ -50,6 +57,7 @@ impl Format {
             Format::Html => "HTML",
             Format::Folded => "collapsed stacks",
             Format::Flamegraph => "flamegraph",
+            Format::Pprof => "pprof profile",
         }
     }
 }
@@ -66,17 +74,23 @@ pub struct Shape {
     pub icicle: bool,
 }
 
-/// Writes `r` (the report of `t`) in form `f` to `w`. `r` is `None` only
-/// for the forms that do not [`Format::needs_report`]; asking for one of
-/// the others without it is an `InvalidInput` error.
-pub fn write(
-    f: Format,
-    t: &Trace,
-    r: Option<&mut Report>,
-    sym: &mut Symbolizer,
-    shape: &Shape,
-    w: &mut dyn Write,
-) -> io::Result<()> {
+/// What the outputs are made of: the trace, its report (`None` when no
+/// form asked for needs it, [`Format::needs_report`]), and the leak scan's
+/// classes of its blocks by address, when it has a snapshot.
+pub struct Sources<'a> {
+    /// The trace as read.
+    pub trace: &'a Trace,
+    /// Its report model.
+    pub report: Option<&'a mut Report>,
+    /// The leak scan's classes (`crate::pipeline::classify`).
+    pub classes: Option<&'a HashMap<u64, Classified>>,
+}
+
+/// Writes form `f` of `src` to `w`. Asking for a form that
+/// [`Format::needs_report`] without a report is an `InvalidInput` error.
+pub fn write(f: Format, src: &mut Sources, sym: &mut Symbolizer, shape: &Shape, w: &mut dyn Write) -> io::Result<()> {
+    let t = src.trace;
+    let r = src.report.as_deref_mut();
     let no_report = || io::Error::new(io::ErrorKind::InvalidInput, format!("{}: no report was built", f.name()));
     match f {
         Format::Text => text::write_text(r.ok_or_else(no_report)?, w),
@@ -92,6 +106,7 @@ pub fn write(
             let lines = flame::folded(t, sym, shape.cost, shape.depth);
             flame::flamegraph(&lines, shape.cost, &t.header.exe, shape.icicle, w)
         }
+        Format::Pprof => pprof::write(t, src.classes, sym, shape.depth, w),
     }
 }
 

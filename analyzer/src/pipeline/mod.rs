@@ -88,11 +88,11 @@ pub struct ReportOpts {
     pub html: Option<PathBuf>,
     /// Also write the collapsed stacks of --cost to FILE (flamegraph.pl's,
     /// inferno's and speedscope's input; `mtrace report`: instead of the
-    /// text).
+    /// text); `-`: standard output.
     #[arg(long, value_name = "FILE")]
     pub folded: Option<PathBuf>,
     /// Also write an interactive flamegraph SVG of --cost to FILE
-    /// (`mtrace report`: instead of the text).
+    /// (`mtrace report`: instead of the text); `-`: standard output.
     #[arg(long, value_name = "FILE")]
     pub flamegraph: Option<PathBuf>,
     /// What --folded and --flamegraph measure per backtrace.
@@ -101,6 +101,12 @@ pub struct ReportOpts {
     /// Draw the flamegraph upside down (roots at the top).
     #[arg(long)]
     pub icicle: bool,
+    /// Also write a pprof heap profile to FILE (gzip-compressed
+    /// profile.proto: alloc and in-use objects and bytes per backtrace,
+    /// the leak kind as label `kind`; `mtrace report`: instead of the
+    /// text); `-`: standard output.
+    #[arg(long, value_name = "FILE")]
+    pub pprof: Option<PathBuf>,
 }
 
 impl ReportOpts {
@@ -131,10 +137,15 @@ impl ReportOpts {
     /// The forms asked to go to files (`--html`, `--folded`,
     /// `--flamegraph`), each with its file.
     pub fn files(&self) -> Vec<(Format, &Path)> {
-        [(Format::Html, &self.html), (Format::Folded, &self.folded), (Format::Flamegraph, &self.flamegraph)]
-            .into_iter()
-            .filter_map(|(f, p)| Some((f, p.as_deref()?)))
-            .collect()
+        [
+            (Format::Html, &self.html),
+            (Format::Folded, &self.folded),
+            (Format::Flamegraph, &self.flamegraph),
+            (Format::Pprof, &self.pprof),
+        ]
+        .into_iter()
+        .filter_map(|(f, p)| Some((f, p.as_deref()?)))
+        .collect()
     }
 
     fn shape(&self) -> Shape {
@@ -198,25 +209,28 @@ impl ReportOpts {
         Ok(r)
     }
 
-    /// Writes `r` (the report of `t`; `None` when no form needs it) to
-    /// `out` in [`Self::format`] (nothing when `out` is `None`), and each
-    /// of [`Self::files`] to its file, saying so on standard error.
+    /// Writes `src` to `out` in [`Self::format`] (nothing when `out` is
+    /// `None`), and each of [`Self::files`] to its file, saying so on
+    /// standard error.
     pub fn write(
         &self,
-        t: &Trace,
-        mut r: Option<&mut Report>,
+        src: &mut output::Sources,
         sym: &mut Symbolizer,
         out: Option<&mut dyn Write>,
     ) -> anyhow::Result<()> {
         let shape = self.shape();
         for (f, path) in self.files() {
-            let mut w = std::io::BufWriter::new(output::create_private(path)?);
-            output::write(f, t, r.as_deref_mut(), sym, &shape, &mut w)?;
+            // `-`: standard output, as inferno's and flamegraph.pl's tools do.
+            let stdout = path == Path::new("-");
+            let mut w = output::open((!stdout).then_some(path))?;
+            output::write(f, src, sym, &shape, &mut w)?;
             w.flush()?;
-            eprintln!("mtrace: wrote {}", path.display());
+            if !stdout {
+                eprintln!("mtrace: wrote {}", path.display());
+            }
         }
         if let Some(out) = out {
-            output::write(self.format(), t, r, sym, &shape, out)?;
+            output::write(self.format(), src, sym, &shape, out)?;
         }
         Ok(())
     }
@@ -229,8 +243,19 @@ impl ReportOpts {
     pub fn report(&self, trace: &Path, out: Option<&mut dyn Write>) -> anyhow::Result<Option<Report>> {
         let (t, mut sym) = self.load(trace)?;
         let needed = out.is_some() || self.files().iter().any(|(f, _)| f.needs_report());
-        let mut r = if needed { Some(self.build(&t, &mut sym, View::default())?) } else { None };
-        self.write(&t, r.as_mut(), &mut sym, out)?;
+        let (classes, marking_s) = match needed || self.pprof.is_some() {
+            true => classify(&t, self.leak_check_heuristics),
+            false => (None, 0.0),
+        };
+        let mut r = match needed {
+            true => Some(self.build(&t, &mut sym, View { classes: classes.as_ref(), ..View::default() })?),
+            false => None,
+        };
+        if let Some(s) = r.as_mut().and_then(|r| r.scan.as_mut()) {
+            s.marking_s = marking_s;
+        }
+        let mut src = output::Sources { trace: &t, report: r.as_mut(), classes: classes.as_ref() };
+        self.write(&mut src, &mut sym, out)?;
         Ok(r)
     }
 }

@@ -157,7 +157,7 @@ impl Symbolizer {
 /// The module covering `addr`; when several did over time (a library
 /// unloaded and another loaded in its place), the latest one recorded no
 /// later than `time`, else the earliest.
-fn module_at(modules: &[ModuleSeen], addr: u64, time: u64) -> Option<&mtrace_format::Module> {
+pub(crate) fn module_at(modules: &[ModuleSeen], addr: u64, time: u64) -> Option<&mtrace_format::Module> {
     let covering = modules.iter().filter(|s| {
         s.module.segments.iter().any(|seg| {
             let lo = s.module.bias.wrapping_add(seg.vaddr);
