@@ -61,7 +61,7 @@ pub struct RunArgs {
     /// Trace from outside with ptrace instead of libmtrace.so (uprobes or
     /// breakpoints on the allocation functions, see --hooks): for
     /// statically linked programs and where the library cannot be loaded;
-    /// slower, and no leak scan.
+    /// slower; the leak scan runs at the end (docs/SCAN.md).
     #[arg(long, conflicts_with = "interactive")]
     ptrace: bool,
     /// With --ptrace, how the allocation functions are hooked: `uprobes`
@@ -155,6 +155,7 @@ fn trace_with_ptrace(a: &RunArgs, dir: &Path) -> Result<(u32, Option<std::proces
         settings: mtrace_ptrace::Settings {
             depth: a.opts.depth.unwrap_or(64).clamp(1, MAX_DEPTH),
             check_frees: a.check_frees,
+            scan: !a.no_scan,
         },
         hooks: a.hooks.into(),
     };

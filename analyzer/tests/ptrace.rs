@@ -398,3 +398,47 @@ fn the_memory_over_time_is_sampled_too_with(h: &str) {
     // One sample shows a 4 MiB buffer live.
     assert!(points.iter().any(|p| p["heap_bytes"].as_u64().unwrap() >= 4 << 20), "{points:?}");
 }
+
+/// The leak scan from outside (`--ptrace` at the program's end): the
+/// kinds memcheck gives the dynamic build (valgrind runs here), for the
+/// dynamic, static and static-PIE builds under each hooks, whether the
+/// program returns from main or calls exit from deeper down
+/// (scan_stale.c's stale frames must not count). In the static builds the
+/// blocks glibc's start-up allocates are still reachable, and every lost
+/// block is the program's.
+#[test]
+fn the_scan_from_outside_gives_memchecks_kinds() {
+    for (src, args) in [("scan.c", &[][..]), ("scan_stale.c", &[][..]), ("scan_stale.c", &["exit"][..])] {
+        let name = format!("{}{}", src.trim_end_matches(".c"), args.first().map_or("", |_| "-exit"));
+        let dir = scratch(&format!("ptrace-scan-{name}"));
+        let dynamic = build(src, &dir.join("dynamic"), &["-g", "-O0"]);
+        let want = memcheck(&dir, &[], &dynamic, args);
+        for (build_name, flags) in
+            [("dynamic", &[][..]), ("static", &["-static"][..]), ("static-pie", &["-static-pie"][..])]
+        {
+            let flags: Vec<&str> = ["-g", "-O0"].iter().chain(flags).copied().collect();
+            let prog = build(src, &dir.join(build_name), &flags);
+            for h in hooks() {
+                let (r, out) = traced(&dir, h, &["--scan", "--show-reachable"], &prog, args);
+                let what = format!("{name} {build_name} ({h})");
+                assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+                let k = &r["kinds"];
+                let got = ["definite", "indirect", "possible", "reachable"]
+                    .map(|kind| (k[kind]["bytes"].as_u64().unwrap(), k[kind]["blocks"].as_u64().unwrap()));
+                assert_eq!(got[..3], want[..3], "{what}: definitely, indirectly, possibly lost");
+                if build_name == "dynamic" {
+                    assert_eq!(got[3], want[3], "{what}: still reachable");
+                    continue;
+                }
+                // glibc's start-up blocks: reachable, and nothing but them
+                // beside the program's.
+                assert!(got[3].1 > want[3].1, "{what}: glibc's blocks are still reachable: {got:?}");
+                for e in r["stacks"].as_array().unwrap() {
+                    if line_in(e, src).is_none() {
+                        assert_eq!(e["kind"], "reachable", "{what}: {e}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -44,6 +44,9 @@ pub enum Call {
     Mremap,
     /// The dynamic loader's `_dl_debug_state`: the module list changed.
     LoaderState,
+    /// libc's `exit(status)`: where the program leaves, whose frame is the
+    /// leak scan's root at the end (as the preload's), not the exit path's.
+    Exit,
 }
 
 impl Call {
@@ -100,11 +103,15 @@ pub const INTERPOSED: &[(&str, Call)] = &[
 /// module list (the preload notices new modules by their generation).
 pub const LOADER_STATE: (&str, Call) = ("_dl_debug_state", Call::LoaderState);
 
+/// libc's `exit`, which the ptrace tracer watches for the leak scan's
+/// roots (the preload registers an exit handler instead).
+pub const EXIT: (&str, Call) = ("exit", Call::Exit);
+
 /// The call a symbol name stands for (versioned names like
-/// `malloc@@GLIBC_2.2.5` included), the loader's hook among them.
+/// `malloc@@GLIBC_2.2.5` included), the loader's hook and `exit` among them.
 pub fn lookup(name: &str) -> Option<Call> {
     let base = name.split('@').next().unwrap_or(name);
-    INTERPOSED.iter().chain([&LOADER_STATE]).find(|(n, _)| *n == base).map(|&(_, c)| c)
+    INTERPOSED.iter().chain([&LOADER_STATE, &EXIT]).find(|(n, _)| *n == base).map(|&(_, c)| c)
 }
 
 #[cfg(test)]

@@ -67,6 +67,9 @@ pub struct Pending {
 pub struct Thread {
     pub outer: Option<Outer>,
     pub pending: Vec<Pending>,
+    /// Its registers at the entry of `exit`, if it called it: the leak
+    /// scan's roots are the calling frame's, not the exit path's.
+    pub exit_call: Option<Regs>,
 }
 
 /// What the tracer records and how deep.
@@ -75,6 +78,8 @@ pub struct Settings {
     pub depth: usize,
     /// Frees record their backtraces (`-S`).
     pub check_frees: bool,
+    /// A leak scan's snapshot when a process ends (snapshot.rs).
+    pub scan: bool,
 }
 
 /// The backtrace of a call stopped at its entry with return address `ret`.
@@ -132,6 +137,10 @@ pub fn entry(
     if b.call == Call::LoaderState {
         return true;
     }
+    if b.call == Call::Exit {
+        th.exit_call = Some(*at.regs);
+        return false;
+    }
     let r = at.regs;
     let t = tid.as_raw() as u32;
     let slot = arch::return_slot(r);
@@ -172,7 +181,7 @@ pub fn entry(
     let time = at.time;
     let outer = |arg, done, new| Some(Outer { sp: slot, ret, arg, done, new });
     match b.call {
-        Call::LoaderState => {}
+        Call::LoaderState | Call::Exit => {}
         Call::Free { family } => match nested {
             None => {
                 if args[0] != 0 && (!p.static_exe || p.live.remove(&args[0])) {

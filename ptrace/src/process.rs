@@ -75,6 +75,10 @@ pub struct Process {
     pub points: Vec<Point>,
     /// The kernel's `[uprobes]` page, where return probes return to.
     area: Option<(u64, u64)>,
+    /// The leak scan's snapshot of this image was taken (at its end).
+    pub scanned: bool,
+    /// The stacks of its threads that ended ([`crate::snapshot::dead_stack`]).
+    pub dead_stacks: Vec<(u64, u64)>,
 }
 
 /// How often the resident set size is sampled while the program makes
@@ -98,6 +102,8 @@ impl Process {
             uprobes: false,
             points: Vec::new(),
             area: None,
+            scanned: false,
+            dead_stacks: Vec::new(),
         }
     }
 
@@ -205,6 +211,8 @@ impl Process {
             uprobes: parent.uprobes,
             points: parent.points.clone(),
             area: parent.area,
+            scanned: false,
+            dead_stacks: Vec::new(),
         };
         p.write_modules(pid.as_raw() as u32);
         Ok(p)
@@ -239,7 +247,7 @@ impl Process {
         for m in new {
             self.unwind.add(&m);
             for &(addr, call) in &m.funcs {
-                if self.uprobes && call != Call::LoaderState {
+                if self.uprobes && !matches!(call, Call::LoaderState | Call::Exit) {
                     // In the file's mapping that holds it: the file offset.
                     match files.iter().find(|f| f.0 <= addr && addr < f.1) {
                         Some(f) => self.points.push(Point {

@@ -25,6 +25,16 @@ pub static THROTTLES: AtomicU64 = AtomicU64::new(0);
 /// Uprobe samples handled.
 pub static SAMPLES: AtomicU64 = AtomicU64::new(0);
 
+/// Leak scans' snapshots: memory read (bytes) and the time taken (ns).
+pub static SCAN_BYTES: AtomicU64 = AtomicU64::new(0);
+pub static SCAN_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a snapshot of `bytes` started at `t`.
+pub fn scanned(bytes: u64, t: Instant) {
+    SCAN_BYTES.fetch_add(bytes, Ordering::Relaxed);
+    add(&SCAN_NS, t);
+}
+
 /// Adds the time since `t` to `to`.
 pub fn add(to: &AtomicU64, t: Instant) {
     to.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -46,6 +56,15 @@ pub fn print() {
         get(&UNWINDS),
         us(get(&UNWIND_NS)) / get(&UNWINDS).max(1) as f64,
     );
+    if get(&SCAN_BYTES) > 0 {
+        let ns = get(&SCAN_NS).max(1);
+        eprintln!(
+            "mtrace --ptrace: leak scan snapshots: {} KiB read in {:.1} ms ({:.2} GB/s)",
+            get(&SCAN_BYTES) >> 10,
+            ns as f64 / 1e6,
+            get(&SCAN_BYTES) as f64 / ns as f64,
+        );
+    }
     if get(&OPENS) > 0 {
         eprintln!(
             "mtrace --ptrace: {} uprobe events opened in {:.1} ms; {} samples; rings at most {} KiB full, read at most {:.1} ms apart (handled {:.1} ms); {} threads stopped for their samples",

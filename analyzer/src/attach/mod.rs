@@ -210,6 +210,7 @@ fn attach_ptrace(a: AttachArgs) -> Result<ExitCode> {
         settings: mtrace_ptrace::Settings {
             depth: a.opts.depth.unwrap_or(64).clamp(1, MAX_DEPTH),
             check_frees: a.check_frees,
+            scan: false,
         },
         hooks: a.hooks.into(),
     };

@@ -9,6 +9,12 @@ use iced_x86::{BlockEncoder, BlockEncoderOptions, Decoder, DecoderOptions, Instr
 #[derive(Clone, Copy)]
 pub struct Regs(pub libc::user_regs_struct);
 
+impl std::fmt::Debug for Regs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Regs {{ ip: {:#x}, sp: {:#x} }}", self.ip(), self.sp())
+    }
+}
+
 impl Regs {
     pub fn ip(&self) -> u64 {
         self.0.rip

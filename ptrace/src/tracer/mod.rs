@@ -21,6 +21,7 @@ use crate::arch;
 use crate::calls::{self, Hook, Settings, Thread};
 use crate::perf;
 use crate::process::{parent_of, Process};
+use crate::snapshot;
 use crate::spawn::{self, DETACH};
 use crate::stats;
 use crate::target;
@@ -335,6 +336,10 @@ impl Tracer {
                 }
                 resume(tid, None);
             }
+            e if e == Event::PTRACE_EVENT_EXIT as i32 => {
+                self.exiting(tid);
+                resume(tid, None);
+            }
             e if e == Event::PTRACE_EVENT_STOP as i32 => {
                 if self.threads.contains_key(&tid) {
                     // A group stop (SIGSTOP and the like): the program goes
@@ -387,7 +392,7 @@ impl Tracer {
             Ok(p) => {
                 // Only the forking thread lives on in the child, inside the
                 // same calls.
-                let copy = Thread { outer: th.outer, pending: th.pending.clone() };
+                let copy = Thread { outer: th.outer, pending: th.pending.clone(), exit_call: None };
                 self.procs.insert(child, p);
                 self.threads.insert(child, (child, copy));
                 self.request(child);
@@ -397,6 +402,92 @@ impl Tracer {
         if self.early.remove(&child) {
             self.hold_or_resume(child, None);
         }
+    }
+
+    /// Thread `tid` stopped on its way out (`PTRACE_EVENT_EXIT`). When its
+    /// process ends with it (an `exit_group`, a fatal signal, its last
+    /// thread's exit), the leak scan's snapshot is taken now, once per
+    /// process image, while all its memory is still there, with the other
+    /// threads at their own exit stops; else its stack is dead from now on.
+    fn exiting(&mut self, tid: Pid) {
+        if !self.opts.settings.scan {
+            return;
+        }
+        let Some(&(pid, _)) = self.threads.get(&tid) else { return };
+        let others: Vec<Pid> = self.threads_of(pid).into_iter().filter(|&t| t != tid).collect();
+        let Ok(r) = target::regs(tid) else { return };
+        // The wait status the thread exits with: a signal in its low bits.
+        let status = ptrace::getevent(tid).unwrap_or(0);
+        let ends = r.0.orig_rax == libc::SYS_exit_group as u64 || status & 0x7f != 0 || others.is_empty();
+        {
+            let Some(p) = self.procs.get_mut(&pid) else { return };
+            if p.scanned {
+                return;
+            }
+            if !ends {
+                p.dead_stacks.extend(snapshot::dead_stack(pid, &r));
+                return;
+            }
+            p.scanned = true;
+        }
+        let stopped = |t: Pid, r: arch::Regs, th: Option<&calls::Thread>| match th.and_then(|th| th.exit_call) {
+            Some(at_exit) => snapshot::calling_exit(t, at_exit),
+            None => snapshot::interrupted(t, r),
+        };
+        let mut threads = vec![stopped(tid, r, self.threads.get(&tid).map(|t| &t.1))];
+        for (t, r) in self.exit_stops(&others) {
+            threads.push(stopped(t, r, self.threads.get(&t).map(|t| &t.1)));
+        }
+        let Some(p) = self.procs.get_mut(&pid) else { return };
+        let image = snapshot::image(pid, p.static_exe);
+        let dead = std::mem::take(&mut p.dead_stacks);
+        let started = std::time::Instant::now();
+        match snapshot::take(&mut p.stream, pid, &threads, &dead, image) {
+            Ok(w) => stats::scanned(w.bytes, started),
+            Err(e) => eprintln!("mtrace: no leak scan of process {pid}: {e:#}"),
+        }
+        for &(t, _, _) in &threads[1..] {
+            resume(t, None);
+        }
+    }
+
+    /// Waits (a second at most) for the exit stops of `tids`, which the
+    /// process's end is killing, and returns their registers there; the
+    /// stops that come first are handled as usual. The threads are left
+    /// stopped.
+    fn exit_stops(&mut self, tids: &[Pid]) -> Vec<(Pid, arch::Regs)> {
+        let mut got = Vec::new();
+        let mut waiting = tids.to_vec();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        while !waiting.is_empty() && std::time::Instant::now() < until {
+            let mut moved = false;
+            for i in (0..waiting.len()).rev() {
+                let t = waiting[i];
+                let st = waitpid(t, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG));
+                moved |= !matches!(st, Ok(WaitStatus::StillAlive));
+                match st {
+                    Ok(WaitStatus::StillAlive) => {}
+                    Ok(WaitStatus::PtraceEvent(_, _, ev)) if ev == Event::PTRACE_EVENT_EXIT as i32 => {
+                        waiting.swap_remove(i);
+                        match target::regs(t) {
+                            Ok(r) => got.push((t, r)),
+                            Err(_) => resume(t, None),
+                        }
+                    }
+                    Ok(WaitStatus::Stopped(_, Signal::SIGTRAP)) => self.trap(t),
+                    Ok(WaitStatus::Stopped(_, sig)) => resume(t, Some(sig)),
+                    Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) | Err(_) => {
+                        waiting.swap_remove(i);
+                        self.gone(t, EndReason::Exit);
+                    }
+                    Ok(_) => resume(t, None),
+                }
+            }
+            if !moved {
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        }
+        got
     }
 
     /// Thread `tid` is gone: its process ends with it when it was the last.
