@@ -240,6 +240,8 @@ fn interval_views_show_what_stays_live() {
         Command::new(mtrace())
             .args(["attach", &t.child.id().to_string(), "--interval", "400ms", "--older-than", "200ms", "--json", "-o"])
             .arg(&report)
+            .arg("--pprof-dir")
+            .arg(&dir)
             .stdout(Stdio::piped()),
         "attached to process",
     );
@@ -256,6 +258,12 @@ fn interval_views_show_what_stays_live() {
     assert!(last.ends_with("live for more than 0.2 s: 5,000 bytes in 5 blocks, 1 backtrace"), "{views}");
     let at = format!("keep ({}:{})", ctests_dir().join("attach_target.c").display(), m["window"]);
     assert!(views.contains("#1: 5,000 bytes in 5 blocks") && views.contains(&at), "{views}");
+    // --pprof-dir: a profile per interval, the last with the five blocks.
+    let name = |seq: u32| dir.join(format!("target.{}.{seq}.pb.gz", t.child.id()));
+    assert!(name(1).exists() && name(2).exists(), "{:?}", std::fs::read_dir(&dir).unwrap().collect::<Vec<_>>());
+    let last = (1..).take_while(|&n| name(n).exists()).last().unwrap();
+    let in_use = pprof_in_use(&name(last));
+    assert_eq!(in_use.get(&("attach_target.c".to_owned(), m["window"])), Some(&(5, 5000)), "{in_use:?}");
     t.ask("quit");
     t.child.wait().unwrap();
 }

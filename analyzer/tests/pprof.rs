@@ -11,12 +11,6 @@ use std::os::unix::fs::PermissionsExt;
 
 use prost::Message;
 
-/// profile.proto's types, from the same vendored schema pprof reads.
-#[allow(missing_docs, clippy::all, dead_code)]
-mod proto {
-    include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
-}
-
 #[test]
 fn a_heap_profile_with_the_leak_kinds_as_labels() {
     let dir = scratch("pprof");

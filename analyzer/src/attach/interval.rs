@@ -17,6 +17,24 @@ const TOP: usize = 10;
 /// Frames shown per backtrace.
 const FRAMES: usize = 4;
 
+/// Writes the pprof heap profile of the trace saved so far at `trace` to
+/// `dir`, as `PROG.PID.SEQ.pb.gz`; returns its path.
+pub fn pprof(
+    trace: &Path,
+    sym: &mut Symbolizer,
+    depth: Option<usize>,
+    dir: &Path,
+    seq: u64,
+) -> Result<std::path::PathBuf> {
+    let t = crate::input::load(trace)?;
+    let prog = Path::new(&t.header.exe).file_name().map_or("program".into(), |n| n.to_string_lossy());
+    let path = dir.join(format!("{prog}.{}.{seq}.pb.gz", t.header.pid));
+    let mut w = crate::output::open(Some(&path))?;
+    crate::output::pprof::write(&t, None, sym, depth, &mut w)?;
+    w.flush()?;
+    Ok(path)
+}
+
 /// Writes one interval's view of the trace saved so far at `trace` (its
 /// last record may be cut short: what was read is used) to `out`.
 pub fn print(trace: &Path, sym: &mut Symbolizer, older_than_ns: u64, out: &mut dyn Write) -> Result<()> {

@@ -72,6 +72,12 @@ pub struct AttachArgs {
     /// longer than --older-than (default: DURATION), most bytes first.
     #[arg(long, value_name = "DURATION", value_parser = crate::report::parse_duration)]
     interval: Option<u64>,
+    /// With --interval, also write a pprof heap profile of the process so
+    /// far into DIR every interval, named PROG.PID.SEQ.pb.gz (SEQ from 1;
+    /// the profile's time is the interval's end), for a collector to ship
+    /// (Pyroscope, Parca).
+    #[arg(long, value_name = "DIR", requires = "interval")]
+    pprof_dir: Option<PathBuf>,
     #[command(flatten)]
     opts: ReportOpts,
 }
@@ -160,12 +166,19 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     let deadline = a.duration.map(|ns| Instant::now() + Duration::from_nanos(ns));
     let mut next_view = a.interval.map(|ns| (Instant::now() + Duration::from_nanos(ns), ns));
     let mut sym = a.opts.symbolizer();
+    let mut seq = 0;
     while !copier.is_finished() && !STOP.load(Ordering::Relaxed) && deadline.is_none_or(|d| Instant::now() < d) {
         std::thread::sleep(Duration::from_millis(20));
         if let Some((at, every)) = next_view.filter(|(at, _)| Instant::now() >= *at) {
             let older = a.opts.older_than.unwrap_or(every);
             if let Err(e) = interval::print(&trace, &mut sym, older, &mut std::io::stdout().lock()) {
                 eprintln!("mtrace: {e:#}");
+            }
+            if let Some(dir) = &a.pprof_dir {
+                seq += 1;
+                if let Err(e) = interval::pprof(&trace, &mut sym, a.opts.depth, dir, seq) {
+                    eprintln!("mtrace: {e:#}");
+                }
             }
             next_view = Some((at + Duration::from_nanos(every), every));
         }

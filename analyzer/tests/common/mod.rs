@@ -202,3 +202,31 @@ pub fn memcheck(dir: &Path, env: &[(&str, &str)], prog: &Path, args: &[&str]) ->
         })
     })
 }
+
+/// profile.proto's types, from the schema pprof reads.
+#[allow(missing_docs, clippy::all, dead_code)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
+}
+
+/// The in-use objects and bytes of a pprof heap profile by the source
+/// file name and line of each sample's first location.
+pub fn pprof_in_use(f: &Path) -> std::collections::HashMap<(String, u32), (i64, i64)> {
+    use prost::Message;
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(f).unwrap()).read_to_end(&mut bytes).unwrap();
+    let p = proto::Profile::decode(&bytes[..]).unwrap();
+    let mut by = std::collections::HashMap::new();
+    for x in p.sample.iter().filter(|x| x.value[2] > 0) {
+        let Some(line) = x.location_id.first().and_then(|&id| p.location[id as usize - 1].line.last()) else {
+            continue;
+        };
+        let file = &p.string_table[p.function[line.function_id as usize - 1].filename as usize];
+        let key = (file.rsplit('/').next().unwrap().to_owned(), line.line as u32);
+        let e: &mut (i64, i64) = by.entry(key).or_default();
+        e.0 += x.value[2];
+        e.1 += x.value[3];
+    }
+    by
+}
