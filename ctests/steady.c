@@ -4,7 +4,9 @@
    After each round it asks for a report: with argument "api" through
    mtrace_report(), otherwise by printing "ready" and waiting for the report
    signal (in sigsuspend, pause() without its race: the signal stays blocked
-   until the wait begins). In api mode it also checks that the reports
+   until the wait begins); with argument "sleep", by printing "ready" and
+   sleeping half a second (for --ptrace, where the signal is taken by the
+   tracer and no handler ends a wait). In api mode it also checks that the reports
    leave no trace in the program: mtrace_report() returns 0, no SIGCHLD
    arrives and waitpid(-1) finds no child (exit status 4 otherwise). */
 #include <signal.h>
@@ -40,13 +42,14 @@ static void on_sigchld(int sig) {
 
 int main(int argc, char **argv) {
     int api = argc > 1 && strcmp(argv[1], "api") == 0;
+    int sleepy = argc > 1 && strcmp(argv[1], "sleep") == 0;
     int failed = 0;
     if (api)
         signal(SIGCHLD, on_sigchld);
     sigset_t usr1, waiting;
     sigemptyset(&usr1);
     sigaddset(&usr1, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &usr1, &waiting);
+    sigprocmask(sleepy ? SIG_SETMASK : SIG_BLOCK, sleepy ? NULL : &usr1, &waiting);
     sigdelset(&waiting, SIGUSR1);
     for (int round = 1; round <= 3; round++) {
         for (int i = 0; i < 10; i++) leak_steadily();
@@ -59,6 +62,9 @@ int main(int argc, char **argv) {
             MTRACE(mtrace_marker, round == 1 ? "first" : "later");
             if (mtrace_report && mtrace_report(NULL) != 0)
                 failed = 1;
+        } else if (sleepy) {
+            if (write(1, "ready\n", 6) != 6) return 1;
+            usleep(500000);
         } else {
             if (write(1, "ready\n", 6) != 6) return 1;
             sigsuspend(&waiting);

@@ -13,24 +13,6 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-/// The `--hooks` to test: breakpoints, and uprobes if `mtrace run
-/// --ptrace --hooks uprobes` works here.
-fn hooks() -> &'static [&'static str] {
-    static HOOKS: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
-    HOOKS.get_or_init(|| {
-        let out = Command::new(mtrace())
-            .args(["run", "--ptrace", "--hooks", "uprobes", "--no-scan", "-o", "/dev/null", "--", "true"])
-            .output()
-            .unwrap();
-        if out.status.success() {
-            vec!["breakpoints", "uprobes"]
-        } else {
-            eprintln!("uprobes not tested here: {}", String::from_utf8_lossy(&out.stderr).trim());
-            vec!["breakpoints"]
-        }
-    })
-}
-
 /// `mtrace run --ptrace --hooks h EXTRA -- PROG ARGS` as [`run_json`]
 /// runs it. Under uprobes the kernel's rings can overflow when the
 /// tracer's reader is kept from the CPU (queue.c lost calls in 2 runs of 8
@@ -103,7 +85,7 @@ fn same_as_preload(name: &str, src: &str, flags: &[&str], args: &[&str]) {
     // glibc's freeres at exit is the preload's alone (the tracer from
     // outside does not call it yet): compared without it.
     let (pre, out1) = run_json(&dir, &["--run-libc-freeres=no"], &prog, args);
-    for h in hooks() {
+    for h in ptrace_hooks() {
         let (pt, out2) = traced(&dir, h, &[], &prog, args);
         assert_eq!(entries(&pt), entries(&pre), "{name} ({h}): the entries");
         assert_eq!(counts(&pt), counts(&pre), "{name} ({h}): allocations, frees, unmatched frees");
@@ -131,7 +113,7 @@ fn a_stale_return_address_does_not_hide_a_later_call() {
     let dir = scratch("ptrace-stale_slot-leak");
     let prog = build("stale_slot.c", &dir.join("stale_slot"), &["-g", "-O0"]);
     let m = markers("stale_slot.c");
-    for h in hooks() {
+    for h in ptrace_hooks() {
         let (r, _) = traced(&dir, h, &[], &prog, &[]);
         assert_eq!(leaks_in(&r, "stale_slot.c"), vec![leak(24, 1, "malloc", "deep", m["deep"])], "{h}");
     }
@@ -158,7 +140,7 @@ fn exec_and_dlopen_are_the_preloads() {
 
 #[test]
 fn a_static_program_is_traced_with_whole_backtraces() {
-    for h in hooks() {
+    for h in ptrace_hooks() {
         a_static_program_is_traced_with_whole_backtraces_with(h);
     }
 }
@@ -193,7 +175,7 @@ fn a_static_program_is_traced_with_whole_backtraces_with(h: &str) {
 
 #[test]
 fn threads_hand_blocks_over_without_a_wrong_free() {
-    for h in hooks() {
+    for h in ptrace_hooks() {
         threads_hand_blocks_over_without_a_wrong_free_with(h);
     }
 }
@@ -214,7 +196,7 @@ fn threads_hand_blocks_over_without_a_wrong_free_with(h: &str) {
 
 #[test]
 fn a_forked_child_has_its_own_trace() {
-    for h in hooks() {
+    for h in ptrace_hooks() {
         a_forked_child_has_its_own_trace_with(h);
     }
 }
@@ -241,7 +223,7 @@ fn a_forked_child_has_its_own_trace_with(h: &str) {
 
 #[test]
 fn a_double_free_glibc_aborts_on_is_reported_with_both_backtraces() {
-    for h in hooks() {
+    for h in ptrace_hooks() {
         a_double_free_glibc_aborts_on_is_reported_with_both_backtraces_with(h);
     }
 }
@@ -265,7 +247,7 @@ fn a_double_free_glibc_aborts_on_is_reported_with_both_backtraces_with(h: &str) 
 
 #[test]
 fn ctrl_c_leaves_the_program_running() {
-    for h in hooks() {
+    for h in ptrace_hooks() {
         ctrl_c_leaves_the_program_running_with(h);
     }
 }
@@ -311,7 +293,7 @@ fn ctrl_c_leaves_the_program_running_with(h: &str) {
 
 #[test]
 fn attach_traces_a_window_of_a_running_program() {
-    for h in hooks() {
+    for h in ptrace_hooks() {
         attach_traces_a_window_of_a_running_program_with(h);
     }
 }
@@ -381,7 +363,7 @@ fn attach_traces_a_window_of_a_running_program_with(h: &str) {
 
 #[test]
 fn the_memory_over_time_is_sampled_too() {
-    for h in hooks() {
+    for h in ptrace_hooks() {
         the_memory_over_time_is_sampled_too_with(h);
     }
 }
@@ -418,7 +400,7 @@ fn the_scan_from_outside_gives_memchecks_kinds() {
         {
             let flags: Vec<&str> = ["-g", "-O0"].iter().chain(flags).copied().collect();
             let prog = build(src, &dir.join(build_name), &flags);
-            for h in hooks() {
+            for h in ptrace_hooks() {
                 let (r, out) = traced(&dir, h, &["--scan", "--show-reachable"], &prog, args);
                 let what = format!("{name} {build_name} ({h})");
                 assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));

@@ -104,6 +104,45 @@ fn signal_reports_show_growth_and_frees() {
     assert_eq!(listed.lines().filter(|l| l.ends_with("signal")).count(), 3, "{listed}");
 }
 
+/// The same report points under `mtrace run --ptrace` (each hooks): the
+/// tracer takes SIGUSR1 (steady.c has no handler for it) and the memlogs
+/// say what the preload's say.
+#[test]
+fn signal_reports_under_ptrace_are_the_preloads() {
+    for h in ptrace_hooks() {
+        let (dir, prog) = setup(&format!("memlog-ptrace-{h}"));
+        let m = markers("steady.c");
+        let mut run = Command::new(mtrace())
+            .current_dir(&dir)
+            .args(["run", "--ptrace", "--hooks", h, "--no-scan", "-o", "report.txt", "--"])
+            .arg(&prog)
+            .arg("sleep")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(run.stdout.take().unwrap());
+        let mut logs = vec![];
+        let mut pid = 0;
+        for seq in 1..=3 {
+            let mut line = String::new();
+            out.read_line(&mut line).unwrap();
+            assert_eq!(line, "ready\n", "{h}");
+            // The program is mtrace's child.
+            if pid == 0 {
+                let task = format!("/proc/{}/task/{}/children", run.id(), run.id());
+                pid = std::fs::read_to_string(task).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+            }
+            // SAFETY: kill on our own grandchild, which sleeps half a second.
+            unsafe { libc::kill(pid, libc::SIGUSR1) };
+            logs.push(wait_for(&dir.join(format!("steady-{pid}-{seq}.memlog"))));
+        }
+        assert!(run.wait().unwrap().success(), "{h}: the program was not killed by the signal");
+        assert_eq!(entries(&logs[0]), vec![(320, 5, m["kept"]), (1000, 10, m["steady"])], "{h}");
+        assert_eq!(entries(&logs[1]), vec![(-320, -5, m["kept"]), (1000, 10, m["steady"])], "{h}");
+        assert_eq!(entries(&logs[2]), vec![(1000, 10, m["steady"])], "{h}");
+    }
+}
+
 #[test]
 fn api_reports_and_named_markers() {
     let (dir, prog) = setup("memlog-api");

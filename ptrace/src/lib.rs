@@ -30,6 +30,7 @@ pub mod inspect;
 mod modules;
 mod perf;
 mod process;
+mod reports;
 mod snapshot;
 mod spawn;
 mod stats;

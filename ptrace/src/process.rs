@@ -79,6 +79,8 @@ pub struct Process {
     pub scanned: bool,
     /// The stacks of its threads that ended ([`crate::snapshot::dead_stack`]).
     pub dead_stacks: Vec<(u64, u64)>,
+    /// Report points made so far (reports.rs).
+    pub reports: u64,
 }
 
 /// How often the resident set size is sampled while the program makes
@@ -104,6 +106,7 @@ impl Process {
             area: None,
             scanned: false,
             dead_stacks: Vec::new(),
+            reports: 0,
         }
     }
 
@@ -213,6 +216,7 @@ impl Process {
             area: parent.area,
             scanned: false,
             dead_stacks: Vec::new(),
+            reports: 0,
         };
         p.write_modules(pid.as_raw() as u32);
         Ok(p)

@@ -18,11 +18,22 @@ use rustc_hash::FxHashMap as HashMap;
 /// Records collected before they are compressed and written, bytes.
 const BLOCK: usize = 1 << 20;
 
+/// What the writer thread is handed.
+enum Job {
+    /// A block of records to compress and write.
+    Block(Vec<u8>),
+    /// Answer once every block before is in the file.
+    Sync(std::sync::mpsc::Sender<()>),
+}
+
+/// One process's stream and its writer.
 pub struct Stream {
     /// Full blocks go to the writer thread, which compresses and writes
     /// them (compressing a block took milliseconds in the tracer's loop,
     /// long enough for a uprobe ring to overflow).
-    writer: Option<(std::sync::mpsc::Sender<Vec<u8>>, std::thread::JoinHandle<()>)>,
+    writer: Option<(std::sync::mpsc::Sender<Job>, std::thread::JoinHandle<()>)>,
+    /// The program's name, as in the trace's name and a report's.
+    program: String,
     /// Where `file` is: the pattern's expansion, or it with a suffix.
     path: String,
     enc: Encoder,
@@ -60,7 +71,8 @@ impl Stream {
     pub fn create(pattern: &str, pid: u32, ppid: u32) -> Result<Stream> {
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.display().to_string()).unwrap_or_default();
         let cmdline = naming::cmdline_args(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default());
-        let base = naming::expand(pattern, pid, &naming::program_name(&cmdline));
+        let program = naming::program_name(&cmdline);
+        let base = naming::expand(pattern, pid, &program);
         let mut last = None;
         for path in naming::candidates(&base) {
             match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
@@ -76,6 +88,7 @@ impl Stream {
                     let s = Stream {
                         writer: Some(writer(file, path.clone())?),
                         path,
+                        program: program.clone(),
                         enc: Encoder::new(),
                         buf: Vec::with_capacity(BLOCK + 4096),
                         tid: 0,
@@ -175,10 +188,27 @@ impl Stream {
         }
         let block = std::mem::replace(&mut self.buf, Vec::with_capacity(BLOCK + 4096));
         if let Some((to, _)) = &self.writer {
-            let _ = to.send(block);
+            let _ = to.send(Job::Block(block));
         }
         // The next chunk starts with a Thread record (its times are deltas).
         self.tid = 0;
+    }
+
+    /// Everything collected so far in the file, waiting for the writer
+    /// (two seconds at most): a report reading the file then finds it.
+    pub fn sync(&mut self) {
+        self.flush();
+        if let Some((to, _)) = &self.writer {
+            let (done, written) = std::sync::mpsc::channel();
+            if to.send(Job::Sync(done)).is_ok() {
+                let _ = written.recv_timeout(std::time::Duration::from_secs(2));
+            }
+        }
+    }
+
+    /// The program's name (its command line's first word, without folders).
+    pub fn program(&self) -> &str {
+        &self.program
     }
 
     /// Everything collected written to the file (the writer done).
@@ -212,11 +242,18 @@ impl Drop for Stream {
 /// order; it ends when the sender is dropped. The channel has no bound:
 /// the tracer must never wait for it (the blocks come at the program's
 /// pace, far below what compression takes).
-fn writer(mut file: File, path: String) -> Result<(std::sync::mpsc::Sender<Vec<u8>>, std::thread::JoinHandle<()>)> {
-    let (to, blocks) = std::sync::mpsc::channel::<Vec<u8>>();
+fn writer(mut file: File, path: String) -> Result<(std::sync::mpsc::Sender<Job>, std::thread::JoinHandle<()>)> {
+    let (to, jobs) = std::sync::mpsc::channel::<Job>();
     let done = std::thread::Builder::new().name("mtrace-writer".into()).spawn(move || {
         let mut failed = false;
-        for block in blocks {
+        for job in jobs {
+            let block = match job {
+                Job::Block(b) => b,
+                Job::Sync(done) => {
+                    let _ = done.send(());
+                    continue;
+                }
+            };
             let mut out = Vec::with_capacity(block.len() / 3);
             let r = encode_compressed(&mut out, &block, 1)
                 .map_err(anyhow::Error::from)

@@ -230,3 +230,21 @@ pub fn pprof_in_use(f: &Path) -> std::collections::HashMap<(String, u32), (i64, 
     }
     by
 }
+
+/// The `--hooks` to test: breakpoints, and uprobes if `mtrace run
+/// --ptrace --hooks uprobes` works here.
+pub fn ptrace_hooks() -> &'static [&'static str] {
+    static HOOKS: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    HOOKS.get_or_init(|| {
+        let out = Command::new(mtrace())
+            .args(["run", "--ptrace", "--hooks", "uprobes", "--no-scan", "-o", "/dev/null", "--", "true"])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            vec!["breakpoints", "uprobes"]
+        } else {
+            eprintln!("uprobes not tested here: {}", String::from_utf8_lossy(&out.stderr).trim());
+            vec!["breakpoints"]
+        }
+    })
+}

@@ -21,6 +21,7 @@ use crate::arch;
 use crate::calls::{self, Hook, Settings, Thread};
 use crate::perf;
 use crate::process::{parent_of, Process};
+use crate::reports;
 use crate::snapshot;
 use crate::spawn::{self, DETACH};
 use crate::stats;
@@ -254,6 +255,7 @@ impl Tracer {
                     }
                 }
                 WaitStatus::Stopped(tid, Signal::SIGTRAP) => self.trap(tid),
+                WaitStatus::Stopped(tid, Signal::SIGUSR1) if self.report_point(tid) => resume(tid, None),
                 WaitStatus::Stopped(tid, sig) => resume(tid, Some(sig)),
                 WaitStatus::PtraceEvent(tid, _, ev) => self.event(tid, ev),
                 _ => {}
@@ -402,6 +404,19 @@ impl Tracer {
         if self.early.remove(&child) {
             self.hold_or_resume(child, None);
         }
+    }
+
+    /// SIGUSR1 came for thread `tid`: a report point when its process
+    /// would be killed by it (reports.rs); false to deliver it.
+    fn report_point(&mut self, tid: Pid) -> bool {
+        let Some(&(pid, _)) = self.threads.get(&tid) else { return false };
+        if !reports::default_disposition(pid, reports::SIGNAL) {
+            return false;
+        }
+        let Some(p) = self.procs.get_mut(&pid) else { return false };
+        p.reports += 1;
+        reports::point(&mut p.stream, tid, pid, p.reports);
+        true
     }
 
     /// Thread `tid` stopped on its way out (`PTRACE_EVENT_EXIT`). When its
