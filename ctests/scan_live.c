@@ -3,7 +3,9 @@
    mtrace_scan()), and is found again before exit; block "kept" is reachable
    from a global during the scans and dropped before exit. So the scans
    must report hidden definitely lost and kept still reachable, and the scan
-   at exit the opposite. Run it with MTRACE_SCAN_SIGNAL=USR2. */
+   at exit the opposite. Run it with MTRACE_SCAN_SIGNAL=USR2. With the
+   argument "signal" (for mtrace run --ptrace, where the tracer takes the
+   signal and scans before the program goes on) only the signal's scan. */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -31,9 +33,15 @@ __attribute__((noinline)) static void scrub(void) {
     memset((char *)junk, 0, sizeof junk);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     make();
     scrub();
+    if (argc > 1 && strcmp(argv[1], "signal") == 0) {
+        raise(SIGUSR2);
+        found = (void *)(hidden ^ MASK);
+        kept = NULL;
+        return 0;
+    }
     if (!mtrace_scan)
         return 0; /* not traced: SIGUSR2 would end the program */
     raise(SIGUSR2);

@@ -315,6 +315,43 @@ fn scans_on_demand_by_signal_and_api_show_their_moment() {
     assert!(std::process::Command::new(&prog).current_dir(&dir).status().unwrap().success());
 }
 
+/// The scan signal under `mtrace run --ptrace` (each hooks): the tracer
+/// takes it, stops the program, and the memlog of that moment says what
+/// the preload's says; the scan at exit the opposite.
+#[test]
+fn the_scan_signal_under_ptrace_shows_its_moment() {
+    for h in ptrace_hooks() {
+        let dir = scratch(&format!("scan-live-ptrace-{h}"));
+        let prog = build("scan_live.c", &dir.join("scan_live"), &["-g", "-O0"]);
+        let (r, out) = run_json_env(
+            &dir,
+            &[("MTRACE_SCAN_SIGNAL", "USR2")],
+            &["--ptrace", "--hooks", h, "--scan"],
+            &prog,
+            &["signal"],
+        );
+        assert!(out.status.success(), "{h}: {}", String::from_utf8_lossy(&out.stderr));
+        let k = &r["kinds"];
+        let total = |kind: &str| (k[kind]["bytes"].as_u64().unwrap(), k[kind]["blocks"].as_u64().unwrap());
+        assert_eq!((total("definite"), total("reachable")), ((202, 1), (201, 1)), "{h}: at exit: {k}");
+        // The signal's report, written by an analyzer the tracer started.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let text = loop {
+            let found = std::fs::read_dir(&dir)
+                .unwrap()
+                .filter_map(|e| e.unwrap().file_name().into_string().ok())
+                .find(|n| n.starts_with("scan_live-") && n.ends_with("-1.memlog"));
+            let text = found.and_then(|n| std::fs::read_to_string(dir.join(n)).ok()).unwrap_or_default();
+            if text.contains("still reachable") || std::time::Instant::now() > until {
+                break text;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        assert!(text.contains("201 (201 direct, 0 indirect) bytes in 1 block is definitely lost"), "{h}: {text}");
+        assert!(text.contains("still reachable: 202 bytes in 1 block"), "{h}: {text}");
+    }
+}
+
 #[test]
 fn scans_stop_threads_busy_in_the_hooks() {
     let dir = scratch("scan-busy");

@@ -8,7 +8,7 @@
 //! The interrupted call goes on (a sleep is restarted): unlike the
 //! preload's handler, nothing returns EINTR.
 
-use mtrace_format::protocol::{marker, report_point_argv};
+use mtrace_format::protocol::report_point_argv;
 use mtrace_format::{settings, Record};
 use nix::unistd::Pid;
 
@@ -32,17 +32,43 @@ pub fn default_disposition(pid: Pid, sig: i32) -> bool {
     mask("SigCgt:") & bit == 0 && mask("SigIgn:") & bit == 0
 }
 
-/// Writes report point `seq` into `stream` (thread `tid`'s Marker), puts
-/// it in the file, and starts the analyzer on it (not waited for: the
-/// tracer reaps it with its other children). False when the analyzer
-/// cannot be started (the point stays a marker).
-pub fn point(stream: &mut Stream, tid: Pid, pid: Pid, seq: u64) -> bool {
+/// The scan signal (`MTRACE_SCAN_SIGNAL`: USR1, USR2, SIGUSR2, a number;
+/// unset or `off`: none), as the preload reads it.
+pub fn scan_signal() -> Option<nix::sys::signal::Signal> {
+    let v = std::env::var(settings::SCAN_SIGNAL.name()).ok()?;
+    let v = v.trim();
+    if let Ok(n) = v.parse::<i32>() {
+        return nix::sys::signal::Signal::try_from(n).ok();
+    }
+    let name = if v.to_ascii_uppercase().starts_with("SIG") {
+        v.to_ascii_uppercase()
+    } else {
+        format!("SIG{}", v.to_ascii_uppercase())
+    };
+    let sig = name.parse().ok();
+    if sig.is_none() && !v.eq_ignore_ascii_case("off") {
+        eprintln!(
+            "mtrace: {}={v:?} is not a signal (USR1, USR2, a number, or off); using off",
+            settings::SCAN_SIGNAL.name()
+        );
+    }
+    sig
+}
+
+/// Writes report point `seq` named `name` (the marker kinds of
+/// `mtrace_format::protocol::marker`: `signal`, or `scan` after a
+/// snapshot) into `stream` as thread `tid`'s Marker, puts it in the file,
+/// and starts the analyzer on it (not waited for: the tracer reaps it with
+/// its other children): the change since the previous point, or with
+/// `since_previous` false everything live there (a scan's). False when
+/// the analyzer cannot be started (the point stays a marker).
+pub fn point(stream: &mut Stream, tid: Pid, pid: Pid, seq: u64, name: &str, since_previous: bool) -> bool {
     let time_ns = stream.now();
-    stream.record(tid.as_raw() as u32, &Record::Marker { time_ns, seq, name: marker::SIGNAL.to_owned() });
+    stream.record(tid.as_raw() as u32, &Record::Marker { time_ns, seq, name: name.to_owned() });
     stream.sync();
     let dir = std::env::var(settings::REPORT_DIR.name()).map_or_else(|_| std::path::PathBuf::from("."), Into::into);
     let out = dir.join(format!("{}-{pid}-{seq}.memlog", stream.program()));
-    let argv = report_point_argv(stream.path(), seq, &out.display().to_string(), true);
+    let argv = report_point_argv(stream.path(), seq, &out.display().to_string(), since_previous);
     let Ok(me) = std::env::current_exe() else { return false };
     let started = std::process::Command::new(me)
         .args(&argv[1..])

@@ -27,6 +27,7 @@ use crate::spawn::{self, DETACH};
 use crate::stats;
 use crate::target;
 use crate::uprobes::{Opener, Probes};
+use mtrace_format::protocol::marker;
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 
 mod samples;
@@ -98,6 +99,8 @@ struct Tracer {
     last_drain: Option<std::time::Instant>,
     /// When they were last read whole (a watermark could be stated).
     last_whole: std::time::Instant,
+    /// `MTRACE_SCAN_SIGNAL`: the signal that makes a scan's report point.
+    scan_signal: Option<Signal>,
 }
 
 /// Runs `cmd` traced until it ends (and every process it started), or
@@ -187,6 +190,7 @@ impl Tracer {
             retired: Vec::new(),
             last_drain: None,
             last_whole: std::time::Instant::now(),
+            scan_signal: reports::scan_signal(),
         }
     }
 
@@ -255,6 +259,9 @@ impl Tracer {
                     }
                 }
                 WaitStatus::Stopped(tid, Signal::SIGTRAP) => self.trap(tid),
+                WaitStatus::Stopped(tid, sig) if Some(sig) == self.scan_signal && self.scan_point(tid, sig) => {
+                    resume(tid, None)
+                }
                 WaitStatus::Stopped(tid, Signal::SIGUSR1) if self.report_point(tid) => resume(tid, None),
                 WaitStatus::Stopped(tid, sig) => resume(tid, Some(sig)),
                 WaitStatus::PtraceEvent(tid, _, ev) => self.event(tid, ev),
@@ -415,8 +422,95 @@ impl Tracer {
         }
         let Some(p) = self.procs.get_mut(&pid) else { return false };
         p.reports += 1;
-        reports::point(&mut p.stream, tid, pid, p.reports);
+        reports::point(&mut p.stream, tid, pid, p.reports, marker::SIGNAL, true);
         true
+    }
+
+    /// The scan signal came for thread `tid` (`MTRACE_SCAN_SIGNAL`): when
+    /// its process would be killed by it, every thread of the process is
+    /// stopped, the leak scan's snapshot taken, and a report point of it
+    /// written (a memlog of everything live, classified), as the
+    /// preload's; false to deliver it.
+    fn scan_point(&mut self, tid: Pid, sig: Signal) -> bool {
+        let Some(&(pid, _)) = self.threads.get(&tid) else { return false };
+        if !reports::default_disposition(pid, sig as i32) {
+            return false;
+        }
+        let Ok(r) = target::regs(tid) else { return false };
+        let others: Vec<Pid> = self.threads_of(pid).into_iter().filter(|&t| t != tid).collect();
+        let stopped = self.interrupt_all(&others);
+        if let Some(p) = self.procs.get_mut(&pid) {
+            let mut threads = vec![snapshot::interrupted(tid, r)];
+            threads.extend(stopped.iter().map(|&(t, r, _)| snapshot::interrupted(t, r)));
+            let image = snapshot::image(pid, p.static_exe);
+            let dead = p.dead_stacks.clone();
+            let started = std::time::Instant::now();
+            match snapshot::take(&mut p.stream, pid, &threads, &dead, image) {
+                Ok(w) => {
+                    stats::scanned(w.bytes, started);
+                    p.reports += 1;
+                    reports::point(&mut p.stream, tid, pid, p.reports, marker::SCAN, false);
+                }
+                Err(e) => eprintln!("mtrace: no leak scan of process {pid}: {e:#}"),
+            }
+        }
+        for (t, _, held) in stopped {
+            if !held {
+                resume(t, None);
+            }
+        }
+        true
+    }
+
+    /// Stops `tids` (PTRACE_INTERRUPT) and returns their registers and
+    /// whether each was held stopped already (under uprobes, until its
+    /// probes are open: it stays so); the stops that come first are
+    /// handled as usual. Two seconds at most; a thread that did not stop
+    /// by then is left out.
+    fn interrupt_all(&mut self, tids: &[Pid]) -> Vec<(Pid, arch::Regs, bool)> {
+        let mut got = Vec::new();
+        let mut waiting = Vec::new();
+        for &t in tids {
+            if self.held.get(&t).is_some_and(|h| h.stopped.is_some()) {
+                if let Ok(r) = target::regs(t) {
+                    got.push((t, r, true));
+                }
+            } else if ptrace::interrupt(t).is_ok() {
+                waiting.push(t);
+            }
+        }
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while !waiting.is_empty() && std::time::Instant::now() < until {
+            let mut moved = false;
+            for i in (0..waiting.len()).rev() {
+                let t = waiting[i];
+                let st = waitpid(t, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG));
+                moved |= !matches!(st, Ok(WaitStatus::StillAlive));
+                match st {
+                    Ok(WaitStatus::StillAlive) => {}
+                    Ok(WaitStatus::PtraceEvent(_, _, ev)) if ev == Event::PTRACE_EVENT_STOP as i32 => {
+                        waiting.swap_remove(i);
+                        match target::regs(t) {
+                            Ok(r) => got.push((t, r, false)),
+                            Err(_) => resume(t, None),
+                        }
+                    }
+                    // A breakpoint's stop, handled (the interrupt stays pending).
+                    Ok(WaitStatus::Stopped(_, Signal::SIGTRAP)) => self.trap(t),
+                    Ok(WaitStatus::Stopped(_, sig)) => resume(t, Some(sig)),
+                    Ok(WaitStatus::PtraceEvent(_, _, ev)) => self.event(t, ev),
+                    Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) | Err(_) => {
+                        waiting.swap_remove(i);
+                        self.gone(t, EndReason::Exit);
+                    }
+                    Ok(_) => resume(t, None),
+                }
+            }
+            if !moved {
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        }
+        got
     }
 
     /// Thread `tid` stopped on its way out (`PTRACE_EVENT_EXIT`). When its
@@ -425,7 +519,7 @@ impl Tracer {
     /// process image, while all its memory is still there, with the other
     /// threads at their own exit stops; else its stack is dead from now on.
     fn exiting(&mut self, tid: Pid) {
-        if !self.opts.settings.scan {
+        if !self.opts.settings.scan && self.scan_signal.is_none() {
             return;
         }
         let Some(&(pid, _)) = self.threads.get(&tid) else { return };
@@ -441,6 +535,9 @@ impl Tracer {
             }
             if !ends {
                 p.dead_stacks.extend(snapshot::dead_stack(pid, &r));
+                return;
+            }
+            if !self.opts.settings.scan {
                 return;
             }
             p.scanned = true;
