@@ -424,3 +424,56 @@ fn the_scan_from_outside_gives_memchecks_kinds() {
         }
     }
 }
+
+/// `mtrace attach --ptrace --scan`: the snapshot at the detach classifies
+/// the window's blocks as under the preload — the dropped block lost, the
+/// one only the block from before the attach points to still reachable
+/// (the heap outside known blocks is a root after an attach).
+#[test]
+fn attach_scans_at_the_detach() {
+    for h in ptrace_hooks() {
+        let dir = scratch(&format!("ptrace-attach-scan-{h}"));
+        let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+        let m = markers("attach_target.c");
+        let mut t = Command::new(&prog).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let mut stdin = t.stdin.take().unwrap();
+        let mut out = BufReader::new(t.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        let mut ask = |cmd: &str| {
+            writeln!(stdin, "{cmd}").unwrap();
+            let mut line = String::new();
+            out.read_line(&mut line).unwrap();
+            line
+        };
+        let report = dir.join("report.json");
+        let mut a = Command::new(mtrace())
+            .args(["attach", "--ptrace", "--hooks", h, "--scan", "--json", "-o"])
+            .arg(&report)
+            .arg(t.id().to_string())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = BufReader::new(a.stderr.take().unwrap());
+        let mut line = String::new();
+        err.read_line(&mut line).unwrap();
+        assert!(line.ends_with("Ctrl-C detaches\n"), "{h}: {line}");
+        std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+        for cmd in ["leak 100", "lose 77", "hang 55"] {
+            assert_eq!(ask(cmd), format!("ok {cmd}\n"), "{h}");
+        }
+        // SAFETY: kill with our child's pid.
+        unsafe { libc::kill(a.id() as i32, libc::SIGTERM) };
+        assert!(a.wait().unwrap().success(), "{h}");
+        ask("quit");
+        t.wait().unwrap();
+        let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        let k = &r["kinds"];
+        let kind = |name: &str| (k[name]["bytes"].as_u64().unwrap(), k[name]["blocks"].as_u64().unwrap());
+        assert_eq!(kind("definite"), (77, 1), "{h}: {k}");
+        assert_eq!(kind("reachable"), (155, 2), "{h}: {k}");
+        assert_eq!((kind("indirect"), kind("possible")), ((0, 0), (0, 0)), "{h}: {k}");
+        assert_eq!(leaks_in(&r, "attach_target.c"), vec![leak(77, 1, "malloc", "lose", m["lost"])], "{h}");
+    }
+}

@@ -182,7 +182,8 @@ impl Process {
         let mut p = Process::new(pid, stream);
         p.set_uprobes(uprobes);
         let time_ns = p.stream.now();
-        p.stream.record(tid.as_raw() as u32, &Record::Marker { time_ns, seq: 0, name: "attach".into() });
+        let name = mtrace_format::protocol::marker::ATTACH.to_owned();
+        p.stream.record(tid.as_raw() as u32, &Record::Marker { time_ns, seq: 0, name });
         p.update_modules(tid, signals)?;
         p.static_exe = p.no_loader();
         Ok(p)

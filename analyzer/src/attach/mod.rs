@@ -60,7 +60,7 @@ pub struct AttachArgs {
     /// instead of loading libmtrace.so into the process: for static
     /// programs, or where the library cannot be loaded; slower
     /// (docs/PTRACE.md).
-    #[arg(long, conflicts_with_all = ["interactive", "scan", "interval"])]
+    #[arg(long, conflicts_with_all = ["interactive", "interval"])]
     ptrace: bool,
     /// With --ptrace, how the allocation functions are hooked: `uprobes`
     /// (kernel uprobes, no stop per call; root or CAP_PERFMON),
@@ -223,7 +223,7 @@ fn attach_ptrace(a: AttachArgs) -> Result<ExitCode> {
         settings: mtrace_ptrace::Settings {
             depth: a.opts.depth.unwrap_or(64).clamp(1, MAX_DEPTH),
             check_frees: a.check_frees,
-            scan: false,
+            scan: a.scan,
         },
         hooks: a.hooks.into(),
     };

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result};
-use mtrace_format::EndReason;
+use mtrace_format::{EndReason, Record};
 use nix::errno::Errno;
 use nix::sys::ptrace::{self, Event};
 use nix::sys::signal::Signal;
@@ -655,6 +655,9 @@ impl Tracer {
             }
         }
         self.drain_all(true);
+        if self.opts.settings.scan {
+            self.scan_at_detach();
+        }
         // Closing the events takes the uprobes out; the kernel's return
         // probes still pending return through its trampoline as before.
         let uprobes = self.opener.is_some();
@@ -672,6 +675,34 @@ impl Tracer {
         }
         for &tid in self.threads.keys() {
             let _ = ptrace::detach(tid, signals.get(&tid).copied());
+        }
+    }
+
+    /// `attach --ptrace --scan`: every process's snapshot at the detach,
+    /// its threads all stopped, followed by a `scan` marker (an on-demand
+    /// scan, which the report of a stream ended by a detach keeps).
+    fn scan_at_detach(&mut self) {
+        let pids: Vec<Pid> = self.procs.keys().copied().collect();
+        for pid in pids {
+            let threads: Vec<snapshot::Stopped> = self
+                .threads_of(pid)
+                .into_iter()
+                .filter_map(|t| target::regs(t).ok().map(|r| snapshot::interrupted(t, r)))
+                .collect();
+            let Some(p) = self.procs.get_mut(&pid) else { continue };
+            let image = snapshot::image(pid, p.static_exe);
+            let dead = p.dead_stacks.clone();
+            let started = std::time::Instant::now();
+            match snapshot::take(&mut p.stream, pid, &threads, &dead, image) {
+                Ok(w) => {
+                    stats::scanned(w.bytes, started);
+                    p.reports += 1;
+                    let time_ns = p.stream.now();
+                    let name = marker::SCAN.to_owned();
+                    p.stream.record(pid.as_raw() as u32, &Record::Marker { time_ns, seq: p.reports, name });
+                }
+                Err(e) => eprintln!("mtrace: no leak scan of process {pid}: {e:#}"),
+            }
         }
     }
 
