@@ -156,6 +156,7 @@ fn trace_with_ptrace(a: &RunArgs, dir: &Path) -> Result<(u32, Option<std::proces
             depth: a.opts.depth.unwrap_or(64).clamp(1, MAX_DEPTH),
             check_frees: a.check_frees,
             scan: !a.no_scan,
+            scan_at_detach: false,
         },
         hooks: a.hooks.into(),
     };

@@ -80,6 +80,8 @@ pub struct Settings {
     pub check_frees: bool,
     /// A leak scan's snapshot when a process ends (snapshot.rs).
     pub scan: bool,
+    /// Also one when the tracer detaches (`attach --scan`).
+    pub scan_at_detach: bool,
 }
 
 /// The backtrace of a call stopped at its entry with return address `ret`.

@@ -224,6 +224,7 @@ fn attach_ptrace(a: AttachArgs) -> Result<ExitCode> {
             depth: a.opts.depth.unwrap_or(64).clamp(1, MAX_DEPTH),
             check_frees: a.check_frees,
             scan: a.scan,
+            scan_at_detach: a.scan,
         },
         hooks: a.hooks.into(),
     };

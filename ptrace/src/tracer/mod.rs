@@ -655,7 +655,7 @@ impl Tracer {
             }
         }
         self.drain_all(true);
-        if self.opts.settings.scan {
+        if self.opts.settings.scan_at_detach {
             self.scan_at_detach();
         }
         // Closing the events takes the uprobes out; the kernel's return
