@@ -43,8 +43,9 @@ use crate::target;
 const PIECE: usize = 512 << 10;
 /// The x86-64 ABI's red zone below the stack pointer.
 const RED_ZONE: u64 = 128;
-/// Bytes of the thread descriptor (glibc's `struct pthread`, 2,304 bytes
-/// in glibc 2.36 on x86-64) kept above the thread pointer, rounded up.
+/// Bytes of the thread descriptor kept above the thread pointer: glibc's
+/// `struct pthread` rounded up to a page (2,368 bytes in glibc 2.36 on
+/// x86-64: `gdb -batch -ex 'p sizeof(struct pthread)' libc.so.6`).
 const DESCRIPTOR: u64 = 4096;
 /// A page.
 const PAGE: u64 = 4096;
