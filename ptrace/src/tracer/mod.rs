@@ -534,7 +534,10 @@ impl Tracer {
                 return;
             }
             if !ends {
-                p.dead_stacks.extend(snapshot::dead_stack(pid, &r));
+                // glibc hands a cached stack to the next thread: once each.
+                if let Some(d) = snapshot::dead_stack(pid, &r).filter(|d| !p.dead_stacks.contains(d)) {
+                    p.dead_stacks.push(d);
+                }
                 return;
             }
             if !self.opts.settings.scan {
