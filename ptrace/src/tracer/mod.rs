@@ -464,9 +464,9 @@ impl Tracer {
 
     /// Stops `tids` (PTRACE_INTERRUPT) and returns their registers and
     /// whether each was held stopped already (under uprobes, until its
-    /// probes are open: it stays so); the stops that come first are
-    /// handled as usual. Two seconds at most; a thread that did not stop
-    /// by then is left out.
+    /// probes are open: it stays so). Two seconds at most
+    /// ([`Tracer::stops_at`]); a thread that did not stop by then is left
+    /// out.
     fn interrupt_all(&mut self, tids: &[Pid]) -> Vec<(Pid, arch::Regs, bool)> {
         let mut got = Vec::new();
         let mut waiting = Vec::new();
@@ -479,7 +479,19 @@ impl Tracer {
                 waiting.push(t);
             }
         }
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let stopped = self.stops_at(waiting, Event::PTRACE_EVENT_STOP, std::time::Duration::from_secs(2));
+        got.extend(stopped.into_iter().map(|(t, r)| (t, r, false)));
+        got
+    }
+
+    /// Waits (`limit` at most) until each of `waiting` reports `event`, and
+    /// returns their registers there, the threads left stopped. The stops
+    /// that come first are handled as usual (a breakpoint's, a signal's,
+    /// another event); a thread that ends meanwhile, or whose registers
+    /// cannot be read, is left out.
+    fn stops_at(&mut self, mut waiting: Vec<Pid>, event: Event, limit: std::time::Duration) -> Vec<(Pid, arch::Regs)> {
+        let mut got = Vec::new();
+        let until = std::time::Instant::now() + limit;
         while !waiting.is_empty() && std::time::Instant::now() < until {
             let mut moved = false;
             for i in (0..waiting.len()).rev() {
@@ -488,14 +500,14 @@ impl Tracer {
                 moved |= !matches!(st, Ok(WaitStatus::StillAlive));
                 match st {
                     Ok(WaitStatus::StillAlive) => {}
-                    Ok(WaitStatus::PtraceEvent(_, _, ev)) if ev == Event::PTRACE_EVENT_STOP as i32 => {
+                    Ok(WaitStatus::PtraceEvent(_, _, ev)) if ev == event as i32 => {
                         waiting.swap_remove(i);
                         match target::regs(t) {
-                            Ok(r) => got.push((t, r, false)),
+                            Ok(r) => got.push((t, r)),
                             Err(_) => resume(t, None),
                         }
                     }
-                    // A breakpoint's stop, handled (the interrupt stays pending).
+                    // A breakpoint's stop, handled (an interrupt stays pending).
                     Ok(WaitStatus::Stopped(_, Signal::SIGTRAP)) => self.trap(t),
                     Ok(WaitStatus::Stopped(_, sig)) => resume(t, Some(sig)),
                     Ok(WaitStatus::PtraceEvent(_, _, ev)) => self.event(t, ev),
@@ -550,7 +562,9 @@ impl Tracer {
             None => snapshot::interrupted(t, r),
         };
         let mut threads = vec![stopped(tid, r, self.threads.get(&tid).map(|t| &t.1))];
-        for (t, r) in self.exit_stops(&others) {
+        // The others, which the process's end is killing, at their own
+        // exit stops (a second at most).
+        for (t, r) in self.stops_at(others, Event::PTRACE_EVENT_EXIT, std::time::Duration::from_secs(1)) {
             threads.push(stopped(t, r, self.threads.get(&t).map(|t| &t.1)));
         }
         let Some(p) = self.procs.get_mut(&pid) else { return };
@@ -564,45 +578,6 @@ impl Tracer {
         for &(t, _, _) in &threads[1..] {
             resume(t, None);
         }
-    }
-
-    /// Waits (a second at most) for the exit stops of `tids`, which the
-    /// process's end is killing, and returns their registers there; the
-    /// stops that come first are handled as usual. The threads are left
-    /// stopped.
-    fn exit_stops(&mut self, tids: &[Pid]) -> Vec<(Pid, arch::Regs)> {
-        let mut got = Vec::new();
-        let mut waiting = tids.to_vec();
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
-        while !waiting.is_empty() && std::time::Instant::now() < until {
-            let mut moved = false;
-            for i in (0..waiting.len()).rev() {
-                let t = waiting[i];
-                let st = waitpid(t, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG));
-                moved |= !matches!(st, Ok(WaitStatus::StillAlive));
-                match st {
-                    Ok(WaitStatus::StillAlive) => {}
-                    Ok(WaitStatus::PtraceEvent(_, _, ev)) if ev == Event::PTRACE_EVENT_EXIT as i32 => {
-                        waiting.swap_remove(i);
-                        match target::regs(t) {
-                            Ok(r) => got.push((t, r)),
-                            Err(_) => resume(t, None),
-                        }
-                    }
-                    Ok(WaitStatus::Stopped(_, Signal::SIGTRAP)) => self.trap(t),
-                    Ok(WaitStatus::Stopped(_, sig)) => resume(t, Some(sig)),
-                    Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) | Err(_) => {
-                        waiting.swap_remove(i);
-                        self.gone(t, EndReason::Exit);
-                    }
-                    Ok(_) => resume(t, None),
-                }
-            }
-            if !moved {
-                std::thread::sleep(std::time::Duration::from_micros(200));
-            }
-        }
-        got
     }
 
     /// Thread `tid` is gone: its process ends with it when it was the last.
