@@ -6,35 +6,8 @@ use common::*;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-/// attach_target.c, started with pipes; its "ready" line read.
-struct Target {
-    child: Child,
-    stdin: ChildStdin,
-    out: BufReader<std::process::ChildStdout>,
-}
-
-impl Target {
-    fn start(prog: &Path) -> Target {
-        let mut child = Command::new(prog).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        assert_eq!(line, "ready\n");
-        Target { child, stdin, out }
-    }
-
-    /// Sends a command and returns the answer line.
-    fn ask(&mut self, cmd: &str) -> String {
-        writeln!(self.stdin, "{cmd}").unwrap();
-        let mut line = String::new();
-        self.out.read_line(&mut line).unwrap();
-        line
-    }
-}
 
 /// Starts `mtrace attach PID --json -o REPORT extra…` and waits until it
 /// says it is attached.
@@ -61,12 +34,12 @@ fn leaks_made_while_attached_to_a_program_waiting_in_read() {
     let m = markers("attach_target.c");
     let script = ["leak 10", "leak 100", "leak 200", "tmp 50", "free", "leak 7"];
     // Unattached: the answers and exit status to compare with.
-    let mut plain = Target::start(&prog);
+    let mut plain = AttachTarget::start(&prog);
     let answers: Vec<String> = script.iter().map(|c| plain.ask(c)).collect();
     let quit = plain.ask("quit");
     assert_eq!(plain.child.wait().unwrap().code(), Some(3));
 
-    let mut t = Target::start(&prog);
+    let mut t = AttachTarget::start(&prog);
     let mut got = vec![t.ask(script[0])];
     let report = dir.join("report.json");
     let mut a = attach(t.child.id(), &report, &[]);
@@ -192,7 +165,7 @@ fn refusals_name_their_cause_and_leave_the_process_alone() {
         .arg(&stat)
         .status();
     if ok.is_ok_and(|s| s.success()) {
-        let mut t = Target::start(&stat);
+        let mut t = AttachTarget::start(&stat);
         refused(&[&t.child.id().to_string()], "statically linked");
         assert_eq!(t.ask("leak 1"), "ok leak 1\n");
         t.ask("quit");
@@ -215,7 +188,7 @@ fn refusals_name_their_cause_and_leave_the_process_alone() {
     drop(child.stdin.take());
     assert_eq!(child.wait().unwrap().code(), Some(0));
     // Another tracer holds it.
-    let mut t = Target::start(&prog);
+    let mut t = AttachTarget::start(&prog);
     let pid = nix::unistd::Pid::from_raw(t.child.id() as i32);
     nix::sys::ptrace::seize(pid, nix::sys::ptrace::Options::empty()).unwrap();
     refused(&[&t.child.id().to_string()], "not permitted");
@@ -234,7 +207,7 @@ fn interval_views_show_what_stays_live() {
     let dir = scratch("attach-interval");
     let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
     let m = markers("attach_target.c");
-    let mut t = Target::start(&prog);
+    let mut t = AttachTarget::start(&prog);
     let report = dir.join("report.json");
     let a = spawn_until(
         Command::new(mtrace())
@@ -273,7 +246,7 @@ fn scan_at_detach_classifies_the_window_with_untracked_blocks_as_roots() {
     let dir = scratch("attach-scan");
     let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
     let m = markers("attach_target.c");
-    let mut t = Target::start(&prog);
+    let mut t = AttachTarget::start(&prog);
     let report = dir.join("report.json");
     let mut a = attach(t.child.id(), &report, &["--scan"]);
     t.ask("leak 100");
@@ -299,7 +272,7 @@ fn console_commands_on_an_attached_process() {
     let dir = scratch("attach-console");
     let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
     let m = markers("attach_target.c");
-    let mut t = Target::start(&prog);
+    let mut t = AttachTarget::start(&prog);
     let mut a = spawn_until(
         Command::new(mtrace())
             .args(["attach", &t.child.id().to_string(), "-i", "-o"])

@@ -8,7 +8,7 @@
 mod common;
 use common::*;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
@@ -256,35 +256,22 @@ fn ctrl_c_leaves_the_program_running_with(h: &str) {
     let dir = scratch(&format!("ptrace-detach-{h}"));
     let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
     let report = dir.join("report.json");
-    let mut c = Command::new(mtrace())
-        .args(["run", "--ptrace", "--hooks", h, "--json", "-o"])
-        .arg(&report)
-        .arg("--")
-        .arg(&prog)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = c.stdin.take().unwrap();
-    let mut out = BufReader::new(c.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line, "ready\n");
-    let mut ask = |cmd: &str, stdin: &mut std::process::ChildStdin| {
-        writeln!(stdin, "{cmd}").unwrap();
-        line.clear();
-        out.read_line(&mut line).unwrap();
-        line.clone()
-    };
-    assert_eq!(ask("leak 100", &mut stdin), "ok leak 100\n");
+    let mut t = AttachTarget::spawn(
+        Command::new(mtrace())
+            .args(["run", "--ptrace", "--hooks", h, "--json", "-o"])
+            .arg(&report)
+            .arg("--")
+            .arg(&prog),
+    );
+    assert_eq!(t.ask("leak 100"), "ok leak 100\n");
     // SAFETY: kill with our child's pid.
-    unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
-    let st = c.wait().unwrap();
+    unsafe { libc::kill(t.child.id() as i32, libc::SIGINT) };
+    let st = t.child.wait().unwrap();
     assert!(st.success(), "{st:?}");
     // Untraced now, and answering: no breakpoint is left behind.
-    assert_eq!(ask("leak 200", &mut stdin), "ok leak 200\n");
-    assert_eq!(ask("tmp 50", &mut stdin), "ok tmp 50\n");
-    assert_eq!(ask("quit", &mut stdin), "holding 2 blocks\n");
+    assert_eq!(t.ask("leak 200"), "ok leak 200\n");
+    assert_eq!(t.ask("tmp 50"), "ok tmp 50\n");
+    assert_eq!(t.ask("quit"), "holding 2 blocks\n");
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert_eq!(r["summary"]["ended_by"], "detach");
     let m = markers("attach_target.c");
@@ -302,19 +289,8 @@ fn attach_traces_a_window_of_a_running_program_with(h: &str) {
     let dir = scratch(&format!("ptrace-attach-{h}"));
     let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
     let m = markers("attach_target.c");
-    let mut t = Command::new(&prog).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-    let mut stdin = t.stdin.take().unwrap();
-    let mut out = BufReader::new(t.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line, "ready\n");
-    let mut ask = |cmd: &str| {
-        writeln!(stdin, "{cmd}").unwrap();
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        line
-    };
-    assert_eq!(ask("leak 100"), "ok leak 100\n");
+    let mut t = AttachTarget::start(&prog);
+    assert_eq!(t.ask("leak 100"), "ok leak 100\n");
     let report = dir.join("report.json");
     // A --save name already taken: the tracer writes beside it, and the
     // report must be of what it wrote.
@@ -326,7 +302,7 @@ fn attach_traces_a_window_of_a_running_program_with(h: &str) {
         .arg(&taken)
         .arg("-o")
         .arg(&report)
-        .arg(t.id().to_string())
+        .arg(t.child.id().to_string())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -336,16 +312,16 @@ fn attach_traces_a_window_of_a_running_program_with(h: &str) {
     assert!(line.contains("with ptrace (") && line.ends_with("Ctrl-C detaches\n"), "{line}");
     // Its stderr drained from now on (the report's messages).
     std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    assert_eq!(ask("leak 250"), "ok leak 250\n");
-    assert_eq!(ask("tmp 40"), "ok tmp 40\n");
-    assert_eq!(ask("free"), "ok free\n");
+    assert_eq!(t.ask("leak 250"), "ok leak 250\n");
+    assert_eq!(t.ask("tmp 40"), "ok tmp 40\n");
+    assert_eq!(t.ask("free"), "ok free\n");
     // SAFETY: kill with our child's pid.
     unsafe { libc::kill(a.id() as i32, libc::SIGTERM) };
     assert!(a.wait().unwrap().success());
     // After the detach: untraced, and answering as before.
-    assert_eq!(ask("leak 60"), "ok leak 60\n");
-    assert_eq!(ask("quit"), "holding 2 blocks\n");
-    assert_eq!(t.wait().unwrap().code(), Some(3));
+    assert_eq!(t.ask("leak 60"), "ok leak 60\n");
+    assert_eq!(t.ask("quit"), "holding 2 blocks\n");
+    assert_eq!(t.child.wait().unwrap().code(), Some(3));
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     let s = &r["summary"];
     // The window: 250 kept, 40 freed, and the free of the block from before
@@ -435,23 +411,12 @@ fn attach_scans_at_the_detach() {
         let dir = scratch(&format!("ptrace-attach-scan-{h}"));
         let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
         let m = markers("attach_target.c");
-        let mut t = Command::new(&prog).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-        let mut stdin = t.stdin.take().unwrap();
-        let mut out = BufReader::new(t.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        assert_eq!(line, "ready\n");
-        let mut ask = |cmd: &str| {
-            writeln!(stdin, "{cmd}").unwrap();
-            let mut line = String::new();
-            out.read_line(&mut line).unwrap();
-            line
-        };
+        let mut t = AttachTarget::start(&prog);
         let report = dir.join("report.json");
         let mut a = Command::new(mtrace())
             .args(["attach", "--ptrace", "--hooks", h, "--scan", "--json", "-o"])
             .arg(&report)
-            .arg(t.id().to_string())
+            .arg(t.child.id().to_string())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -461,13 +426,13 @@ fn attach_scans_at_the_detach() {
         assert!(line.ends_with("Ctrl-C detaches\n"), "{h}: {line}");
         std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
         for cmd in ["leak 100", "lose 77", "hang 55"] {
-            assert_eq!(ask(cmd), format!("ok {cmd}\n"), "{h}");
+            assert_eq!(t.ask(cmd), format!("ok {cmd}\n"), "{h}");
         }
         // SAFETY: kill with our child's pid.
         unsafe { libc::kill(a.id() as i32, libc::SIGTERM) };
         assert!(a.wait().unwrap().success(), "{h}");
-        ask("quit");
-        t.wait().unwrap();
+        t.ask("quit");
+        t.child.wait().unwrap();
         let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
         let k = &r["kinds"];
         let kind = |name: &str| (k[name]["bytes"].as_u64().unwrap(), k[name]["blocks"].as_u64().unwrap());

@@ -248,3 +248,40 @@ pub fn ptrace_hooks() -> &'static [&'static str] {
         }
     })
 }
+
+/// ctests/attach_target.c running, driven by its standard input: started
+/// when it has said "ready".
+pub struct AttachTarget {
+    pub child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl AttachTarget {
+    pub fn start(prog: &Path) -> AttachTarget {
+        AttachTarget::spawn(&mut Command::new(prog))
+    }
+
+    /// `cmd` (attach_target.c itself, or a command that runs it) with pipes
+    /// to its standard input and output.
+    pub fn spawn(cmd: &mut Command) -> AttachTarget {
+        use std::io::BufRead;
+        use std::process::Stdio;
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        AttachTarget { child, stdin, out }
+    }
+
+    /// Sends a command and returns the answer line.
+    pub fn ask(&mut self, cmd: &str) -> String {
+        use std::io::{BufRead, Write};
+        writeln!(self.stdin, "{cmd}").unwrap();
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        line
+    }
+}
