@@ -46,6 +46,13 @@ pub struct RunArgs {
     /// free (docs/PERFORMANCE.md).
     #[arg(short = 'S', long = "check-frees")]
     check_frees: bool,
+    /// Sample: record one allocation per BYTES allocated on average
+    /// (`512K`, `2M`; MTRACE_SAMPLE_RATE), and every one of at least
+    /// BYTES, instead of all of them: near the program's own speed, for
+    /// production; every count reported is then an estimate
+    /// (docs/SAMPLING.md). 0: record every allocation.
+    #[arg(long, value_name = "BYTES", value_parser = crate::run::bytes_arg)]
+    sample_rate: Option<u64>,
     /// Exit with N when the scan finds blocks of the kinds in
     /// --errors-for-leak-kinds (after suppressions), or when there were
     /// wrong frees (unless --ignore-wrong-frees).
@@ -182,6 +189,9 @@ fn run_interactive(a: RunArgs) -> Result<ExitCode> {
     if a.check_frees {
         server.arg("-S");
     }
+    if let Some(r) = a.sample_rate {
+        server.args(["--sample-rate", &r.to_string()]);
+    }
     let mut server = server.arg("--").args(&a.command).stdin(std::process::Stdio::null()).spawn()?;
     // The server is listening once its socket exists.
     let path = dir.path().join("s.sock");
@@ -248,6 +258,12 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     }
     if a.check_frees {
         cmd.env(settings::CHECK_FREES.name(), "1");
+    }
+    if let Some(r) = a.sample_rate {
+        if a.ptrace && r != 0 {
+            bail!("--sample-rate: not under --ptrace yet (the tracer stops at every allocation anyway)");
+        }
+        cmd.env(settings::SAMPLE_RATE.name(), r.to_string());
     }
     if !a.run_libc_freeres {
         cmd.env(settings::FREERES.name(), "off");
@@ -356,6 +372,12 @@ fn parse_kinds(s: &str) -> Result<Vec<Kind>> {
         }
     }
     Ok(v)
+}
+
+/// A byte count with an optional unit (`4096`, `512K`, `2M`; see
+/// [`mtrace_format::sampling::parse_bytes`]).
+pub fn bytes_arg(v: &str) -> Result<u64, String> {
+    mtrace_format::sampling::parse_bytes(v).ok_or_else(|| format!("{v:?} is not a byte count (4096, 512K, 2M, 1G)"))
 }
 
 /// `yes` or `no`, as valgrind spells its switches.

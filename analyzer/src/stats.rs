@@ -23,8 +23,12 @@ pub struct RunStats {
     last: Option<(u32, u64, u32)>,
     /// Per other thread, its last allocation: (address, backtrace).
     others: HashMap<u32, (u64, u32)>,
-    /// Per bucket: (allocation calls, bytes).
+    /// Per bucket: (allocation calls, bytes); estimates in a sampled trace.
     pub histogram: [(u64, u64); BUCKETS],
+    /// The trace is sampled at this mean of bytes (0: not sampled). A
+    /// sampled trace cannot tell temporary allocations (the allocations
+    /// in between were not recorded): none are counted.
+    pub sample_rate: u64,
 }
 
 /// The bucket of an allocation of `size` bytes: the smallest k with size ≤ 2^k.
@@ -46,12 +50,21 @@ impl RunStats {
             }
         }
         let b = &mut self.histogram[bucket(size)];
-        b.0 += 1;
-        b.1 = b.1.saturating_add(size);
+        if self.sample_rate == 0 {
+            b.0 += 1;
+            b.1 = b.1.saturating_add(size);
+        } else {
+            let w = mtrace_format::sampling::weight(size, self.sample_rate);
+            b.0 += w.round() as u64;
+            b.1 = b.1.saturating_add((size as f64 * w).round() as u64);
+        }
     }
 
     /// Counts a free of `addr` by thread `tid`: temporary if it is that thread's latest allocation.
     pub fn free(&mut self, tid: u32, addr: u64) {
+        if self.sample_rate != 0 {
+            return;
+        }
         let stack = match self.last {
             Some((t, a, stack)) if t == tid => {
                 if a != addr {

@@ -489,6 +489,7 @@ impl<R: Read> Reader<R> {
                 };
                 Record::Coverage { time_ns, collecting, whole }
             }
+            tag::SAMPLING => Record::Sampling { time_ns: self.time()?, rate: self.varint()? },
             tag::WATERMARK => Record::Watermark { time_ns: self.varint()? << self.time_shift },
             tag::SAMPLE => Record::Sample { time_ns: self.time()?, rss: self.varint()? },
             tag::MARKER => Record::Marker { time_ns: self.time()?, seq: self.varint()?, name: self.string()? },

@@ -246,6 +246,11 @@ impl Encoder {
                 self.time(out, time_ns);
                 out.push(u8::from(collecting) | u8::from(whole) << 1);
             }
+            Record::Sampling { time_ns, rate } => {
+                out.push(tag::SAMPLING);
+                self.time(out, time_ns);
+                put_varint(out, rate);
+            }
             Record::Watermark { time_ns } => {
                 out.push(tag::WATERMARK);
                 put_varint(out, time_ns >> TIME_SHIFT);

@@ -17,6 +17,7 @@ pub mod naming;
 pub mod protocol;
 pub mod realloc;
 mod record;
+pub mod sampling;
 pub mod settings;
 pub mod sparse;
 mod varint;
@@ -31,7 +32,7 @@ pub use varint::{put_varint, put_varint_at, unzigzag, zigzag};
 pub const MAGIC: [u8; 8] = *b"MTRACE\0\x1a";
 
 /// Format version written in the header. Readers reject newer versions.
-pub const VERSION: u64 = 9;
+pub const VERSION: u64 = 10;
 
 /// Writers of this version record times in units of 2^TIME_SHIFT ns (64
 /// ns; the header says which unit a stream uses). Finer than anything a

@@ -276,6 +276,16 @@ pub enum Record {
     /// their stamps are closer than the clocks' skew. Absolute, not a
     /// delta: it belongs to no thread. Since version 9.
     Watermark { time_ns: u64 },
+    /// From `time_ns` on, allocations of the malloc family and the C++
+    /// operators are sampled: each thread records one when its count of
+    /// bytes allocated crosses a point drawn from an exponential
+    /// distribution with mean `rate` bytes, and always records one of at
+    /// least `rate` bytes; the others (and their frees) are not in the
+    /// stream. A block recorded stays recorded through its reallocs.
+    /// `rate` 0: every allocation is recorded again. Mappings and pool
+    /// blocks are never sampled. Readers weigh a block of `size` bytes
+    /// sampled at `rate` by [`crate::sampling::weight`]. Since version 10.
+    Sampling { time_ns: u64, rate: u64 },
 }
 
 impl Record {
@@ -297,7 +307,8 @@ impl Record {
             | Record::ScanRegion { time_ns, .. }
             | Record::ScanEnd { time_ns }
             | Record::Coverage { time_ns, .. }
-            | Record::Watermark { time_ns } => time_ns,
+            | Record::Watermark { time_ns }
+            | Record::Sampling { time_ns, .. } => time_ns,
             Record::Thread { .. } | Record::Stack { .. } | Record::PoolName { .. } => return None,
         })
     }
@@ -351,4 +362,5 @@ pub(crate) mod tag {
     pub const FREE_STACK: u8 = 19;
     pub const COVERAGE: u8 = 20;
     pub const WATERMARK: u8 = 21;
+    pub const SAMPLING: u8 = 22;
 }

@@ -53,6 +53,18 @@ setting!(
     "SIG",
     "signal that scans for leaks now and writes a .memlog (default off)"
 );
+setting!(
+    SAMPLE_RATE,
+    c"MTRACE_SAMPLE_RATE",
+    "BYTES",
+    "sample one allocation per BYTES allocated on average (512K, 2M; default 0: every one; `--sample-rate`)"
+);
+setting!(
+    SAMPLE_SEED,
+    c"MTRACE_SAMPLE_SEED",
+    "N",
+    "seed of the sample points (default: from the clock); for repeatable tests"
+);
 setting!(FOLLOW_FORK, c"MTRACE_FOLLOW_FORK", "on|off", "off: forked children run untraced");
 setting!(FOLLOW_EXEC, c"MTRACE_FOLLOW_EXEC", "on|off", "off: programs this one execs run untraced");
 setting!(REPORT_SIGNAL, c"MTRACE_REPORT_SIGNAL", "SIG", "signal that writes an incremental report (default USR1; off)");
@@ -85,6 +97,8 @@ pub const DOCUMENTED: &[Setting] = &[
     CHECK_FREES,
     FREERES,
     SCAN_SIGNAL,
+    SAMPLE_RATE,
+    SAMPLE_SEED,
     FOLLOW_FORK,
     FOLLOW_EXEC,
     REPORT_SIGNAL,

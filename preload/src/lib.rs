@@ -45,9 +45,10 @@ static ALLOC: platform::allocator::TracerHeap = platform::allocator::TracerHeap;
 /// these cannot be registered at run time. Each is rare (a session's
 /// start, a stop, a scan, a dlopen), never on a hook's fast path.
 pub(crate) struct Up {
-    /// A session starts (its settings read, collection on or off): the
-    /// functions the hooks forward to are resolved before any is needed.
-    pub starting: fn(collect: bool),
+    /// A session starts (its settings read): the functions the hooks
+    /// forward to are resolved before any is needed, collection and
+    /// sampling set.
+    pub starting: fn(&platform::config::Config),
     /// Tracing stopped for good (the trace was lost, or detached): `mtrace
     /// attach`'s redirections are undone.
     pub stopped: fn(),

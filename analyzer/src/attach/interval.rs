@@ -42,9 +42,10 @@ pub fn print(trace: &Path, sym: &mut Symbolizer, older_than_ns: u64, out: &mut d
     let cutoff = t.last_time.saturating_sub(older_than_ns);
     let mut by_stack: HashMap<u32, (u64, u64)> = HashMap::default();
     for (_, b) in t.books.live_blocks().filter(|(_, b)| b.time < cutoff) {
+        let (size, n) = b.estimate(t.books.sample_rate);
         let e = by_stack.entry(b.stack).or_default();
-        e.0 = e.0.saturating_add(b.size);
-        e.1 += 1;
+        e.0 = e.0.saturating_add(size);
+        e.1 += n;
     }
     let mut rows: Vec<(u32, u64, u64)> = by_stack.into_iter().map(|(s, (bytes, blocks))| (s, bytes, blocks)).collect();
     rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));

@@ -53,8 +53,9 @@ impl Lifetimes {
     }
 
     /// A block of `size` bytes from backtrace `stack`, allocated at
-    /// `alloc` and ended at `end` (ns; `None`: live at the end).
-    pub fn add(&mut self, stack: u32, size: u64, alloc: u64, end: Option<u64>) {
+    /// `alloc` and ended at `end` (ns; `None`: live at the end), counted as
+    /// `blocks` blocks (more than 1 for a sampled block's estimate).
+    pub fn add(&mut self, stack: u32, (size, blocks): (u64, u64), alloc: u64, end: Option<u64>) {
         let f = match end {
             Some(t) => self.bucket(t),
             None => NEVER,
@@ -63,7 +64,7 @@ impl Lifetimes {
         if f > a {
             let e = self.cells.entry((stack, a, f)).or_default();
             e.0 = e.0.saturating_add(size);
-            e.1 += 1;
+            e.1 += blocks;
         }
     }
 
@@ -81,15 +82,15 @@ mod tests {
     #[test]
     fn short_lived_blocks_are_not_kept_and_buckets_merge() {
         let mut l = Lifetimes::default();
-        l.add(1, 100, 500_000, Some(900_000)); // within bucket 0
-        l.add(2, 200, 500_000, Some(2_500_000)); // 0 → 2
-        l.add(3, 300, 3_000_000, None); // 3 → never
+        l.add(1, (100, 1), 500_000, Some(900_000)); // within bucket 0
+        l.add(2, (200, 1), 500_000, Some(2_500_000)); // 0 → 2
+        l.add(3, (300, 1), 3_000_000, None); // 3 → never
         let mut c: Vec<_> = l.cells().collect();
         c.sort();
         assert_eq!(c, vec![(2, 0, 2, 200, 1), (3, 3, NEVER, 300, 1)]);
         // A time far on doubles the quantum until it fits: 0 → 2 becomes
         // 0 → 1 (q 2 ms), then 0 → 0 (q 4 ms) and is dropped.
-        l.add(4, 400, 16_000_000_000, None);
+        l.add(4, (400, 1), 16_000_000_000, None);
         assert_eq!(l.quantum(), 4_000_000);
         let mut c: Vec<_> = l.cells().collect();
         c.sort();

@@ -32,6 +32,32 @@ pub struct Block {
     pub time: u64,
 }
 
+impl Block {
+    /// What this block stands for in a trace sampled at `rate` bytes
+    /// (`mtrace_format::sampling`; 0: not sampled): (bytes, blocks). A
+    /// recorded heap block of `size` bytes stands for
+    /// `weight = 1 / (1 − e^(−size/rate))` blocks (1 from `rate` bytes
+    /// up), so `size · weight` bytes; mappings and pool blocks are never
+    /// sampled. The block count is rounded up or down by a hash of the
+    /// block (its size and time), in proportion to the fraction, so that
+    /// a sum over many blocks stays unbiased, and the same block always
+    /// counts the same (its allocation and its free cancel).
+    #[inline]
+    pub fn estimate(&self, rate: u64) -> (u64, u64) {
+        if rate == 0 || matches!(self.family, Family::Mmap | Family::Pool) {
+            return (self.size, 1);
+        }
+        let w = mtrace_format::sampling::weight(self.size, rate);
+        let whole = w.floor();
+        let frac = w - whole;
+        // A uniform number in [0, 1) from the block's own fields.
+        let h = (self.size ^ self.time.rotate_left(17)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let u = (h >> 11) as f64 / (1u64 << 53) as f64;
+        let blocks = whole as u64 + u64::from(u < frac);
+        ((self.size as f64 * w).round() as u64, blocks)
+    }
+}
+
 /// Totals of one backtrace over the whole run.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StackTotals {
@@ -121,6 +147,11 @@ pub struct Books {
     pub lifetimes: Option<Box<lifetimes::Lifetimes>>,
     /// The time of the event being entered, ns.
     clock: u64,
+    /// The stream is sampled at this mean of bytes
+    /// ([`mtrace_format::Record::Sampling`]; 0: every allocation is in
+    /// it): every count and byte sum here is then the estimate of
+    /// [`Block::estimate`].
+    pub sample_rate: u64,
 }
 
 /// Invalid frees that look for the block they point into, per trace.
@@ -150,6 +181,7 @@ impl Default for Books {
             unknown_munmaps: 0,
             lifetimes: None,
             clock: 0,
+            sample_rate: 0,
         }
     }
 }
@@ -165,12 +197,14 @@ impl Books {
         &mut self.per_stack[i]
     }
 
-    fn count_alloc(&mut self, stack: u32, size: u64) {
+    /// Counts allocation `b` (its estimate, in a sampled trace).
+    fn count_alloc(&mut self, b: &Block) {
+        let (size, n) = b.estimate(self.sample_rate);
         // Saturating: a damaged trace may claim any size.
-        self.allocations += 1;
+        self.allocations += n;
         self.bytes_allocated = self.bytes_allocated.saturating_add(size);
-        let t = &mut self.stack(stack).totals;
-        t.allocations += 1;
+        let t = &mut self.stack(b.stack).totals;
+        t.allocations += n;
         t.bytes = t.bytes.saturating_add(size);
     }
 
@@ -190,7 +224,8 @@ impl Books {
     }
 
     fn grow(&mut self, b: &Block) {
-        self.live_add(b, b.size, 1);
+        let (bytes, n) = b.estimate(self.sample_rate);
+        self.live_add(b, bytes, n);
         if self.cur_bytes > self.peak_bytes {
             self.peak_bytes = self.cur_bytes;
             self.peak_blocks = self.cur_blocks;
@@ -200,8 +235,9 @@ impl Books {
     }
 
     fn shrink(&mut self, b: &Block) {
+        let (bytes, n) = b.estimate(self.sample_rate);
         if let Some(l) = &mut self.lifetimes {
-            l.add(b.stack, b.size, b.time, Some(self.clock));
+            l.add(b.stack, (bytes, n), b.time, Some(self.clock));
         }
         let peak_id = self.peak_id;
         let s = self.stack(b.stack);
@@ -209,10 +245,10 @@ impl Books {
             s.at_peak = s.live;
             s.snap = peak_id;
         }
-        s.live.0 = s.live.0.saturating_sub(b.size);
-        s.live.1 = s.live.1.saturating_sub(1);
-        self.cur_bytes = self.cur_bytes.saturating_sub(b.size);
-        self.cur_blocks = self.cur_blocks.saturating_sub(1);
+        s.live.0 = s.live.0.saturating_sub(bytes);
+        s.live.1 = s.live.1.saturating_sub(n);
+        self.cur_bytes = self.cur_bytes.saturating_sub(bytes);
+        self.cur_blocks = self.cur_blocks.saturating_sub(n);
     }
 
     /// Allocation calls and bytes per backtrace, for those with any.
@@ -255,7 +291,7 @@ impl Books {
     /// in thread `tid`.
     pub fn alloc(&mut self, tid: u32, addr: u64, b: Block) {
         if b.family != Family::Internal {
-            self.count_alloc(b.stack, b.size);
+            self.count_alloc(&b);
         }
         self.enter(ties::Event::Alloc { tid, addr, block: b });
     }
@@ -308,7 +344,9 @@ impl Books {
                 // counting its free made ctests/threads.c's frees vary with
                 // the timing. Nor is realloc's implied free.
                 let internal = c.ended.as_ref().is_some_and(|b| b.family == Family::Internal);
-                self.frees += u64::from(!internal && !d.realloc);
+                if !internal && !d.realloc {
+                    self.frees += c.ended.as_ref().map_or(1, |b| b.estimate(self.sample_rate).1);
+                }
                 // The common case, a free of the block allocated there by
                 // its own family, is right at once.
                 let right = c.outcome == heap::Outcome::Ended
@@ -424,7 +462,7 @@ impl Books {
     /// A new mapping; it replaces whatever it overlaps (MAP_FIXED).
     pub fn mmap(&mut self, addr: u64, b: Block) {
         self.clock = b.time;
-        self.count_alloc(b.stack, b.size);
+        self.count_alloc(&b);
         self.unmap_range(addr, b.size);
         self.grow(&b);
         self.maps.insert(addr, b);
@@ -481,9 +519,10 @@ impl Books {
     pub fn live_by_stack(&self) -> HashMap<u32, LiveTotals> {
         let mut m: HashMap<u32, LiveTotals> = HashMap::default();
         for (_, b) in self.live_blocks() {
+            let (bytes, n) = b.estimate(self.sample_rate);
             let e = m.entry(b.stack).or_insert(LiveTotals { bytes: 0, blocks: 0, family: b.family });
-            e.bytes = e.bytes.saturating_add(b.size);
-            e.blocks += 1;
+            e.bytes = e.bytes.saturating_add(bytes);
+            e.blocks += n;
         }
         m
     }

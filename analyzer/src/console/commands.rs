@@ -323,7 +323,7 @@ impl<'a> Console<'a> {
                     for (addr, b) in t.books.live_blocks() {
                         if classes.get(&addr).is_some_and(|c| matches!(c.kind, Kind::Definite | Kind::Indirect)) {
                             found.lost.insert((addr, b.time));
-                            found.lost_bytes += b.size;
+                            found.lost_bytes += b.estimate(t.books.sample_rate).0;
                         }
                     }
                     Some((r, found))

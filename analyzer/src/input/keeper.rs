@@ -130,6 +130,15 @@ impl<'w> Keeper<'w> {
                 t.end = Some(reason);
                 t.books.settle();
             }
+            // Written once, before any allocation: the rate applies to
+            // the whole trace (a block's estimate must not change between
+            // its allocation and its free).
+            Record::Sampling { rate, .. } => {
+                if t.books.sample_rate == 0 {
+                    t.books.sample_rate = rate;
+                    t.stats.sample_rate = rate;
+                }
+            }
             // After the records it released (crate::order): no event
             // before it is still to come.
             Record::Watermark { time_ns } => t.books.advance(time_ns),

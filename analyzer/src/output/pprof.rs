@@ -6,8 +6,10 @@
 //! Go's heap-profile conventions (runtime/pprof): four values per sample,
 //! `alloc_objects/count`, `alloc_space/bytes`, `inuse_objects/count`,
 //! `inuse_space/bytes`, `inuse_space` the default; period type
-//! `space/bytes`. Every allocation is recorded, so the period is 1 and the
-//! values are exact. One sample per backtrace holds its allocations over
+//! `space/bytes`. With every allocation recorded the period is 1 and the
+//! values are exact; in a sampled trace (`--sample-rate`) the period is
+//! the rate and the values are the estimates, already scaled, as Go's
+//! runtime writes its sampled heap profiles. One sample per backtrace holds its allocations over
 //! the run and its blocks still live; with the leak scan, the live blocks
 //! are in one sample per backtrace and kind instead, labelled
 //! `kind=definite|indirect|possible|reachable` (`pprof -tagfocus
@@ -176,7 +178,7 @@ fn profile(
     ];
     b.p.default_sample_type = b.string("inuse_space");
     b.p.period_type = Some(b.value_type("space", "bytes"));
-    b.p.period = 1;
+    b.p.period = t.books.sample_rate.max(1).try_into().unwrap_or(i64::MAX);
     let end = t.header.start_realtime_ns.saturating_add(t.last_time);
     b.p.time_nanos = i64::try_from(end).unwrap_or(i64::MAX);
     b.p.duration_nanos = i64::try_from(t.last_time).unwrap_or(i64::MAX);
@@ -193,8 +195,9 @@ fn profile(
     for (addr, blk) in t.books.live_blocks() {
         let kind = classes.and_then(|c| c.get(&addr)).map(|c| c.kind);
         let v = values.entry((blk.stack, kind)).or_default();
-        v[2] += 1;
-        v[3] = v[3].saturating_add(blk.size as i64);
+        let (size, n) = blk.estimate(t.books.sample_rate);
+        v[2] += n as i64;
+        v[3] = v[3].saturating_add(size as i64);
     }
     let mut keys: Vec<(u32, Option<Kind>)> = values.keys().copied().collect();
     keys.sort();

@@ -114,6 +114,13 @@ fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     writeln!(w, "  command:          {}", r.cmdline.join(" "))?;
     writeln!(w, "  trace:            {}", r.trace)?;
     writeln!(w, "  duration:         {}", secs(s.duration_ns))?;
+    if let Some(rate) = s.sample_rate {
+        writeln!(
+            w,
+            "  sampled:          one allocation per {} allocated, on average: every byte and block count is an estimate",
+            super::words::size_unit(rate)
+        )?;
+    }
     writeln!(
         w,
         "  allocation calls: {} ({} in total)",
@@ -191,9 +198,13 @@ fn write_heading(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     let n = plural(r.stacks.len() as u64, "backtrace", "backtraces");
     if r.kinds.is_some() && !delta && r.summary.until_marker.is_none() {
         return if r.show_reachable {
-            writeln!(w, "\nNot freed, as the scan classified them, by backtrace ({n}):")
+            writeln!(w, "\nNot freed, as the scan classified them, by backtrace ({n}{}):", estimated(r))
         } else {
-            writeln!(w, "\nLeaks, by backtrace ({n}; --show-reachable adds the still reachable blocks):")
+            writeln!(
+                w,
+                "\nLeaks, by backtrace ({n}{}; --show-reachable adds the still reachable blocks):",
+                estimated(r)
+            )
         };
     }
     let at_marker = r.summary.until_marker.as_ref().map(|m| format!("Live at marker {m}"));
@@ -205,7 +216,16 @@ fn write_heading(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         (false, None) => "Live at the end of the trace so far",
         _ => "Not freed at exit",
     };
-    writeln!(w, "\n{heading}, by backtrace ({n}):")
+    writeln!(w, "\n{heading}, by backtrace ({n}{}):", estimated(r))
+}
+
+/// What a heading adds in a sampled report.
+fn estimated(r: &Report) -> &'static str {
+    if r.summary.sample_rate.is_some() {
+        "; estimated from samples"
+    } else {
+        ""
+    }
 }
 
 fn write_suppressed(r: &Report, w: &mut dyn Write) -> io::Result<()> {

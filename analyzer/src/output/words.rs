@@ -53,6 +53,18 @@ pub fn frame_line(f: &Frame, first: bool) -> String {
     format!("    {lead} {:#x}: {func}{loc}{module}{inl}", f.address)
 }
 
+/// A byte count in the unit it is a whole number of: `512 KiB`, `2 MiB`,
+/// `1,000 bytes` (the form `--sample-rate` takes).
+pub fn size_unit(b: u64) -> String {
+    match b {
+        0 => "0 bytes".into(),
+        _ if b.is_multiple_of(1 << 30) => format!("{} GiB", thousands(b >> 30)),
+        _ if b.is_multiple_of(1 << 20) => format!("{} MiB", thousands(b >> 20)),
+        _ if b.is_multiple_of(1 << 10) => format!("{} KiB", thousands(b >> 10)),
+        _ => plural(b, "byte", "bytes"),
+    }
+}
+
 /// Bytes as MiB with one decimal.
 pub fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))

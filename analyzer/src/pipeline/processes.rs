@@ -38,7 +38,11 @@ pub fn report_processes(
         for (p, _, path) in others.iter().take(OTHERS_SHOWN) {
             let line = match crate::input::load(path) {
                 Ok(t) => {
-                    let (bytes, blocks) = t.books.live_blocks().fold((0, 0), |acc, (_, b)| (acc.0 + b.size, acc.1 + 1));
+                    let rate = t.books.sample_rate;
+                    let (bytes, blocks) = t.books.live_blocks().fold((0, 0), |acc, (_, b)| {
+                        let (size, n) = b.estimate(rate);
+                        (acc.0 + size, acc.1 + n)
+                    });
                     format!(
                         "pid {p} {}: {} bytes in {} not freed",
                         t.header.exe,

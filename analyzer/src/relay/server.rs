@@ -58,6 +58,13 @@ pub struct ServerArgs {
     /// frees (as `mtrace run -S`).
     #[arg(short = 'S', long = "check-frees")]
     check_frees: bool,
+    /// Sample: record one allocation per BYTES allocated on average
+    /// (`512K`, `2M`; MTRACE_SAMPLE_RATE), and every one of at least
+    /// BYTES, instead of all of them: near the program's own speed, for
+    /// production; every count reported is then an estimate
+    /// (docs/SAMPLING.md). 0: record every allocation.
+    #[arg(long, value_name = "BYTES", value_parser = crate::run::bytes_arg)]
+    sample_rate: Option<u64>,
     /// No messages of the server's own (`mtrace run -i` uses a server).
     #[arg(long, hide = true)]
     quiet: bool,
@@ -222,6 +229,9 @@ pub fn server(a: ServerArgs) -> Result<ExitCode> {
         .env(settings::OUTPUT.name(), format!("unix:{}", internal.display()));
     if a.check_frees {
         cmd.env(settings::CHECK_FREES.name(), "1");
+    }
+    if let Some(r) = a.sample_rate {
+        cmd.env(settings::SAMPLE_RATE.name(), r.to_string());
     }
     if let Some(d) = a.depth {
         cmd.env(settings::DEPTH.name(), d.to_string());

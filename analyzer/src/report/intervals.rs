@@ -61,8 +61,9 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, duration_ns: u64, depth: Option<us
             .entry(b.stack)
             .or_insert_with(|| (0..windows).map(|i| Window { start_ns: i * d, ..Default::default() }).collect());
         let slot = &mut w[((b.time / d) as usize).min(windows as usize - 1)];
-        slot.allocations += 1;
-        slot.bytes = slot.bytes.saturating_add(b.size);
+        let (size, n) = b.estimate(t.books.sample_rate);
+        slot.allocations += n;
+        slot.bytes = slot.bytes.saturating_add(size);
     }
     let run_s = (t.last_time.max(1)) as f64 / 1e9;
     let mut rows: Vec<(u32, u64, u64, Vec<Window>)> = per

@@ -114,6 +114,13 @@ pub struct Summary {
     pub since_marker: Option<String>,
     /// ... up to this one (else to the end of the trace).
     pub until_marker: Option<String>,
+    /// The trace was sampled (`--sample-rate`): one allocation recorded
+    /// per this many bytes allocated, on average. Every byte and block
+    /// count of the report is then an unbiased estimate
+    /// ([`crate::books::Block::estimate`]); double and invalid frees and
+    /// temporary allocations are not found (docs/SAMPLING.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sample_rate: Option<u64>,
 }
 
 /// One backtrace's blocks that were not freed (or, in a report since a
@@ -291,8 +298,10 @@ pub fn build_view(
         if view.keep.is_some_and(|k| !k(addr, b)) {
             continue;
         }
-        live_total.0 = live_total.0.saturating_add(signed(b.size));
-        live_total.1 += 1;
+        // In a sampled trace, what the block stands for.
+        let (size, n) = b.estimate(t.books.sample_rate);
+        live_total.0 = live_total.0.saturating_add(signed(size));
+        live_total.1 += n as i64;
         let class = classes.as_ref().and_then(|c| c.get(&addr));
         let kind = class.map(|c| c.kind);
         let lost = match (kind, view.lost_before) {
@@ -304,15 +313,15 @@ pub fn build_view(
             let all = kinds.as_mut().expect("with classes");
             if let Some(h) = c.via {
                 let v = all.reachable_via_heuristic.get_mut(h);
-                v.bytes = v.bytes.saturating_add(b.size);
-                v.blocks += 1;
+                v.bytes = v.bytes.saturating_add(size);
+                v.blocks += n;
             }
             let slot = all.get_mut(*k);
-            slot.bytes = slot.bytes.saturating_add(b.size);
-            slot.blocks += 1;
+            slot.bytes = slot.bytes.saturating_add(size);
+            slot.blocks += n;
             if let Some(o) = c.owner {
                 let e = owned.entry(o).or_default();
-                *e = e.saturating_add(b.size);
+                *e = e.saturating_add(size);
             }
             if *k == Kind::Definite {
                 owner_group.insert(addr, b.stack);
@@ -334,12 +343,12 @@ pub fn build_view(
             latest: 0,
             lost: Default::default(),
         });
-        g.bytes = g.bytes.saturating_add(signed(b.size));
-        g.blocks += 1;
+        g.bytes = g.bytes.saturating_add(signed(size));
+        g.blocks += n as i64;
         g.latest = g.latest.max(b.time);
         if lost {
-            g.lost.bytes = g.lost.bytes.saturating_add(b.size);
-            g.lost.blocks += 1;
+            g.lost.bytes = g.lost.bytes.saturating_add(size);
+            g.lost.blocks += n;
         }
     }
     let mut indirect_of: HashMap<u32, u64> = HashMap::default();
@@ -448,6 +457,7 @@ pub fn build_view(
             unknown_munmaps: t.books.unknown_munmaps,
             since_marker: None,
             until_marker: None,
+            sample_rate: (t.books.sample_rate != 0).then_some(t.books.sample_rate),
         },
         errors,
         stacks,

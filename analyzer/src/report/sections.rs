@@ -88,9 +88,10 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, inp: &Inputs) -> Sections {
         let cutoff = t.last_time.saturating_sub(d);
         let mut g: HashMap<u32, (u64, u64)> = HashMap::default();
         for (_, b) in t.books.live_blocks().filter(|(_, b)| b.time < cutoff) {
+            let (size, n) = b.estimate(t.books.sample_rate);
             let e = g.entry(b.stack).or_default();
-            e.0 += 1;
-            e.1 = e.1.saturating_add(b.size);
+            e.0 += n;
+            e.1 = e.1.saturating_add(size);
         }
         entries(top(g.into_iter().map(|(s, (n, b))| (s, n, b)).collect(), true))
     });

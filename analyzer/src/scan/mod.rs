@@ -324,10 +324,12 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Vec<Classified>> {
             for g in group {
                 mem.words(g.addr, g.end(), |w| reach(w, true, &mut state, &mut work));
             }
-        } else if t.attached {
-            // Traced from an attach: the blocks allocated before it are
-            // unknown, so the heap outside the known blocks is a root; a
-            // block an untracked one points to is never called lost.
+        } else if t.attached || t.books.sample_rate != 0 {
+            // Traced from an attach, the blocks allocated before it are
+            // unknown; in a sampled trace, the blocks not sampled are. So
+            // the heap outside the known blocks is a root: a block an
+            // unknown one points to is never called lost
+            // (docs/SAMPLING.md).
             let mut at = lo;
             for &(start, size) in heap.blocks.iter().skip_while(|b| b.0 + b.1 <= lo).take_while(|b| b.0 < hi) {
                 mem.words(at, start, |w| reach(w, true, &mut state, &mut work));

@@ -5,14 +5,15 @@ use std::ffi::c_void;
 
 use mtrace_format::Family;
 
-use super::{traced, traced_free, traced_knowing};
+use super::{traced_free, traced_knowing, traced_sampled};
 use crate::platform::real::{self, next, NextFn};
-use crate::record::recorder;
+use crate::record::guard::Slot;
+use crate::record::{recorder, sample, sampled};
 use crate::unwind::Here;
 
 #[no_mangle]
 pub extern "C" fn malloc(size: usize) -> *mut c_void {
-    traced(|| real::malloc(size), |&p, at| recorder::alloc(at, Family::Malloc, p, size))
+    traced_sampled(size, || real::malloc(size), |&p, at| recorder::alloc(at, Family::Malloc, p, size))
 }
 
 /// # Safety
@@ -38,7 +39,8 @@ pub unsafe extern "C" fn cfree(p: *mut c_void) {
 
 #[no_mangle]
 pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
-    traced(|| real::calloc(n, size), |&p, at| recorder::alloc(at, Family::Malloc, p, n.wrapping_mul(size)))
+    let total = n.wrapping_mul(size);
+    traced_sampled(total, || real::calloc(n, size), |&p, at| recorder::alloc(at, Family::Malloc, p, total))
 }
 
 /// # Safety
@@ -49,10 +51,24 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     let here = Here::now();
     let t0 = std::cell::Cell::new(0);
     let known = std::cell::Cell::new(0);
+    // Under sampling (record/sample.rs) a realloc is a free and an
+    // allocation, each judged on its own: the free is recorded if the old
+    // block was sampled (else `old` becomes null), the new block if it is
+    // picked by its size (`new_sampled`), so that every block's weight
+    // follows from its size alone.
+    let old = std::cell::Cell::new(if real::in_arena(p) { std::ptr::null_mut() } else { p });
+    let new_sampled = std::cell::Cell::new(true);
     traced_knowing(
         false,
         |in_hook| {
-            if p.is_null() {
+            let rate = sample::rate();
+            if rate != 0 {
+                if !old.get().is_null() && !sampled::remove(p as u64) {
+                    old.set(std::ptr::null_mut());
+                }
+                new_sampled.set(!in_hook || sample::pick(Slot::current(), size, rate));
+            }
+            if old.get().is_null() {
                 // SAFETY: forwarded under the caller's contract.
                 return unsafe { real::realloc(p, size) };
             }
@@ -66,12 +82,16 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
             // SAFETY: forwarded under the caller's contract.
             let r = unsafe { real::realloc(p, size) };
             recorder::realloc_ends();
+            if rate != 0 && r.is_null() && size != 0 {
+                // Failed: the block is still the program's, and sampled.
+                sampled::insert(p as u64);
+            }
             r
         },
         |&r, at| {
             // An arena block moving to real memory is a new allocation.
-            let old = if real::in_arena(p) { std::ptr::null_mut() } else { p };
-            recorder::realloc(at, old, r, size, t0.get(), known.get())
+            let new = if new_sampled.get() { r } else { std::ptr::null_mut() };
+            recorder::realloc(at, old.get(), new, r, size, t0.get(), known.get())
         },
     )
 }
@@ -123,7 +143,8 @@ fn call_size(f: &NextFn, size: usize) -> *mut c_void {
 #[no_mangle]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
     type F = unsafe extern "C" fn(*mut *mut c_void, usize, usize) -> i32;
-    traced(
+    traced_sampled(
+        size,
         // SAFETY: F is posix_memalign's signature; out is valid per contract.
         || match unsafe { next::<F>(&POSIX_MEMALIGN) } {
             // SAFETY: the real function, with the arguments of the caller's C contract.
@@ -137,22 +158,26 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
 
 #[no_mangle]
 pub extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
-    traced(|| call_align(&ALIGNED_ALLOC, align, size), |&p, at| recorder::alloc(at, Family::Aligned, p, size))
+    traced_sampled(
+        size,
+        || call_align(&ALIGNED_ALLOC, align, size),
+        |&p, at| recorder::alloc(at, Family::Aligned, p, size),
+    )
 }
 
 #[no_mangle]
 pub extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
-    traced(|| call_align(&MEMALIGN, align, size), |&p, at| recorder::alloc(at, Family::Aligned, p, size))
+    traced_sampled(size, || call_align(&MEMALIGN, align, size), |&p, at| recorder::alloc(at, Family::Aligned, p, size))
 }
 
 #[no_mangle]
 pub extern "C" fn valloc(size: usize) -> *mut c_void {
-    traced(|| call_size(&VALLOC, size), |&p, at| recorder::alloc(at, Family::Aligned, p, size))
+    traced_sampled(size, || call_size(&VALLOC, size), |&p, at| recorder::alloc(at, Family::Aligned, p, size))
 }
 
 #[no_mangle]
 pub extern "C" fn pvalloc(size: usize) -> *mut c_void {
-    traced(|| call_size(&PVALLOC, size), |&p, at| recorder::alloc(at, Family::Aligned, p, size))
+    traced_sampled(size, || call_size(&PVALLOC, size), |&p, at| recorder::alloc(at, Family::Aligned, p, size))
 }
 
 /// Passes through (arena blocks report their requested size).

@@ -51,9 +51,9 @@ macro_rules! new_hook {
                     p if p.is_null() => forward(),
                     p => p,
                 };
-                return super::traced(call, record);
+                return super::traced_sampled(size, call, record);
             }
-            super::traced_as(true, forward, record)
+            super::traced_as_sampled(true, size, forward, record)
         }
     };
 }

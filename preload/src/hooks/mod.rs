@@ -11,6 +11,7 @@ pub mod process;
 
 use crate::record::guard::{Entry, Guard};
 use crate::record::recorder::{self, Caller, Own};
+use crate::record::{sample, sampled};
 use crate::unwind::Here;
 use mtrace_format::Family;
 
@@ -24,6 +25,15 @@ fn traced<T>(call: impl FnOnce() -> T, record: impl FnOnce(&T, Caller) -> Own) -
     traced_as(false, call, record)
 }
 
+/// [`traced`] for an allocation of `size` bytes that sampling applies to
+/// (the malloc family and the C++ operators; record/sample.rs): under
+/// sampling, one the thread's count-down does not pick runs inside the
+/// guard and is not recorded.
+#[inline(always)]
+fn traced_sampled<T>(size: usize, call: impl FnOnce() -> T, record: impl FnOnce(&T, Caller) -> Own) -> T {
+    traced_picked(false, Some(size), |_| call(), record)
+}
+
 /// [`traced`] for a hook whose `call` forwards to another allocator that
 /// ends in ours (libstdc++'s `operator new` calls `malloc`): what is
 /// allocated inside the call is the hook's own block, so nothing is kept
@@ -33,10 +43,34 @@ fn traced_as<T>(forwarding: bool, call: impl FnOnce() -> T, record: impl FnOnce(
     traced_knowing(forwarding, |_| call(), record)
 }
 
+/// [`traced_as`] and [`traced_sampled`] together: a forwarding hook's
+/// allocation of `size` bytes.
+#[inline(always)]
+fn traced_as_sampled<T>(
+    forwarding: bool,
+    size: usize,
+    call: impl FnOnce() -> T,
+    record: impl FnOnce(&T, Caller) -> Own,
+) -> T {
+    traced_picked(forwarding, Some(size), |_| call(), record)
+}
+
 /// [`traced_as`] whose `call` is told whether the thread entered the hook
 /// (true), or was inside one already.
 #[inline(always)]
 fn traced_knowing<T>(forwarding: bool, call: impl FnOnce(bool) -> T, record: impl FnOnce(&T, Caller) -> Own) -> T {
+    traced_picked(forwarding, None, call, record)
+}
+
+/// [`traced_knowing`], with `sampled` the size of an allocation sampling
+/// applies to (`None`: always recorded).
+#[inline(always)]
+fn traced_picked<T>(
+    forwarding: bool,
+    sampled: Option<usize>,
+    call: impl FnOnce(bool) -> T,
+    record: impl FnOnce(&T, Caller) -> Own,
+) -> T {
     match Guard::enter_as(forwarding) {
         Entry::Nested { forwarding: true } => call(false),
         Entry::Nested { forwarding: false } => {
@@ -45,6 +79,15 @@ fn traced_knowing<T>(forwarding: bool, call: impl FnOnce(bool) -> T, record: imp
             r
         }
         Entry::Hook(g) => {
+            if let Some(size) = sampled {
+                let rate = sample::rate();
+                if rate != 0 && !sample::pick(g.slot(), size, rate) {
+                    // Inside the guard all the same: what the call
+                    // allocates is its own, and a stop for the scan
+                    // waits until it leaves glibc's locks.
+                    return call(true);
+                }
+            }
             if g.waiting() {
                 recorder::write_nested(0, 0);
             }
@@ -58,6 +101,15 @@ fn traced_knowing<T>(forwarding: bool, call: impl FnOnce(bool) -> T, record: imp
     }
 }
 
+/// Under sampling, whether the free of `p` concerns the stream: only a
+/// sampled block's does, and it leaves the set here, before the real free
+/// can hand its address to another thread. Always true when every
+/// allocation is recorded.
+#[inline(always)]
+fn free_recorded(p: *mut libc::c_void) -> bool {
+    sample::rate() == 0 || sampled::remove(p as u64)
+}
+
 /// Runs the real deallocation `call` for block `p`, stamping the free before
 /// the call (see [`mtrace_format::Record::Free`]); `forwarding` as in
 /// [`traced_as`] (`operator delete` calls `free`).
@@ -65,10 +117,17 @@ fn traced_knowing<T>(forwarding: bool, call: impl FnOnce(bool) -> T, record: imp
 fn traced_free(family: Family, p: *mut libc::c_void, forwarding: bool, call: impl FnOnce()) {
     match Guard::enter_as(forwarding) {
         Entry::Nested { forwarding: true } => call(),
+        Entry::Nested { forwarding: false } if p.is_null() || !free_recorded(p) => call(),
         Entry::Nested { forwarding: false } => {
-            let t = if p.is_null() { 0 } else { recorder::now() };
+            let t = recorder::now();
             call();
             recorder::nested_free(p, t);
+        }
+        Entry::Hook(g) if !p.is_null() && !free_recorded(p) => {
+            // Not sampled: out of the stream. The forwarding flag goes
+            // with the guard.
+            let _ = &g;
+            call()
         }
         Entry::Hook(g) => {
             if g.waiting() {

@@ -88,11 +88,13 @@ fn end_of_exit() {
 
 /// A session starts ([`crate::Up::starting`]): the functions the
 /// file-descriptor hooks forward to are resolved before the trace's file
-/// is opened, and collection is on or off as `MTRACE_START` says.
-pub fn starting(collect: bool) {
+/// is opened, collection is on or off as `MTRACE_START` says, and
+/// sampling as `MTRACE_SAMPLE_RATE` says.
+pub fn starting(cfg: &crate::platform::config::Config) {
     #[cfg(not(test))]
     crate::hooks::fds::init();
-    recorder::init_collecting(collect);
+    recorder::init_collecting(cfg.start);
+    crate::record::sample::configure(cfg.sample_rate, cfg.sample_seed);
 }
 
 /// The writer thread was asked for a leak scan ([`crate::Up::scan`]): a

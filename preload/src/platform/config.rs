@@ -56,6 +56,12 @@ pub struct Config {
     /// `MTRACE_FREERES=off` (`mtrace run --run-libc-freeres=no`): glibc's
     /// `__libc_freeres()` is not called at exit.
     pub freeres: bool,
+    /// `MTRACE_SAMPLE_RATE`: mean bytes between sampled allocations
+    /// (record/sample.rs); 0 records every allocation.
+    pub sample_rate: u64,
+    /// `MTRACE_SAMPLE_SEED`: the seed of the sample points; `None` draws
+    /// one from the clock.
+    pub sample_seed: Option<u64>,
 }
 
 /// Perturbations of the stream's order for the tests of the analyzer's
@@ -256,6 +262,22 @@ pub fn load() -> Config {
             TestOrder::default()
         }),
     };
+    let sample_rate = match var(settings::SAMPLE_RATE.var) {
+        None => 0,
+        Some(v) => mtrace_format::sampling::parse_bytes(&v).unwrap_or_else(|| {
+            sys::warn_once_per_run(&format!(
+                "MTRACE_SAMPLE_RATE={v:?} is not a byte count (4096, 512K, 2M); recording every allocation"
+            ));
+            0
+        }),
+    };
+    let sample_seed = var(settings::SAMPLE_SEED.var).and_then(|v| {
+        let n = v.trim().parse::<u64>().ok();
+        if n.is_none() {
+            sys::warn_once_per_run(&format!("MTRACE_SAMPLE_SEED={v:?} is not a number; seeding from the clock"));
+        }
+        n
+    });
     Config {
         depth,
         output,
@@ -271,6 +293,8 @@ pub fn load() -> Config {
         report_dir,
         test,
         freeres,
+        sample_rate,
+        sample_seed,
     }
 }
 

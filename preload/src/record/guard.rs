@@ -54,6 +54,11 @@ struct Tls {
     /// and the session it belongs to; null while the thread has none.
     since: Cell<*const AtomicU64>,
     since_gen: Cell<u64>,
+    /// Under sampling (sample.rs): bytes this thread still allocates
+    /// before its next sample (0: none drawn yet), and its random state.
+    /// Here so that the sampling decision costs no access of its own.
+    to_sample: Cell<u64>,
+    rng: Cell<u64>,
 }
 
 thread_local! {
@@ -65,6 +70,8 @@ thread_local! {
             thread: Cell::new(std::ptr::null_mut()),
             since: Cell::new(std::ptr::null()),
             since_gen: Cell::new(0),
+            to_sample: Cell::new(0),
+            rng: Cell::new(0),
         }
     };
 }
@@ -132,6 +139,14 @@ impl Slot {
             MARK_SHARED => order::leave(Mark::Shared, None),
             _ => {}
         }
+    }
+
+    /// This thread's sampling state: (bytes to its next sample, random
+    /// state); see sample.rs.
+    #[inline(always)]
+    pub fn sampling(&self) -> (&Cell<u64>, &Cell<u64>) {
+        let t = self.tls();
+        (&t.to_sample, &t.rng)
     }
 
     fn tls(&self) -> &Tls {

@@ -8,4 +8,6 @@ pub mod dead_stacks;
 pub mod guard;
 pub mod nested;
 pub mod recorder;
+pub mod sample;
+pub mod sampled;
 pub mod thread;

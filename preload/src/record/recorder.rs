@@ -10,6 +10,7 @@ use mtrace_format::{EndReason, Family, Record};
 
 use crate::record::guard::Slot;
 use crate::record::thread::{AllocEvent, Backtrace, Event, FreeEvent, When};
+use crate::record::{sample, sampled};
 use crate::unwind::Here;
 use crate::{platform::sys, record::nested, record::thread, stream};
 
@@ -141,16 +142,28 @@ pub fn alloc(at: Caller, family: Family, addr: *mut libc::c_void, size: usize) -
         return (0, 0);
     }
     match at {
-        Caller::Hook(at, slot) => with_stack(at, slot, AllocEvent { family, addr: addr as u64, size: size as u64 }),
+        Caller::Hook(at, slot) => {
+            if collecting() && in_sample(addr as u64) {
+                with_stack(at, slot, AllocEvent { family, addr: addr as u64, size: size as u64 })
+            }
+        }
         Caller::Nested => keep_alloc(addr as u64, size as u64),
     }
     (addr as u64, 0)
 }
 
+/// Under sampling, enters `addr`, a block about to be recorded, into the
+/// set its free looks in (sampled.rs); false if the set has no room, and
+/// the block then goes unrecorded. True when every allocation is recorded.
+#[inline]
+fn in_sample(addr: u64) -> bool {
+    sample::rate() == 0 || stream::get().is_some() && sampled::insert(addr)
+}
+
 /// An allocation inside a hook, for the outer hook to write (also while
 /// not collecting: it is not the program's, and its free is recorded).
 fn keep_alloc(addr: u64, size: u64) {
-    if let Some(s) = stream::get() {
+    if let Some(s) = stream::get().filter(|_| in_sample(addr)) {
         nested::keep(nested::Event::Alloc(addr, size, stamp(Slot::current(), s)));
     }
 }
@@ -222,9 +235,32 @@ fn free_as(bt: Backtrace, slot: Slot, family: Family, addr: *mut libc::c_void, t
 /// glibc's rules: realloc(NULL, n) allocates, realloc(p, 0) returning NULL
 /// freed p, any other NULL is a failure that leaves `old` live.
 /// `t0` is [`now`] before the call; `known` the backtrace's id from
-/// [`realloc_stack`], or 0 to unwind now.
-pub fn realloc(at: Caller, old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: u64, known: u32) -> Own {
-    let own = (new as u64, old as u64);
+/// [`realloc_stack`], or 0 to unwind now. Under sampling, `old` is null
+/// when the old block was not sampled, and `new` null when the new block
+/// `returned` is not picked: then only the free of `old` is recorded.
+pub fn realloc(
+    at: Caller,
+    old: *mut libc::c_void,
+    new: *mut libc::c_void,
+    returned: *mut libc::c_void,
+    size: usize,
+    t0: u64,
+    known: u32,
+) -> Own {
+    let own = (returned as u64, old as u64);
+    if new.is_null() && !returned.is_null() {
+        // The new block is not sampled: the old one (if sampled) is gone.
+        if !old.is_null() {
+            match at {
+                Caller::Hook(at, slot) => {
+                    let bt = if known != 0 { Backtrace::Known(known) } else { Backtrace::From(at) };
+                    free_as(bt, slot, Family::Malloc, old, Some(t0));
+                }
+                Caller::Nested => nested_free(old, t0),
+            }
+        }
+        return own;
+    }
     let (at, slot) = match at {
         Caller::Hook(at, slot) => (at, slot),
         Caller::Nested => {
@@ -247,11 +283,15 @@ fn realloc_in_hook(bt: Backtrace, slot: Slot, old: *mut libc::c_void, new: *mut 
     match Realloc::of(old as u64, new as u64, size as u64) {
         Realloc::Failed => {}
         Realloc::Allocated => {
-            with_bt(bt, slot, AllocEvent { family: Family::Malloc, addr: new as u64, size: size as u64 })
+            if collecting() && in_sample(new as u64) {
+                with_bt(bt, slot, AllocEvent { family: Family::Malloc, addr: new as u64, size: size as u64 })
+            }
         }
         // Not collecting: the old block goes; the new one is not recorded.
         Realloc::Freed | Realloc::Resized if !collecting() => free_as(bt, slot, Family::Malloc, old, Some(t0)),
         Realloc::Freed => free_as(bt, slot, Family::Malloc, old, Some(t0)),
+        // The set had no room for the new block: it leaves the stream.
+        Realloc::Resized if !in_sample(new as u64) => free_as(bt, slot, Family::Malloc, old, Some(t0)),
         Realloc::Resized => with_bt(bt, slot, |time_ns, stack| Record::Realloc {
             time_ns,
             free_time_ns: t0,

@@ -161,6 +161,8 @@ pub fn take(s: &Session, by: By) -> u64 {
     let mut tracer = vec![writer_stack, s.zstd_range(), scratch.range()];
     tracer.extend(own);
     tracer.extend(crate::platform::allocator::range());
+    // The set of sampled blocks holds their addresses: not a root.
+    tracer.extend(crate::record::sampled::ranges());
     let me_sp = dead_stacks::stack_address();
     let dead = dead_stacks::all();
     tracer.extend(dead.into_iter().filter(|&(lo, hi)| !stacks.iter().chain([&me_sp]).any(|&sp| lo <= sp && sp < hi)));

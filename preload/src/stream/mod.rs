@@ -240,7 +240,7 @@ impl Session {
         let cfg = config::load();
         let pid = sys::getpid();
         let cmdline = naming::cmdline_args(&sys::read_file(c"/proc/self/cmdline").unwrap_or_default());
-        (crate::UP.starting)(cfg.start);
+        (crate::UP.starting)(&cfg);
         let prog = naming::program_name(&cmdline);
         let (out_file, path) = open_output(&cfg, pid, &prog)?;
         sys::open_statm();
@@ -259,6 +259,9 @@ impl Session {
         if !cfg.start || from_start {
             let (collecting, whole) = (cfg.start, from_start && cfg.start);
             enc.encode(&mut out, &Record::Coverage { time_ns: 0, collecting, whole });
+        }
+        if cfg.sample_rate != 0 {
+            enc.encode(&mut out, &Record::Sampling { time_ns: 0, rate: cfg.sample_rate });
         }
         out_file.write(&out);
         let handoff = Handoff::new();

@@ -1,0 +1,113 @@
+//! Sampled recording (`--sample-rate`, `MTRACE_SAMPLE_RATE`): the rule the
+//! producers sample by and the weight readers give each sampled block,
+//! defined once.
+//!
+//! The rule is tcmalloc's and Go's runtime's: each thread counts the bytes
+//! it allocates down to its next sample point, drawn from an exponential
+//! distribution with mean `rate` bytes; the allocation that reaches the
+//! point is recorded and a new point is drawn. Because the distribution is
+//! memoryless, an allocation of `size` bytes is recorded with probability
+//! `1 − e^(−size/rate)`, whatever came before it on the thread. We add one
+//! rule: an allocation of at least `rate` bytes is always recorded (and
+//! leaves the count alone), so the large blocks a leak hunt cares about
+//! most are exact.
+
+/// The probability that an allocation of `size` bytes is recorded under
+/// sampling with mean `rate` bytes (see the module's rule): 1 for `rate`
+/// 0 (every allocation) and for `size ≥ rate`, else `1 − e^(−size/rate)`.
+pub fn probability(size: u64, rate: u64) -> f64 {
+    if rate == 0 || size >= rate {
+        1.0
+    } else {
+        // exp_m1 keeps the precision for small sizes (1 byte at 2 MiB).
+        -(-(size.max(1) as f64) / rate as f64).exp_m1()
+    }
+}
+
+/// How many allocations one recorded allocation of `size` bytes stands
+/// for: the inverse of its [`probability`], so that a sum of weights (of
+/// blocks, or of bytes times weights) is an unbiased estimate of the true
+/// count (or bytes). This is Go's `scaleHeapSample` (runtime/pprof,
+/// protomem.go) and tcmalloc's sampled-allocation weight,
+/// `size / (1 − e^(−size/rate))` bytes per sample, with the exception that
+/// blocks of at least `rate` bytes weigh 1 (they are always recorded).
+pub fn weight(size: u64, rate: u64) -> f64 {
+    1.0 / probability(size, rate)
+}
+
+/// A byte count with an optional unit: `4096`, `512K`, `2M`, `1G` (also
+/// `KiB`, `MiB`, `GiB`, any case; powers of 1024). `None` for anything
+/// else or a value beyond 2^62 bytes.
+pub fn parse_bytes(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (digits, unit) = v.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        _ => return None,
+    };
+    n.checked_shl(shift).filter(|&b| b >> shift == n && b <= 1 << 62)
+}
+
+/// The next sample point, bytes: an exponential variate with mean `rate`
+/// made from `u`, 64 random bits (inverse transform: −ln(U)·rate, with U
+/// in (0, 1]). At least 1.
+pub fn next_point(u: u64, rate: u64) -> u64 {
+    // 53 bits of U, never 0: ln stays finite.
+    let unit = ((u >> 11) + 1) as f64 / (1u64 << 53) as f64;
+    let x = -unit.ln() * rate as f64;
+    (x as u64).max(1)
+}
+
+/// One step of SplitMix64 (Steele, Lea and Flood, 2014): the next state and
+/// its 64 random bits. Small, no tables, good enough to draw sample points.
+pub fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_with_units() {
+        assert_eq!(parse_bytes("4096"), Some(4096));
+        assert_eq!(parse_bytes("512K"), Some(512 << 10));
+        assert_eq!(parse_bytes("2M"), Some(2 << 20));
+        assert_eq!(parse_bytes("1gib"), Some(1 << 30));
+        assert_eq!(parse_bytes(" 64 KiB "), Some(64 << 10));
+        assert_eq!(parse_bytes("0"), Some(0));
+        assert_eq!(parse_bytes("2T"), None);
+        assert_eq!(parse_bytes("-1"), None);
+        assert_eq!(parse_bytes("K"), None);
+        assert_eq!(parse_bytes("99999999999G"), None);
+    }
+
+    #[test]
+    fn weights() {
+        assert_eq!(weight(100, 0), 1.0);
+        assert_eq!(weight(1 << 20, 512 << 10), 1.0);
+        assert_eq!(weight(512 << 10, 512 << 10), 1.0);
+        // 1 − e^(−1/2) = 0.3935: a 256 KiB block at 512K stands for 2.54.
+        assert!((weight(256 << 10, 512 << 10) - 2.5415).abs() < 1e-3);
+        // Small blocks: about rate/size.
+        assert!((weight(16, 512 << 10) - 32768.5).abs() < 1.0);
+    }
+
+    #[test]
+    fn points_have_the_mean() {
+        let mut s = 42;
+        let n = 200_000;
+        let sum: f64 = (0..n).map(|_| next_point(splitmix(&mut s), 1 << 20) as f64).sum();
+        let mean = sum / n as f64;
+        assert!((mean / (1 << 20) as f64 - 1.0).abs() < 0.01, "mean {mean}");
+    }
+}
