@@ -242,6 +242,45 @@ fn interval_views_show_what_stays_live() {
 }
 
 #[test]
+fn sampled_interval_views_estimate_what_stays_live() {
+    let dir = scratch("attach-interval-sampled");
+    let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+    let m = markers("attach_target.c");
+    let mut t = AttachTarget::start(&prog);
+    let a = spawn_until(
+        Command::new(mtrace())
+            .args(["attach", &t.child.id().to_string(), "--sample-rate", "64K", "--interval", "400ms"])
+            .args(["--older-than", "200ms", "-o", "/dev/null"])
+            .stdout(Stdio::piped()),
+        "attached to process",
+    );
+    // Blocks of at least the rate are always recorded: the estimate is
+    // exact. The small ones come and go unseen (1 in 1,000 is sampled).
+    for _ in 0..5 {
+        t.ask("leak 100000");
+        for _ in 0..20 {
+            t.ask("tmp 64");
+        }
+    }
+    std::thread::sleep(Duration::from_millis(1300));
+    sigterm(&a);
+    let out = a.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let views = String::from_utf8_lossy(&out.stdout);
+    let last = views.lines().rfind(|l| l.starts_with('[')).unwrap_or_default().to_owned();
+    assert!(
+        last.ends_with(
+            "live for more than 0.2 s: 500,000 bytes in 5 blocks, 1 backtrace (estimated, sampled at 64 KiB)"
+        ),
+        "{views}"
+    );
+    let at = format!("keep ({}:{})", ctests_dir().join("attach_target.c").display(), m["window"]);
+    assert!(views.contains("#1: 500,000 bytes in 5 blocks") && views.contains(&at), "{views}");
+    t.ask("quit");
+    t.child.wait().unwrap();
+}
+
+#[test]
 fn scan_at_detach_classifies_the_window_with_untracked_blocks_as_roots() {
     let dir = scratch("attach-scan");
     let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);

@@ -85,6 +85,41 @@ fn estimates_per_call_site_are_unbiased_and_close() {
 }
 
 #[test]
+fn a_sampled_pprof_profile_states_its_period_and_the_text_its_rate() {
+    use prost::Message;
+    use std::io::Read;
+    let dir = scratch("sampling_pprof");
+    let prog = build("sampled.c", &dir.join("sampled"), &["-g", "-O0"]);
+    let file = dir.join("p.pb.gz");
+    let text = dir.join("r.txt");
+    let out = std::process::Command::new(mtrace())
+        .current_dir(&dir)
+        .env("MTRACE_SAMPLE_SEED", "3")
+        .args(["run", "--no-scan", "--sample-rate", RATE, "--pprof"])
+        .arg(&file)
+        .arg("-o")
+        .arg(&text)
+        .arg("--")
+        .arg(&prog)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(&file).unwrap()).read_to_end(&mut bytes).unwrap();
+    let p = proto::Profile::decode(&bytes[..]).unwrap();
+    assert_eq!(p.period, 65536);
+    let t = p.period_type.as_ref().unwrap();
+    assert_eq!((&p.string_table[t.r#type as usize][..], &p.string_table[t.unit as usize][..]), ("space", "bytes"));
+    // The values are the estimates the text shows: site_big's 12 MiB exactly.
+    let in_use = pprof_in_use(&file);
+    let m = markers("sampled.c");
+    assert_eq!(in_use.get(&("sampled.c".to_owned(), m["big"])), Some(&(12, 12 << 20)), "{in_use:?}");
+    let text = std::fs::read_to_string(&text).unwrap();
+    assert!(text.contains("  sampled:          one allocation per 64 KiB allocated, on average"), "{text}");
+    assert!(text.contains("by backtrace (6 backtraces; estimated from samples):"), "{text}");
+}
+
+#[test]
 fn a_seed_repeats_a_run_and_reallocs_are_weighed_by_their_size() {
     let dir = scratch("sampling_seed");
     let prog = build("sampled.c", &dir.join("sampled"), &["-g", "-O0"]);

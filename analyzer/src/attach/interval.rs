@@ -50,9 +50,13 @@ pub fn print(trace: &Path, sym: &mut Symbolizer, older_than_ns: u64, out: &mut d
     let mut rows: Vec<(u32, u64, u64)> = by_stack.into_iter().map(|(s, (bytes, blocks))| (s, bytes, blocks)).collect();
     rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let (bytes, blocks) = rows.iter().fold((0, 0), |acc, r| (acc.0 + r.1, acc.1 + r.2));
+    let sampled = match t.books.sample_rate {
+        0 => String::new(),
+        r => format!(" (estimated, sampled at {})", crate::output::words::size_unit(r)),
+    };
     writeln!(
         out,
-        "[{:.1} s] live for more than {:.1} s: {} in {}, {}",
+        "[{:.1} s] live for more than {:.1} s: {} in {}, {}{sampled}",
         t.last_time as f64 / 1e9,
         older_than_ns as f64 / 1e9,
         plural(bytes, "byte", "bytes"),

@@ -356,6 +356,10 @@ impl<'a> Console<'a> {
                 None => "traced".to_owned(),
             };
             writeln!(out, "process {} ({}): {state}", t.header.pid, t.header.exe)?;
+            if k.sample_rate != 0 {
+                let rate = crate::output::words::size_unit(k.sample_rate);
+                writeln!(out, "  sampled: one allocation per {rate} on average; the counts are estimates")?;
+            }
             writeln!(out, "  allocation calls: {}, frees: {}", k.allocations, k.frees)?;
             writeln!(out, "  in use: {} bytes in {} blocks (average {} bytes)", k.cur_bytes, k.cur_blocks, avg)?;
             writeln!(out, "  frees of blocks from before tracing: {}", k.unmatched_frees())?;

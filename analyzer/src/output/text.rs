@@ -117,8 +117,12 @@ fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     if let Some(rate) = s.sample_rate {
         writeln!(
             w,
-            "  sampled:          one allocation per {} allocated, on average: every byte and block count is an estimate",
+            "  sampled:          one allocation per {} allocated, on average: every byte and block count is an estimate;",
             super::words::size_unit(rate)
+        )?;
+        writeln!(
+            w,
+            "                    double and invalid frees and temporary allocations are not found (docs/SAMPLING.md)"
         )?;
     }
     writeln!(

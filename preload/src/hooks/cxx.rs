@@ -95,18 +95,22 @@ macro_rules! delete_hook {
 /// delete are libstdc++'s (GCC's libsupc++: `new_op.cc` loops on malloc,
 /// `del_op.cc` calls free). Decided at the first call; no after an attach
 /// (this library is then not in the global scope).
+#[inline]
 fn direct() -> bool {
     match DIRECT.load(Ordering::Relaxed) {
         1 => true,
         2 => false,
-        _ => {
-            // dlsym may allocate: inside a hook of its own, as NextFn does.
-            let _g = crate::record::guard::Guard::enter();
-            let yes = decide();
-            DIRECT.store(if yes { 1 } else { 2 }, Ordering::Relaxed);
-            yes
-        }
+        _ => decide_once(),
     }
+}
+
+#[cold]
+fn decide_once() -> bool {
+    // dlsym may allocate: inside a hook of its own, as NextFn does.
+    let _g = crate::record::guard::Guard::enter();
+    let yes = decide();
+    DIRECT.store(if yes { 1 } else { 2 }, Ordering::Relaxed);
+    yes
 }
 
 /// 0: not decided yet, 1: direct, 2: forward.
@@ -183,9 +187,15 @@ delete_hook!("_ZdaPvSt11align_val_tRKSt9nothrow_t", delete_array_aligned_nothrow
 /// program find them. Called by hooks that forward (libstdc++'s `operator
 /// new`), inside which nothing is kept: `nm -D` of libstdc++ had 2 frees
 /// of blocks "from before tracing" this way.
+#[inline]
 fn resolve_tracked(f: &crate::platform::real::NextFn) {
     if f.unresolved() {
-        let _g = crate::record::guard::Guard::enter();
-        f.get();
+        resolve_now(f);
     }
+}
+
+#[cold]
+fn resolve_now(f: &crate::platform::real::NextFn) {
+    let _g = crate::record::guard::Guard::enter();
+    f.get();
 }

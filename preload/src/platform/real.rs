@@ -122,10 +122,12 @@ fn core_fn(f: &NextFn) -> Option<usize> {
 
 impl NextFn {
     /// Whether the function is not resolved yet (nor being resolved).
+    #[inline]
     pub fn unresolved(&self) -> bool {
         self.addr_if_resolved().is_none() && self.addr.load(Ordering::Acquire) == 0
     }
 
+    #[inline]
     fn addr_if_resolved(&self) -> Option<usize> {
         let a = self.addr.load(Ordering::Acquire);
         (a > 1).then_some(a)
