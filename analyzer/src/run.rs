@@ -164,6 +164,8 @@ fn trace_with_ptrace(a: &RunArgs, dir: &Path) -> Result<(u32, Option<std::proces
             check_frees: a.check_frees,
             scan: !a.no_scan,
             scan_at_detach: false,
+            sample_rate: a.sample_rate.unwrap_or(0),
+            sample_seed: sample_seed(),
         },
         hooks: a.hooks.into(),
     };
@@ -260,9 +262,6 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         cmd.env(settings::CHECK_FREES.name(), "1");
     }
     if let Some(r) = a.sample_rate {
-        if a.ptrace && r != 0 {
-            bail!("--sample-rate: not under --ptrace yet (the tracer stops at every allocation anyway)");
-        }
         cmd.env(settings::SAMPLE_RATE.name(), r.to_string());
     }
     if !a.run_libc_freeres {
@@ -372,6 +371,17 @@ fn parse_kinds(s: &str) -> Result<Vec<Kind>> {
         }
     }
     Ok(v)
+}
+
+/// `MTRACE_SAMPLE_SEED` as the ptrace tracer takes it (the preload reads
+/// it itself); a value that is no number is left out with one warning.
+pub fn sample_seed() -> Option<u64> {
+    let v = std::env::var(settings::SAMPLE_SEED.name()).ok()?;
+    let n = v.trim().parse().ok();
+    if n.is_none() {
+        eprintln!("mtrace: MTRACE_SAMPLE_SEED={v:?} is not a number; seeding from the clock");
+    }
+    n
 }
 
 /// A byte count with an optional unit (`4096`, `512K`, `2M`; see

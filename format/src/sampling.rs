@@ -35,6 +35,29 @@ pub fn weight(size: u64, rate: u64) -> f64 {
     1.0 / probability(size, rate)
 }
 
+/// Whether an allocation of `size` bytes is recorded under sampling with
+/// mean `rate` > 0 bytes, by the module's rule, for a thread whose bytes
+/// to its next sample point are `left` (0: none drawn yet) and whose
+/// random state is `rng`; `seed` seeds `rng` at the thread's first draw.
+/// Both producers decide by it: the preload with the state in its hooks'
+/// thread-local, the ptrace tracer in its thread table.
+#[inline(always)]
+pub fn pick(left: &mut u64, rng: &mut u64, size: u64, rate: u64, seed: impl FnOnce() -> u64) -> bool {
+    if size >= rate {
+        return true;
+    }
+    if *left == 0 {
+        *rng = seed();
+        *left = next_point(splitmix(rng), rate);
+    }
+    if size < *left {
+        *left -= size;
+        return false;
+    }
+    *left = next_point(splitmix(rng), rate);
+    true
+}
+
 /// A byte count with an optional unit: `4096`, `512K`, `2M`, `1G` (also
 /// `KiB`, `MiB`, `GiB`, any case; powers of 1024). `None` for anything
 /// else or a value beyond 2^62 bytes.
@@ -100,6 +123,21 @@ mod tests {
         assert!((weight(256 << 10, 512 << 10) - 2.5415).abs() < 1e-3);
         // Small blocks: about rate/size.
         assert!((weight(16, 512 << 10) - 32768.5).abs() < 1.0);
+    }
+
+    #[test]
+    fn picks_follow_the_probability() {
+        // 4 KiB allocations at a 64 KiB mean: each is picked with
+        // probability 1 − e^(−1/16) = 6.06%.
+        let (mut left, mut rng) = (0, 0);
+        let n = 100_000;
+        let picked = (0..n).filter(|_| pick(&mut left, &mut rng, 4096, 65536, || 7)).count();
+        let expect = probability(4096, 65536) * n as f64;
+        assert!((picked as f64 / expect - 1.0).abs() < 0.03, "{picked} of {n}, expected {expect}");
+        // At least the rate: always, and the count-down is left alone.
+        let before = left;
+        assert!(pick(&mut left, &mut rng, 65536, 65536, || 7));
+        assert_eq!(left, before);
     }
 
     #[test]

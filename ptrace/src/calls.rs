@@ -42,8 +42,9 @@ pub struct Outer {
     /// its stack pointer is one its caller made next.
     done: bool,
     /// For `operator new`: the family and size of the block the
-    /// allocation it makes returns, and its backtrace.
-    new: Option<(Family, u64, u32)>,
+    /// allocation it makes returns, its backtrace, and whether it is
+    /// recorded (under sampling).
+    new: Option<(Family, u64, u32, bool)>,
 }
 
 /// A call whose return is caught: its return address was replaced by the
@@ -60,6 +61,9 @@ pub struct Pending {
     time: u64,
     /// `operator new`'s family and size, for the allocation it made.
     new: Option<(Family, u64)>,
+    /// Its allocation is recorded: always, but under sampling when the
+    /// thread's count-down did not pick it.
+    picked: bool,
 }
 
 /// A thread's state between its stops.
@@ -70,6 +74,31 @@ pub struct Thread {
     /// Its registers at the entry of `exit`, if it called it: the leak
     /// scan's roots are the calling frame's, not the exit path's.
     pub exit_call: Option<Regs>,
+    /// Under sampling: bytes to its next sample point (0: none drawn
+    /// yet) and its random state (`mtrace_format::sampling::pick`).
+    pub sampling: (u64, u64),
+}
+
+/// Threads that drew a first sample point, for their seeds.
+static SAMPLING_THREADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Whether the allocation of `size` bytes thread `th` makes is recorded
+/// (always when every allocation is).
+fn pick(th: &mut Thread, s: &Settings, size: u64) -> bool {
+    if s.sample_rate == 0 {
+        return true;
+    }
+    let (left, rng) = &mut th.sampling;
+    mtrace_format::sampling::pick(left, rng, size, s.sample_rate, || {
+        let n = SAMPLING_THREADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        match s.sample_seed {
+            // As the preload: the n-th thread's points from the seed and n.
+            Some(seed) => seed ^ n.wrapping_mul(0xd1b5_4a32_d192_ed03),
+            None => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(n, |d| d.as_nanos() as u64 ^ n),
+        }
+    })
 }
 
 /// What the tracer records and how deep.
@@ -82,6 +111,12 @@ pub struct Settings {
     pub scan: bool,
     /// Also one when the tracer detaches (`attach --scan`).
     pub scan_at_detach: bool,
+    /// Sampling (`--sample-rate`, docs/SAMPLING.md): mean bytes between
+    /// recorded allocations; 0 records every one.
+    pub sample_rate: u64,
+    /// `MTRACE_SAMPLE_SEED`: the sample points' seed, for a run that
+    /// repeats.
+    pub sample_seed: Option<u64>,
 }
 
 /// The backtrace of a call stopped at its entry with return address `ret`.
@@ -186,7 +221,7 @@ pub fn entry(
         Call::LoaderState | Call::Exit => {}
         Call::Free { family } => match nested {
             None => {
-                if args[0] != 0 && (!p.static_exe || p.live.remove(&args[0])) {
+                if args[0] != 0 && (!p.keeps_live() || p.live.remove(&args[0])) {
                     let stack = if s.check_frees { backtrace(p, t, at, ret, s.depth, frames) } else { 0 };
                     p.stream.record(t, &Record::Free { time_ns: time, family, addr: args[0], stack });
                 }
@@ -207,33 +242,72 @@ pub fn entry(
         }
         Call::New { family } => {
             if nested.is_none() {
-                let stack = backtrace(p, t, at, ret, s.depth, frames);
-                th.outer = outer(args[0], false, Some((family, args[0], stack)));
+                let picked = pick(th, s, args[0]);
+                let stack = if picked { backtrace(p, t, at, ret, s.depth, frames) } else { 0 };
+                th.outer = outer(args[0], false, Some((family, args[0], stack, picked)));
             }
         }
         call => {
-            let (stack, new) = match nested {
+            let (stack, new, picked) = match nested {
                 // The allocation `operator new` makes: its block is new's.
-                Some(Outer { new: Some((family, size, stack)), .. }) => {
+                Some(Outer { new: Some((family, size, stack, picked)), .. }) => {
                     if let Some(o) = th.outer.as_mut() {
                         (o.done, o.new) = (true, None);
                     }
-                    (stack, Some((family, size)))
+                    (stack, Some((family, size)), picked)
                 }
                 Some(_) => return false,
                 None => {
                     // Its tail calls come back with the trampoline's return address.
                     th.outer = outer(args[0], true, None);
-                    (backtrace(p, t, at, ret, s.depth, frames), None)
+                    let picked = call.mapping() || pick(th, s, requested(call, &args));
+                    let stack = if picked { backtrace(p, t, at, ret, s.depth, frames) } else { 0 };
+                    (stack, None, picked)
                 }
             };
+            // Unpicked under sampling, with no block of the stream to free:
+            // nothing to record at its return.
+            let frees_sampled = matches!(call, Call::Realloc { .. }) && p.live.contains(&args[0]);
+            if !picked && !(p.sample_rate != 0 && frees_sampled) {
+                return false;
+            }
             // Under uprobes the kernel's return probe replaced it already.
             if p.uprobes || target::poke(tid, slot, &p.trampoline.to_le_bytes()).is_ok() {
-                th.pending.push(Pending { slot, ret, call, args, stack, time, new });
+                th.pending.push(Pending { slot, ret, call, args, stack, time, new, picked });
             }
         }
     }
     false
+}
+
+/// The bytes allocation `call` with arguments `args` asks for, as the
+/// count-down of sampling counts them.
+fn requested(call: Call, args: &[u64; 5]) -> u64 {
+    match call {
+        Call::Alloc { size, .. } => args[size],
+        Call::Calloc => args[0].wrapping_mul(args[1]),
+        Call::PosixMemalign => args[2],
+        Call::Realloc { array: true } => args[1].wrapping_mul(args[2]),
+        Call::Realloc { array: false } => args[1],
+        _ => 0,
+    }
+}
+
+/// Under sampling, what the stream gets of `rec`, the outcome of a call
+/// whose new block was `picked` or not (docs/SAMPLING.md: a realloc's free
+/// is recorded if the old block was sampled, its new block if picked).
+fn sampled(p: &Process, rec: Record, picked: bool) -> Option<Record> {
+    match rec {
+        Record::Alloc { .. } if !picked => None,
+        Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => match (p.live.contains(&old), picked) {
+            (true, true) => Some(rec),
+            (false, true) => Some(Record::Alloc { time_ns, family: Family::Malloc, addr: new, size, stack }),
+            (true, false) => Some(Record::Free { time_ns: free_time_ns, family: Family::Malloc, addr: old, stack: 0 }),
+            (false, false) => None,
+        },
+        Record::Free { addr, .. } if !p.live.contains(&addr) => None,
+        rec => Some(rec),
+    }
 }
 
 /// Thread `tid` came back to the trampoline with registers `r` at
@@ -301,8 +375,9 @@ pub fn returned(p: &mut Process, th: &mut Thread, tid: Pid, r: &mut Regs, stack:
         }),
         _ => None,
     };
+    let rec = if p.sample_rate != 0 { rec.and_then(|r| sampled(p, r, q.picked)) } else { rec };
     if let Some(rec) = rec {
-        if p.static_exe {
+        if p.keeps_live() {
             match rec {
                 Record::Alloc { addr, .. } => {
                     p.live.insert(addr);

@@ -62,9 +62,13 @@ pub struct Process {
     /// A statically linked program: the allocator is part of the
     /// executable, and its own calls cannot be told from the program's.
     pub static_exe: bool,
-    /// For a static program, the blocks reported live: a free of any other
-    /// address is the allocator's own (its caches), not recorded.
+    /// For a static program, or under sampling, the blocks reported live:
+    /// a free of any other address is the allocator's own (its caches) or
+    /// of a block not sampled, and not recorded ([`Process::keeps_live`]).
     pub live: rustc_hash::FxHashSet<u64>,
+    /// Under sampling (`--sample-rate`), the mean bytes between recorded
+    /// allocations (`mtrace_format::sampling`); 0: every one.
+    pub sample_rate: u64,
     /// When the resident set size was last sampled, ns of the stream.
     sampled: u64,
     /// The interposed functions are hooked by kernel uprobes (`uprobes`),
@@ -100,6 +104,7 @@ impl Process {
             unwind: Unwind::default(),
             static_exe: false,
             live: Default::default(),
+            sample_rate: 0,
             sampled: 0,
             uprobes: false,
             points: Vec::new(),
@@ -211,6 +216,7 @@ impl Process {
             unwind,
             static_exe: parent.static_exe,
             live: parent.live.clone(),
+            sample_rate: 0,
             sampled: 0,
             uprobes: parent.uprobes,
             points: parent.points.clone(),
@@ -220,7 +226,25 @@ impl Process {
             reports: 0,
         };
         p.write_modules(pid.as_raw() as u32);
+        p.sample_at(parent.sample_rate);
         Ok(p)
+    }
+
+    /// Samples allocations at `rate` bytes from now (0: records every
+    /// one), saying so in the stream.
+    pub fn sample_at(&mut self, rate: u64) {
+        self.sample_rate = rate;
+        if rate != 0 {
+            let time_ns = self.stream.now();
+            self.stream.record(self.pid.as_raw() as u32, &Record::Sampling { time_ns, rate });
+        }
+    }
+
+    /// Whether the stream holds only the blocks in [`Process::live`]: a
+    /// static program's (its allocator's own calls look like the
+    /// program's), or a sampled one's.
+    pub fn keeps_live(&self) -> bool {
+        self.static_exe || self.sample_rate != 0
     }
 
     fn write_modules(&mut self, tid: u32) {

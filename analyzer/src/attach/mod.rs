@@ -112,9 +112,6 @@ const DETACH_TIMEOUT: Duration = Duration::from_secs(10);
 /// stderr, when it could not attach (the process untouched) or report.
 pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     if a.ptrace {
-        if a.sample_rate.is_some_and(|r| r != 0) {
-            anyhow::bail!("--sample-rate: not under --ptrace yet (the tracer stops at every allocation anyway)");
-        }
         return attach_ptrace(a);
     }
     // From the start: a SIGTERM during the injection detaches right after it.
@@ -238,6 +235,8 @@ fn attach_ptrace(a: AttachArgs) -> Result<ExitCode> {
             check_frees: a.check_frees,
             scan: a.scan,
             scan_at_detach: a.scan,
+            sample_rate: a.sample_rate.unwrap_or(0),
+            sample_seed: crate::run::sample_seed(),
         },
         hooks: a.hooks.into(),
     };

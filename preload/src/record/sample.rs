@@ -41,39 +41,21 @@ pub fn rate() -> u64 {
 /// is then drawn anew.
 #[inline(always)]
 pub fn pick(slot: Slot, size: usize, rate: u64) -> bool {
-    let size = size as u64;
-    if size >= rate {
-        return true;
-    }
     let (left, rng) = slot.sampling();
-    let mut to = left.get();
-    if to == 0 {
-        to = first_point(rng, rate);
-    }
-    if size < to {
-        left.set(to - size);
-        return false;
-    }
-    left.set(draw(rng, rate));
-    true
+    let (mut l, mut r) = (left.get(), rng.get());
+    let picked = sampling::pick(&mut l, &mut r, size as u64, rate, seed);
+    left.set(l);
+    rng.set(r);
+    picked
 }
 
-/// The thread's first sample point, its random state seeded.
+/// The random state of a thread's first sample point.
 #[cold]
-fn first_point(rng: &std::cell::Cell<u64>, rate: u64) -> u64 {
+fn seed() -> u64 {
     let n = THREADS.fetch_add(1, Ordering::Relaxed);
-    let seed = if SEEDED.load(Ordering::Relaxed) {
+    if SEEDED.load(Ordering::Relaxed) {
         SEED.load(Ordering::Relaxed) ^ n.wrapping_mul(0xd1b5_4a32_d192_ed03)
     } else {
         sys::monotonic_ns() ^ (sys::gettid() as u64) << 32
-    };
-    rng.set(seed);
-    draw(rng, rate)
-}
-
-fn draw(rng: &std::cell::Cell<u64>, rate: u64) -> u64 {
-    let mut s = rng.get();
-    let u = sampling::splitmix(&mut s);
-    rng.set(s);
-    sampling::next_point(u, rate)
+    }
 }

@@ -128,7 +128,8 @@ pub fn attach(pid: i32, opts: Options, duration: Option<std::time::Duration>) ->
     let mut signals = Vec::new();
     let first = *tids.first().context("no thread could be stopped")?;
     let trace = match Process::attach(main, first, &t.opts.output, uprobes, &mut signals) {
-        Ok(p) => {
+        Ok(mut p) => {
+            p.sample_at(t.opts.settings.sample_rate);
             let trace = p.stream.path().to_string();
             t.procs.insert(main, p);
             trace
@@ -383,7 +384,8 @@ impl Tracer {
         self.threads.retain(|_, (p, _)| *p != pid);
         let mut signals = Vec::new();
         match Process::exec(pid, ppid, &self.opts.output, self.opener.is_some(), &mut signals) {
-            Ok(p) => {
+            Ok(mut p) => {
+                p.sample_at(self.opts.settings.sample_rate);
                 self.procs.insert(pid, p);
                 self.threads.insert(pid, (pid, Thread::default()));
                 self.request(pid);
@@ -401,7 +403,8 @@ impl Tracer {
             Ok(p) => {
                 // Only the forking thread lives on in the child, inside the
                 // same calls.
-                let copy = Thread { outer: th.outer, pending: th.pending.clone(), exit_call: None };
+                let copy =
+                    Thread { outer: th.outer, pending: th.pending.clone(), exit_call: None, sampling: th.sampling };
                 self.procs.insert(child, p);
                 self.threads.insert(child, (child, copy));
                 self.request(child);
