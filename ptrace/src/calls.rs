@@ -268,7 +268,7 @@ pub fn entry(
             // Unpicked under sampling, with no block of the stream to free:
             // nothing to record at its return.
             let frees_sampled = matches!(call, Call::Realloc { .. }) && p.live.contains(&args[0]);
-            if !picked && !(p.sample_rate != 0 && frees_sampled) {
+            if !picked && !frees_sampled {
                 return false;
             }
             // Under uprobes the kernel's return probe replaced it already.
