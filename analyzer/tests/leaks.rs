@@ -427,4 +427,31 @@ fn user_pools_are_reported_under_their_names() {
     assert_eq!(conn["total_allocations"], 8);
     // Without the preload the calls are no-ops and the program runs.
     assert!(std::process::Command::new(&prog).status().unwrap().success());
+    // Under --ptrace the tracer answers them (each hooks): the same.
+    for h in ptrace_hooks() {
+        let (r, out) = run_json(&dir, &["--ptrace", "--hooks", h], &prog, &[]);
+        assert!(out.status.success(), "{h}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(leaks_in(&r, "pools.c"), want, "{h}");
+    }
+}
+
+/// `mtrace_stop()` and `mtrace_start()` under --ptrace: the blocks
+/// allocated in between are not recorded, frees are. (glibc's own
+/// `mtrace()` and `muntrace()` run as they are: they mean something only
+/// to the preload.)
+#[test]
+fn start_and_stop_under_ptrace() {
+    let dir = scratch("startstop-ptrace");
+    let prog = build("startstop.c", &dir.join("startstop"), &["-g", "-O0"]);
+    let m = markers("startstop.c");
+    for h in ptrace_hooks() {
+        let (r, out) = run_json(&dir, &["--ptrace", "--hooks", h], &prog, &[]);
+        assert!(out.status.success(), "{h}: {}", String::from_utf8_lossy(&out.stderr));
+        let got: Vec<(i64, u32)> = leaks_in(&r, "startstop.c").into_iter().map(|l| (l.bytes, l.line)).collect();
+        // 903 (between stop and start) is missing; 901, freed while
+        // stopped, is gone; 905 after glibc's muntrace() is recorded.
+        let mut want = vec![(902, m["after_start"]), (904, m["after_restart"]), (905, m["after_restart"] + 2)];
+        want.sort();
+        assert_eq!(got, want, "{h}");
+    }
 }

@@ -143,6 +143,46 @@ fn signal_reports_under_ptrace_are_the_preloads() {
     }
 }
 
+/// The C API under `mtrace run --ptrace` (each hooks): the tracer points
+/// the program's weak references at stubs of its own, so `mtrace_report()`
+/// writes the same memlogs before it returns, and `mtrace_marker()` names
+/// a point of the trace.
+#[test]
+fn api_reports_under_ptrace_are_the_preloads() {
+    for h in ptrace_hooks() {
+        let (dir, prog) = setup(&format!("memlog-api-ptrace-{h}"));
+        let m = markers("steady.c");
+        let out = Command::new(mtrace())
+            .current_dir(&dir)
+            .args(["run", "--ptrace", "--hooks", h, "--no-scan", "--keep-traces", "-o", "report.txt"])
+            .arg("--trace-dir")
+            .arg(&dir)
+            .arg("--")
+            .arg(&prog)
+            .arg("api")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{h}: {}", String::from_utf8_lossy(&out.stderr));
+        let mut memlogs: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "memlog"))
+            .collect();
+        memlogs.sort();
+        assert_eq!(memlogs.len(), 3, "{h}: mtrace_report() is synchronous: {memlogs:?}");
+        let second = std::fs::read_to_string(&memlogs[1]).unwrap();
+        assert_eq!(entries(&second), vec![(-320, -5, m["kept"]), (1000, 10, m["steady"])], "{h}");
+        let traced: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().ends_with(".mtrace"))
+            .collect();
+        let listed = Command::new(mtrace()).args(["report", "--markers"]).arg(&traced[0]).output().unwrap();
+        let listed = String::from_utf8(listed.stdout).unwrap();
+        assert!(listed.lines().any(|l| l.ends_with("first")), "{h}: {listed}");
+    }
+}
+
 #[test]
 fn api_reports_and_named_markers() {
     let (dir, prog) = setup("memlog-api");

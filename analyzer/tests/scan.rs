@@ -352,6 +352,28 @@ fn the_scan_signal_under_ptrace_shows_its_moment() {
     }
 }
 
+/// `mtrace_scan()` under `mtrace run --ptrace` (each hooks): the program's
+/// weak reference points at the tracer's stub, so scan_live.c's whole run
+/// (the signal's scan, then the API's, then the one at exit) says what it
+/// says under the preload.
+#[test]
+fn the_api_scan_under_ptrace_shows_its_moment() {
+    for h in ptrace_hooks() {
+        let dir = scratch(&format!("scan-api-ptrace-{h}"));
+        let prog = build("scan_live.c", &dir.join("scan_live"), &["-g", "-O0"]);
+        let (r, out) =
+            run_json_env(&dir, &[("MTRACE_SCAN_SIGNAL", "USR2")], &["--ptrace", "--hooks", h, "--scan"], &prog, &[]);
+        assert!(out.status.success(), "{h}: {:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
+        let k = &r["kinds"];
+        let total = |kind: &str| (k[kind]["bytes"].as_u64().unwrap(), k[kind]["blocks"].as_u64().unwrap());
+        assert_eq!((total("definite"), total("reachable")), ((202, 1), (201, 1)), "{h}: at exit: {k}");
+        // Written before mtrace_scan() returned.
+        let text = std::fs::read_to_string(dir.join("api.memlog")).unwrap();
+        assert!(text.contains("201 (201 direct, 0 indirect) bytes in 1 block is definitely lost"), "{h}: {text}");
+        assert!(text.contains("still reachable: 202 bytes in 1 block"), "{h}: {text}");
+    }
+}
+
 #[test]
 fn scans_stop_threads_busy_in_the_hooks() {
     let dir = scratch("scan-busy");

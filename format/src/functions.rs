@@ -107,6 +107,46 @@ pub const LOADER_STATE: (&str, Call) = ("_dl_debug_state", Call::LoaderState);
 /// roots (the preload registers an exit handler instead).
 pub const EXIT: (&str, Call) = ("exit", Call::Exit);
 
+/// A function of mtrace's C API (include/mtrace.h). The preload defines
+/// them; the ptrace tracer points the program's references to them (weak,
+/// NULL without the preload) at breakpoints of its own and does what the
+/// preload's would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Api {
+    /// `void mtrace_start(void)`: allocations are recorded again.
+    Start,
+    /// `void mtrace_stop(void)`: allocations are not recorded (frees are).
+    Stop,
+    /// `void mtrace_marker(const char *name)`: a named marker.
+    Marker,
+    /// `int mtrace_report(const char *path)`: a report point, its memlog
+    /// written before the call returns (0; -1 when it could not be).
+    Report,
+    /// `int mtrace_scan(const char *path)`: a leak scan and its memlog.
+    Scan,
+    /// `void mtrace_alloc(const char *pool, const void *ptr, size_t size)`.
+    PoolAlloc,
+    /// `void mtrace_free(const char *pool, const void *ptr)`.
+    PoolFree,
+}
+
+/// The C API's functions by name.
+pub const API: &[(&str, Api)] = &[
+    ("mtrace_start", Api::Start),
+    ("mtrace_stop", Api::Stop),
+    ("mtrace_marker", Api::Marker),
+    ("mtrace_report", Api::Report),
+    ("mtrace_scan", Api::Scan),
+    ("mtrace_alloc", Api::PoolAlloc),
+    ("mtrace_free", Api::PoolFree),
+];
+
+/// The API function a symbol name stands for.
+pub fn api(name: &str) -> Option<Api> {
+    let base = name.split('@').next().unwrap_or(name);
+    API.iter().find(|(n, _)| *n == base).map(|&(_, a)| a)
+}
+
 /// The call a symbol name stands for (versioned names like
 /// `malloc@@GLIBC_2.2.5` included), the loader's hook and `exit` among them.
 pub fn lookup(name: &str) -> Option<Call> {

@@ -120,7 +120,7 @@ pub struct Settings {
 }
 
 /// The backtrace of a call stopped at its entry with return address `ret`.
-fn backtrace(p: &mut Process, tid: u32, at: &Entry, ret: u64, depth: usize, frames: &mut Vec<u64>) -> u32 {
+pub(crate) fn backtrace(p: &mut Process, tid: u32, at: &Entry, ret: u64, depth: usize, frames: &mut Vec<u64>) -> u32 {
     let t = std::time::Instant::now();
     frames.clear();
     p.unwind.walk(p.pid, arch::caller(at.regs, ret), at.stack, depth, frames);
@@ -242,7 +242,7 @@ pub fn entry(
         }
         Call::New { family } => {
             if nested.is_none() {
-                let picked = pick(th, s, args[0]);
+                let picked = p.collecting && pick(th, s, args[0]);
                 let stack = if picked { backtrace(p, t, at, ret, s.depth, frames) } else { 0 };
                 th.outer = outer(args[0], false, Some((family, args[0], stack, picked)));
             }
@@ -260,14 +260,14 @@ pub fn entry(
                 None => {
                     // Its tail calls come back with the trampoline's return address.
                     th.outer = outer(args[0], true, None);
-                    let picked = call.mapping() || pick(th, s, requested(call, &args));
+                    let picked = p.collecting && (call.mapping() || pick(th, s, requested(call, &args)));
                     let stack = if picked { backtrace(p, t, at, ret, s.depth, frames) } else { 0 };
                     (stack, None, picked)
                 }
             };
-            // Unpicked under sampling, with no block of the stream to free:
-            // nothing to record at its return.
-            let frees_sampled = matches!(call, Call::Realloc { .. }) && p.live.contains(&args[0]);
+            // Not picked (sampling, or `mtrace_stop()`), with no block of
+            // the stream to free: nothing to record at its return.
+            let frees_sampled = matches!(call, Call::Realloc { .. }) && recorded(p, args[0]);
             if !picked && !frees_sampled {
                 return false;
             }
@@ -293,19 +293,26 @@ fn requested(call: Call, args: &[u64; 5]) -> u64 {
     }
 }
 
-/// Under sampling, what the stream gets of `rec`, the outcome of a call
-/// whose new block was `picked` or not (docs/SAMPLING.md: a realloc's free
-/// is recorded if the old block was sampled, its new block if picked).
+/// Whether the stream holds block `addr` (as far as the tracer knows:
+/// when it keeps no set of them, any).
+fn recorded(p: &Process, addr: u64) -> bool {
+    !p.keeps_live() || p.live.contains(&addr)
+}
+
+/// Under sampling or `mtrace_stop()`, what the stream gets of `rec`, the
+/// outcome of a call whose new block was `picked` or not
+/// (docs/SAMPLING.md: a realloc's free is recorded if the old block was,
+/// its new block if picked).
 fn sampled(p: &Process, rec: Record, picked: bool) -> Option<Record> {
     match rec {
-        Record::Alloc { .. } if !picked => None,
-        Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => match (p.live.contains(&old), picked) {
+        Record::Alloc { .. } | Record::Mmap { .. } | Record::Mremap { .. } if !picked => None,
+        Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => match (recorded(p, old), picked) {
             (true, true) => Some(rec),
             (false, true) => Some(Record::Alloc { time_ns, family: Family::Malloc, addr: new, size, stack }),
             (true, false) => Some(Record::Free { time_ns: free_time_ns, family: Family::Malloc, addr: old, stack: 0 }),
             (false, false) => None,
         },
-        Record::Free { addr, .. } if !p.live.contains(&addr) => None,
+        Record::Free { addr, .. } if !recorded(p, addr) => None,
         rec => Some(rec),
     }
 }
@@ -375,7 +382,7 @@ pub fn returned(p: &mut Process, th: &mut Thread, tid: Pid, r: &mut Regs, stack:
         }),
         _ => None,
     };
-    let rec = if p.sample_rate != 0 { rec.and_then(|r| sampled(p, r, q.picked)) } else { rec };
+    let rec = if p.sample_rate != 0 || !q.picked { rec.and_then(|r| sampled(p, r, q.picked)) } else { rec };
     if let Some(rec) = rec {
         if p.keeps_live() {
             match rec {

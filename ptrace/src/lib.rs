@@ -22,6 +22,7 @@
 //! attached to), [`inject`] calls a function inside it (`dlopen` of
 //! libmtrace.so) from a thread that holds no lock the call needs.
 
+mod api;
 mod arch;
 mod calls;
 mod funcs;

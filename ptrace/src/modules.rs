@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use mtrace_format::maps::Mapping;
 use mtrace_format::{Module, Segment};
 use nix::unistd::Pid;
-use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable, RelocationTarget, SymbolKind};
 
 use crate::funcs::{self, Call};
 
@@ -41,6 +41,10 @@ pub struct Loaded {
     pub eh_frame: Option<(u64, Bytes)>,
     /// .text: (file address, length).
     pub text: Option<(u64, u64)>,
+    /// Its references to mtrace's C API (weak, NULL without the preload):
+    /// the GOT slots the loader fills with their addresses, and the
+    /// function of each (api.rs points them at the tracer's breakpoints).
+    pub api_slots: Vec<(u64, funcs::Api)>,
 }
 
 /// A line of /proc/PID/maps for a file: (start, end, file offset, path).
@@ -135,6 +139,17 @@ fn load(path: &str, start: u64, end: u64, off: u64) -> Result<Option<Loaded>> {
         file.section_by_name(name).and_then(|s| Some((s.address(), Bytes(s.uncompressed_data().ok()?.into()))))
     };
     let text = file.section_by_name(".text").map(|s| (s.address(), s.size()));
+    // GLOB_DAT and JUMP_SLOT relocations naming an API function.
+    let mut api_slots = Vec::new();
+    if let (Some(relocs), Some(dynsym)) = (file.dynamic_relocations(), file.dynamic_symbol_table()) {
+        for (offset, r) in relocs {
+            let RelocationTarget::Symbol(i) = r.target() else { continue };
+            let Ok(sym) = dynsym.symbol_by_index(i) else { continue };
+            if let Some(api) = sym.name().ok().and_then(funcs::api) {
+                api_slots.push((bias.wrapping_add(offset), api));
+            }
+        }
+    }
     Ok(Some(Loaded {
         module: Module { path: path.to_owned(), bias, build_id, segments },
         range: (start, end),
@@ -142,6 +157,7 @@ fn load(path: &str, start: u64, end: u64, off: u64) -> Result<Option<Loaded>> {
         eh_frame_hdr: section(".eh_frame_hdr"),
         eh_frame: section(".eh_frame"),
         text,
+        api_slots,
     }))
 }
 

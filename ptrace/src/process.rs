@@ -85,6 +85,16 @@ pub struct Process {
     pub dead_stacks: Vec<(u64, u64)>,
     /// Report points made so far (reports.rs).
     pub reports: u64,
+    /// The C API's stubs (api.rs): each function's breakpoint address.
+    pub api: Vec<(crate::funcs::Api, u64)>,
+    /// The GOT slots of the API's references are to be written again at
+    /// the next entry of an interposed function (api.rs says why).
+    pub api_pending: bool,
+    /// Allocations are recorded (`mtrace_start()`/`mtrace_stop()`).
+    pub collecting: bool,
+    /// Pool names given to `mtrace_alloc()` in this stream; a pool's id is
+    /// its index + 1.
+    pub pools: Vec<String>,
 }
 
 /// How often the resident set size is sampled while the program makes
@@ -112,6 +122,10 @@ impl Process {
             scanned: false,
             dead_stacks: Vec::new(),
             reports: 0,
+            api: Vec::new(),
+            api_pending: false,
+            collecting: true,
+            pools: Vec::new(),
         }
     }
 
@@ -224,6 +238,10 @@ impl Process {
             scanned: false,
             dead_stacks: Vec::new(),
             reports: 0,
+            api: parent.api.clone(),
+            api_pending: parent.api_pending,
+            collecting: parent.collecting,
+            pools: Vec::new(),
         };
         p.write_modules(pid.as_raw() as u32);
         p.sample_at(parent.sample_rate);
@@ -299,12 +317,15 @@ impl Process {
         if changed {
             self.write_modules(tid.as_raw() as u32);
         }
+        if self.modules.iter().any(|m| !m.api_slots.is_empty()) {
+            self.patch_api(tid, signals);
+        }
         Ok(())
     }
 
     /// A scratch slot within reach of `near` (mapping a new page there if
     /// none has room).
-    fn slot(&mut self, tid: Pid, near: u64, signals: &mut Vec<nix::sys::signal::Signal>) -> Result<u64> {
+    pub(crate) fn slot(&mut self, tid: Pid, near: u64, signals: &mut Vec<nix::sys::signal::Signal>) -> Result<u64> {
         let fits = |s: &Scratch| s.used + SLOT <= s.len && s.start.abs_diff(near) < NEAR;
         if let Some(s) = self.scratch.iter_mut().find(|s| fits(s)) {
             let at = s.start + s.used;

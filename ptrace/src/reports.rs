@@ -63,23 +63,43 @@ pub fn scan_signal() -> Option<nix::sys::signal::Signal> {
 /// `since_previous` false everything live there (a scan's). False when
 /// the analyzer cannot be started (the point stays a marker).
 pub fn point(stream: &mut Stream, tid: Pid, pid: Pid, seq: u64, name: &str, since_previous: bool) -> bool {
+    point_to(stream, tid, pid, seq, name, since_previous, None).is_some()
+}
+
+/// [`point`], the memlog written to `out` when given (the C API's
+/// `mtrace_report(path)`); the analyzer's process, to wait for.
+pub fn point_to(
+    stream: &mut Stream,
+    tid: Pid,
+    pid: Pid,
+    seq: u64,
+    name: &str,
+    since_previous: bool,
+    out: Option<&str>,
+) -> Option<std::process::Child> {
     let time_ns = stream.now();
     stream.record(tid.as_raw() as u32, &Record::Marker { time_ns, seq, name: name.to_owned() });
     stream.sync();
-    let dir = std::env::var(settings::REPORT_DIR.name()).map_or_else(|_| std::path::PathBuf::from("."), Into::into);
-    let out = dir.join(format!("{}-{pid}-{seq}.memlog", stream.program()));
-    let argv = report_point_argv(stream.path(), seq, &out.display().to_string(), since_previous);
-    let Ok(me) = std::env::current_exe() else { return false };
+    let out = out.map_or_else(
+        || {
+            let dir =
+                std::env::var(settings::REPORT_DIR.name()).map_or_else(|_| std::path::PathBuf::from("."), Into::into);
+            dir.join(format!("{}-{pid}-{seq}.memlog", stream.program())).display().to_string()
+        },
+        str::to_owned,
+    );
+    let argv = report_point_argv(stream.path(), seq, &out, since_previous);
+    let me = std::env::current_exe().ok()?;
     let started = std::process::Command::new(me)
         .args(&argv[1..])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .spawn();
     match started {
-        Ok(_) => true,
+        Ok(c) => Some(c),
         Err(e) => {
             eprintln!("mtrace: report point {seq} of process {pid}: {e}");
-            false
+            None
         }
     }
 }

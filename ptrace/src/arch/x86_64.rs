@@ -38,6 +38,13 @@ impl Regs {
     pub fn result(&self) -> u64 {
         self.0.rax
     }
+    /// Returns from a function stopped at its entry with result `v`: the
+    /// ip from the return address `ret` (the word at sp), sp above it.
+    pub fn return_with(&mut self, ret: u64, v: u64) {
+        self.0.rax = v;
+        self.0.rip = ret;
+        self.0.rsp += 8;
+    }
 }
 
 /// The user registers a uprobe samples (perf's numbering,

@@ -30,6 +30,7 @@ use crate::uprobes::{Opener, Probes};
 use mtrace_format::protocol::marker;
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 
+mod api;
 mod samples;
 use samples::Hold;
 
@@ -304,8 +305,11 @@ impl Tracer {
                 let _ = target::set_regs(tid, &r);
                 return resume(tid, None);
             }
+        } else if let Some(api) = p.api_at(at) {
+            return self.api_call(tid, api, r);
         } else if let Some(b) = p.breakpoints.get(&at).copied() {
             p.sample(tid.as_raw() as u32);
+            p.patch_api_after_relocation(tid);
             let hook = Hook { at: b.at, call: b.call, module: b.module };
             let at = calls::Entry { regs: &r, stack: crate::target::Stack::Live, time: p.stream.now() };
             let reload = calls::entry(p, th, tid, &hook, &at, &self.opts.settings, &mut self.frames);
