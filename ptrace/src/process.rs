@@ -164,6 +164,12 @@ impl Process {
         let statm = std::fs::read_to_string(format!("/proc/{}/statm", self.pid)).unwrap_or_default();
         let pages: u64 = statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);
         let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten().unwrap_or(4096) as u64;
+        if !self.uprobes {
+            // Breakpoints record every event when it happens: all stamped
+            // before now are in the stream, so the books enter them before
+            // the sample takes the heap's size.
+            self.stream.watermark(time_ns);
+        }
         self.stream.record(tid, &Record::Sample { time_ns, rss: pages * page });
     }
 

@@ -95,18 +95,10 @@ struct Shared {
 /// The smallest `--spool-max`, bytes: a few of the largest frames (256 KiB).
 const MIN_SPOOL: u64 = 1 << 20;
 
-/// Parses `--spool-max`: bytes, or a number with K, M or G (powers of 1024).
+/// Parses `--spool-max`: bytes, or a number with K, M or G (powers of
+/// 1024; `mtrace_format::sampling::parse_bytes`), not 0.
 fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, scale) = match t.char_indices().last() {
-        Some((i, 'k' | 'K')) => (&t[..i], 1u64 << 10),
-        Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
-        Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
-        _ => (t, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(scale))
+    mtrace_format::sampling::parse_bytes(s)
         .filter(|&n| n > 0)
         .ok_or_else(|| format!("{s:?} is not a size (like 4096, 64K, 256M, 1G)"))
 }
