@@ -69,7 +69,7 @@ pub struct RunArgs {
     /// breakpoints on the allocation functions, see --hooks): for
     /// statically linked programs and where the library cannot be loaded;
     /// slower; the leak scan runs at the end (docs/SCAN.md).
-    #[arg(long, conflicts_with = "interactive")]
+    #[arg(long)]
     ptrace: bool,
     /// With --ptrace, how the allocation functions are hooked: `uprobes`
     /// (kernel uprobes, no stop per call; root or CAP_PERFMON),
@@ -193,6 +193,9 @@ fn run_interactive(a: RunArgs) -> Result<ExitCode> {
     }
     if let Some(r) = a.sample_rate {
         server.args(["--sample-rate", &r.to_string()]);
+    }
+    if a.ptrace {
+        server.args(["--ptrace", "--hooks", a.hooks.name()]);
     }
     let mut server = server.arg("--").args(&a.command).stdin(std::process::Stdio::null()).spawn()?;
     // The server is listening once its socket exists.
@@ -409,6 +412,17 @@ pub enum Hooks {
     Uprobes,
     /// Breakpoints: a stop per call (any user who may ptrace it).
     Breakpoints,
+}
+
+impl Hooks {
+    /// The option's value, as `--hooks` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Hooks::Auto => "auto",
+            Hooks::Uprobes => "uprobes",
+            Hooks::Breakpoints => "breakpoints",
+        }
+    }
 }
 
 impl From<Hooks> for mtrace_ptrace::Hooks {

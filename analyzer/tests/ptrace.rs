@@ -442,3 +442,99 @@ fn attach_scans_at_the_detach() {
         assert_eq!(leaks_in(&r, "attach_target.c"), vec![leak(77, 1, "malloc", "lose", m["lost"])], "{h}");
     }
 }
+
+/// The console under `--ptrace` (`mtrace run --ptrace -i`, each hooks), in
+/// a terminal as a user types it: the tracer streams to the console's
+/// server and carries out its commands — a scan of the running program,
+/// a marker, stop — as the preload's writer thread does.
+#[test]
+fn the_console_under_ptrace_scans_marks_and_stops() {
+    let dir = scratch("ptrace-console");
+    let prog = build("console_leak.c", &dir.join("console_leak"), &["-g", "-O0"]);
+    for h in ptrace_hooks() {
+        let fin = dir.join(format!("final-{h}.txt"));
+        let cmd = format!(
+            "{} run --ptrace --hooks {h} -i -o {} -- {} 3000",
+            mtrace().display(),
+            fin.display(),
+            prog.display()
+        );
+        let mut p = rexpect::spawn(&cmd, Some(20_000)).unwrap();
+        p.exp_string("mtrace> ").unwrap();
+        // The ten kept blocks and the lost one are made at once.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        p.send_line("status").unwrap();
+        p.exp_string("allocation calls: 11, frees: 0").unwrap();
+        p.exp_string("mtrace> ").unwrap();
+        p.send_line("scan").unwrap();
+        p.exp_string("definitely lost: 777 bytes in 1 block").unwrap();
+        p.exp_string("still reachable: 10,045 bytes in 10 blocks").unwrap();
+        p.exp_string("mtrace> ").unwrap();
+        p.send_line("marker mid").unwrap();
+        p.exp_string("mtrace> ").unwrap();
+        p.send_line("stop").unwrap();
+        p.exp_string("mtrace> ").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        p.send_line("markers").unwrap();
+        p.exp_string(" mid").unwrap();
+        p.exp_string("mtrace> ").unwrap();
+        p.send_line("wait").unwrap();
+        p.exp_eof().unwrap();
+        // The ten blocks made after `stop` are not recorded.
+        let text = std::fs::read_to_string(&fin).unwrap();
+        assert!(text.contains("not freed:        10,822 bytes in 11 blocks"), "{h}: {text}");
+        assert!(text.contains("ended by:         exit"), "{h}: {text}");
+    }
+}
+
+/// `mtrace attach --ptrace -i` (each hooks): the console on a process
+/// traced from outside; its `scan` classifies the window's blocks (those
+/// from before the attach count as roots), and `quit` detaches and
+/// reports the window.
+#[test]
+fn attach_with_the_console_from_outside() {
+    for h in ptrace_hooks() {
+        let dir = scratch(&format!("ptrace-attach-console-{h}"));
+        let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+        let mut t = AttachTarget::start(&prog);
+        let report = dir.join("report.txt");
+        let mut a = Command::new(mtrace())
+            .args(["attach", "--ptrace", "--hooks", h, "-i", "-o"])
+            .arg(&report)
+            .arg(t.child.id().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = BufReader::new(a.stderr.take().unwrap());
+        let mut line = String::new();
+        while !line.contains("quit detaches") {
+            line.clear();
+            assert!(err.read_line(&mut line).unwrap() > 0, "{h}: no attach");
+        }
+        std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+        for cmd in ["leak 100", "lose 77", "hang 55"] {
+            assert_eq!(t.ask(cmd), format!("ok {cmd}\n"), "{h}");
+        }
+        let mut console = a.stdin.take().unwrap();
+        // A tick (100 ms) brings the records to the console.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        use std::io::Write;
+        writeln!(console, "scan").unwrap();
+        writeln!(console, "quit").unwrap();
+        drop(console);
+        let out = a.wait_with_output().unwrap();
+        assert!(out.status.success(), "{h}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("definitely lost: 77 bytes in 1 block"), "{h}: {text}");
+        assert!(text.contains("still reachable: 155 bytes in 2 blocks"), "{h}: {text}");
+        let fin = std::fs::read_to_string(&report).unwrap();
+        assert!(fin.contains("ended by:         detach"), "{h}: {fin}");
+        assert!(fin.contains("not freed:        232 bytes in 3 blocks"), "{h}: {fin}");
+        // The process runs on, untraced.
+        assert_eq!(t.ask("leak 1"), "ok leak 1\n", "{h}");
+        t.ask("quit");
+        t.child.wait().unwrap();
+    }
+}

@@ -28,6 +28,7 @@ mod calls;
 mod funcs;
 pub mod inject;
 pub mod inspect;
+mod live;
 mod modules;
 mod perf;
 mod process;

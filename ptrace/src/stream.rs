@@ -7,7 +7,6 @@
 //! threads are read a ring at a time: the tracer states the watermarks
 //! ([`Stream::watermark`]).
 
-use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 
@@ -52,6 +51,8 @@ pub struct Stream {
     /// The latest watermark written, ns.
     watermarked: u64,
     ended: bool,
+    /// To a socket (live.rs), not a file.
+    live: bool,
 }
 
 fn monotonic_ns() -> u64 {
@@ -67,40 +68,27 @@ fn realtime_ns() -> u64 {
 
 impl Stream {
     /// A new stream file for process `pid` (a taken name gets `.1`, `.2`,
-    /// … as libmtrace.so's), mode 0600.
+    /// … as libmtrace.so's), mode 0600; or, for a `pattern` of the form
+    /// `unix:PATH`, a connection to that socket, whose reader sends
+    /// commands back (live.rs).
     pub fn create(pattern: &str, pid: u32, ppid: u32) -> Result<Stream> {
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.display().to_string()).unwrap_or_default();
         let cmdline = naming::cmdline_args(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default());
         let program = naming::program_name(&cmdline);
+        if let Some(Ok(mtrace_format::address::Address::Unix(path))) = mtrace_format::address::Address::parse(pattern) {
+            let sock =
+                std::os::unix::net::UnixStream::connect(&path).with_context(|| format!("{path}: cannot connect"))?;
+            crate::live::start_ticks()?;
+            crate::live::read_commands(sock.try_clone()?, pid);
+            return Stream::start(Box::new(sock), pattern.to_owned(), program, (exe, cmdline), (pid, ppid), true);
+        }
         let base = naming::expand(pattern, pid, &program);
         let mut last = None;
         for path in naming::candidates(&base) {
             match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
                 Ok(file) => {
-                    let start = monotonic_ns();
-                    let mut header = Header::of_process(pid, ppid, exe, cmdline, (realtime_ns(), start));
-                    // The target's words (x86_64, the only CPU ported).
-                    header.pointer_size = 8;
-                    let mut file = file;
-                    let mut head = Vec::new();
-                    encode_header(&mut head, &header);
-                    file.write_all(&head)?;
-                    let s = Stream {
-                        writer: Some(writer(file, path.clone())?),
-                        path,
-                        program: program.clone(),
-                        enc: Encoder::new(),
-                        buf: Vec::with_capacity(BLOCK + 4096),
-                        tid: 0,
-                        stacks: HashMap::default(),
-                        next_stack: 1,
-                        start,
-                        latest: 0,
-                        ordered: true,
-                        watermarked: 0,
-                        ended: false,
-                    };
-                    return Ok(s);
+                    let (exe, cmdline) = (exe.clone(), cmdline.clone());
+                    return Stream::start(Box::new(file), path, program, (exe, cmdline), (pid, ppid), false);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 Err(e) => last = Some(e),
@@ -108,6 +96,48 @@ impl Stream {
         }
         Err(last.map_or_else(|| anyhow::anyhow!("no free name"), Into::into))
             .with_context(|| format!("{base}: cannot create"))
+    }
+
+    /// The stream on `out` (`path`: where it goes, for messages and
+    /// reports) of process `pid` (`ppid` its parent) running `exe` with
+    /// `cmdline`; its header written.
+    fn start(
+        mut out: Box<dyn Write + Send>,
+        path: String,
+        program: String,
+        (exe, cmdline): (String, Vec<String>),
+        (pid, ppid): (u32, u32),
+        live: bool,
+    ) -> Result<Stream> {
+        let start = monotonic_ns();
+        let mut header = Header::of_process(pid, ppid, exe, cmdline, (realtime_ns(), start));
+        // The target's words (x86_64, the only CPU ported).
+        header.pointer_size = 8;
+        let mut head = Vec::new();
+        encode_header(&mut head, &header);
+        out.write_all(&head)?;
+        Ok(Stream {
+            writer: Some(writer(out, path.clone())?),
+            path,
+            program,
+            enc: Encoder::new(),
+            buf: Vec::with_capacity(BLOCK + 4096),
+            tid: 0,
+            stacks: HashMap::default(),
+            next_stack: 1,
+            start,
+            latest: 0,
+            ordered: true,
+            watermarked: 0,
+            ended: false,
+            live,
+        })
+    }
+
+    /// The stream goes to a socket whose reader sends commands (live.rs):
+    /// no report point can read it.
+    pub fn is_live(&self) -> bool {
+        self.live
     }
 
     /// The path of the stream file (a taken name's gets a suffix).
@@ -238,11 +268,15 @@ impl Drop for Stream {
     }
 }
 
-/// The thread that compresses and writes a stream's blocks to `file`, in
+/// The thread that compresses and writes a stream's blocks to `file` (or
+/// a socket), in
 /// order; it ends when the sender is dropped. The channel has no bound:
 /// the tracer must never wait for it (the blocks come at the program's
 /// pace, far below what compression takes).
-fn writer(mut file: File, path: String) -> Result<(std::sync::mpsc::Sender<Job>, std::thread::JoinHandle<()>)> {
+fn writer(
+    mut file: Box<dyn Write + Send>,
+    path: String,
+) -> Result<(std::sync::mpsc::Sender<Job>, std::thread::JoinHandle<()>)> {
     let (to, jobs) = std::sync::mpsc::channel::<Job>();
     let done = std::thread::Builder::new().name("mtrace-writer".into()).spawn(move || {
         let mut failed = false;

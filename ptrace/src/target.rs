@@ -78,7 +78,12 @@ pub fn settle(tid: Pid, signals: &mut Vec<nix::sys::signal::Signal>) -> Result<(
 fn run_to_trap(tid: Pid, signals: &mut Vec<nix::sys::signal::Signal>) -> Result<()> {
     ptrace::cont(tid, None)?;
     loop {
-        match waitpid(tid, Some(WaitPidFlag::__WALL))? {
+        let st = match waitpid(tid, Some(WaitPidFlag::__WALL)) {
+            // The live streams' tick (live.rs).
+            Err(nix::errno::Errno::EINTR) => continue,
+            st => st?,
+        };
+        match st {
             WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGTRAP) => return Ok(()),
             WaitStatus::Stopped(_, sig) => {
                 signals.push(sig);

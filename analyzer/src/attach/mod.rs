@@ -12,6 +12,7 @@
 //! dies, the closed socket means detach too.
 
 mod interval;
+mod ptrace;
 
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -67,7 +68,7 @@ pub struct AttachArgs {
     /// instead of loading libmtrace.so into the process: for static
     /// programs, or where the library cannot be loaded; slower
     /// (docs/PTRACE.md).
-    #[arg(long, conflicts_with_all = ["interactive", "interval"])]
+    #[arg(long, conflicts_with = "interval")]
     ptrace: bool,
     /// With --ptrace, how the allocation functions are hooked: `uprobes`
     /// (kernel uprobes, no stop per call; root or CAP_PERFMON),
@@ -112,7 +113,7 @@ const DETACH_TIMEOUT: Duration = Duration::from_secs(10);
 /// stderr, when it could not attach (the process untouched) or report.
 pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     if a.ptrace {
-        return attach_ptrace(a);
+        return ptrace::attach(a);
     }
     // From the start: a SIGTERM during the injection detaches right after it.
     catch_stop_signals();
@@ -211,43 +212,6 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
         bail!("process {} ended before libmtrace.so sent anything", a.pid);
     }
     eprintln!("mtrace: detached from process {} ({} bytes of trace)", a.pid, copied);
-    let mut out = crate::output::open(a.output.as_deref())?;
-    let r = a.opts.report(&trace, Some(&mut *out))?;
-    out.flush()?;
-    if let Some(e) = r.as_ref().and_then(|r| r.summary.error.as_ref()) {
-        eprintln!("mtrace: {e}");
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `mtrace attach --ptrace`: the ptrace tracer on the process for the
-/// window, then the report of it.
-fn attach_ptrace(a: AttachArgs) -> Result<ExitCode> {
-    let dir = tempfile::Builder::new().prefix("mtrace-attach.").tempdir()?;
-    let pattern = match &a.save {
-        Some(p) => p.display().to_string(),
-        None => dir.path().join("%p.mtrace").display().to_string(),
-    };
-    let opts = mtrace_ptrace::Options {
-        output: pattern,
-        settings: mtrace_ptrace::Settings {
-            depth: a.opts.depth.unwrap_or(64).clamp(1, MAX_DEPTH),
-            check_frees: a.check_frees,
-            scan: a.scan,
-            scan_at_detach: a.scan,
-            sample_rate: a.sample_rate.unwrap_or(0),
-            sample_seed: crate::run::sample_seed(),
-        },
-        hooks: a.hooks.into(),
-    };
-    let duration = a.duration.map(Duration::from_nanos);
-    // The tracer's own path: a taken --save name gets a suffix there.
-    let (trace, outcome) = mtrace_ptrace::attach(a.pid, opts, duration)?;
-    match outcome {
-        mtrace_ptrace::Outcome::Detached(_) => eprintln!("mtrace: detached from process {}", a.pid),
-        o => eprintln!("mtrace: process {} ended ({o:?})", a.pid),
-    }
-    let trace = PathBuf::from(trace);
     let mut out = crate::output::open(a.output.as_deref())?;
     let r = a.opts.report(&trace, Some(&mut *out))?;
     out.flush()?;

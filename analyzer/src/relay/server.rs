@@ -65,6 +65,15 @@ pub struct ServerArgs {
     /// (docs/SAMPLING.md). 0: record every allocation.
     #[arg(long, value_name = "BYTES", value_parser = crate::run::bytes_arg)]
     sample_rate: Option<u64>,
+    /// Trace the program from outside with ptrace instead of libmtrace.so
+    /// (as `mtrace run --ptrace`; docs/PTRACE.md): its stream comes from
+    /// the tracer, which carries out the console's commands.
+    #[arg(long)]
+    ptrace: bool,
+    /// With --ptrace, how the allocation functions are hooked (as for
+    /// `mtrace run`).
+    #[arg(long, value_name = "HOOKS", default_value = "auto", requires = "ptrace")]
+    hooks: crate::run::Hooks,
     /// No messages of the server's own (`mtrace run -i` uses a server).
     #[arg(long, hide = true)]
     quiet: bool,
@@ -166,7 +175,7 @@ impl Listener {
 }
 
 pub fn server(a: ServerArgs) -> Result<ExitCode> {
-    let lib = crate::run::find_lib()?;
+    let lib = if a.ptrace { PathBuf::new() } else { crate::run::find_lib()? };
     if let Some(d) = a.depth {
         if !(1..=MAX_DEPTH).contains(&d) {
             bail!("-d {d}: the depth must be 1 to {MAX_DEPTH}");
@@ -215,31 +224,63 @@ pub fn server(a: ServerArgs) -> Result<ExitCode> {
         say(format!("waiting for a client before starting {}", a.command[0]));
         first = Some(accept_client(&listener, &token, &shared));
     }
-    let mut cmd = Command::new(&a.command[0]);
-    cmd.args(&a.command[1..])
-        .env("LD_PRELOAD", &lib)
-        .env(settings::OUTPUT.name(), format!("unix:{}", internal.display()));
-    if a.check_frees {
-        cmd.env(settings::CHECK_FREES.name(), "1");
-    }
-    if let Some(r) = a.sample_rate {
-        cmd.env(settings::SAMPLE_RATE.name(), r.to_string());
-    }
-    if let Some(d) = a.depth {
-        cmd.env(settings::DEPTH.name(), d.to_string());
-    }
-    let mut child = cmd.spawn().with_context(|| format!("cannot run {}", a.command[0]))?;
-    let sh = shared.clone();
-    std::thread::spawn(move || {
-        use std::os::unix::process::ExitStatusExt;
-        let st = child.wait().ok();
-        let code = st.map_or(1, |s| s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)));
+    let ended = move |sh: &Shared, code: i32| {
         // The processes' last bytes before the exit frame.
         std::thread::sleep(Duration::from_millis(100));
         sh.exit_status.store(code as u32, Ordering::Release);
         sh.append(EXIT, 0, &code.to_le_bytes());
         sh.exited.store(true, Ordering::Release);
-    });
+    };
+    let sh = shared.clone();
+    if a.ptrace {
+        let opts = mtrace_ptrace::Options {
+            output: format!("unix:{}", internal.display()),
+            settings: mtrace_ptrace::Settings {
+                depth: a.depth.unwrap_or(64).clamp(1, MAX_DEPTH),
+                check_frees: a.check_frees,
+                scan: false,
+                scan_at_detach: false,
+                sample_rate: a.sample_rate.unwrap_or(0),
+                sample_seed: crate::run::sample_seed(),
+            },
+            hooks: a.hooks.into(),
+        };
+        let command = a.command.clone();
+        // One thread does all the ptrace calls (the kernel ties a tracee
+        // to the thread that seized it).
+        std::thread::spawn(move || {
+            let code = match mtrace_ptrace::run(&command, opts) {
+                Ok((_, mtrace_ptrace::Outcome::Exited(c))) => c,
+                Ok((_, mtrace_ptrace::Outcome::Signaled(s))) => 128 + s,
+                Ok((_, mtrace_ptrace::Outcome::Detached(_))) => 0,
+                Err(e) => {
+                    eprintln!("mtrace server: cannot trace {}: {e:#}", command[0]);
+                    1
+                }
+            };
+            ended(&sh, code);
+        });
+    } else {
+        let mut cmd = Command::new(&a.command[0]);
+        cmd.args(&a.command[1..])
+            .env("LD_PRELOAD", &lib)
+            .env(settings::OUTPUT.name(), format!("unix:{}", internal.display()));
+        if a.check_frees {
+            cmd.env(settings::CHECK_FREES.name(), "1");
+        }
+        if let Some(r) = a.sample_rate {
+            cmd.env(settings::SAMPLE_RATE.name(), r.to_string());
+        }
+        if let Some(d) = a.depth {
+            cmd.env(settings::DEPTH.name(), d.to_string());
+        }
+        let mut child = cmd.spawn().with_context(|| format!("cannot run {}", a.command[0]))?;
+        std::thread::spawn(move || {
+            use std::os::unix::process::ExitStatusExt;
+            let st = child.wait().ok();
+            ended(&sh, st.map_or(1, |s| s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))));
+        });
+    }
     loop {
         let client = match first.take() {
             Some(c) => c,

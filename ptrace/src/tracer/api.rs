@@ -80,6 +80,10 @@ impl Tracer {
     /// the call returns. 0, or -1 (as an int) when it could not be.
     fn api_report(&mut self, tid: Pid, pid: Pid, out: Option<String>, scan: bool, r: &Regs) -> u64 {
         const FAILED: u64 = u32::MAX as u64;
+        if self.procs.get(&pid).is_none_or(|p| p.stream.is_live()) {
+            // No file for a report to read.
+            return FAILED;
+        }
         let mut stopped = Vec::new();
         if scan {
             let others: Vec<Pid> = self.threads_of(pid).into_iter().filter(|&t| t != tid).collect();

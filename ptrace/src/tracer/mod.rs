@@ -31,6 +31,7 @@ use mtrace_format::protocol::marker;
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 
 mod api;
+mod commands;
 mod samples;
 use samples::Hold;
 
@@ -102,6 +103,10 @@ struct Tracer {
     last_whole: std::time::Instant,
     /// `MTRACE_SCAN_SIGNAL`: the signal that makes a scan's report point.
     scan_signal: Option<Signal>,
+    /// The streams go to sockets whose readers send commands (crate::live).
+    live: bool,
+    /// When the live streams were last flushed and their commands read.
+    last_tick: std::time::Instant,
 }
 
 /// Runs `cmd` traced until it ends (and every process it started), or
@@ -172,6 +177,7 @@ fn opener(opts: &Options) -> Result<Option<Opener>> {
 
 impl Tracer {
     fn new(opts: Options, main: Pid, opener: Option<Opener>) -> Tracer {
+        let opts_output = opts.output.clone();
         if opener.is_some() {
             // Some 50 events per thread: as many descriptors as allowed.
             if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
@@ -193,6 +199,8 @@ impl Tracer {
             last_drain: None,
             last_whole: std::time::Instant::now(),
             scan_signal: reports::scan_signal(),
+            live: mtrace_format::address::Address::parse(&opts_output).is_some(),
+            last_tick: std::time::Instant::now(),
         }
     }
 
@@ -215,6 +223,7 @@ impl Tracer {
             if DETACH.load(Ordering::Relaxed) {
                 return Err(Errno::EINTR);
             }
+            self.tick(false);
             self.collect();
             // Whole every few ms: then a watermark says how far the
             // stream is complete (samples.rs).
@@ -233,9 +242,13 @@ impl Tracer {
                 return Ok(Outcome::Detached(self.main.as_raw()));
             }
             let waited = std::time::Instant::now();
+            self.tick(false);
             let st = match self.next_stop() {
                 Ok(st) => st,
-                Err(Errno::EINTR) => continue,
+                Err(Errno::EINTR) => {
+                    self.tick(true);
+                    continue;
+                }
                 Err(Errno::ECHILD) => break,
                 Err(e) => return Err(e).context("waitpid"),
             };
@@ -428,6 +441,11 @@ impl Tracer {
             return false;
         }
         let Some(p) = self.procs.get_mut(&pid) else { return false };
+        if p.stream.is_live() {
+            // No file for a report to read: as the preload, which
+            // installs no handler then.
+            return false;
+        }
         p.reports += 1;
         reports::point(&mut p.stream, tid, pid, p.reports, marker::SIGNAL, true);
         true
@@ -440,7 +458,7 @@ impl Tracer {
     /// preload's; false to deliver it.
     fn scan_point(&mut self, tid: Pid, sig: Signal) -> bool {
         let Some(&(pid, _)) = self.threads.get(&tid) else { return false };
-        if !reports::default_disposition(pid, sig as i32) {
+        if !reports::default_disposition(pid, sig as i32) || self.procs.get(&pid).is_none_or(|p| p.stream.is_live()) {
             return false;
         }
         let Ok(r) = target::regs(tid) else { return false };

@@ -1,0 +1,126 @@
+//! `mtrace attach --ptrace`: the ptrace tracer on the process for the
+//! window (no library loaded), then the report of it; with `-i`, the
+//! console on the way, the tracer's stream coming over a socket as the
+//! library's does (ptrace/src/live.rs carries out the commands).
+
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use mtrace_format::protocol::{Command, MAX_DEPTH};
+
+use super::{accept, copy_stream, AttachArgs, Session, DETACH_TIMEOUT, STOP};
+
+/// The tracer's options for `a`, its stream going to `output`.
+fn options(a: &AttachArgs, output: String) -> mtrace_ptrace::Options {
+    mtrace_ptrace::Options {
+        output,
+        settings: mtrace_ptrace::Settings {
+            depth: a.opts.depth.unwrap_or(64).clamp(1, MAX_DEPTH),
+            check_frees: a.check_frees,
+            scan: a.scan,
+            scan_at_detach: a.scan,
+            sample_rate: a.sample_rate.unwrap_or(0),
+            sample_seed: crate::run::sample_seed(),
+        },
+        hooks: a.hooks.into(),
+    }
+}
+
+/// Writes the report of `trace` as `a` asks.
+fn report(a: &AttachArgs, trace: &std::path::Path) -> Result<ExitCode> {
+    let mut out = crate::output::open(a.output.as_deref())?;
+    let r = a.opts.report(trace, Some(&mut *out))?;
+    out.flush()?;
+    if let Some(e) = r.as_ref().and_then(|r| r.summary.error.as_ref()) {
+        eprintln!("mtrace: {e}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `mtrace attach --ptrace`.
+pub fn attach(a: AttachArgs) -> Result<ExitCode> {
+    if a.interactive {
+        return interactive(a);
+    }
+    let dir = tempfile::Builder::new().prefix("mtrace-attach.").tempdir()?;
+    let pattern = match &a.save {
+        Some(p) => p.display().to_string(),
+        None => dir.path().join("%p.mtrace").display().to_string(),
+    };
+    let duration = a.duration.map(Duration::from_nanos);
+    // The tracer's own path: a taken --save name gets a suffix there.
+    let (trace, outcome) = mtrace_ptrace::attach(a.pid, options(&a, pattern), duration)?;
+    match outcome {
+        mtrace_ptrace::Outcome::Detached(_) => eprintln!("mtrace: detached from process {}", a.pid),
+        o => eprintln!("mtrace: process {} ended ({o:?})", a.pid),
+    }
+    report(&a, &PathBuf::from(trace))
+}
+
+/// `mtrace attach --ptrace -i`: the tracer (a thread of its own: the
+/// kernel ties a tracee to the thread that seized it) streams to a socket
+/// of ours; the console reads the copy of it and sends its commands back.
+/// Leaving the console detaches.
+fn interactive(a: AttachArgs) -> Result<ExitCode> {
+    let dir = tempfile::Builder::new().prefix("mtrace-attach.").tempdir()?;
+    let sock = dir.path().join("stream.sock");
+    let listener = UnixListener::bind(&sock).with_context(|| format!("{}: cannot listen", sock.display()))?;
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
+    listener.set_nonblocking(true)?;
+    let opts = options(&a, format!("unix:{}", sock.display()));
+    let pid = a.pid;
+    let tracer = std::thread::spawn(move || mtrace_ptrace::attach(pid, opts, None));
+    let stream = match accept(&listener) {
+        Ok(s) => s,
+        Err(e) => {
+            // The tracer says why it did not connect.
+            return match tracer.join() {
+                Ok(Err(why)) => Err(why),
+                _ => Err(e),
+            };
+        }
+    };
+    eprintln!("mtrace: attached to process {pid} from outside (ptrace); quit detaches");
+    let trace = match &a.save {
+        Some(p) => p.clone(),
+        None => dir.path().join(format!("{pid}.mtrace")),
+    };
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&trace)
+        .with_context(|| format!("{}: cannot create", trace.display()))?;
+    let mut control = stream.try_clone()?;
+    let copier = std::thread::spawn(move || copy_stream(stream, file));
+    {
+        let mut live = Session { control: control.try_clone()?, trace: trace.clone(), copier: &copier };
+        let _ = crate::console::run(&mut live, &a.opts)?;
+        STOP.store(true, Ordering::Relaxed);
+    }
+    if !copier.is_finished() {
+        let _ = control.write_all(Command::Detach.line().as_bytes());
+        let until = Instant::now() + DETACH_TIMEOUT;
+        while !copier.is_finished() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let copied = copier.join().map_err(|_| anyhow!("the stream reader failed"))??;
+    match tracer.join() {
+        Ok(Ok((_, mtrace_ptrace::Outcome::Detached(_)))) => eprintln!("mtrace: detached from process {pid}"),
+        Ok(Ok((_, o))) => eprintln!("mtrace: process {pid} ended ({o:?})"),
+        Ok(Err(e)) => eprintln!("mtrace: {e:#}"),
+        Err(_) => bail!("the tracer failed"),
+    }
+    if copied == 0 {
+        bail!("the tracer sent nothing for process {pid}");
+    }
+    report(&a, &trace)
+}

@@ -1,0 +1,92 @@
+//! The tracer's side of live streams (crate::live): every tick it hands
+//! what it collected to the writers, so that the console sees the program
+//! as it is, and carries out the commands that came back — what
+//! preload/src/stream/control.rs does for libmtrace.so.
+
+use std::sync::atomic::Ordering;
+
+use mtrace_format::protocol::{marker, Command};
+use mtrace_format::Record;
+use nix::unistd::Pid;
+
+use super::{resume, Tracer};
+use crate::live;
+use crate::snapshot;
+use crate::spawn::DETACH;
+use crate::stats;
+
+impl Tracer {
+    /// Flushes the live streams and carries out the commands that
+    /// arrived, if a tick has passed since the last time (or `now`).
+    pub(super) fn tick(&mut self, now: bool) {
+        if !self.live || (!now && self.last_tick.elapsed() < live::TICK) {
+            return;
+        }
+        self.last_tick = std::time::Instant::now();
+        for (pid, cmd) in live::take() {
+            self.command(Pid::from_raw(pid as i32), cmd);
+        }
+        for p in self.procs.values_mut() {
+            if !p.uprobes {
+                let time_ns = p.stream.now();
+                p.stream.watermark(time_ns);
+            }
+            p.stream.flush();
+        }
+    }
+
+    /// Carries out `cmd`, which came on process `pid`'s stream.
+    fn command(&mut self, pid: Pid, cmd: Command) {
+        let tid = pid.as_raw() as u32;
+        match cmd {
+            Command::Start | Command::Stop => {
+                if let Some(p) = self.procs.get_mut(&pid) {
+                    let on = cmd == Command::Start;
+                    if p.collecting != on {
+                        p.collecting = on;
+                        let time_ns = p.stream.now();
+                        p.stream.record(tid, &Record::Coverage { time_ns, collecting: on, whole: false });
+                    }
+                }
+            }
+            Command::Depth(d) => self.opts.settings.depth = d,
+            Command::Marker(name) => {
+                if let Some(p) = self.procs.get_mut(&pid) {
+                    let time_ns = p.stream.now();
+                    p.stream.record(tid, &Record::Marker { time_ns, seq: 0, name });
+                }
+            }
+            Command::Scan => self.scan_now(pid),
+            // Every process: the tracer leaves as a whole.
+            Command::Detach => DETACH.store(true, Ordering::Relaxed),
+        }
+    }
+
+    /// The console's `scan`: every thread of process `pid` stopped where
+    /// it is, the leak scan's snapshot, then a `scan` marker.
+    fn scan_now(&mut self, pid: Pid) {
+        let tids = self.threads_of(pid);
+        let stopped = self.interrupt_all(&tids);
+        if let Some(p) = self.procs.get_mut(&pid) {
+            let threads: Vec<_> = stopped.iter().map(|&(t, r, _)| snapshot::interrupted(t, r)).collect();
+            let image = snapshot::image(pid, p.static_exe);
+            let dead = p.dead_stacks.clone();
+            let started = std::time::Instant::now();
+            match snapshot::take(&mut p.stream, pid, &threads, &dead, image) {
+                Ok(w) => {
+                    stats::scanned(w.bytes, started);
+                    let time_ns = p.stream.now();
+                    p.stream
+                        .record(pid.as_raw() as u32, &Record::Marker { time_ns, seq: 0, name: marker::SCAN.into() });
+                    p.stream.flush();
+                }
+                Err(e) => eprintln!("mtrace: no leak scan of process {pid}: {e:#}"),
+            }
+        }
+        for (t, _, held) in stopped {
+            if !held {
+                resume(t, None);
+            }
+        }
+    }
+}
