@@ -454,18 +454,25 @@ fn the_console_under_ptrace_scans_marks_and_stops() {
     for h in ptrace_hooks() {
         let fin = dir.join(format!("final-{h}.txt"));
         let cmd = format!(
-            "{} run --ptrace --hooks {h} -i -o {} -- {} 3000",
+            "{} run --ptrace --hooks {h} -i -o {} -- {} 6000",
             mtrace().display(),
             fin.display(),
             prog.display()
         );
         let mut p = rexpect::spawn(&cmd, Some(20_000)).unwrap();
         p.exp_string("mtrace> ").unwrap();
-        // The ten kept blocks and the lost one are made at once.
-        std::thread::sleep(std::time::Duration::from_millis(500));
-        p.send_line("status").unwrap();
-        p.exp_string("allocation calls: 11, frees: 0").unwrap();
-        p.exp_string("mtrace> ").unwrap();
+        // The ten kept blocks and the lost one are made at once, once the
+        // tracer has its hooks in (a slow start under a loaded test run).
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            p.send_line("status").unwrap();
+            let got = p.exp_string("mtrace> ").unwrap();
+            if got.contains("allocation calls: 11, frees: 0") {
+                break;
+            }
+            assert!(std::time::Instant::now() < until, "{h}: {got}");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
         p.send_line("scan").unwrap();
         p.exp_string("definitely lost: 777 bytes in 1 block").unwrap();
         p.exp_string("still reachable: 10,045 bytes in 10 blocks").unwrap();
@@ -474,10 +481,16 @@ fn the_console_under_ptrace_scans_marks_and_stops() {
         p.exp_string("mtrace> ").unwrap();
         p.send_line("stop").unwrap();
         p.exp_string("mtrace> ").unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(400));
-        p.send_line("markers").unwrap();
-        p.exp_string(" mid").unwrap();
-        p.exp_string("mtrace> ").unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            p.send_line("markers").unwrap();
+            let got = p.exp_string("mtrace> ").unwrap();
+            if got.contains(" mid") {
+                break;
+            }
+            assert!(std::time::Instant::now() < until, "{h}: {got}");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
         p.send_line("wait").unwrap();
         p.exp_eof().unwrap();
         // The ten blocks made after `stop` are not recorded.
