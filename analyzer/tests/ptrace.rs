@@ -463,16 +463,7 @@ fn the_console_under_ptrace_scans_marks_and_stops() {
         p.exp_string("mtrace> ").unwrap();
         // The ten kept blocks and the lost one are made at once, once the
         // tracer has its hooks in (a slow start under a loaded test run).
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        loop {
-            p.send_line("status").unwrap();
-            let got = p.exp_string("mtrace> ").unwrap();
-            if got.contains("allocation calls: 11, frees: 0") {
-                break;
-            }
-            assert!(std::time::Instant::now() < until, "{h}: {got}");
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
+        ask_until(&mut p, "status", "allocation calls: 11, frees: 0", h);
         p.send_line("scan").unwrap();
         p.exp_string("definitely lost: 777 bytes in 1 block").unwrap();
         p.exp_string("still reachable: 10,045 bytes in 10 blocks").unwrap();
@@ -481,22 +472,27 @@ fn the_console_under_ptrace_scans_marks_and_stops() {
         p.exp_string("mtrace> ").unwrap();
         p.send_line("stop").unwrap();
         p.exp_string("mtrace> ").unwrap();
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        loop {
-            p.send_line("markers").unwrap();
-            let got = p.exp_string("mtrace> ").unwrap();
-            if got.contains(" mid") {
-                break;
-            }
-            assert!(std::time::Instant::now() < until, "{h}: {got}");
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
+        ask_until(&mut p, "markers", " mid", h);
         p.send_line("wait").unwrap();
         p.exp_eof().unwrap();
         // The ten blocks made after `stop` are not recorded.
         let text = std::fs::read_to_string(&fin).unwrap();
         assert!(text.contains("not freed:        10,822 bytes in 11 blocks"), "{h}: {text}");
         assert!(text.contains("ended by:         exit"), "{h}: {text}");
+    }
+}
+
+/// Asks the console `cmd` until its answer contains `want` (5 s at most).
+fn ask_until(p: &mut rexpect::session::PtySession, cmd: &str, want: &str, h: &str) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        p.send_line(cmd).unwrap();
+        let got = p.exp_string("mtrace> ").unwrap();
+        if got.contains(want) {
+            return;
+        }
+        assert!(std::time::Instant::now() < until, "{h}: {cmd}: {got}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }
 

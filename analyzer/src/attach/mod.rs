@@ -155,17 +155,7 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
         a.pid,
         stopped_for.as_millis()
     );
-    let trace = match &a.save {
-        Some(p) => p.clone(),
-        None => dir.path().join(format!("{}.mtrace", a.pid)),
-    };
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&trace)
-        .with_context(|| format!("{}: cannot create", trace.display()))?;
+    let (trace, file) = trace_file(&a, dir.path())?;
     let mut control = stream.try_clone()?;
     let copier = std::thread::spawn(move || copy_stream(stream, file));
     if a.interactive {
@@ -287,6 +277,23 @@ fn inject_library(pid: i32, t: &mtrace_ptrace::inspect::Target, lib: &std::path:
         -2 => bail!("process {pid} is traced already (by another mtrace attach)"),
         _ => bail!("libmtrace.so could not start tracing in process {pid} (its stderr says why)"),
     }
+}
+
+/// The window's trace file, 0600: `--save FILE`, else `PID.mtrace` in
+/// `dir`.
+fn trace_file(a: &AttachArgs, dir: &std::path::Path) -> Result<(PathBuf, std::fs::File)> {
+    let trace = match &a.save {
+        Some(p) => p.clone(),
+        None => dir.join(format!("{}.mtrace", a.pid)),
+    };
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&trace)
+        .with_context(|| format!("{}: cannot create", trace.display()))?;
+    Ok((trace, file))
 }
 
 /// The connection from the library, waited for up to [`CONNECT_TIMEOUT`].

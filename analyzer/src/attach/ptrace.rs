@@ -4,7 +4,7 @@
 //! library's does (ptrace/src/live.rs carries out the commands).
 
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use mtrace_format::protocol::{Command, MAX_DEPTH};
 
-use super::{accept, copy_stream, AttachArgs, Session, DETACH_TIMEOUT, STOP};
+use super::{accept, copy_stream, trace_file, AttachArgs, Session, DETACH_TIMEOUT, STOP};
 
 /// The tracer's options for `a`, its stream going to `output`.
 fn options(a: &AttachArgs, output: String) -> mtrace_ptrace::Options {
@@ -87,17 +87,7 @@ fn interactive(a: AttachArgs) -> Result<ExitCode> {
         }
     };
     eprintln!("mtrace: attached to process {pid} from outside (ptrace); quit detaches");
-    let trace = match &a.save {
-        Some(p) => p.clone(),
-        None => dir.path().join(format!("{pid}.mtrace")),
-    };
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&trace)
-        .with_context(|| format!("{}: cannot create", trace.display()))?;
+    let (trace, file) = trace_file(&a, dir.path())?;
     let mut control = stream.try_clone()?;
     let copier = std::thread::spawn(move || copy_stream(stream, file));
     {

@@ -6,14 +6,13 @@ use mtrace_format::protocol::marker;
 use mtrace_format::Record;
 use nix::unistd::Pid;
 
-use super::{resume, Tracer};
+use super::{resume, resume_interrupted, snapshot_now, Tracer};
 use crate::api::read_string;
 use crate::arch::Regs;
 use crate::calls;
 use crate::funcs::Api;
 use crate::reports;
 use crate::snapshot;
-use crate::stats;
 use crate::target;
 
 impl Tracer {
@@ -93,26 +92,15 @@ impl Tracer {
             if scan {
                 let mut threads = vec![snapshot::calling_exit(tid, *r)];
                 threads.extend(stopped.iter().map(|&(t, r, _)| snapshot::interrupted(t, r)));
-                let image = snapshot::image(pid, p.static_exe);
-                let dead = p.dead_stacks.clone();
-                let started = std::time::Instant::now();
-                match snapshot::take(&mut p.stream, pid, &threads, &dead, image) {
-                    Ok(w) => stats::scanned(w.bytes, started),
-                    Err(e) => {
-                        eprintln!("mtrace: no leak scan of process {pid}: {e:#}");
-                        return None;
-                    }
+                if !snapshot_now(p, pid, &threads) {
+                    return None;
                 }
             }
             p.reports += 1;
             let name = if scan { marker::SCAN } else { "mtrace_report" };
             reports::point_to(&mut p.stream, tid, pid, p.reports, name, !scan, out.as_deref())
         });
-        for (t, _, held) in stopped {
-            if !held {
-                resume(t, None);
-            }
-        }
+        resume_interrupted(stopped);
         match child.map(|mut c| c.wait()) {
             Some(Ok(status)) if status.success() => 0,
             _ => FAILED,

@@ -9,11 +9,10 @@ use mtrace_format::protocol::{marker, Command};
 use mtrace_format::Record;
 use nix::unistd::Pid;
 
-use super::{resume, Tracer};
+use super::{resume_interrupted, snapshot_now, Tracer};
 use crate::live;
 use crate::snapshot;
 use crate::spawn::DETACH;
-use crate::stats;
 
 impl Tracer {
     /// Flushes the live streams and carries out the commands that
@@ -69,24 +68,12 @@ impl Tracer {
         let stopped = self.interrupt_all(&tids);
         if let Some(p) = self.procs.get_mut(&pid) {
             let threads: Vec<_> = stopped.iter().map(|&(t, r, _)| snapshot::interrupted(t, r)).collect();
-            let image = snapshot::image(pid, p.static_exe);
-            let dead = p.dead_stacks.clone();
-            let started = std::time::Instant::now();
-            match snapshot::take(&mut p.stream, pid, &threads, &dead, image) {
-                Ok(w) => {
-                    stats::scanned(w.bytes, started);
-                    let time_ns = p.stream.now();
-                    p.stream
-                        .record(pid.as_raw() as u32, &Record::Marker { time_ns, seq: 0, name: marker::SCAN.into() });
-                    p.stream.flush();
-                }
-                Err(e) => eprintln!("mtrace: no leak scan of process {pid}: {e:#}"),
+            if snapshot_now(p, pid, &threads) {
+                let time_ns = p.stream.now();
+                p.stream.record(pid.as_raw() as u32, &Record::Marker { time_ns, seq: 0, name: marker::SCAN.into() });
+                p.stream.flush();
             }
         }
-        for (t, _, held) in stopped {
-            if !held {
-                resume(t, None);
-            }
-        }
+        resume_interrupted(stopped);
     }
 }

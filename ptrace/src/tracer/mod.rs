@@ -467,23 +467,12 @@ impl Tracer {
         if let Some(p) = self.procs.get_mut(&pid) {
             let mut threads = vec![snapshot::interrupted(tid, r)];
             threads.extend(stopped.iter().map(|&(t, r, _)| snapshot::interrupted(t, r)));
-            let image = snapshot::image(pid, p.static_exe);
-            let dead = p.dead_stacks.clone();
-            let started = std::time::Instant::now();
-            match snapshot::take(&mut p.stream, pid, &threads, &dead, image) {
-                Ok(w) => {
-                    stats::scanned(w.bytes, started);
-                    p.reports += 1;
-                    reports::point(&mut p.stream, tid, pid, p.reports, marker::SCAN, false);
-                }
-                Err(e) => eprintln!("mtrace: no leak scan of process {pid}: {e:#}"),
+            if snapshot_now(p, pid, &threads) {
+                p.reports += 1;
+                reports::point(&mut p.stream, tid, pid, p.reports, marker::SCAN, false);
             }
         }
-        for (t, _, held) in stopped {
-            if !held {
-                resume(t, None);
-            }
-        }
+        resume_interrupted(stopped);
         true
     }
 
@@ -727,6 +716,35 @@ impl Tracer {
 }
 
 /// Resumes a stopped thread, delivering `sig`.
+/// The leak scan's snapshot of process `pid` (`p`), with `threads`'
+/// registers and stacks, into its stream; false, with a line on stderr,
+/// when it could not be taken.
+fn snapshot_now(p: &mut Process, pid: Pid, threads: &[snapshot::Stopped]) -> bool {
+    let image = snapshot::image(pid, p.static_exe);
+    let dead = p.dead_stacks.clone();
+    let started = std::time::Instant::now();
+    match snapshot::take(&mut p.stream, pid, threads, &dead, image) {
+        Ok(w) => {
+            stats::scanned(w.bytes, started);
+            true
+        }
+        Err(e) => {
+            eprintln!("mtrace: no leak scan of process {pid}: {e:#}");
+            false
+        }
+    }
+}
+
+/// Lets the threads [`Tracer::interrupt_all`] stopped go on (not those
+/// that were held stopped already).
+fn resume_interrupted(stopped: Vec<(Pid, arch::Regs, bool)>) {
+    for (t, _, held) in stopped {
+        if !held {
+            resume(t, None);
+        }
+    }
+}
+
 fn resume(tid: Pid, sig: Option<Signal>) {
     let _ = ptrace::cont(tid, sig);
 }
