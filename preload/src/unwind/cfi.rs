@@ -16,13 +16,30 @@ use gimli::{
 };
 
 /// Immutable bytes shared between our [`Cfi`] and framehop's module.
-#[derive(Clone, Default)]
-pub struct Bytes(pub Arc<[u8]>);
+#[derive(Clone)]
+pub enum Bytes {
+    /// A copy, for a module `dlclose` may unload while a thread unwinds.
+    Copy(Arc<[u8]>),
+    /// The loaded image itself: the main executable's, mapped as long as
+    /// the process runs this image (an exec replaces this library too).
+    /// Not copied: cc1plus's unwind tables are 2.9 MiB, and the copy
+    /// read every page of them as well.
+    Image(&'static [u8]),
+}
+
+impl Default for Bytes {
+    fn default() -> Bytes {
+        Bytes::Image(&[])
+    }
+}
 
 impl Deref for Bytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.0
+        match self {
+            Bytes::Copy(b) => b,
+            Bytes::Image(b) => b,
+        }
     }
 }
 

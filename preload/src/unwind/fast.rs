@@ -15,7 +15,8 @@
 //! master list; threads clone it (the bytes are reference-counted) whenever
 //! the master's generation moved. A copy, not a view: a library unloaded
 //! by dlclose while another thread unwinds must not leave that thread
-//! reading unmapped memory.
+//! reading unmapped memory The main executable's tables are used in place (it is never
+//! unloaded).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -94,16 +95,24 @@ fn loaded_modules(mut old: Vec<Loaded>) -> Vec<Loaded> {
             return;
         }
         let Some(hdr) = phdrs.iter().find(|p| p.p_type == PT_GNU_EH_FRAME) else { return };
-        // SAFETY: PT_GNU_EH_FRAME lies in a loaded segment of this module.
-        let hdr_bytes = unsafe { crate::platform::modules::mapped(bias, hdr.p_vaddr, hdr.p_memsz) };
+        // SAFETY: PT_GNU_EH_FRAME lies in a loaded segment of this module;
+        // 'static only for the main executable's (see `keep`), whose
+        // segments stay mapped as long as this image runs; the others are
+        // copied during this call.
+        let hdr_bytes: &'static [u8] = unsafe { crate::platform::modules::mapped(bias, hdr.p_vaddr, hdr.p_memsz) };
         let Some(eh_avma) = eh_frame_address(hdr_bytes, bias.wrapping_add(hdr.p_vaddr)) else { return };
         // .eh_frame ends with a zero terminator somewhere before the end of
         // its segment; framehop finds entries through the header's table.
         let Some(&(_, seg_end)) = loads.iter().find(|r| r.0 <= eh_avma && eh_avma < r.1) else { return };
-        // SAFETY: [eh_avma, seg_end) is inside one loaded segment.
-        let eh_bytes = unsafe { crate::platform::modules::mapped(bias, eh_avma - bias, seg_end - eh_avma) };
-        let hdr_copy = Bytes(hdr_bytes.into());
-        let eh_copy = Bytes(eh_bytes.into());
+        // SAFETY: [eh_avma, seg_end) is inside one loaded segment; 'static
+        // as above.
+        let eh_bytes: &'static [u8] =
+            unsafe { crate::platform::modules::mapped(bias, eh_avma - bias, seg_end - eh_avma) };
+        // The main executable (the loader lists it first, without a
+        // name) is never unloaded: its tables are used where they are.
+        let keep = |b: &'static [u8]| if name.is_empty() { Bytes::Image(b) } else { Bytes::Copy(b.into()) };
+        let hdr_copy = keep(hdr_bytes);
+        let eh_copy = keep(eh_bytes);
         let info = ExplicitModuleSectionInfo {
             base_svma: 0,
             eh_frame_hdr_svma: Some(hdr.p_vaddr..hdr.p_vaddr + hdr.p_memsz),
