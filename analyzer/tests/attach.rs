@@ -202,6 +202,27 @@ fn refusals_name_their_cause_and_leave_the_process_alone() {
     assert_eq!(t.child.wait().unwrap().code(), Some(3));
 }
 
+/// `mtrace attach --interval 400ms --older-than 200ms` with `extra` on
+/// `t` while `work` runs, then 1.3 s, then SIGTERM: its standard output
+/// and the last view's first line.
+fn interval_views(t: &mut AttachTarget, extra: &[&str], work: impl FnOnce(&mut AttachTarget)) -> (String, String) {
+    let a = spawn_until(
+        Command::new(mtrace())
+            .args(["attach", &t.child.id().to_string(), "--interval", "400ms", "--older-than", "200ms"])
+            .args(extra)
+            .stdout(Stdio::piped()),
+        "attached to process",
+    );
+    work(t);
+    std::thread::sleep(Duration::from_millis(1300));
+    sigterm(&a);
+    let out = a.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let views = String::from_utf8_lossy(&out.stdout).into_owned();
+    let last = views.lines().rfind(|l| l.starts_with('[')).unwrap_or_default().to_owned();
+    (views, last)
+}
+
 #[test]
 fn interval_views_show_what_stays_live() {
     let dir = scratch("attach-interval");
@@ -209,25 +230,13 @@ fn interval_views_show_what_stays_live() {
     let m = markers("attach_target.c");
     let mut t = AttachTarget::start(&prog);
     let report = dir.join("report.json");
-    let a = spawn_until(
-        Command::new(mtrace())
-            .args(["attach", &t.child.id().to_string(), "--interval", "400ms", "--older-than", "200ms", "--json", "-o"])
-            .arg(&report)
-            .arg("--pprof-dir")
-            .arg(&dir)
-            .stdout(Stdio::piped()),
-        "attached to process",
-    );
-    for _ in 0..5 {
-        t.ask("leak 1000");
-        t.ask("tmp 64");
-    }
-    std::thread::sleep(Duration::from_millis(1300));
-    sigterm(&a);
-    let out = a.wait_with_output().unwrap();
-    assert!(out.status.success());
-    let views = String::from_utf8_lossy(&out.stdout);
-    let last = views.lines().rfind(|l| l.starts_with('[')).unwrap_or_default().to_owned();
+    let extra = ["--json", "-o", report.to_str().unwrap(), "--pprof-dir", dir.to_str().unwrap()];
+    let (views, last) = interval_views(&mut t, &extra, |t| {
+        for _ in 0..5 {
+            t.ask("leak 1000");
+            t.ask("tmp 64");
+        }
+    });
     assert!(last.ends_with("live for more than 0.2 s: 5,000 bytes in 5 blocks, 1 backtrace"), "{views}");
     let at = format!("keep ({}:{})", ctests_dir().join("attach_target.c").display(), m["window"]);
     assert!(views.contains("#1: 5,000 bytes in 5 blocks") && views.contains(&at), "{views}");
@@ -247,27 +256,16 @@ fn sampled_interval_views_estimate_what_stays_live() {
     let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
     let m = markers("attach_target.c");
     let mut t = AttachTarget::start(&prog);
-    let a = spawn_until(
-        Command::new(mtrace())
-            .args(["attach", &t.child.id().to_string(), "--sample-rate", "64K", "--interval", "400ms"])
-            .args(["--older-than", "200ms", "-o", "/dev/null"])
-            .stdout(Stdio::piped()),
-        "attached to process",
-    );
     // Blocks of at least the rate are always recorded: the estimate is
     // exact. The small ones come and go unseen (1 in 1,000 is sampled).
-    for _ in 0..5 {
-        t.ask("leak 100000");
-        for _ in 0..20 {
-            t.ask("tmp 64");
+    let (views, last) = interval_views(&mut t, &["--sample-rate", "64K", "-o", "/dev/null"], |t| {
+        for _ in 0..5 {
+            t.ask("leak 100000");
+            for _ in 0..20 {
+                t.ask("tmp 64");
+            }
         }
-    }
-    std::thread::sleep(Duration::from_millis(1300));
-    sigterm(&a);
-    let out = a.wait_with_output().unwrap();
-    assert!(out.status.success());
-    let views = String::from_utf8_lossy(&out.stdout);
-    let last = views.lines().rfind(|l| l.starts_with('[')).unwrap_or_default().to_owned();
+    });
     assert!(
         last.ends_with(
             "live for more than 0.2 s: 500,000 bytes in 5 blocks, 1 backtrace (estimated, sampled at 64 KiB)"

@@ -264,6 +264,17 @@ impl Process {
         }
     }
 
+    /// Allocations are recorded from now on, or not (`mtrace_start()`,
+    /// `mtrace_stop()`, the console's `start`, `stop`), said in the stream
+    /// by thread `tid`'s Coverage record when it changes.
+    pub fn set_collecting(&mut self, tid: u32, on: bool) {
+        if self.collecting != on {
+            self.collecting = on;
+            let time_ns = self.stream.now();
+            self.stream.record(tid, &Record::Coverage { time_ns, collecting: on, whole: false });
+        }
+    }
+
     /// Whether the stream holds only the blocks in [`Process::live`]: a
     /// static program's (its allocator's own calls look like the
     /// program's), or a sampled one's.

@@ -25,12 +25,7 @@ impl Tracer {
         let result = match api {
             Api::Start | Api::Stop => {
                 if let Some(p) = self.procs.get_mut(&pid) {
-                    let on = api == Api::Start;
-                    if p.collecting != on {
-                        p.collecting = on;
-                        let time_ns = p.stream.now();
-                        p.stream.record(t, &Record::Coverage { time_ns, collecting: on, whole: false });
-                    }
+                    p.set_collecting(t, api == Api::Start);
                 }
                 0
             }

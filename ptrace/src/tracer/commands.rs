@@ -40,12 +40,7 @@ impl Tracer {
         match cmd {
             Command::Start | Command::Stop => {
                 if let Some(p) = self.procs.get_mut(&pid) {
-                    let on = cmd == Command::Start;
-                    if p.collecting != on {
-                        p.collecting = on;
-                        let time_ns = p.stream.now();
-                        p.stream.record(tid, &Record::Coverage { time_ns, collecting: on, whole: false });
-                    }
+                    p.set_collecting(tid, cmd == Command::Start);
                 }
             }
             Command::Depth(d) => self.opts.settings.depth = d,
