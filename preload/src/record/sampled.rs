@@ -25,7 +25,8 @@
 //! and removed before the real free (or realloc) lets another thread be
 //! given it, so an address is never in the table twice.
 //!
-//! Cost (`scripts/bench --only sampled`): see README's "Sampling".
+//! Cost: `scripts/bench`'s "sampled" table (README, "Sampling"): 12–13 ns
+//! per malloc and free on churn.
 
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
 
