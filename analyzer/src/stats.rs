@@ -50,14 +50,11 @@ impl RunStats {
             }
         }
         let b = &mut self.histogram[bucket(size)];
-        if self.sample_rate == 0 {
-            b.0 += 1;
-            b.1 = b.1.saturating_add(size);
-        } else {
-            let w = mtrace_format::sampling::weight(size, self.sample_rate);
-            b.0 += w.round() as u64;
-            b.1 = b.1.saturating_add((size as f64 * w).round() as u64);
-        }
+        // Rounded as the books round a block (the same rule, keyed by
+        // the address), so that the counts stay unbiased.
+        let (bytes, n) = mtrace_format::sampling::estimate(size, self.sample_rate, addr ^ size.rotate_left(17));
+        b.0 += n;
+        b.1 = b.1.saturating_add(bytes);
     }
 
     /// Counts a free of `addr` by thread `tid`: temporary if it is that thread's latest allocation.

@@ -413,18 +413,14 @@ fn attach_scans_at_the_detach() {
         let m = markers("attach_target.c");
         let mut t = AttachTarget::start(&prog);
         let report = dir.join("report.json");
-        let mut a = Command::new(mtrace())
-            .args(["attach", "--ptrace", "--hooks", h, "--scan", "--json", "-o"])
-            .arg(&report)
-            .arg(t.child.id().to_string())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut err = BufReader::new(a.stderr.take().unwrap());
-        let mut line = String::new();
-        err.read_line(&mut line).unwrap();
-        assert!(line.ends_with("Ctrl-C detaches\n"), "{h}: {line}");
-        std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+        // Its first line on stderr (one line: the newline is its end).
+        let mut a = spawn_until(
+            Command::new(mtrace())
+                .args(["attach", "--ptrace", "--hooks", h, "--scan", "--json", "-o"])
+                .arg(&report)
+                .arg(t.child.id().to_string()),
+            "Ctrl-C detaches\n",
+        );
         for cmd in ["leak 100", "lose 77", "hang 55"] {
             assert_eq!(t.ask(cmd), format!("ok {cmd}\n"), "{h}");
         }

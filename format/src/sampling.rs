@@ -58,6 +58,26 @@ pub fn pick(left: &mut u64, rng: &mut u64, size: u64, rate: u64, seed: impl FnOn
     true
 }
 
+/// What one recorded allocation of `size` bytes stands for, sampled at
+/// `rate` (0: not sampled): (bytes, allocations), the bytes `size ·`
+/// [`weight`] rounded, the allocations the weight rounded up or down by
+/// `key` (any number that identifies the allocation, hashed here), in
+/// proportion to the fraction: a sum over many allocations stays
+/// unbiased, and the same allocation always counts the same (its
+/// allocation and its free cancel).
+pub fn estimate(size: u64, rate: u64, key: u64) -> (u64, u64) {
+    if rate == 0 {
+        return (size, 1);
+    }
+    let w = weight(size, rate);
+    let whole = w.floor();
+    // A uniform number in [0, 1) from the key.
+    let h = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let u = (h >> 11) as f64 / (1u64 << 53) as f64;
+    let blocks = whole as u64 + u64::from(u < w - whole);
+    ((size as f64 * w).round() as u64, blocks)
+}
+
 /// A byte count with an optional unit: `4096`, `512K`, `2M`, `1G` (also
 /// `KiB`, `MiB`, `GiB`, any case; powers of 1024). `None` for anything
 /// else or a value beyond 2^62 bytes.

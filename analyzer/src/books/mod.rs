@@ -34,27 +34,15 @@ pub struct Block {
 
 impl Block {
     /// What this block stands for in a trace sampled at `rate` bytes
-    /// (`mtrace_format::sampling`; 0: not sampled): (bytes, blocks). A
-    /// recorded heap block of `size` bytes stands for
-    /// `weight = 1 / (1 − e^(−size/rate))` blocks (1 from `rate` bytes
-    /// up), so `size · weight` bytes; mappings and pool blocks are never
-    /// sampled. The block count is rounded up or down by a hash of the
-    /// block (its size and time), in proportion to the fraction, so that
-    /// a sum over many blocks stays unbiased, and the same block always
-    /// counts the same (its allocation and its free cancel).
+    /// (0: not sampled): (bytes, blocks), by
+    /// `mtrace_format::sampling::estimate` keyed by the block's size and
+    /// time; mappings and pool blocks are never sampled.
     #[inline]
     pub fn estimate(&self, rate: u64) -> (u64, u64) {
         if rate == 0 || matches!(self.family, Family::Mmap | Family::Pool) {
             return (self.size, 1);
         }
-        let w = mtrace_format::sampling::weight(self.size, rate);
-        let whole = w.floor();
-        let frac = w - whole;
-        // A uniform number in [0, 1) from the block's own fields.
-        let h = (self.size ^ self.time.rotate_left(17)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let u = (h >> 11) as f64 / (1u64 << 53) as f64;
-        let blocks = whole as u64 + u64::from(u < frac);
-        ((self.size as f64 * w).round() as u64, blocks)
+        mtrace_format::sampling::estimate(self.size, rate, self.size ^ self.time.rotate_left(17))
     }
 }
 

@@ -7,7 +7,6 @@ use mtrace_format::Family;
 
 use super::{traced_free, traced_knowing, traced_sampled};
 use crate::platform::real::{self, next, NextFn};
-use crate::record::guard::Slot;
 use crate::record::{recorder, sample, sampled};
 use crate::unwind::Here;
 
@@ -60,20 +59,20 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     let new_sampled = std::cell::Cell::new(true);
     traced_knowing(
         false,
-        |in_hook| {
+        |slot| {
             let rate = sample::rate();
             if rate != 0 {
                 if !old.get().is_null() && !sampled::remove(p as u64) {
                     old.set(std::ptr::null_mut());
                 }
-                new_sampled.set(!in_hook || sample::pick(Slot::current(), size, rate));
+                new_sampled.set(slot.is_none_or(|s| sample::pick(s, size, rate)));
             }
             if old.get().is_null() {
                 // SAFETY: forwarded under the caller's contract.
                 return unsafe { real::realloc(p, size) };
             }
             t0.set(recorder::now());
-            if in_hook {
+            if slot.is_some() {
                 known.set(recorder::realloc_stack(here));
             }
             // glibc may abort inside on a pointer that is no live block:

@@ -9,7 +9,7 @@ pub mod fds;
 pub mod mmap;
 pub mod process;
 
-use crate::record::guard::{Entry, Guard};
+use crate::record::guard::{Entry, Guard, Slot};
 use crate::record::recorder::{self, Caller, Own};
 use crate::record::{sample, sampled};
 use crate::unwind::Here;
@@ -55,10 +55,14 @@ fn traced_as_sampled<T>(
     traced_picked(forwarding, Some(size), |_| call(), record)
 }
 
-/// [`traced_as`] whose `call` is told whether the thread entered the hook
-/// (true), or was inside one already.
+/// [`traced_as`] whose `call` is given the thread's slot when it entered
+/// the hook (`None`: it was inside one already).
 #[inline(always)]
-fn traced_knowing<T>(forwarding: bool, call: impl FnOnce(bool) -> T, record: impl FnOnce(&T, Caller) -> Own) -> T {
+fn traced_knowing<T>(
+    forwarding: bool,
+    call: impl FnOnce(Option<Slot>) -> T,
+    record: impl FnOnce(&T, Caller) -> Own,
+) -> T {
     traced_picked(forwarding, None, call, record)
 }
 
@@ -68,13 +72,13 @@ fn traced_knowing<T>(forwarding: bool, call: impl FnOnce(bool) -> T, record: imp
 fn traced_picked<T>(
     forwarding: bool,
     sampled: Option<usize>,
-    call: impl FnOnce(bool) -> T,
+    call: impl FnOnce(Option<Slot>) -> T,
     record: impl FnOnce(&T, Caller) -> Own,
 ) -> T {
     match Guard::enter_as(forwarding) {
-        Entry::Nested { forwarding: true } => call(false),
+        Entry::Nested { forwarding: true } => call(None),
         Entry::Nested { forwarding: false } => {
-            let r = call(false);
+            let r = call(None);
             record(&r, Caller::Nested);
             r
         }
@@ -85,13 +89,13 @@ fn traced_picked<T>(
                     // Inside the guard all the same: what the call
                     // allocates is its own, and a stop for the scan
                     // waits until it leaves glibc's locks.
-                    return call(true);
+                    return call(Some(g.slot()));
                 }
             }
             if g.waiting() {
                 recorder::write_nested(0, 0);
             }
-            let r = call(true);
+            let r = call(Some(g.slot()));
             if forwarding {
                 g.end_forwarding();
             }

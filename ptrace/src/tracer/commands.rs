@@ -18,7 +18,7 @@ impl Tracer {
     /// Flushes the live streams and carries out the commands that
     /// arrived, if a tick has passed since the last time (or `now`).
     pub(super) fn tick(&mut self, now: bool) {
-        if !self.live || (!now && self.last_tick.elapsed() < live::TICK) {
+        if (!now && self.last_tick.elapsed() < live::TICK) || !self.procs.values().any(|p| p.stream.is_live()) {
             return;
         }
         self.last_tick = std::time::Instant::now();

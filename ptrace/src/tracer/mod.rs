@@ -103,8 +103,6 @@ struct Tracer {
     last_whole: std::time::Instant,
     /// `MTRACE_SCAN_SIGNAL`: the signal that makes a scan's report point.
     scan_signal: Option<Signal>,
-    /// The streams go to sockets whose readers send commands (crate::live).
-    live: bool,
     /// When the live streams were last flushed and their commands read.
     last_tick: std::time::Instant,
 }
@@ -177,7 +175,6 @@ fn opener(opts: &Options) -> Result<Option<Opener>> {
 
 impl Tracer {
     fn new(opts: Options, main: Pid, opener: Option<Opener>) -> Tracer {
-        let opts_output = opts.output.clone();
         if opener.is_some() {
             // Some 50 events per thread: as many descriptors as allowed.
             if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
@@ -199,7 +196,6 @@ impl Tracer {
             last_drain: None,
             last_whole: std::time::Instant::now(),
             scan_signal: reports::scan_signal(),
-            live: mtrace_format::address::Address::parse(&opts_output).is_some(),
             last_tick: std::time::Instant::now(),
         }
     }
