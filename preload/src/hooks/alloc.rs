@@ -7,6 +7,7 @@ use mtrace_format::Family;
 
 use super::{traced_free, traced_knowing, traced_sampled};
 use crate::platform::real::{self, next, NextFn};
+use crate::record::guard::{self, Quiet};
 use crate::record::{recorder, sample, sampled};
 use crate::unwind::Here;
 
@@ -57,15 +58,37 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     // follows from its size alone.
     let old = std::cell::Cell::new(if real::in_arena(p) { std::ptr::null_mut() } else { p });
     let new_sampled = std::cell::Cell::new(true);
+    // Under sampling, (old block sampled, new block picked), once decided.
+    let decided = std::cell::Cell::new(None);
+    let rate = sample::rate();
+    if rate != 0 {
+        let skip = |slot| {
+            let both = (!old.get().is_null() && sampled::remove(p as u64), sample::pick(slot, size, rate));
+            decided.set(Some(both));
+            both == (false, false)
+        };
+        let call = |(), _| {
+            // SAFETY: forwarded under the caller's contract.
+            unsafe { real::realloc(p, size) }
+        };
+        if let Quiet::Ran(r) = guard::quiet(false, skip, (), call) {
+            return r;
+        }
+    }
     traced_knowing(
         false,
         |slot| {
-            let rate = sample::rate();
             if rate != 0 {
-                if !old.get().is_null() && !sampled::remove(p as u64) {
+                let (old_sampled, picked) = decided.take().unwrap_or_else(|| {
+                    (
+                        !old.get().is_null() && sampled::remove(p as u64),
+                        slot.is_none_or(|s| sample::pick(s, size, rate)),
+                    )
+                });
+                if !old_sampled {
                     old.set(std::ptr::null_mut());
                 }
-                new_sampled.set(slot.is_none_or(|s| sample::pick(s, size, rate)));
+                new_sampled.set(picked);
             }
             if old.get().is_null() {
                 // SAFETY: forwarded under the caller's contract.

@@ -9,7 +9,7 @@ pub mod fds;
 pub mod mmap;
 pub mod process;
 
-use crate::record::guard::{Entry, Guard, Slot};
+use crate::record::guard::{self, Entry, Guard, Quiet, Slot};
 use crate::record::recorder::{self, Caller, Own};
 use crate::record::{sample, sampled};
 use crate::unwind::Here;
@@ -75,6 +75,26 @@ fn traced_picked<T>(
     call: impl FnOnce(Option<Slot>) -> T,
     record: impl FnOnce(&T, Caller) -> Own,
 ) -> T {
+    let mut picked = false;
+    let call = match sampled {
+        Some(size) if sample::rate() != 0 => {
+            let rate = sample::rate();
+            // Not picked: inside the guard all the same, so that what the
+            // call allocates is its own, and a stop for the scan waits
+            // until it leaves glibc's locks.
+            match guard::quiet(forwarding, |slot| !sample::pick(slot, size, rate), call, |c, slot| c(Some(slot))) {
+                Quiet::Ran(r) => return r,
+                Quiet::Recorded(c) => {
+                    picked = true;
+                    c
+                }
+                Quiet::Busy(c) => c,
+            }
+        }
+        _ => call,
+    };
+    // Picked already: recorded.
+    let sampled = sampled.filter(|_| !picked);
     match Guard::enter_as(forwarding) {
         Entry::Nested { forwarding: true } => call(None),
         Entry::Nested { forwarding: false } => {
@@ -86,9 +106,6 @@ fn traced_picked<T>(
             if let Some(size) = sampled {
                 let rate = sample::rate();
                 if rate != 0 && !sample::pick(g.slot(), size, rate) {
-                    // Inside the guard all the same: what the call
-                    // allocates is its own, and a stop for the scan
-                    // waits until it leaves glibc's locks.
                     return call(Some(g.slot()));
                 }
             }
@@ -119,15 +136,31 @@ fn free_recorded(p: *mut libc::c_void) -> bool {
 /// [`traced_as`] (`operator delete` calls `free`).
 #[inline(always)]
 fn traced_free(family: Family, p: *mut libc::c_void, forwarding: bool, call: impl FnOnce()) {
+    let mut sampled = false;
+    let call = if sample::rate() != 0 && !p.is_null() {
+        // A block never sampled: out of the stream, inside the guard.
+        match guard::quiet(forwarding, |_| !sampled::remove(p as u64), call, |c, _| c()) {
+            Quiet::Ran(()) => return,
+            Quiet::Recorded(c) => {
+                sampled = true;
+                c
+            }
+            Quiet::Busy(c) => c,
+        }
+    } else {
+        call
+    };
+    // Under sampling, whether the free concerns the stream (decided once).
+    let recorded = |p| sampled || free_recorded(p);
     match Guard::enter_as(forwarding) {
         Entry::Nested { forwarding: true } => call(),
-        Entry::Nested { forwarding: false } if p.is_null() || !free_recorded(p) => call(),
+        Entry::Nested { forwarding: false } if p.is_null() || !recorded(p) => call(),
         Entry::Nested { forwarding: false } => {
             let t = recorder::now();
             call();
             recorder::nested_free(p, t);
         }
-        Entry::Hook(g) if !p.is_null() && !free_recorded(p) => {
+        Entry::Hook(g) if !p.is_null() && !recorded(p) => {
             // Not sampled: out of the stream. The forwarding flag goes
             // with the guard.
             let _ = &g;

@@ -24,10 +24,12 @@ pub extern "C" fn before_fork() {
         s.hold_for_fork();
     }
     crate::platform::allocator::hold_for_fork();
+    crate::record::sampled::hold_for_fork();
 }
 
 /// pthread_atfork parent: release what `before_fork` took.
 pub extern "C" fn after_fork_parent() {
+    crate::record::sampled::release_after_fork();
     // SAFETY: before_fork took the heap's lock, in this thread.
     unsafe { crate::platform::allocator::release_after_fork() };
     if let Some(s) = current() {
@@ -42,6 +44,7 @@ pub extern "C" fn after_fork_parent() {
 /// pthread_atfork child: a new session (the parent's buffers, copied into
 /// the child, are not written again), or none.
 pub extern "C" fn after_fork_child() {
+    crate::record::sampled::release_after_fork();
     // SAFETY: before_fork took the heap's lock, in the thread the child runs.
     unsafe { crate::platform::allocator::release_after_fork() };
     crate::snapshot::stop::reset_in_child();

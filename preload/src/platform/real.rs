@@ -223,9 +223,10 @@ pub fn libc_exit() -> usize {
 }
 
 /// True when `p` was served by the bootstrap arena (free ignores it).
+#[inline(always)]
 pub fn in_arena(p: *const c_void) -> bool {
-    let a = p as usize;
-    a >= arena_base() && a < arena_base() + ARENA_SIZE
+    // One compare: below the base wraps to a large offset.
+    (p as usize).wrapping_sub(arena_base()) < ARENA_SIZE
 }
 
 /// Requested size of an arena block (stored in the 16 bytes before it).

@@ -2,42 +2,53 @@
 //! a free must tell, cheaply, whether the stream saw its block. A free
 //! of a block the stream never saw is not recorded at all.
 //!
-//! Two parts, both lock-free:
-//! - a counting filter, [`FILTER`]: one 8-bit counter per 16 bytes of
-//!   address, modulo 16 MiB, raised by each sampled block that starts
-//!   there. A counter of 0 says "not sampled" with one load, which is the
-//!   answer for nearly every free: live sampled blocks are few (one per
-//!   `rate` bytes live, plus the large blocks). Mapped directly, not
-//!   hashed, so that neighbouring blocks share its cache lines: a heap of
-//!   N bytes touches N/16 bytes of it (a hashed 1 MiB filter missed the
-//!   cache on most frees: 74% of the free hook's time on churn). A counter
-//!   that reaches 255 stays there (it only costs its addresses the table's
-//!   look-up). It lives in .bss: its pages cost memory once written.
+//! Three parts:
+//! - a filter, [`BITS`]: one bit per 64 bytes of address, modulo 32 MiB
+//!   (64 KiB), set while a live sampled block starts there. A clear bit
+//!   says "not sampled" with one load, which is the answer for nearly
+//!   every free: live sampled blocks are few (one per `rate` bytes live,
+//!   plus the large blocks), so few bits are set (at 512K and 1 GiB live,
+//!   0.4% of them). Mapped directly, not hashed, so that neighbouring
+//!   blocks share its cache lines: a heap of N bytes touches N/512 bytes
+//!   of it. Before it, one byte per 16 bytes (a heap touched N/16) put 75%
+//!   of the free hook's time on churn on that load (L2 hits), and a hashed
+//!   filter missed the cache on most frees.
+//! - [`COUNTS`], one counter per bit, raised and lowered by the sampled
+//!   blocks under [`LOCK`], which sets a bit when its counter leaves 0 and
+//!   clears it when it returns there: a bit is set whenever a live sampled
+//!   block maps to it. Only sampled allocations and frees take the lock.
 //! - an open-addressing table of the addresses themselves, in levels of
 //!   doubling size, mapped when the one before is full where an address
-//!   hashes. An address is probed for in at most [`PROBE`] slots per level;
-//!   a removed address leaves a tombstone that a later insert reuses.
-//!   Only sampled frees, and the rare free whose counter another block
-//!   raised, look here.
+//!   hashes; lock-free. An address is probed for in at most [`PROBE`]
+//!   slots per level; a removed address leaves a tombstone that a later
+//!   insert reuses. Only sampled frees, and the rare free whose bit
+//!   another block set, look here.
 //!
 //! Correctness rests on the allocator's contract: an address is inserted
 //! after the real allocation returned it and before the program sees it,
 //! and removed before the real free (or realloc) lets another thread be
 //! given it, so an address is never in the table twice.
 //!
-//! Cost: `scripts/bench`'s "sampled" table (README, "Sampling"): 12–13 ns
-//! per malloc and free on churn.
+//! Cost: `scripts/bench`'s "sampled" table (README, "Sampling").
 
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use crate::platform::sys;
 
-/// log2 of the filter's counters (2^20 bytes = 1 MiB of .bss, for 16 MiB
-/// of addresses).
-const FILTER_BITS: u32 = 20;
-static FILTER: [AtomicU8; 1 << FILTER_BITS] = [const { AtomicU8::new(0) }; 1 << FILTER_BITS];
-/// A counter this high stays (see [`FILTER`]).
-const STUCK: u8 = u8::MAX;
+/// log2 of the filter's bits (2^19 bits = 64 KiB, for 32 MiB of addresses
+/// at 64 bytes a bit).
+const FILTER_BITS: u32 = 19;
+/// log2 of the bytes of address a bit stands for (a cache line: at most
+/// a few blocks start in one).
+const GRAIN: u32 = 6;
+static BITS: [AtomicU64; 1 << (FILTER_BITS - 6)] = [const { AtomicU64::new(0) }; 1 << (FILTER_BITS - 6)];
+/// The live sampled blocks per bit (2 MiB of .bss, written only where
+/// sampled blocks start: its pages cost memory once written).
+static COUNTS: [AtomicU32; 1 << FILTER_BITS] = [const { AtomicU32::new(0) }; 1 << FILTER_BITS];
+/// Held while a counter and its bit change (a spin lock: held for a few
+/// instructions, by sampled allocations and frees only; pthread_atfork
+/// holds it across a fork, fork.rs).
+static LOCK: AtomicBool = AtomicBool::new(false);
 
 /// Slots of level 0 (log2); level k has 2^(BASE_BITS + k).
 const BASE_BITS: u32 = 12;
@@ -59,20 +70,66 @@ fn hash(addr: u64) -> u64 {
     (addr >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
-/// The filter's counter of `addr`.
+/// The filter's bit of `addr`: its index in [`COUNTS`].
 #[inline(always)]
-fn counter(addr: u64) -> &'static AtomicU8 {
-    &FILTER[((addr >> 4) as usize) & ((1 << FILTER_BITS) - 1)]
+fn bit(addr: u64) -> usize {
+    ((addr >> GRAIN) as usize) & ((1 << FILTER_BITS) - 1)
 }
 
-/// Raises `addr`'s counter (to [`STUCK`] at most).
+/// Whether `addr`'s bit is set (one load).
+#[inline(always)]
+fn maybe(addr: u64) -> bool {
+    let b = bit(addr);
+    BITS[b >> 6].load(Ordering::Relaxed) & (1 << (b & 63)) != 0
+}
+
+/// Takes [`LOCK`].
+fn lock() {
+    let mut spins = 0u32;
+    while LOCK.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        spins += 1;
+        if spins.is_multiple_of(64) {
+            // The holder may have been preempted.
+            // SAFETY: sched_yield takes no arguments and cannot fail here.
+            unsafe { libc::sched_yield() };
+        }
+        std::hint::spin_loop();
+    }
+}
+
+fn unlock() {
+    LOCK.store(false, Ordering::Release);
+}
+
+/// Counts a live sampled block at `addr`, setting its bit.
 fn raise(addr: u64) {
-    let _ = counter(addr).fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| (v < STUCK).then(|| v + 1));
+    let b = bit(addr);
+    lock();
+    if COUNTS[b].fetch_add(1, Ordering::Relaxed) == 0 {
+        BITS[b >> 6].fetch_or(1 << (b & 63), Ordering::Relaxed);
+    }
+    unlock();
 }
 
-/// Lowers `addr`'s counter, unless it is [`STUCK`].
+/// Uncounts a sampled block at `addr`, clearing its bit with the last.
 fn lower(addr: u64) {
-    let _ = counter(addr).fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| (v > 0 && v < STUCK).then(|| v - 1));
+    let b = bit(addr);
+    lock();
+    if COUNTS[b].fetch_sub(1, Ordering::Relaxed) == 1 {
+        BITS[b >> 6].fetch_and(!(1 << (b & 63)), Ordering::Relaxed);
+    }
+    unlock();
+}
+
+/// pthread_atfork prepare: no counter and bit are half changed when the
+/// process is copied.
+pub fn hold_for_fork() {
+    lock();
+}
+
+/// pthread_atfork parent and child: releases [`hold_for_fork`]'s lock.
+pub fn release_after_fork() {
+    unlock();
 }
 
 /// Level `k`'s slots, mapping them if `make` and not yet mapped.
@@ -140,16 +197,16 @@ pub fn insert(addr: u64) -> bool {
 }
 
 /// Whether `addr` is a live sampled block. One load when it is not, but
-/// for the rare address whose counter another block raised.
+/// for the rare address whose bit another block set.
 #[cfg(test)]
 pub fn contains(addr: u64) -> bool {
-    counter(addr).load(Ordering::Relaxed) != 0 && find(addr, hash(addr)).is_some()
+    maybe(addr) && find(addr, hash(addr)).is_some()
 }
 
 /// Removes `addr` if it is a live sampled block: true if it was.
 #[inline]
 pub fn remove(addr: u64) -> bool {
-    if counter(addr).load(Ordering::Relaxed) == 0 {
+    if !maybe(addr) {
         return false;
     }
     match find(addr, hash(addr)) {
@@ -201,5 +258,21 @@ mod tests {
         assert!(contains(base) && contains(base + 32));
         assert!(addrs.iter().skip(1).step_by(2).all(|&a| remove(a)));
         assert!(remove(base));
+    }
+
+    #[test]
+    fn a_bit_stays_set_while_any_of_its_blocks_lives() {
+        // Two blocks 32 MiB apart share a bit, as do two in one 64 bytes.
+        let a = 0x7e00_0000_0040u64;
+        let (b, c) = (a + (32 << 20), a + 32);
+        assert_eq!(bit(a), bit(b));
+        assert_eq!(bit(a), bit(c));
+        assert!(!maybe(a));
+        assert!(insert(a) && insert(b) && insert(c));
+        assert!(remove(a) && maybe(a) && contains(b) && contains(c) && !contains(a));
+        assert!(remove(c) && contains(b));
+        assert!(!remove(a));
+        assert!(remove(b));
+        assert!(!maybe(a), "the last block's free clears the bit");
     }
 }

@@ -39,8 +39,17 @@ const SIGNAL_REPORT: &str = mtrace_format::protocol::marker::SIGNAL;
 /// Marker name that follows an on-demand leak scan: its report covers
 /// everything live, classified (not the change since the last report).
 pub const SCAN_REPORT: &str = mtrace_format::protocol::marker::SCAN;
-/// How often the writer thread collects full buffers, ms.
+/// How often the writer thread wakes (commands, report and scan requests,
+/// RSS samples, full buffers), ms.
 const WRITER_POLL_MS: u64 = 5;
+/// The longest the writer goes without collecting every thread's buffer
+/// while none is full, ms. A collection interrupts every running thread
+/// of the program (`membarrier`, buffer.rs), so a quiet or sampled
+/// program is not interrupted every round: jq sampled at 512K ran 1.077x
+/// native with a collection every 5 ms and 1.037x with one every 50 ms
+/// (`scripts/ab_preload --runs 31`, docs/SAMPLING.md). It bounds what a
+/// SIGKILL loses of a quiet program and how far a live reader lags.
+const QUIET_COLLECT_MS: u64 = 50;
 /// RSS is sampled every this many writer rounds (10 ms).
 const SAMPLE_EVERY: u64 = 2;
 

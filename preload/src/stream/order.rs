@@ -41,7 +41,9 @@
 //!   precedes the clearing store), or stamps after T from now on. So
 //!   W = min(T, every `since` seen) − [`SKEW_NS`] holds, and no watermark
 //!   is written while [`UNMARKED`] is not zero.
-//! - An idle process still advances W: the writer collects every round.
+//! - An idle process still advances W: the writer collects at least
+//!   every 50 ms (`QUIET_COLLECT_MS`), and in every 5 ms round where a
+//!   buffer is full.
 //!
 //! A blocked thread with an empty buffer holds nothing back; one preempted
 //! after a marked stamp holds W at its epoch until it runs again, one
@@ -49,7 +51,7 @@
 //! an append makes the collection wait for it. A hook that waits for a
 //! report it asked for takes its mark back first (`guard::unmark_now`): the
 //! report waits for the watermark. The cost on the hot path: one load of
-//! the epoch (a line the writer changes every 5 ms) per event; for the
+//! the epoch (a line the writer changes at each collection) per event; for the
 //! marked stamps two stores to the thread's own buffer word more, no fence
 //! where `membarrier` works.
 //!

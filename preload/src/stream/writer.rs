@@ -1,13 +1,17 @@
-//! The writer thread: every 5 ms it collects every thread's buffer,
-//! compresses the round and writes it, notices loaded and unloaded
-//! libraries, samples the RSS, and makes the incremental reports asked for.
+//! The writer thread: every 5 ms it notices loaded and unloaded libraries,
+//! samples the RSS, carries out commands and makes the reports asked for,
+//! and collects every thread's buffer, compresses them and writes them:
+//! in that round if a buffer is full, else every 50 ms.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use mtrace_format::{Encoder, Record};
 
-use super::{current, order, Session, ThreadBuf, BUF_CAP, PENDING_MAX, SAMPLE_EVERY, SIGNAL_REPORT, WRITER_POLL_MS};
+use super::{
+    current, order, Session, ThreadBuf, BUF_CAP, PENDING_MAX, QUIET_COLLECT_MS, SAMPLE_EVERY, SIGNAL_REPORT,
+    WRITER_POLL_MS,
+};
 
 /// While idle, an RSS sample at least every this many sampling rounds (1 s).
 const IDLE_SAMPLE_EVERY: u64 = 100;
@@ -26,8 +30,8 @@ impl Session {
     }
 
     /// Writes every thread's buffered records, the buffer being filled
-    /// included, so that no event waits in a quiet thread for long (a crash
-    /// or SIGKILL loses about a poll interval), then, unless `exited_only`
+    /// included, so that no event waits in a quiet thread for long (a SIGKILL
+    /// loses at most the 50 ms between a quiet program's collections), then, unless `exited_only`
     /// (only exited threads' buffers), the watermark this collection
     /// establishes (order.rs). The caller holds the file lock. Returns the
     /// bytes of records written.
@@ -144,6 +148,7 @@ impl Session {
         // each time up to once a second (an idle daemon's trace grew 5 MB
         // an hour with a sample every 10 ms).
         let (mut active, mut last_rss, mut idle_rounds, mut idle_every) = (false, 0u64, 0u64, 1u64);
+        let mut last_collect = 0u64;
         loop {
             round += 1;
             // Behind (threads may be waiting): no pause between rounds.
@@ -163,7 +168,11 @@ impl Session {
                     continue;
                 }
                 self.write_modules_if_changed();
-                active |= self.collect(false) > 0;
+                let now = self.now();
+                if self.pending.load(Ordering::Relaxed) > 0 || now >= last_collect + QUIET_COLLECT_MS * 1_000_000 {
+                    active |= self.collect(false) > 0;
+                    last_collect = now;
+                }
                 if round.is_multiple_of(SAMPLE_EVERY) {
                     let rss = sys::rss_bytes();
                     idle_rounds += 1;
