@@ -58,7 +58,7 @@ pub fn open(tid: i32, s: &Spec) -> io::Result<Event> {
     // per sample made the program twice as slow in a first try): the
     // kernel wakes pollers only when an eighth of the ring is full.
     a.set_watermark(1);
-    a.__bindgen_anon_2.wakeup_watermark = (RING_BYTES / 8) as u32;
+    a.__bindgen_anon_2.wakeup_watermark = (ring_bytes(RING_PAGES) / 8) as u32;
     // SAFETY: `a` is initialised.
     let fd = unsafe { sys::perf_event_open(&mut a, tid, -1, -1, b::PERF_FLAG_FD_CLOEXEC as libc::c_ulong) };
     if fd < 0 {
@@ -156,8 +156,18 @@ pub fn close_detached(events: Vec<Event>, removal: (CString, Vec<Vec<u8>>)) {
 /// Data pages of a thread's ring: 8 MiB, room for some 500 samples with a
 /// 16 KiB stack copy.
 pub const RING_PAGES: usize = 2048;
-/// Its bytes.
-pub const RING_BYTES: u64 = RING_PAGES as u64 * 4096;
+/// Data pages of a process's main thread's ring: 64 MiB. cc1plus (one
+/// thread) makes some 110,000 samples a second, 1.9 GB/s of stack copies:
+/// 8 MiB held 4.4 ms of them, and the reader, sleeping between rounds on
+/// an otherwise idle virtual CPU, was once woken 57 ms late (the host's
+/// doing: `perf record -a` shows that CPU halted in the guest's idle loop
+/// the whole time); 64 MiB holds 35 ms. A program's other threads keep
+/// 8 MiB: the kernel allocates every page when the ring is mapped.
+pub const MAIN_RING_PAGES: usize = 16384;
+/// The bytes of a ring of `pages` data pages.
+pub const fn ring_bytes(pages: usize) -> u64 {
+    pages as u64 * 4096
+}
 
 /// A ring the kernel writes samples into (one per thread; the thread's
 /// other events are redirected to it).
@@ -212,9 +222,10 @@ pub enum Rec<'a> {
 }
 
 impl Ring {
-    /// Maps `leader`'s ring; the ring owns a duplicate of its descriptor.
-    pub fn new(leader: &Event) -> io::Result<Ring> {
-        let len = (RING_PAGES + 1) * 4096;
+    /// Maps `leader`'s ring of `pages` data pages (a power of two); the
+    /// ring owns a duplicate of its descriptor.
+    pub fn new(leader: &Event, pages: usize) -> io::Result<Ring> {
+        let len = (pages + 1) * 4096;
         let fd = leader.fd.try_clone()?;
         // SAFETY: a fresh shared mapping of a perf event, of the size the
         // kernel requires (1 + 2^n pages); checked for failure.
@@ -231,7 +242,7 @@ impl Ring {
         if map == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Ring { fd, map: map as *mut u8, len, data: 4096, size: (RING_PAGES * 4096) as u64, scratch: Vec::new() })
+        Ok(Ring { fd, map: map as *mut u8, len, data: 4096, size: ring_bytes(pages), scratch: Vec::new() })
     }
 
     /// Sends `e`'s samples to this ring.

@@ -105,6 +105,9 @@ struct Request {
     tid: i32,
     wants: Vec<Want>,
     ring: Option<std::os::fd::OwnedFd>,
+    /// Data pages of a new ring ([`perf::MAIN_RING_PAGES`] for a
+    /// process's main thread).
+    pages: usize,
 }
 
 /// What the opener made for a request: the events (point, return probe,
@@ -133,7 +136,7 @@ impl Opened {
                 match (&r.ring, &out.ring) {
                     (Some(fd), _) => perf::redirect(&e, fd.as_fd())?,
                     (None, Some(ring)) => ring.redirect(&e)?,
-                    (None, None) => out.ring = Some(Ring::new(&e).context("mapping the ring")?),
+                    (None, None) => out.ring = Some(Ring::new(&e, r.pages).context("mapping the ring")?),
                 }
                 Ok(e)
             });
@@ -182,8 +185,9 @@ impl Opener {
     }
 
     /// Asks for thread `tid`'s events for the points of `points` it has
-    /// none for yet; `false` if there were none to ask for.
-    pub fn request(&self, tid: i32, probes: &mut Probes, points: &[Point]) -> bool {
+    /// none for yet (`main`: the thread is its process's first, which gets
+    /// a larger ring); `false` if there were none to ask for.
+    pub fn request(&self, tid: i32, main: bool, probes: &mut Probes, points: &[Point]) -> bool {
         let mut wants = Vec::new();
         // (The loader's `_dl_debug_state` is never a point: it stays a
         // breakpoint, process.rs.)
@@ -200,7 +204,8 @@ impl Opener {
         }
         probes.asked = points.len();
         let ring = probes.ring.as_ref().and_then(|r| r.shared.fd.try_clone().ok());
-        !wants.is_empty() && self.to.send(Request { tid, wants, ring }).is_ok()
+        let pages = if main { perf::MAIN_RING_PAGES } else { perf::RING_PAGES };
+        !wants.is_empty() && self.to.send(Request { tid, wants, ring, pages }).is_ok()
     }
 
     /// What the opener made since the last call.
@@ -213,11 +218,13 @@ impl Opener {
     pub fn add(&self, probes: &mut Probes, o: Opened) {
         if let (None, Some(ring)) = (&probes.ring, o.ring) {
             let Ok(fd) = ring.fd().try_clone_to_owned() else { return };
-            let shared = Arc::new(Shared { ring: Mutex::new(ring), fd, bytes: Default::default() });
+            let shared =
+                Arc::new(Shared { ring: Mutex::new(ring), fd, bytes: Default::default(), spare: Default::default() });
             let (to, from) = mpsc::channel();
-            let (give_back, free) = mpsc::channel();
-            let _ = self.reader.add.send(Copying { shared: shared.clone(), to: to.clone(), free });
-            probes.ring = Some(Channel { shared, from, to, give_back });
+            if let Ok(mut list) = self.reader.added.list.lock() {
+                list.push(Copying { shared: shared.clone(), to: to.clone() });
+            }
+            probes.ring = Some(Channel { shared, from, to });
         }
         for (point, ret, e) in o.events {
             probes.ids.insert(e.id, (point, ret));
@@ -235,39 +242,64 @@ impl Opener {
 }
 
 /// A ring shared by the reader, which copies out of it, and the thread's
-/// probes, which take the copies. The copies travel on channels, never
-/// behind a lock the tracer holds: a normal thread holding a lock can be
-/// preempted for milliseconds, long enough for a ring to overflow while
-/// the reader waits. Batches handled go back to the reader to be filled
-/// again, so that it neither allocates nor page-faults (a fault waits for
-/// the address space lock, which the tracer's unmapping of a freed batch
-/// held: the reader stalled 23 ms so).
+/// probes, which take the copies.
+///
+/// The reader never waits for the tracer's threads: they run at normal
+/// priority, and a real-time thread that waits by spinning keeps them off
+/// its CPU, so the wait lasts until the kernel lends them some time (the
+/// reader spun in `sched_yield` inside a channel's `try_recv` for 30–107
+/// ms, while the tracer, between claiming a slot of the channel of spare
+/// batches and writing it, waited for the CPU cc1plus held: `perf record
+/// -a -g` of `mtrace run --ptrace --hooks uprobes -- g++ …`; every lost
+/// sample of that run fell in such a pause). So the copies travel on a
+/// channel the reader only sends on, and what the tracer gives the reader
+/// (rings, spare batches) waits behind locks the reader only tries: what
+/// is locked now waits for the next round. Batches handled go back to the
+/// reader to be filled again, so that it neither allocates nor page-faults
+/// (a fault waits for the address space lock, which the tracer's unmapping
+/// of a freed batch held: the reader stalled 23 ms so).
 struct Shared {
-    /// Locked by the reader for a round of copying, and by the tracer
+    /// Tried by the reader for a round of copying, locked by the tracer
     /// only to read a thread's last samples at a stop ([`Probes::take`]).
     ring: Mutex<Ring>,
     /// The ring's descriptor, for more events of the thread.
     fd: std::os::fd::OwnedFd,
     /// Copied bytes not taken yet.
     bytes: std::sync::atomic::AtomicUsize,
+    /// Batches handled, for the reader to fill again.
+    spare: Mutex<Vec<perf::Batch>>,
 }
 
 /// The reader's end of a ring.
 struct Copying {
     shared: Arc<Shared>,
     to: mpsc::Sender<perf::Batch>,
-    free: mpsc::Receiver<perf::Batch>,
+}
+
+/// Rings for the reader to take, and whether no more will come.
+#[derive(Default)]
+struct Added {
+    list: Mutex<Vec<Copying>>,
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// The reader thread: copies the rings' records out as they come.
 struct Reader {
-    add: mpsc::Sender<Copying>,
+    added: Arc<Added>,
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.added.closed.store(true, std::sync::atomic::Ordering::Release);
+    }
 }
 
 impl Reader {
     fn start() -> Result<Reader> {
-        let (add, added) = mpsc::channel::<Copying>();
+        let added = Arc::new(Added::default());
+        let to_reader = added.clone();
         std::thread::Builder::new().name("mtrace-reader".into()).spawn(move || {
+            let added = to_reader;
             perf::raise_priority();
             let mut rings: Vec<Copying> = Vec::new();
             let mut open = true;
@@ -277,21 +309,21 @@ impl Reader {
                 crate::stats::READER_GAP_NS
                     .fetch_max((now - last).as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
                 last = now;
-                loop {
-                    match added.try_recv() {
-                        Ok(r) => rings.push(r),
-                        Err(mpsc::TryRecvError::Empty) => break,
-                        Err(mpsc::TryRecvError::Disconnected) => {
-                            open = false;
-                            break;
-                        }
+                // Closed: the last rings are taken whatever it waits.
+                if added.closed.load(std::sync::atomic::Ordering::Acquire) {
+                    open = false;
+                    if let Ok(mut l) = added.list.lock() {
+                        rings.append(&mut l);
                     }
+                } else if let Ok(mut l) = added.list.try_lock() {
+                    rings.append(&mut l);
                 }
                 // A ring its thread's probes let go of is done.
                 rings.retain(|r| Arc::strong_count(&r.shared) > 1);
                 let mut got = 0;
                 for r in &rings {
-                    got += copy_round(&r.shared, &r.to, r.free.try_recv().unwrap_or_default());
+                    let spare = r.shared.spare.try_lock().ok().and_then(|mut s| s.pop());
+                    got += copy_round(&r.shared, &r.to, spare.unwrap_or_default(), false);
                 }
                 if got == 0 {
                     if !open {
@@ -303,17 +335,19 @@ impl Reader {
                 }
             }
         })?;
-        Ok(Reader { add })
+        Ok(Reader { added })
     }
 }
 
 /// Copies what `shared`'s ring holds into `batch` and sends it on `to`,
 /// the ring locked throughout (so that batches arrive in the ring's
-/// order, whoever copies); the bytes copied.
-fn copy_round(shared: &Shared, to: &mpsc::Sender<perf::Batch>, mut batch: perf::Batch) -> usize {
+/// order, whoever copies); the bytes copied. Unless `wait`, a ring locked
+/// now is left for the next round (see [`Shared`]).
+fn copy_round(shared: &Shared, to: &mpsc::Sender<perf::Batch>, mut batch: perf::Batch, wait: bool) -> usize {
     batch.data.clear();
     batch.records.clear();
-    let Ok(mut ring) = shared.ring.lock() else { return 0 };
+    let ring = if wait { shared.ring.lock().ok() } else { shared.ring.try_lock().ok() };
+    let Some(mut ring) = ring else { return 0 };
     let n = ring.copy_out(&mut batch);
     if n > 0 {
         shared.bytes.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
@@ -339,7 +373,6 @@ struct Channel {
     from: mpsc::Receiver<perf::Batch>,
     /// To send what the tracer copies itself at a stop, in order.
     to: mpsc::Sender<perf::Batch>,
-    give_back: mpsc::Sender<perf::Batch>,
 }
 
 /// A thread's probes, their ring, and the records copied out of it.
@@ -364,7 +397,7 @@ impl Probes {
     pub fn take(&mut self, all: bool) -> usize {
         if let Some(c) = &self.ring {
             if all {
-                copy_round(&c.shared, &c.to, perf::Batch::default());
+                copy_round(&c.shared, &c.to, perf::Batch::default(), true);
             }
             for b in c.from.try_iter() {
                 c.shared.bytes.fetch_sub(b.data.len(), std::sync::atomic::Ordering::Relaxed);
@@ -415,7 +448,9 @@ impl Probes {
             if let (Some(b), Some(c)) = (self.batches.pop_front(), &self.ring) {
                 // Back to the reader rather than freed here: a free of its
                 // memory takes its malloc arena's lock.
-                let _ = c.give_back.send(b);
+                if let Ok(mut spare) = c.shared.spare.lock() {
+                    spare.push(b);
+                }
             }
         }
     }

@@ -50,7 +50,7 @@ impl Tracer {
         let Some((pid, _)) = self.threads.get(&tid) else { return };
         let Some(p) = self.procs.get(pid) else { return };
         let probes = self.probes.entry(tid).or_default();
-        if opener.request(tid.as_raw(), probes, &p.points) {
+        if opener.request(tid.as_raw(), tid == *pid, probes, &p.points) {
             self.held.entry(tid).or_default().pending += 1;
         }
     }
