@@ -279,6 +279,29 @@ fn sampled_interval_views_estimate_what_stays_live() {
 }
 
 #[test]
+fn interval_views_under_ptrace_show_what_stays_live() {
+    for hooks in ptrace_hooks() {
+        let dir = scratch(&format!("attach-interval-ptrace-{hooks}"));
+        let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+        let m = markers("attach_target.c");
+        let mut t = AttachTarget::start(&prog);
+        let (views, last) = interval_views(&mut t, &["--ptrace", "--hooks", hooks, "-o", "/dev/null"], |t| {
+            for _ in 0..5 {
+                t.ask("leak 1000");
+                t.ask("tmp 64");
+            }
+        });
+        assert!(last.ends_with("live for more than 0.2 s: 5,000 bytes in 5 blocks, 1 backtrace"), "{hooks}: {views}");
+        let at = format!("keep ({}:{})", ctests_dir().join("attach_target.c").display(), m["window"]);
+        assert!(views.contains("#1: 5,000 bytes in 5 blocks") && views.contains(&at), "{hooks}: {views}");
+        // Detached, the program goes on.
+        assert_eq!(t.ask("leak 10"), "ok leak 10\n", "{hooks}");
+        assert_eq!(t.ask("quit"), "holding 6 blocks\n", "{hooks}");
+        assert_eq!(t.child.wait().unwrap().code(), Some(3), "{hooks}");
+    }
+}
+
+#[test]
 fn scan_at_detach_classifies_the_window_with_untracked_blocks_as_roots() {
     let dir = scratch("attach-scan");
     let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);

@@ -51,8 +51,9 @@ pub struct Stream {
     /// The latest watermark written, ns.
     watermarked: u64,
     ended: bool,
-    /// To a socket (live.rs), not a file.
-    live: bool,
+    /// To a socket (live.rs), not a file: the connection, shut down when
+    /// the stream is done (the commands' reader holds it open too).
+    live: Option<std::os::unix::net::UnixStream>,
 }
 
 fn monotonic_ns() -> u64 {
@@ -80,7 +81,8 @@ impl Stream {
                 std::os::unix::net::UnixStream::connect(&path).with_context(|| format!("{path}: cannot connect"))?;
             crate::live::start_ticks()?;
             crate::live::read_commands(sock.try_clone()?, pid);
-            return Stream::start(Box::new(sock), pattern.to_owned(), program, (exe, cmdline), (pid, ppid), true);
+            let conn = Some(sock.try_clone()?);
+            return Stream::start(Box::new(sock), pattern.to_owned(), program, (exe, cmdline), (pid, ppid), conn);
         }
         let base = naming::expand(pattern, pid, &program);
         let mut last = None;
@@ -88,7 +90,7 @@ impl Stream {
             match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
                 Ok(file) => {
                     let (exe, cmdline) = (exe.clone(), cmdline.clone());
-                    return Stream::start(Box::new(file), path, program, (exe, cmdline), (pid, ppid), false);
+                    return Stream::start(Box::new(file), path, program, (exe, cmdline), (pid, ppid), None);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 Err(e) => last = Some(e),
@@ -107,7 +109,7 @@ impl Stream {
         program: String,
         (exe, cmdline): (String, Vec<String>),
         (pid, ppid): (u32, u32),
-        live: bool,
+        live: Option<std::os::unix::net::UnixStream>,
     ) -> Result<Stream> {
         let start = monotonic_ns();
         let mut header = Header::of_process(pid, ppid, exe, cmdline, (realtime_ns(), start));
@@ -137,7 +139,7 @@ impl Stream {
     /// The stream goes to a socket whose reader sends commands (live.rs):
     /// no report point can read it.
     pub fn is_live(&self) -> bool {
-        self.live
+        self.live.is_some()
     }
 
     /// The path of the stream file (a taken name's gets a suffix).
@@ -247,6 +249,11 @@ impl Stream {
         if let Some((to, done)) = self.writer.take() {
             drop(to);
             let _ = done.join();
+        }
+        // The reader then reads to the end, and the commands' reader
+        // stops: the tracer leaving by itself (a signal) ends the stream.
+        if let Some(conn) = &self.live {
+            let _ = conn.shutdown(std::net::Shutdown::Both);
         }
     }
 

@@ -68,7 +68,7 @@ pub struct AttachArgs {
     /// instead of loading libmtrace.so into the process: for static
     /// programs, or where the library cannot be loaded; slower
     /// (docs/PTRACE.md).
-    #[arg(long, conflicts_with = "interval")]
+    #[arg(long)]
     ptrace: bool,
     /// With --ptrace, how the allocation functions are hooked: `uprobes`
     /// (kernel uprobes, no stop per call; root or CAP_PERFMON),
@@ -164,26 +164,7 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
         // Leaving the console ends the attach (quit detaches).
         STOP.store(true, Ordering::Relaxed);
     }
-    let deadline = a.duration.map(|ns| Instant::now() + Duration::from_nanos(ns));
-    let mut next_view = a.interval.map(|ns| (Instant::now() + Duration::from_nanos(ns), ns));
-    let mut sym = a.opts.symbolizer();
-    let mut seq = 0;
-    while !copier.is_finished() && !STOP.load(Ordering::Relaxed) && deadline.is_none_or(|d| Instant::now() < d) {
-        std::thread::sleep(Duration::from_millis(20));
-        if let Some((at, every)) = next_view.filter(|(at, _)| Instant::now() >= *at) {
-            let older = a.opts.older_than.unwrap_or(every);
-            if let Err(e) = interval::print(&trace, &mut sym, older, &mut std::io::stdout().lock()) {
-                eprintln!("mtrace: {e:#}");
-            }
-            if let Some(dir) = &a.pprof_dir {
-                seq += 1;
-                if let Err(e) = interval::pprof(&trace, &mut sym, a.opts.depth, dir, seq) {
-                    eprintln!("mtrace: {e:#}");
-                }
-            }
-            next_view = Some((at + Duration::from_nanos(every), every));
-        }
-    }
+    watch(&a, &trace, &copier);
     if !copier.is_finished() {
         // The process is still there: detach, and wait for its End record.
         let detach = Command::Detach.line();
@@ -209,6 +190,33 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
         eprintln!("mtrace: {e}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Waits while the stream comes into `trace` (`copier` copying it) until
+/// the process ends, a signal asks to detach, or `--duration` is over;
+/// every `--interval`, prints the view of what stays live (and writes a
+/// pprof profile into `--pprof-dir`).
+fn watch(a: &AttachArgs, trace: &std::path::Path, copier: &std::thread::JoinHandle<Result<u64>>) {
+    let deadline = a.duration.map(|ns| Instant::now() + Duration::from_nanos(ns));
+    let mut next_view = a.interval.map(|ns| (Instant::now() + Duration::from_nanos(ns), ns));
+    let mut sym = a.opts.symbolizer();
+    let mut seq = 0;
+    while !copier.is_finished() && !STOP.load(Ordering::Relaxed) && deadline.is_none_or(|d| Instant::now() < d) {
+        std::thread::sleep(Duration::from_millis(20));
+        if let Some((at, every)) = next_view.filter(|(at, _)| Instant::now() >= *at) {
+            let older = a.opts.older_than.unwrap_or(every);
+            if let Err(e) = interval::print(trace, &mut sym, older, &mut std::io::stdout().lock()) {
+                eprintln!("mtrace: {e:#}");
+            }
+            if let Some(dir) = &a.pprof_dir {
+                seq += 1;
+                if let Err(e) = interval::pprof(trace, &mut sym, a.opts.depth, dir, seq) {
+                    eprintln!("mtrace: {e:#}");
+                }
+            }
+            next_view = Some((at + Duration::from_nanos(every), every));
+        }
+    }
 }
 
 /// The console's view of the attached process.

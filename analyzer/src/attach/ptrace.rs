@@ -1,7 +1,8 @@
 //! `mtrace attach --ptrace`: the ptrace tracer on the process for the
-//! window (no library loaded), then the report of it; with `-i`, the
-//! console on the way, the tracer's stream coming over a socket as the
-//! library's does (ptrace/src/live.rs carries out the commands).
+//! window (no library loaded), then the report of it; with `-i` (the
+//! console) or `--interval` (views of what stays live) on the way, the
+//! tracer's stream coming over a socket as the library's does
+//! (ptrace/src/live.rs carries out the commands).
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use mtrace_format::protocol::{Command, MAX_DEPTH};
 
-use super::{accept, copy_stream, trace_file, AttachArgs, Session, DETACH_TIMEOUT, STOP};
+use super::{accept, catch_stop_signals, copy_stream, trace_file, watch, AttachArgs, Session, DETACH_TIMEOUT, STOP};
 
 /// The tracer's options for `a`, its stream going to `output`.
 fn options(a: &AttachArgs, output: String) -> mtrace_ptrace::Options {
@@ -45,8 +46,8 @@ fn report(a: &AttachArgs, trace: &std::path::Path) -> Result<ExitCode> {
 
 /// `mtrace attach --ptrace`.
 pub fn attach(a: AttachArgs) -> Result<ExitCode> {
-    if a.interactive {
-        return interactive(a);
+    if a.interactive || a.interval.is_some() {
+        return live(a);
     }
     let dir = tempfile::Builder::new().prefix("mtrace-attach.").tempdir()?;
     let pattern = match &a.save {
@@ -63,11 +64,18 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     report(&a, &PathBuf::from(trace))
 }
 
-/// `mtrace attach --ptrace -i`: the tracer (a thread of its own: the
-/// kernel ties a tracee to the thread that seized it) streams to a socket
-/// of ours; the console reads the copy of it and sends its commands back.
-/// Leaving the console detaches.
-fn interactive(a: AttachArgs) -> Result<ExitCode> {
+/// `mtrace attach --ptrace` with `-i` or `--interval`: the tracer (a
+/// thread of its own: the kernel ties a tracee to the thread that seized
+/// it) streams to a socket of ours. The console reads the copy of it and
+/// sends its commands back, and leaving it detaches; or the views of what
+/// stays live come every interval until the process ends, a signal or
+/// `--duration` (then the tracer detaches).
+fn live(a: AttachArgs) -> Result<ExitCode> {
+    if !a.interactive {
+        // From the start: a SIGTERM while the tracer attaches detaches
+        // right after.
+        catch_stop_signals();
+    }
     let dir = tempfile::Builder::new().prefix("mtrace-attach.").tempdir()?;
     let sock = dir.path().join("stream.sock");
     let listener = UnixListener::bind(&sock).with_context(|| format!("{}: cannot listen", sock.display()))?;
@@ -86,14 +94,17 @@ fn interactive(a: AttachArgs) -> Result<ExitCode> {
             };
         }
     };
-    eprintln!("mtrace: attached to process {pid} from outside (ptrace); quit detaches");
+    let leave = if a.interactive { "quit" } else { "Ctrl-C" };
+    eprintln!("mtrace: attached to process {pid} from outside (ptrace); {leave} detaches");
     let (trace, file) = trace_file(&a, dir.path())?;
     let mut control = stream.try_clone()?;
     let copier = std::thread::spawn(move || copy_stream(stream, file));
-    {
+    if a.interactive {
         let mut live = Session { control: control.try_clone()?, trace: trace.clone(), copier: &copier };
         let _ = crate::console::run(&mut live, &a.opts)?;
         STOP.store(true, Ordering::Relaxed);
+    } else {
+        watch(&a, &trace, &copier);
     }
     if !copier.is_finished() {
         let _ = control.write_all(Command::Detach.line().as_bytes());

@@ -25,7 +25,12 @@ impl Tracer {
         for (pid, cmd) in live::take() {
             self.command(Pid::from_raw(pid as i32), cmd);
         }
-        for p in self.procs.values_mut() {
+        for (pid, p) in self.procs.iter_mut() {
+            // An RSS sample (at most every 10 ms) moves a quiet program's
+            // trace on, as the preload's writer does: a view of what stays
+            // live for a while (`attach --interval`) measures by the
+            // trace's time.
+            p.sample(pid.as_raw() as u32);
             if !p.uprobes {
                 let time_ns = p.stream.now();
                 p.stream.watermark(time_ns);
