@@ -77,14 +77,18 @@ pub fn start_ticks() -> Result<()> {
 }
 
 /// Reads the command lines of process `pid`'s stream from `sock` until
-/// it closes (a detach, then).
-pub fn read_commands(sock: UnixStream, pid: u32) {
+/// it closes: a detach, then, unless `done` says the tracer ended the
+/// stream itself (the process ended, or the tracer left), which shut the
+/// connection down: a detach would make the tracer leave every other
+/// process.
+pub fn read_commands(sock: UnixStream, pid: u32, done: std::sync::Arc<std::sync::atomic::AtomicBool>) {
     let spawned = std::thread::Builder::new().name("mtrace-commands".into()).spawn(move || {
         let mut lines = BufReader::new(sock);
         let mut line = String::new();
         loop {
             line.clear();
             let cmd = match lines.read_line(&mut line) {
+                Ok(0) | Err(_) if done.load(Ordering::Acquire) => return,
                 Ok(0) | Err(_) => Some(Command::Detach),
                 Ok(_) => match Command::parse(&line) {
                     Ok(c) => c,

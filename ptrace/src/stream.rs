@@ -52,8 +52,9 @@ pub struct Stream {
     watermarked: u64,
     ended: bool,
     /// To a socket (live.rs), not a file: the connection, shut down when
-    /// the stream is done (the commands' reader holds it open too).
-    live: Option<std::os::unix::net::UnixStream>,
+    /// the stream is done (the commands' reader holds it open too), and
+    /// the flag that tells that reader so.
+    live: Option<(std::os::unix::net::UnixStream, std::sync::Arc<std::sync::atomic::AtomicBool>)>,
 }
 
 fn monotonic_ns() -> u64 {
@@ -80,8 +81,9 @@ impl Stream {
             let sock =
                 std::os::unix::net::UnixStream::connect(&path).with_context(|| format!("{path}: cannot connect"))?;
             crate::live::start_ticks()?;
-            crate::live::read_commands(sock.try_clone()?, pid);
-            let conn = Some(sock.try_clone()?);
+            let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            crate::live::read_commands(sock.try_clone()?, pid, done.clone());
+            let conn = Some((sock.try_clone()?, done));
             return Stream::start(Box::new(sock), pattern.to_owned(), program, (exe, cmdline), (pid, ppid), conn);
         }
         let base = naming::expand(pattern, pid, &program);
@@ -109,7 +111,7 @@ impl Stream {
         program: String,
         (exe, cmdline): (String, Vec<String>),
         (pid, ppid): (u32, u32),
-        live: Option<std::os::unix::net::UnixStream>,
+        live: Option<(std::os::unix::net::UnixStream, std::sync::Arc<std::sync::atomic::AtomicBool>)>,
     ) -> Result<Stream> {
         let start = monotonic_ns();
         let mut header = Header::of_process(pid, ppid, exe, cmdline, (realtime_ns(), start));
@@ -252,7 +254,8 @@ impl Stream {
         }
         // The reader then reads to the end, and the commands' reader
         // stops: the tracer leaving by itself (a signal) ends the stream.
-        if let Some(conn) = &self.live {
+        if let Some((conn, done)) = &self.live {
+            done.store(true, std::sync::atomic::Ordering::Release);
             let _ = conn.shutdown(std::net::Shutdown::Both);
         }
     }
