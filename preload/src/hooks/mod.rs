@@ -9,7 +9,7 @@ pub mod fds;
 pub mod mmap;
 pub mod process;
 
-use crate::record::guard::{self, Entry, Guard, Quiet, Slot};
+use crate::record::guard::{self, Entry, Guard, Slot};
 use crate::record::recorder::{self, Caller, Own};
 use crate::record::{sample, sampled};
 use crate::unwind::Here;
@@ -75,23 +75,19 @@ fn traced_picked<T>(
     call: impl FnOnce(Option<Slot>) -> T,
     record: impl FnOnce(&T, Caller) -> Own,
 ) -> T {
-    let mut picked = false;
-    let call = match sampled {
+    let (call, picked) = match sampled {
         Some(size) if sample::rate() != 0 => {
             let rate = sample::rate();
             // Not picked: inside the guard all the same, so that what the
             // call allocates is its own, and a stop for the scan waits
             // until it leaves glibc's locks.
-            match guard::quiet(forwarding, |slot| !sample::pick(slot, size, rate), call, |c, slot| c(Some(slot))) {
-                Quiet::Ran(r) => return r,
-                Quiet::Recorded(c) => {
-                    picked = true;
-                    c
-                }
-                Quiet::Busy(c) => c,
+            match guard::quiet(forwarding, |slot| !sample::pick(slot, size, rate), call, |c, slot| c(Some(slot))).ran()
+            {
+                Ok(r) => return r,
+                Err(back) => back,
             }
         }
-        _ => call,
+        _ => (call, false),
     };
     // Picked already: recorded.
     let sampled = sampled.filter(|_| !picked);
@@ -136,19 +132,14 @@ fn free_recorded(p: *mut libc::c_void) -> bool {
 /// [`traced_as`] (`operator delete` calls `free`).
 #[inline(always)]
 fn traced_free(family: Family, p: *mut libc::c_void, forwarding: bool, call: impl FnOnce()) {
-    let mut sampled = false;
-    let call = if sample::rate() != 0 && !p.is_null() {
+    let (call, sampled) = if sample::rate() != 0 && !p.is_null() {
         // A block never sampled: out of the stream, inside the guard.
-        match guard::quiet(forwarding, |_| !sampled::remove(p as u64), call, |c, _| c()) {
-            Quiet::Ran(()) => return,
-            Quiet::Recorded(c) => {
-                sampled = true;
-                c
-            }
-            Quiet::Busy(c) => c,
+        match guard::quiet(forwarding, |_| !sampled::remove(p as u64), call, |c, _| c()).ran() {
+            Ok(()) => return,
+            Err(back) => back,
         }
     } else {
-        call
+        (call, false)
     };
     // Under sampling, whether the free concerns the stream (decided once).
     let recorded = |p| sampled || free_recorded(p);

@@ -15,9 +15,10 @@
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::platform::real;
+use crate::platform::spin::SpinLock;
 
 /// Address space to reserve, tried in order (only what dlmalloc asks for
 /// is made accessible; the rest costs no memory).
@@ -122,32 +123,22 @@ unsafe impl dlmalloc::Allocator for Pages {
     }
 }
 
-/// dlmalloc behind a spin lock: not a parking_lot mutex, whose contended
-/// path allocates (its table of parked threads) and would re-enter here.
+/// dlmalloc behind a spin lock (see [`SpinLock`] for why not a mutex).
 struct Heap {
-    locked: AtomicBool,
+    lock: SpinLock,
     heap: UnsafeCell<dlmalloc::Dlmalloc<Pages>>,
 }
 
-// SAFETY: `heap` is only touched by the thread holding `locked`.
+// SAFETY: `heap` is only touched by the thread holding `lock`.
 unsafe impl Sync for Heap {}
 
 impl Heap {
     fn lock(&self) {
-        let mut spins = 0u32;
-        while self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            spins += 1;
-            if spins < 100 {
-                std::hint::spin_loop();
-            } else {
-                // SAFETY: sched_yield has no preconditions.
-                unsafe { libc::sched_yield() };
-            }
-        }
+        self.lock.lock();
     }
 
     fn unlock(&self) {
-        self.locked.store(false, Ordering::Release);
+        self.lock.unlock();
     }
 
     /// Runs `f` on the heap under the lock (dlmalloc does not panic).
@@ -165,16 +156,16 @@ impl Heap {
 /// may be the holder, and allocating would never return).
 pub fn free_within(ms: u32) -> bool {
     for _ in 0..ms {
-        if !HEAP.locked.load(Ordering::Acquire) {
+        if !HEAP.lock.is_locked() {
             return true;
         }
         crate::platform::sys::sleep_ms(1);
     }
-    !HEAP.locked.load(Ordering::Acquire)
+    !HEAP.lock.is_locked()
 }
 
 static HEAP: Heap =
-    Heap { locked: AtomicBool::new(false), heap: UnsafeCell::new(dlmalloc::Dlmalloc::new_with_allocator(Pages)) };
+    Heap { lock: SpinLock::new(), heap: UnsafeCell::new(dlmalloc::Dlmalloc::new_with_allocator(Pages)) };
 
 fn ours(p: *mut u8) -> bool {
     let p = p as usize;

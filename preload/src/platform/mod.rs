@@ -1,11 +1,13 @@
 //! What the tracer stands on: system calls without libc's locks (`sys`),
 //! the event clock (`clock`), the `MTRACE_*` settings (`config`), the
-//! loaded modules (`modules`), the tracer's own heap (`allocator`), and the
-//! functions the hooks forward to (`real`). Names nothing above it.
+//! loaded modules (`modules`), the tracer's own heap (`allocator`), the
+//! spin lock of the sections a hook may enter (`spin`), and the functions
+//! the hooks forward to (`real`). Names nothing above it.
 
 pub mod allocator;
 pub mod clock;
 pub mod config;
 pub mod modules;
 pub mod real;
+pub mod spin;
 pub mod sys;

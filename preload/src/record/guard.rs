@@ -249,6 +249,19 @@ pub enum Quiet<T, C> {
     Recorded(C),
 }
 
+impl<T, C> Quiet<T, C> {
+    /// The call's result if it ran; else the call back, and whether `skip`
+    /// decided it is recorded.
+    #[inline(always)]
+    pub fn ran(self) -> Result<T, (C, bool)> {
+        match self {
+            Quiet::Ran(r) => Ok(r),
+            Quiet::Recorded(c) => Err((c, true)),
+            Quiet::Busy(c) => Err((c, false)),
+        }
+    }
+}
+
 /// The short way through a hook that records nothing (under sampling, an
 /// allocation the count-down does not pick, a free of a block never
 /// sampled): when the thread is in no hook and has nothing waiting, and

@@ -31,8 +31,9 @@
 //!
 //! Cost: `scripts/bench`'s "sampled" table (README, "Sampling").
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
+use crate::platform::spin::SpinLock;
 use crate::platform::sys;
 
 /// log2 of the filter's bits (2^19 bits = 64 KiB, for 32 MiB of addresses
@@ -45,10 +46,10 @@ static BITS: [AtomicU64; 1 << (FILTER_BITS - 6)] = [const { AtomicU64::new(0) };
 /// The live sampled blocks per bit (2 MiB of .bss, written only where
 /// sampled blocks start: its pages cost memory once written).
 static COUNTS: [AtomicU32; 1 << FILTER_BITS] = [const { AtomicU32::new(0) }; 1 << FILTER_BITS];
-/// Held while a counter and its bit change (a spin lock: held for a few
-/// instructions, by sampled allocations and frees only; pthread_atfork
-/// holds it across a fork, fork.rs).
-static LOCK: AtomicBool = AtomicBool::new(false);
+/// Held while a counter and its bit change (a few instructions, by
+/// sampled allocations and frees only; pthread_atfork holds it across a
+/// fork, fork.rs).
+static LOCK: SpinLock = SpinLock::new();
 
 /// Slots of level 0 (log2); level k has 2^(BASE_BITS + k).
 const BASE_BITS: u32 = 12;
@@ -83,53 +84,35 @@ fn maybe(addr: u64) -> bool {
     BITS[b >> 6].load(Ordering::Relaxed) & (1 << (b & 63)) != 0
 }
 
-/// Takes [`LOCK`].
-fn lock() {
-    let mut spins = 0u32;
-    while LOCK.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
-        spins += 1;
-        if spins.is_multiple_of(64) {
-            // The holder may have been preempted.
-            // SAFETY: sched_yield takes no arguments and cannot fail here.
-            unsafe { libc::sched_yield() };
-        }
-        std::hint::spin_loop();
-    }
-}
-
-fn unlock() {
-    LOCK.store(false, Ordering::Release);
-}
-
 /// Counts a live sampled block at `addr`, setting its bit.
 fn raise(addr: u64) {
     let b = bit(addr);
-    lock();
+    LOCK.lock();
     if COUNTS[b].fetch_add(1, Ordering::Relaxed) == 0 {
         BITS[b >> 6].fetch_or(1 << (b & 63), Ordering::Relaxed);
     }
-    unlock();
+    LOCK.unlock();
 }
 
 /// Uncounts a sampled block at `addr`, clearing its bit with the last.
 fn lower(addr: u64) {
     let b = bit(addr);
-    lock();
+    LOCK.lock();
     if COUNTS[b].fetch_sub(1, Ordering::Relaxed) == 1 {
         BITS[b >> 6].fetch_and(!(1 << (b & 63)), Ordering::Relaxed);
     }
-    unlock();
+    LOCK.unlock();
 }
 
 /// pthread_atfork prepare: no counter and bit are half changed when the
 /// process is copied.
 pub fn hold_for_fork() {
-    lock();
+    LOCK.lock();
 }
 
 /// pthread_atfork parent and child: releases [`hold_for_fork`]'s lock.
 pub fn release_after_fork() {
-    unlock();
+    LOCK.unlock();
 }
 
 /// Level `k`'s slots, mapping them if `make` and not yet mapped.

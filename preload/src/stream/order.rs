@@ -51,9 +51,9 @@
 //! an append makes the collection wait for it. A hook that waits for a
 //! report it asked for takes its mark back first (`guard::unmark_now`): the
 //! report waits for the watermark. The cost on the hot path: one load of
-//! the epoch (a line the writer changes at each collection) per event; for the
-//! marked stamps two stores to the thread's own buffer word more, no fence
-//! where `membarrier` works.
+//! the epoch (a line the writer changes at each collection) per event;
+//! for the marked stamps two stores to the thread's own buffer word more,
+//! no fence where `membarrier` works.
 //!
 //! Where `membarrier` cannot be registered, the `since` store is
 //! sequentially consistent (a locked instruction, as every append then

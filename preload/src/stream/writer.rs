@@ -30,9 +30,10 @@ impl Session {
     }
 
     /// Writes every thread's buffered records, the buffer being filled
-    /// included, so that no event waits in a quiet thread for long (a SIGKILL
-    /// loses at most the 50 ms between a quiet program's collections), then, unless `exited_only`
-    /// (only exited threads' buffers), the watermark this collection
+    /// included, so that no event waits in a quiet thread for long (a
+    /// SIGKILL loses at most the 50 ms between a quiet program's
+    /// collections), then, unless `exited_only` (only exited threads'
+    /// buffers), the watermark this collection
     /// establishes (order.rs). The caller holds the file lock. Returns the
     /// bytes of records written.
     pub(super) fn collect(&self, exited_only: bool) -> usize {
