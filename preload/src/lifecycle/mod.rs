@@ -20,6 +20,7 @@ use crate::stream::{self, reports};
 /// adds the writer thread, fatal-signal handlers and fork handlers.
 pub extern "C" fn init() {
     let _g = Guard::enter();
+    crate::record::guard::find_static_tls();
     // Loaded by `mtrace attach`: dormant until it calls mtrace_attach_init.
     if !attach::preloaded() {
         return;

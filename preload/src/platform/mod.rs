@@ -1,8 +1,9 @@
 //! What the tracer stands on: system calls without libc's locks (`sys`),
 //! the event clock (`clock`), the `MTRACE_*` settings (`config`), the
 //! loaded modules (`modules`), the tracer's own heap (`allocator`), the
-//! spin lock of the sections a hook may enter (`spin`), and the functions
-//! the hooks forward to (`real`). Names nothing above it.
+//! spin lock of the sections a hook may enter (`spin`), where a
+//! thread-local lies from the thread pointer (`static_tls`), and the
+//! functions the hooks forward to (`real`). Names nothing above it.
 
 pub mod allocator;
 pub mod clock;
@@ -10,4 +11,5 @@ pub mod config;
 pub mod modules;
 pub mod real;
 pub mod spin;
+pub mod static_tls;
 pub mod sys;

@@ -8,7 +8,9 @@
 //! such a thread is parked when it leaves the hook instead.
 
 use std::cell::Cell;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
+
+use crate::platform::static_tls;
 
 use crate::stream::{self, order, Mark};
 
@@ -46,7 +48,8 @@ pub enum Entry {
 
 /// This thread's hook state and its tracer state (thread.rs), together: a
 /// thread-local of a shared library costs a call to `__tls_get_addr` per
-/// access, so a hook finds both with one (see [`Guard::slot`]).
+/// access (unless [`STATIC_OFFSET`] is known), so a hook finds both with
+/// one (see [`Guard::slot`]).
 struct Tls {
     flags: Cell<u8>,
     thread: Cell<*mut crate::record::thread::ThreadState>,
@@ -76,16 +79,40 @@ thread_local! {
     };
 }
 
+/// [`STATE`]'s offset from the thread pointer (bytes) when the loader put
+/// it in the static TLS area (platform/static_tls.rs), where every thread
+/// has it there; 0 until [`find_static_tls`] found it, or when it is not.
+static STATIC_OFFSET: AtomicIsize = AtomicIsize::new(0);
+
+/// Lets the hooks find [`STATE`] from the thread pointer, when it is in
+/// the static TLS area (a library loaded with the program): from the
+/// constructor, on the thread that runs it.
+pub fn find_static_tls() {
+    let addr = STATE.with(|t| t as *const Tls as usize);
+    if let Some(off) = static_tls::offset_of(addr) {
+        STATIC_OFFSET.store(off, Ordering::Relaxed);
+    }
+}
+
 /// This thread's pointer to its tracer state (thread.rs), as the hook that
 /// entered found it. Not `Send`: it is the entering thread's own.
 #[derive(Clone, Copy)]
 pub struct Slot(*const Tls);
 
 impl Slot {
-    /// The calling thread's slot (one thread-local access).
+    /// The calling thread's slot (one thread-local access: a read of the
+    /// thread pointer when [`STATIC_OFFSET`] is known, else a call to
+    /// `__tls_get_addr`).
     #[inline(always)]
     pub fn current() -> Slot {
-        STATE.with(|t| Slot(t))
+        let off = STATIC_OFFSET.load(Ordering::Relaxed);
+        if off != 0 {
+            // In the static TLS area, at `off` in every thread: this
+            // thread's STATE (find_static_tls checked it).
+            Slot(static_tls::thread_pointer().wrapping_add_signed(off) as *const Tls)
+        } else {
+            STATE.with(|t| Slot(t))
+        }
     }
 
     /// The cell holding this thread's tracer state (thread.rs: null until
@@ -184,18 +211,17 @@ impl Guard {
     /// forwards (and, entering, marks this hook so when `forwarding`).
     #[inline]
     pub fn enter_as(forwarding: bool) -> Entry {
-        STATE.with(|t| {
-            let g = &t.flags;
-            let v = g.get();
-            if v & IN_HOOK != 0 {
-                Entry::Nested { forwarding: v & FORWARDING != 0 }
-            } else {
-                // A mark kept by the previous hook for its waiting events
-                // (see Drop) stands.
-                g.set(IN_HOOK | (v & NESTED) | (v & MARKS) | if forwarding { FORWARDING } else { 0 });
-                Entry::Hook(Guard { slot: Slot(t), waiting: v & NESTED != 0, own: Cell::new((0, 0)) })
-            }
-        })
+        let slot = Slot::current();
+        let g = &slot.tls().flags;
+        let v = g.get();
+        if v & IN_HOOK != 0 {
+            Entry::Nested { forwarding: v & FORWARDING != 0 }
+        } else {
+            // A mark kept by the previous hook for its waiting events
+            // (see Drop) stands.
+            g.set(IN_HOOK | (v & NESTED) | (v & MARKS) | if forwarding { FORWARDING } else { 0 });
+            Entry::Hook(Guard { slot, waiting: v & NESTED != 0, own: Cell::new((0, 0)) })
+        }
     }
 
     /// The forwarding call returned: calls nested from now on are not the
