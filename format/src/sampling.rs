@@ -43,10 +43,14 @@ pub fn weight(size: u64, rate: u64) -> f64 {
 /// thread-local, the ptrace tracer in its thread table.
 #[inline(always)]
 pub fn pick(left: &mut u64, rng: &mut u64, size: u64, rate: u64, seed: impl FnOnce() -> u64) -> bool {
+    // The count-down is the common case: the rest is marked cold, so that
+    // a hook's instructions for it lie together.
     if size >= rate {
+        std::hint::cold_path();
         return true;
     }
     if *left == 0 {
+        std::hint::cold_path();
         *rng = seed();
         *left = next_point(splitmix(rng), rate);
     }
@@ -54,6 +58,7 @@ pub fn pick(left: &mut u64, rng: &mut u64, size: u64, rate: u64, seed: impl FnOn
         *left -= size;
         return false;
     }
+    std::hint::cold_path();
     *left = next_point(splitmix(rng), rate);
     true
 }

@@ -75,9 +75,10 @@ fn traced_picked<T>(
     call: impl FnOnce(Option<Slot>) -> T,
     record: impl FnOnce(&T, Caller) -> Own,
 ) -> T {
+    // One load of the rate (two atomic loads are not merged).
+    let rate = sample::rate();
     let (call, picked) = match sampled {
-        Some(size) if sample::rate() != 0 => {
-            let rate = sample::rate();
+        Some(size) if rate != 0 => {
             // Not picked: inside the guard all the same, so that what the
             // call allocates is its own, and a stop for the scan waits
             // until it leaves glibc's locks.
