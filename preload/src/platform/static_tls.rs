@@ -2,7 +2,8 @@
 //! the loader put the library's TLS block in the static TLS area: then it
 //! is at the same offset in every thread, and a hook finds it with one
 //! read of the thread pointer instead of a call to `__tls_get_addr` (1.1%
-//! of sqlite3's time sampled at 512K, `perf record`; see docs/SAMPLING.md).
+//! of the samples of `perf record` on sqlite3 sampled at 512K; what it did
+//! to the instruction cache is in docs/SAMPLING.md).
 //!
 //! The rule is the ELF TLS ABI's (Drepper, "ELF Handling For Thread-Local
 //! Storage", sections 3.4.1 and 3.4.6; x86-64 uses variant II): a module
@@ -62,7 +63,10 @@ pub fn offset_of(addr: usize) -> Option<isize> {
     };
     let tp = thread_pointer();
     // Variant II: the blocks end at the thread pointer, and the area
-    // (less the TCB, which the size includes) lies below it.
+    // (less the TCB, which the size includes) lies below it. The bound is
+    // generous by the TCB's size, which is still this thread's allocation
+    // (its stack's top, or the loader's block for the main thread): no
+    // block of a `dlopen`ed library lies there.
     (addr < tp && tp - addr <= size).then(|| addr as isize - tp as isize)
 }
 
