@@ -51,11 +51,14 @@ pub struct Stream {
     /// The latest watermark written, ns.
     watermarked: u64,
     ended: bool,
-    /// To a socket (live.rs), not a file: the connection, shut down when
-    /// the stream is done (the commands' reader holds it open too), and
-    /// the flag that tells that reader so.
-    live: Option<(std::os::unix::net::UnixStream, std::sync::Arc<std::sync::atomic::AtomicBool>)>,
+    /// To a socket (live.rs), not a file.
+    live: Option<Live>,
 }
+
+/// A live stream's connection, shut down when the stream is done (the
+/// commands' reader holds it open too), and the flag that tells that
+/// reader so.
+type Live = (std::os::unix::net::UnixStream, std::sync::Arc<std::sync::atomic::AtomicBool>);
 
 fn monotonic_ns() -> u64 {
     let t =
@@ -111,7 +114,7 @@ impl Stream {
         program: String,
         (exe, cmdline): (String, Vec<String>),
         (pid, ppid): (u32, u32),
-        live: Option<(std::os::unix::net::UnixStream, std::sync::Arc<std::sync::atomic::AtomicBool>)>,
+        live: Option<Live>,
     ) -> Result<Stream> {
         let start = monotonic_ns();
         let mut header = Header::of_process(pid, ppid, exe, cmdline, (realtime_ns(), start));

@@ -307,16 +307,30 @@ fn trace_file(a: &AttachArgs, dir: &std::path::Path) -> Result<(PathBuf, std::fs
 /// The connection from the library, waited for up to [`CONNECT_TIMEOUT`].
 fn accept(listener: &UnixListener) -> Result<UnixStream> {
     let until = Instant::now() + CONNECT_TIMEOUT;
+    accept_while(listener, || Instant::now() < until)?.ok_or_else(|| {
+        anyhow!("libmtrace.so was loaded but did not connect back within {} s", CONNECT_TIMEOUT.as_secs())
+    })
+}
+
+/// A connection to the non-blocking `listener`, waited for while `waiting()`
+/// holds; `None` when it stopped holding with none made. `waiting` is
+/// asked before each try, so a connection made before it turned false is
+/// still taken.
+fn accept_while(listener: &UnixListener, mut waiting: impl FnMut() -> bool) -> Result<Option<UnixStream>> {
     loop {
+        let more = waiting();
         match listener.accept() {
             Ok((s, _)) => {
                 s.set_nonblocking(false)?;
-                return Ok(s);
+                return Ok(Some(s));
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < until => {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if !more {
+                    return Ok(None);
+                }
                 std::thread::sleep(Duration::from_millis(5));
             }
-            Err(e) => bail!("libmtrace.so was loaded but did not connect back: {e}"),
+            Err(e) => bail!("cannot accept a connection: {e}"),
         }
     }
 }

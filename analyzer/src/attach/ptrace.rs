@@ -6,7 +6,7 @@
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use mtrace_format::protocol::{Command, MAX_DEPTH};
 
-use super::{catch_stop_signals, copy_stream, trace_file, watch, AttachArgs, Session, DETACH_TIMEOUT, STOP};
+use super::{
+    accept_while, catch_stop_signals, copy_stream, trace_file, watch, AttachArgs, Session, DETACH_TIMEOUT, STOP,
+};
 
 /// The tracer's options for `a`, its stream going to `output`.
 fn options(a: &AttachArgs, output: String) -> mtrace_ptrace::Options {
@@ -64,33 +66,6 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     report(&a, &PathBuf::from(trace))
 }
 
-/// The tracer's connection to `listener`, waited for as long as its thread
-/// runs; `None` when it ended without connecting. Not the library's
-/// timeout ([`super::accept`]): seizing a busy process and placing the
-/// hooks may take longer (over 5 s seen with the test suite loading both
-/// CPUs), and a tracer that connects after nobody waits any more streams
-/// into a full socket for ever.
-fn accept_tracer<T>(listener: &UnixListener, tracer: &std::thread::JoinHandle<T>) -> Result<Option<UnixStream>> {
-    loop {
-        // Read before the accept: a tracer that connected and then ended
-        // (the process exited at once) left its connection to accept.
-        let ended = tracer.is_finished();
-        match listener.accept() {
-            Ok((s, _)) => {
-                s.set_nonblocking(false)?;
-                return Ok(Some(s));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if ended {
-                    return Ok(None);
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => bail!("cannot accept the tracer's connection: {e}"),
-        }
-    }
-}
-
 /// `mtrace attach --ptrace` with `-i` or `--interval`: the tracer (a
 /// thread of its own: the kernel ties a tracee to the thread that seized
 /// it) streams to a socket of ours. The console reads the copy of it and
@@ -111,7 +86,12 @@ fn live(a: AttachArgs) -> Result<ExitCode> {
     let opts = options(&a, format!("unix:{}", sock.display()));
     let pid = a.pid;
     let tracer = std::thread::spawn(move || mtrace_ptrace::attach(pid, opts, None));
-    let stream = match accept_tracer(&listener, &tracer) {
+    // Waited for as long as the tracer runs, not the library's timeout
+    // (super::accept): seizing a busy process and placing the hooks may
+    // take longer (over 5 s seen with the test suite loading both CPUs),
+    // and a tracer that connects after nobody waits any more streams into
+    // a full socket for ever.
+    let stream = match accept_while(&listener, || !tracer.is_finished()) {
         Ok(Some(s)) => s,
         // The tracer ended without connecting: it says why.
         Ok(None) => {
