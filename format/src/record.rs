@@ -328,6 +328,11 @@ pub mod region_kind {
     /// vtables, the GOT); not a root. Read for memcheck's
     /// multipleinheritance heuristic, which looks at vtables. Since version 5.
     pub const READ_ONLY: u8 = 3;
+    /// Not memory: the threads were stopped by a signal handler in the
+    /// process (the producer's fallback where ptrace was refused), so a
+    /// system call they waited in may have returned EINTR; `bytes` say why
+    /// (UTF-8), `addr` is 0. At most one per snapshot. Since version 11.
+    pub const STOPPED_BY_SIGNAL: u8 = 4;
     /// Flag added to a kind: this region is the next piece of the same
     /// mapping (or stack) as the ScanRegion before it.
     pub const SAME_MAPPING: u8 = 0x80;

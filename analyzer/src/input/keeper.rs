@@ -3,7 +3,7 @@
 //! with a stream that is still arriving.
 
 use anyhow::Result;
-use mtrace_format::{EndReason, Family, Record};
+use mtrace_format::{region_kind, EndReason, Family, Record};
 
 use crate::books::wrong::Dealloc;
 use crate::books::Block;
@@ -34,12 +34,14 @@ pub struct Keeper<'w> {
     now: u64,
     /// The regions of a snapshot being read (until its ScanEnd).
     regions: Vec<crate::trace::Region>,
+    /// That snapshot's threads were stopped by signal, for this reason.
+    stopped_by_signal: Option<String>,
 }
 
 impl<'w> Keeper<'w> {
     /// A keeper of the records inside window `w`.
     pub fn new(w: &'w Window) -> Keeper<'w> {
-        Keeper { w, now: 0, regions: Vec::new() }
+        Keeper { w, now: 0, regions: Vec::new(), stopped_by_signal: None }
     }
 
     /// Enters record `rec` of thread `tid` into `t`.
@@ -156,6 +158,9 @@ impl<'w> Keeper<'w> {
                 let d = Dealloc { family: Family::Pool, stack: None, realloc: false };
                 t.books.dealloc(tid, pool_key(pool, addr), time_ns, d);
             }
+            Record::ScanRegion { kind: region_kind::STOPPED_BY_SIGNAL, bytes, .. } => {
+                self.stopped_by_signal = Some(String::from_utf8_lossy(&bytes).into_owned());
+            }
             Record::ScanRegion { kind, addr, bytes, .. } => {
                 // The reader has checked a sparse payload: an error cannot
                 // happen here, and the region would be left out.
@@ -165,6 +170,7 @@ impl<'w> Keeper<'w> {
             }
             Record::ScanEnd { time_ns } => {
                 t.snapshot = Some(std::mem::take(&mut self.regions));
+                t.snapshot_stopped_by_signal = self.stopped_by_signal.take();
                 t.snapshot_time = time_ns;
                 t.snapshot_on_demand = false;
             }

@@ -265,6 +265,9 @@ fn write_leak_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
                 let n = plural(s.threads_not_stopped, "thread", "threads");
                 writeln!(w, "  ({n} could not be stopped: whole stacks counted as roots, registers unknown)")?;
             }
+            if let Some(why) = &s.stopped_by_signal {
+                writeln!(w, "  (threads stopped by signal, {why}: a call they waited in may have returned EINTR)")?;
+            }
         }
         None => writeln!(w, "\nLeak summary (memcheck's kinds):")?,
     }

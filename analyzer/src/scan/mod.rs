@@ -98,7 +98,7 @@ impl Kinds {
 }
 
 /// When a scan was taken and how it saw the threads.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub struct ScanInfo {
     /// Seconds since the program started.
     pub time_s: f64,
@@ -109,6 +109,11 @@ pub struct ScanInfo {
     /// Threads that could not be stopped: their whole stacks count as roots
     /// and their registers are unknown, so a leak can look reachable.
     pub threads_not_stopped: u64,
+    /// The threads were stopped by a signal handler in the process, not
+    /// from outside (ptrace was refused: this says why), so system calls
+    /// they waited in may have returned EINTR; `None` for a stop from
+    /// outside, and for traces older than version 11 (always by signal).
+    pub stopped_by_signal: Option<String>,
     /// Bytes of memory the snapshot holds (stacks and mappings).
     pub bytes: u64,
     /// Seconds the analyzer spent marking and classifying (wall time; not
@@ -126,6 +131,7 @@ pub fn info(t: &Trace) -> Option<ScanInfo> {
         at_exit: !t.snapshot_on_demand,
         threads_stopped: stopped,
         threads_not_stopped: regs.count() as u64 - stopped,
+        stopped_by_signal: t.snapshot_stopped_by_signal.clone(),
         bytes: snap.iter().filter(|r| r.kind != region_kind::REGISTERS).map(|r| r.len).sum(),
         marking_s: 0.0,
     })

@@ -115,6 +115,9 @@ pub struct Trace {
     pub snapshot_time: u64,
     /// The last snapshot was an on-demand scan (a "scan" marker follows it).
     pub snapshot_on_demand: bool,
+    /// Its threads were stopped by a signal handler, not from outside
+    /// (docs/SCAN.md): why, as the producer said.
+    pub snapshot_stopped_by_signal: Option<String>,
     /// Traced from an attach (`mtrace attach`; an [`ATTACH_MARKER`] marker):
     /// the blocks allocated before it are unknown.
     pub attached: bool,
@@ -148,6 +151,7 @@ impl Trace {
             snapshot: None,
             snapshot_time: u64::MAX,
             snapshot_on_demand: false,
+            snapshot_stopped_by_signal: None,
             attached: false,
         }
     }

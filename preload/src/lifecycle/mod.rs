@@ -31,6 +31,7 @@ pub extern "C" fn init() {
         // Looked up now: a fatal signal's scan must not ask the loader.
         snapshot::own_range(true);
     }
+    real::resolve_the_end();
     signals::install();
     if let Some(sig) = s.report_signal {
         reports::install(sig);
@@ -70,9 +71,13 @@ fn end_of_exit() {
     // What glibc keeps for the process's lifetime is not the program's
     // leak: it frees it, outside any hook so that its frees are recorded
     // (docs/SCAN.md). It also empties the environment (setenv.c's
-    // free_mem): nothing may run after it that reads it.
+    // free_mem): nothing may run after it that reads it. Only where no
+    // other thread of the program runs: freeres frees what a running
+    // thread may be using (the loader's dependency lists under a dlclose:
+    // ctests/loader_busy.c crashed in 1 run of about 350), as valgrind
+    // runs it only once the other threads are gone.
     if let Some(s) = stream::current() {
-        if s.freeres && s.pid == sys::getpid() && !s.is_finished() {
+        if s.freeres && s.pid == sys::getpid() && !s.is_finished() && alone(s) {
             real::libc_freeres();
         }
     }
@@ -85,6 +90,13 @@ fn end_of_exit() {
         }
     }
     recorder::final_flush(EndReason::Exit, false);
+}
+
+/// Whether the calling thread is the program's only one (the writer
+/// aside).
+fn alone(s: &stream::Session) -> bool {
+    let (me, writer) = (sys::gettid() as i32, s.writer_tid() as i32);
+    sys::numbered_entries(c"/proc/self/task").into_iter().all(|t| t == me || t == writer)
 }
 
 /// A session starts ([`crate::Up::starting`]): the functions the

@@ -141,13 +141,73 @@ impl Heap {
         self.lock.unlock();
     }
 
-    /// Runs `f` on the heap under the lock (dlmalloc does not panic).
+    /// Runs `f` on the heap under the lock (dlmalloc does not panic); in
+    /// the thread that [`hold`]s it, without taking the lock again.
     fn with<R>(&self, f: impl FnOnce(&mut dlmalloc::Dlmalloc<Pages>) -> R) -> R {
-        self.lock();
-        // SAFETY: the lock is held: no other reference to the heap exists.
+        let holder = HOLDER.load(Ordering::Relaxed);
+        let held = holder != 0 && holder == thread_id();
+        if !held {
+            self.lock();
+        }
+        // SAFETY: the lock is held, by this call or by this thread's Hold
+        // (which is never inside dlmalloc when this runs): no other
+        // reference to the heap exists.
         let r = f(unsafe { &mut *self.heap.get() });
-        self.unlock();
+        if !held {
+            self.unlock();
+        }
         r
+    }
+}
+
+/// The thread that holds the heap for a snapshot ([`hold`]), by
+/// [`thread_id`]; 0 for none.
+static HOLDER: AtomicUsize = AtomicUsize::new(0);
+
+/// The calling thread, as a number no other live thread has: its thread
+/// pointer on x86-64 (one read of `%fs:0`), else its kernel thread id.
+fn thread_id() -> usize {
+    if cfg!(target_arch = "x86_64") {
+        crate::platform::static_tls::thread_pointer()
+    } else {
+        crate::platform::sys::gettid() as usize
+    }
+}
+
+/// The tracer's heap, held by one thread ([`hold`]) until dropped.
+pub struct Hold(());
+
+/// Takes the tracer's heap for the calling thread until the [`Hold`] is
+/// dropped: no other thread is inside it meanwhile, so a thread the leak
+/// scan then stops from outside (snapshot/stop) holds no lock of it, and
+/// the calling thread goes on allocating from it. `None` when the heap is
+/// the real malloc (the range could not be reserved), or, not `patient`
+/// (a fatal signal's handler, which may have interrupted the holder),
+/// when it stays locked for a second.
+pub fn hold(patient: bool) -> Option<Hold> {
+    if !reserved() {
+        return None;
+    }
+    if patient {
+        HEAP.lock();
+    } else {
+        let mut waited_ms = 0;
+        while !HEAP.lock.try_lock() {
+            if waited_ms == 1000 {
+                return None;
+            }
+            crate::platform::sys::sleep_ms(1);
+            waited_ms += 1;
+        }
+    }
+    HOLDER.store(thread_id(), Ordering::Relaxed);
+    Some(Hold(()))
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        HOLDER.store(0, Ordering::Relaxed);
+        HEAP.unlock();
     }
 }
 

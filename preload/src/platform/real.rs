@@ -224,6 +224,14 @@ pub fn libc_exit() -> usize {
     EXIT.get().unwrap_or(0)
 }
 
+/// Looks up now what the end of `exit` calls ([`libc_exit`],
+/// [`libc_freeres`]): a `dlsym` there waits for the loader's lock, which
+/// another thread may hold as long as it likes (a `dlopen` loop).
+pub fn resolve_the_end() {
+    EXIT.get();
+    FREERES.get();
+}
+
 /// True when `p` was served by the bootstrap arena (free ignores it).
 #[inline(always)]
 pub fn in_arena(p: *const c_void) -> bool {

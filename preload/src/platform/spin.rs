@@ -32,6 +32,11 @@ impl SpinLock {
         }
     }
 
+    /// Takes the lock if it is free; whether it did.
+    pub fn try_lock(&self) -> bool {
+        self.locked.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+
     /// Releases the lock.
     pub fn unlock(&self) {
         self.locked.store(false, Ordering::Release);

@@ -3,7 +3,7 @@
 //! memcheck does. Taken at exit by the exiting thread (`MTRACE_SCAN=1`), or
 //! on demand by the writer thread (`MTRACE_SCAN_SIGNAL`).
 //!
-//! The program's other threads are stopped first (stop.rs). Written: each
+//! The program's other threads are stopped first (stop/). Written: each
 //! stopped thread's registers and its stack from the stack pointer up, and
 //! every other readable, writable mapping except the tracer's own (this
 //! library's data, the writer's stack) and the kernel's ([vvar], [vdso]).
@@ -22,12 +22,13 @@ use mtrace_format::region_kind;
 
 use crate::platform::sys;
 use crate::record::dead_stacks;
-use crate::stream::Session;
+use crate::stream::{FileHold, Session};
 
 mod filter;
 mod scratch;
 pub mod stop;
 use scratch::Scratch;
+use stop::Stopped;
 
 /// The mappings of `/proc/self/maps`: (start, end, writable, name), the
 /// readable ones only.
@@ -112,59 +113,121 @@ fn subtract(lo: u64, hi: u64, out: &[(u64, u64)]) -> Vec<(u64, u64)> {
     parts
 }
 
+/// The tracer's locks the snapshot takes: the trace file (everything the
+/// threads buffered written first), and, for a stop from outside, the
+/// tracer's heap. Dropped heap first: a thread waiting for the file may
+/// hold parking_lot's table of waiters while it allocates that table.
+struct Locks<'a> {
+    heap: Option<crate::platform::allocator::Hold>,
+    file: FileHold<'a>,
+}
+
+/// Takes [`Locks`] (the heap too with `heap`); a warning if it could not.
+fn lock(s: &Session, patient: bool, heap: bool) -> Result<Locks<'_>, &'static str> {
+    let file = s.hold_file(patient).ok_or("the trace stayed locked for 2 s; no leak scan")?;
+    let heap = if heap { crate::platform::allocator::hold(patient) } else { None };
+    Ok(Locks { heap, file })
+}
+
+/// Why the threads were not held from outside.
+enum NotHeld {
+    /// No scan at all (a lock stayed taken).
+    NoScan(&'static str),
+    /// ptrace cannot: stop them by signal.
+    Refused(String),
+}
+
+/// Holds the other threads from outside them, every lock of the tracer's
+/// that the snapshot needs taken first, while they run: a held thread may
+/// be anywhere, inside a hook too, and must hold none of them.
+fn hold_from_outside<'a>(s: &'a Session, patient: bool, skip: &[i32]) -> Result<(Stopped, Locks<'a>), NotHeld> {
+    let locks = lock(s, patient, true).map_err(NotHeld::NoScan)?;
+    if locks.heap.is_none() {
+        // The tracer allocates from the program's malloc, whose lock a
+        // held thread may hold.
+        return Err(NotHeld::Refused("the tracer's heap could not be reserved".into()));
+    }
+    match stop::from_outside(skip) {
+        Ok(stopped) => Ok((stopped, locks)),
+        Err(why) => Err(NotHeld::Refused(why)),
+    }
+}
+
 /// Stops the program's other threads, then writes the snapshot and a
 /// ScanEnd into the trace; returns the ScanEnd's time, ns.
 pub fn take(s: &Session, by: By) -> u64 {
     let patient = !matches!(by, By::Interrupted { .. });
-    // Before stopping anybody: a stopped thread may hold the loader's lock.
+    // Before stopping anybody: a stopped thread may hold the loader's lock,
+    // or the lock of the list of dead stacks.
     let own = own_range(patient);
     let me = sys::gettid();
     let writer = s.writer_tid();
     let writer_stack = (s.writer_stack[0].load(Ordering::Relaxed), s.writer_stack[1].load(Ordering::Relaxed));
-    let Some(stopped) = crate::snapshot::stop::others(&[me as i32, writer as i32], patient) else {
+    let Some(_one) = stop::one_at_a_time(patient) else {
         sys::warn("another leak scan held the program's threads for 2 s; no scan");
         return s.now();
+    };
+    let dead = dead_stacks::all();
+    let skip = [me as i32, writer as i32];
+    let (stopped, locks, by_signal) = match hold_from_outside(s, patient, &skip) {
+        Ok((stopped, locks)) => (stopped, locks, None),
+        Err(NotHeld::NoScan(why)) => {
+            sys::warn(why);
+            return s.now();
+        }
+        Err(NotHeld::Refused(why)) => {
+            // The threads first, the locks after: a thread parks only when
+            // it leaves the tracer's code (signal.rs).
+            let stopped = stop::by_signal(&skip);
+            match lock(s, patient, false) {
+                Ok(locks) => (stopped, locks, Some(why)),
+                Err(why) => {
+                    sys::warn(why);
+                    return s.now();
+                }
+            }
+        }
     };
     let now = s.now();
     let Some(mut scratch) = Scratch::new(me, now) else {
         sys::warn("no memory for the leak scan's snapshot; no scan");
         return now;
     };
-    let Some(file) = s.hold_file(patient) else {
-        sys::warn("the trace stayed locked for 2 s; no leak scan");
-        return now;
-    };
+    let file = &locks.file;
+    if let Some(why) = &by_signal {
+        scratch.note(file, region_kind::STOPPED_BY_SIGNAL, why.as_bytes());
+    }
     // Registers: the stopped threads', the calling thread's if it is the
     // program's; threads not stopped get an empty (unknown) set.
     let mut stacks: Vec<u64> = Vec::new();
     match &by {
         By::Program(r) => {
-            scratch.registers(&file, me, r);
+            scratch.registers(file, me, r);
             stacks.push(r[r.len() - 1]);
         }
         By::Interrupted { regs, len, live_from } => {
-            scratch.registers(&file, me, &regs[..*len]);
+            scratch.registers(file, me, &regs[..*len]);
             stacks.push(*live_from);
         }
         By::Writer => {}
     }
     for p in stopped.parked() {
-        scratch.registers(&file, p.tid as u32, p.regs());
+        scratch.registers(file, p.tid as u32, p.regs());
         stacks.push(p.live_from);
     }
     for &tid in &stopped.missed {
-        scratch.registers(&file, tid as u32, &[]);
+        scratch.registers(file, tid as u32, &[]);
     }
     // The tracer's own memory: this library, its heap, the writer's stack
-    // and compression context, the scratch. And the stacks of threads that
-    // ended (no live thread's stack pointer in them).
+    // and compression context, the scratch, the stop's helper. And the
+    // stacks of threads that ended (no live thread's stack pointer in them).
     let mut tracer = vec![writer_stack, s.zstd_range(), scratch.range()];
     tracer.extend(own);
     tracer.extend(crate::platform::allocator::range());
+    tracer.extend(stopped.own_memory());
     // The set of sampled blocks holds their addresses: not a root.
     tracer.extend(crate::record::sampled::ranges());
     let me_sp = dead_stacks::stack_address();
-    let dead = dead_stacks::all();
     tracer.extend(dead.into_iter().filter(|&(lo, hi)| !stacks.iter().chain([&me_sp]).any(|&sp| lo <= sp && sp < hi)));
     let maps = readable_mappings();
     if cfg!(target_pointer_width = "64") {
@@ -172,7 +235,7 @@ pub fn take(s: &Session, by: By) -> u64 {
         scratch.keep_only(filter::Filter::new(&spans));
     }
     for (lo, hi) in relro(&maps) {
-        scratch.memory(&file, region_kind::READ_ONLY, lo, hi);
+        scratch.memory(file, region_kind::READ_ONLY, lo, hi);
     }
     for (lo, hi, _, name) in maps.into_iter().filter(|m| m.2) {
         if name == "[vvar]" || name == "[vdso]" || name == "[vsyscall]" {
@@ -182,14 +245,15 @@ pub fn take(s: &Session, by: By) -> u64 {
             // A stopped thread's stack: only from its lowest live address
             // up (which may be up to a red zone below the mapping).
             match stacks.iter().find(|&&f| f < hi && f + 128 >= lo) {
-                Some(&f) => scratch.memory(&file, region_kind::STACK, f.max(lo) & !7, hi),
-                None => scratch.memory(&file, region_kind::MAPPING, lo, hi),
+                Some(&f) => scratch.memory(file, region_kind::STACK, f.max(lo) & !7, hi),
+                None => scratch.memory(file, region_kind::MAPPING, lo, hi),
             }
         }
     }
-    scratch.finish(&file);
-    drop(file);
+    scratch.finish(file);
+    // The threads go first: one may be waiting for a lock taken here.
     drop(stopped);
+    drop(locks);
     now
 }
 

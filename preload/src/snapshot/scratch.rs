@@ -121,6 +121,16 @@ impl Scratch {
         self.flush_if_full(out);
     }
 
+    /// A region that is not memory: `bytes` as they are, of `kind` (a
+    /// note such as [`region_kind::STOPPED_BY_SIGNAL`]'s).
+    pub fn note(&mut self, out: &FileHold, kind: u8, bytes: &[u8]) {
+        let mut h = Vec::with_capacity(24);
+        self.enc.scan_region_header(&mut h, self.now, kind, 0, bytes.len());
+        self.put(&h);
+        self.put(bytes);
+        self.flush_if_full(out);
+    }
+
     /// Reads `[lo, hi)` of this process (one mapping, or a stack) into
     /// ScanRegion records of `kind`, the pieces after the first marked as
     /// the same mapping; pieces that cannot be read (guard pages) are left

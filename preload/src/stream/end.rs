@@ -23,10 +23,13 @@ impl Session {
         if !in_signal && !self.is_finished() && self.reporter.take_request() {
             self.report_point(SIGNAL_REPORT, None, false);
         }
+        // The loader is asked before the file is locked (see
+        // modules_if_changed).
+        let modules = if in_signal { None } else { self.modules_if_changed() };
         self.finished.store(true, Ordering::SeqCst);
         let Some(_f) = lock(&self.file, in_signal) else { return };
-        if !in_signal {
-            self.write_modules_if_changed();
+        if let Some(m) = modules {
+            self.write_unordered(&m);
         }
         if let Some(threads) = lock(&self.threads, in_signal) {
             let claim = self.handoff.claim();

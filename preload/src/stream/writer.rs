@@ -163,12 +163,18 @@ impl Session {
                 continue;
             }
             self.clock.refit();
+            // Asked of the loader before the file is locked: a thread the
+            // leak scan holds may hold the loader's lock, and the scan
+            // waits for the file.
+            let modules = self.modules_if_changed();
             {
                 let _f = self.file.lock();
                 if self.is_finished() {
                     continue;
                 }
-                self.write_modules_if_changed();
+                if let Some(m) = modules {
+                    self.write_unordered(&m);
+                }
                 let now = self.now();
                 if self.pending.load(Ordering::Relaxed) > 0 || now >= last_collect + QUIET_COLLECT_MS * 1_000_000 {
                     active |= self.collect(false) > 0;
@@ -212,14 +218,18 @@ impl Session {
         self.write_unordered(&buf);
     }
 
-    /// Writes the module list when a library was loaded or unloaded since it
-    /// was last written (dlopen is noticed here, not hooked: see
-    /// hooks/process.rs). The caller holds the file lock.
-    pub(super) fn write_modules_if_changed(&self) {
+    /// The module list's records when a library was loaded or unloaded
+    /// since it was last written (dlopen is noticed here, not hooked: see
+    /// hooks/process.rs), to write with the file lock held. Asks the
+    /// loader, so the caller must not hold the file lock: a thread may
+    /// wait for it while holding the loader's lock (a hook in a
+    /// `dl_iterate_phdr` callback), and a thread the leak scan holds may
+    /// hold the loader's lock while the scan waits for the file.
+    pub(super) fn modules_if_changed(&self) -> Option<Vec<u8>> {
         let g = modules::generation();
         let mut last = self.modules_gen.lock();
         if *last == g {
-            return;
+            return None;
         }
         *last = g;
         #[cfg(target_arch = "x86_64")]
@@ -230,7 +240,7 @@ impl Session {
         let mut enc = Encoder::new();
         enc.encode(&mut out, &Record::Thread { tid: sys::gettid(), time_ns: now });
         enc.encode(&mut out, &Record::Modules { time_ns: now, modules: modules::list() });
-        self.write_unordered(&out);
+        Some(out)
     }
 }
 

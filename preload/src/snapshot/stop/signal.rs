@@ -1,23 +1,21 @@
-//! Stopping the program's other threads while the leak scan reads memory,
-//! and reading their registers (docs/SCAN.md).
+//! Stopping the program's other threads by a signal: the fallback where
+//! ptrace is refused (docs/SCAN.md). Each thread gets [`stop_signal`] by
+//! tgkill; the handler copies the interrupted registers from the signal's
+//! ucontext into the thread's slot, reports itself parked and waits
+//! (atomics and nanosleep only) until the scan lets everybody go. A thread
+//! that is inside a hook when the signal arrives may hold a lock the scan
+//! needs (the real malloc's, its buffer's), so it parks when it leaves the
+//! hook instead (guard.rs), with the registers of that point.
 //!
-//! In-process, with a signal, so that plain `LD_PRELOAD` needs no ptrace
-//! permission: each thread gets [`stop_signal`] by tgkill; the handler
-//! copies the interrupted registers from the signal's ucontext into the
-//! thread's slot, reports itself parked and waits (atomics and nanosleep
-//! only) until the scan lets everybody go. A thread that is inside a hook
-//! when the signal arrives may hold a lock the scan needs (the real
-//! malloc's, its buffer's), so it parks when it leaves the hook instead
-//! (guard.rs), with the registers of that point.
-//!
-//! Threads that block the signal for more than [`BLOCKED_WAIT_US`], do not
-//! answer within a second, or exceed [`SLOTS`] are "missed": the scan
-//! reads their stacks whole.
+//! What it costs the program: a system call the handler interrupts that is
+//! not restarted after a handler (sleeps, poll, select, epoll_wait, futex
+//! waits with a timeout, …) returns EINTR. Threads that block the signal
+//! for more than [`BLOCKED_WAIT_US`], do not answer within a second, or
+//! exceed [`SLOTS`] are "missed": the scan reads their stacks whole.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::{Mutex, MutexGuard};
-
+use super::{own_registers, tasks, Parked, RED_ZONE, REGS};
 use crate::platform::sys;
 
 /// Threads a stop can hold at once.
@@ -25,11 +23,6 @@ const SLOTS: usize = 1024;
 /// How long a thread that blocked the stop signal when it was sent gets to
 /// take it, µs (the others get a second).
 const BLOCKED_WAIT_US: u32 = 100_000;
-/// Words of registers kept per thread (x86_64: gregs R8 … RIP).
-pub const REGS: usize = 17;
-/// The x86-64 ABI's red zone: a leaf function's live data below the stack
-/// pointer, which an interrupting signal leaves alone.
-const RED_ZONE: u64 = 128;
 
 struct Slot {
     tid: AtomicI32,
@@ -61,8 +54,6 @@ static COUNT: AtomicUsize = AtomicUsize::new(0);
 /// The current stop's epoch; 0 when no stop is on.
 static ACTIVE: AtomicU64 = AtomicU64::new(0);
 static EPOCH: AtomicU64 = AtomicU64::new(0);
-/// One stop at a time (the writer's on-demand scan, the exit scan).
-static LOCK: Mutex<()> = Mutex::new(());
 static WARNED: AtomicBool = AtomicBool::new(false);
 
 /// The signal that stops threads: SIGRTMAX-1, which glibc does not use.
@@ -70,35 +61,13 @@ pub fn stop_signal() -> i32 {
     libc::SIGRTMAX() - 1
 }
 
-/// A thread held by a stop. A plain value: the snapshot keeps register
-/// values (which may point to the program's blocks) only on its stack and
-/// in its own scratch mapping, never in memory it scans.
-#[derive(Clone, Copy)]
-pub struct Parked {
-    pub tid: i32,
-    regs: [u64; REGS],
-    len: usize,
-    /// Its stack is live from here up.
-    pub live_from: u64,
-}
-
-impl Parked {
-    /// Its registers (the stack pointer among them) when it stopped.
-    pub fn regs(&self) -> &[u64] {
-        &self.regs[..self.len]
-    }
-}
-
-/// The other threads, stopped until this is dropped.
-pub struct Stopped {
+/// The threads parked by [`stop`], until this is dropped.
+pub struct Parking {
     /// Slots of the parked threads.
     slots: Vec<usize>,
-    /// Threads not stopped (see the module's doc).
-    pub missed: Vec<i32>,
-    _one: MutexGuard<'static, ()>,
 }
 
-impl Stopped {
+impl Parking {
     /// The parked threads, read from their slots.
     pub fn parked(&self) -> impl Iterator<Item = Parked> + '_ {
         self.slots.iter().map(|&i| {
@@ -117,20 +86,18 @@ impl Stopped {
     }
 }
 
-impl Drop for Stopped {
+impl Drop for Parking {
     fn drop(&mut self) {
         ACTIVE.store(0, Ordering::SeqCst);
     }
 }
 
-/// Stops every thread of the process except those in `skip`. Not
-/// `patient` (a fatal signal's handler): `None` when another stop holds
-/// the threads for 2 s.
-pub fn others(skip: &[i32], patient: bool) -> Option<Stopped> {
-    let one = crate::stream::lock(&LOCK, !patient)?;
+/// Stops every thread of the process except those in `skip` by the
+/// stop signal; also the threads it could not stop.
+pub fn stop(skip: &[i32]) -> (Parking, Vec<i32>) {
     let tids: Vec<i32> = tasks().into_iter().filter(|t| !skip.contains(t)).collect();
     if tids.is_empty() || !install() {
-        return Some(Stopped { slots: Vec::new(), missed: tids, _one: one });
+        return (Parking { slots: Vec::new() }, tids);
     }
     let sig = stop_signal();
     let epoch = EPOCH.fetch_add(1, Ordering::Relaxed) + 1;
@@ -168,12 +135,7 @@ pub fn others(skip: &[i32], patient: bool) -> Option<Stopped> {
     let (slots, late): (Vec<usize>, Vec<usize>) =
         waiting.into_iter().map(|(i, _)| i).partition(|&i| SLOT[i].parked.load(Ordering::Acquire) == epoch);
     missed.extend(late.iter().map(|&i| SLOT[i].tid.load(Ordering::Relaxed)));
-    Some(Stopped { slots, missed, _one: one })
-}
-
-/// The thread ids of this process, from /proc/self/task.
-fn tasks() -> Vec<i32> {
-    sys::numbered_entries(c"/proc/self/task")
+    (Parking { slots }, missed)
 }
 
 /// Whether thread `tid` blocks `sig` (its SigBlk in /proc).
@@ -306,26 +268,4 @@ fn park(regs: &[u64], live_from: u64) {
 /// In a forked child: no stop is on (the child's only thread is not parked).
 pub fn reset_in_child() {
     ACTIVE.store(0, Ordering::SeqCst);
-}
-
-/// Callee-saved registers and the stack pointer (last) of the calling
-/// thread: at a call, every other register's live value is on the stack.
-#[cfg(target_arch = "x86_64")]
-pub fn own_registers() -> [u64; 7] {
-    let (rbx, rbp, r12, r13, r14, r15, rsp): (u64, u64, u64, u64, u64, u64, u64);
-    // SAFETY: copies registers; no memory access.
-    unsafe {
-        std::arch::asm!("mov {0}, rbx", "mov {1}, rbp", "mov {2}, r12", "mov {3}, r13", "mov {4}, r14",
-            "mov {5}, r15", "mov {6}, rsp",
-            out(reg) rbx, out(reg) rbp, out(reg) r12, out(reg) r13, out(reg) r14, out(reg) r15, out(reg) rsp,
-            options(nomem, nostack, preserves_flags));
-    }
-    [rbx, rbp, r12, r13, r14, r15, rsp]
-}
-
-/// Elsewhere: no registers, and the address of a local as the stack pointer.
-#[cfg(not(target_arch = "x86_64"))]
-pub fn own_registers() -> [u64; 7] {
-    let here = 0u64;
-    [0, 0, 0, 0, 0, 0, std::hint::black_box(&here) as *const u64 as u64]
 }
