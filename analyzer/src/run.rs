@@ -115,18 +115,23 @@ const SI_KERNEL: i32 = 0x80;
 extern "C" fn on_signal(sig: i32, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
     let code = unsafe { (*info).si_code };
-    // The terminal's Ctrl-C and Ctrl-\ reach the program by themselves
-    // (same process group); what was sent to mtrace alone is passed on.
-    if (sig == libc::SIGINT || sig == libc::SIGQUIT) && code == SI_KERNEL {
+    // The terminal's Ctrl-C, Ctrl-\ and window changes reach the program by
+    // themselves (same process group); what was sent to mtrace alone is
+    // passed on.
+    if sig != libc::SIGTERM && sig != libc::SIGHUP && code == SI_KERNEL {
         return;
     }
     PENDING.fetch_or(1 << sig, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// mtrace stays to report: SIGTERM, SIGHUP, and SIGINT/SIGQUIT sent to it
-/// (not the terminal's) go to the program instead of ending mtrace.
+/// (not the terminal's) go to the program instead of ending mtrace; so do
+/// the report and scan signals (`mtrace_ptrace::signals_to_pass_on`:
+/// SIGUSR1 sent to mtrace instead of the program makes the report point
+/// the user asked for).
 fn forward_signals() {
-    for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
+    let passed = mtrace_ptrace::signals_to_pass_on();
+    for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP].into_iter().chain(passed) {
         // SAFETY: a plain handler that only stores to an atomic.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();

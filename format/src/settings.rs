@@ -24,6 +24,34 @@ impl Setting {
     }
 }
 
+/// The signal names the signal settings accept (`MTRACE_REPORT_SIGNAL`,
+/// `MTRACE_SCAN_SIGNAL`), with or without `SIG`, and their numbers on this
+/// host.
+pub const SIGNALS: [(&str, i32); 6] = [
+    ("USR1", libc::SIGUSR1),
+    ("USR2", libc::SIGUSR2),
+    ("HUP", libc::SIGHUP),
+    ("PROF", libc::SIGPROF),
+    ("URG", libc::SIGURG),
+    ("WINCH", libc::SIGWINCH),
+];
+
+/// A signal setting's value: `Some(Some(n))` for a signal (a name of
+/// [`SIGNALS`], or a number from 1 to below SIGRTMAX), `Some(None)` for
+/// `off`, `None` for anything else. The preload, the ptrace tracer and
+/// `mtrace run` (which passes these signals on) read them alike.
+pub fn parse_signal(v: &str) -> Option<Option<i32>> {
+    let v = v.trim();
+    if v.eq_ignore_ascii_case("off") {
+        return Some(None);
+    }
+    if let Ok(n) = v.parse::<i32>() {
+        return (1..libc::SIGRTMAX()).contains(&n).then_some(Some(n));
+    }
+    let name = v.strip_prefix("SIG").unwrap_or(v);
+    SIGNALS.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|&(_, s)| Some(s))
+}
+
 macro_rules! setting {
     ($id:ident, $var:literal, $values:literal, $help:literal) => {
         #[doc = $help]

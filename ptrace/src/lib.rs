@@ -44,4 +44,5 @@ mod unwind;
 mod uprobes;
 
 pub use calls::Settings;
+pub use spawn::signals_to_pass_on;
 pub use tracer::{attach, run, Hooks, Options, Outcome};

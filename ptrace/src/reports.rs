@@ -32,27 +32,20 @@ pub fn default_disposition(pid: Pid, sig: i32) -> bool {
     mask("SigCgt:") & bit == 0 && mask("SigIgn:") & bit == 0
 }
 
-/// The scan signal (`MTRACE_SCAN_SIGNAL`: USR1, USR2, SIGUSR2, a number;
-/// unset or `off`: none), as the preload reads it.
+/// The scan signal (`MTRACE_SCAN_SIGNAL`: the names and numbers of
+/// `settings::parse_signal`; unset or `off`: none), as the preload reads it.
 pub fn scan_signal() -> Option<nix::sys::signal::Signal> {
     let v = std::env::var(settings::SCAN_SIGNAL.name()).ok()?;
-    let v = v.trim();
-    if let Ok(n) = v.parse::<i32>() {
-        return nix::sys::signal::Signal::try_from(n).ok();
+    match settings::parse_signal(&v) {
+        Some(sig) => sig.and_then(|n| nix::sys::signal::Signal::try_from(n).ok()),
+        None => {
+            eprintln!(
+                "mtrace: {}={v:?} is not a signal (USR1, USR2, a number, or off); using off",
+                settings::SCAN_SIGNAL.name()
+            );
+            None
+        }
     }
-    let name = if v.to_ascii_uppercase().starts_with("SIG") {
-        v.to_ascii_uppercase()
-    } else {
-        format!("SIG{}", v.to_ascii_uppercase())
-    };
-    let sig = name.parse().ok();
-    if sig.is_none() && !v.eq_ignore_ascii_case("off") {
-        eprintln!(
-            "mtrace: {}={v:?} is not a signal (USR1, USR2, a number, or off); using off",
-            settings::SCAN_SIGNAL.name()
-        );
-    }
-    sig
 }
 
 /// Writes report point `seq` named `name` (the marker kinds of

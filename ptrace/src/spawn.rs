@@ -3,7 +3,7 @@
 //! SIGINT/SIGTERM, which make it detach rather than die.
 
 use std::ffi::CString;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use anyhow::{Context, Result};
 use nix::sys::ptrace::{self, Options};
@@ -57,14 +57,53 @@ extern "C" fn on_signal(_: i32) {
     DETACH.store(true, Ordering::Relaxed);
 }
 
+/// Signals sent to the tracer that are the program's: a bit per number.
+static PASS_ON: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn on_pass_on(sig: i32) {
+    PASS_ON.fetch_or(1 << sig, Ordering::Relaxed);
+}
+
+/// The signals `mtrace` passes on to the program it runs or traces when
+/// they are sent to `mtrace` itself (`pgrep` finds both, and a report
+/// signal sent to the wrong one must not end `mtrace`): SIGUSR1, SIGUSR2,
+/// and the report and scan signals (`MTRACE_REPORT_SIGNAL`,
+/// `MTRACE_SCAN_SIGNAL`) if others. Never SIGINT, SIGTERM or SIGHUP,
+/// whose meaning for `mtrace` is its own.
+pub fn signals_to_pass_on() -> Vec<i32> {
+    use mtrace_format::settings;
+    let mut v = vec![libc::SIGUSR1, libc::SIGUSR2];
+    for s in [settings::REPORT_SIGNAL, settings::SCAN_SIGNAL] {
+        let Ok(value) = std::env::var(s.name()) else { continue };
+        if let Some(Some(sig)) = settings::parse_signal(&value) {
+            if !v.contains(&sig) && ![libc::SIGINT, libc::SIGTERM, libc::SIGHUP].contains(&sig) {
+                v.push(sig);
+            }
+        }
+    }
+    v
+}
+
+/// The signals passed on since the last call ([`signals_to_pass_on`]).
+pub fn take_passed_on() -> Vec<Signal> {
+    let bits = PASS_ON.swap(0, Ordering::Relaxed);
+    (1..64).filter(|s| bits & (1 << s) != 0).filter_map(|s| Signal::try_from(s).ok()).collect()
+}
+
 /// SIGINT, SIGTERM and SIGHUP (and SIGALRM, which [`detach_after`]
 /// sends) make the tracer detach; its waits are interrupted (no
-/// SA_RESTART) so that it notices.
+/// SA_RESTART) so that it notices. The [`signals_to_pass_on`] are kept
+/// for the program.
 pub fn catch_signals() -> Result<()> {
     let sa = SigAction::new(SigHandler::Handler(on_signal), SaFlags::empty(), SigSet::empty());
     for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGALRM] {
         // SAFETY: the handler only stores to an atomic.
         unsafe { signal::sigaction(sig, &sa) }?;
+    }
+    let pass = SigAction::new(SigHandler::Handler(on_pass_on), SaFlags::empty(), SigSet::empty());
+    for sig in signals_to_pass_on().into_iter().filter_map(|s| Signal::try_from(s).ok()) {
+        // SAFETY: the handler only stores to an atomic.
+        unsafe { signal::sigaction(sig, &pass) }?;
     }
     Ok(())
 }

@@ -266,7 +266,11 @@ fn write_leak_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
                 writeln!(w, "  ({n} could not be stopped: whole stacks counted as roots, registers unknown)")?;
             }
             if let Some(why) = &s.stopped_by_signal {
-                writeln!(w, "  (threads stopped by signal, {why}: a call they waited in may have returned EINTR)")?;
+                writeln!(
+                    w,
+                    "  (threads stopped by a signal, as ptrace could not be used: {why}; \
+                     a system call one waited in may have returned EINTR)"
+                )?;
             }
         }
         None => writeln!(w, "\nLeak summary (memcheck's kinds):")?,

@@ -143,28 +143,6 @@ fn parse_test_order(v: &str) -> Option<TestOrder> {
     Some(t)
 }
 
-/// Signal names accepted by `MTRACE_REPORT_SIGNAL`, with or without `SIG`.
-const SIGNALS: [(&str, i32); 6] = [
-    ("USR1", libc::SIGUSR1),
-    ("USR2", libc::SIGUSR2),
-    ("HUP", libc::SIGHUP),
-    ("PROF", libc::SIGPROF),
-    ("URG", libc::SIGURG),
-    ("WINCH", libc::SIGWINCH),
-];
-
-fn parse_signal(v: &str) -> Option<Option<i32>> {
-    let v = v.trim();
-    if v.eq_ignore_ascii_case("off") {
-        return Some(None);
-    }
-    if let Ok(n) = v.parse::<i32>() {
-        return (1..libc::SIGRTMAX()).contains(&n).then_some(Some(n));
-    }
-    let name = v.strip_prefix("SIG").unwrap_or(v);
-    SIGNALS.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|&(_, s)| Some(s))
-}
-
 /// Settings given by `mtrace attach` (`NAME=value` lines), read before the
 /// environment.
 static OVERRIDES: parking_lot::Mutex<String> = parking_lot::Mutex::new(String::new());
@@ -218,7 +196,7 @@ pub fn load() -> Config {
     };
     let report_signal = match var(settings::REPORT_SIGNAL.var) {
         None => Some(libc::SIGUSR1),
-        Some(v) => parse_signal(&v).unwrap_or_else(|| {
+        Some(v) => settings::parse_signal(&v).unwrap_or_else(|| {
             sys::warn_once_per_run(&format!(
                 "MTRACE_REPORT_SIGNAL={v:?} is not a signal (USR1, USR2, a number, or off); using USR1"
             ));
@@ -243,7 +221,7 @@ pub fn load() -> Config {
     let check_frees = zero_one(settings::CHECK_FREES.var);
     let scan_signal = match var(settings::SCAN_SIGNAL.var) {
         None => None,
-        Some(v) => parse_signal(&v).unwrap_or_else(|| {
+        Some(v) => settings::parse_signal(&v).unwrap_or_else(|| {
             sys::warn_once_per_run(&format!(
                 "MTRACE_SCAN_SIGNAL={v:?} is not a signal (USR1, USR2, a number, or off); using off"
             ));
@@ -332,12 +310,12 @@ fn switch(name: &std::ffi::CStr, default: bool, words: (&str, &str)) -> bool {
 mod tests {
     #[test]
     fn signal_names() {
-        assert_eq!(super::parse_signal("USR2"), Some(Some(libc::SIGUSR2)));
-        assert_eq!(super::parse_signal("SIGUSR1"), Some(Some(libc::SIGUSR1)));
-        assert_eq!(super::parse_signal("12"), Some(Some(12)));
-        assert_eq!(super::parse_signal("off"), Some(None));
-        assert_eq!(super::parse_signal("KILLME"), None);
-        assert_eq!(super::parse_signal("0"), None);
+        assert_eq!(mtrace_format::settings::parse_signal("USR2"), Some(Some(libc::SIGUSR2)));
+        assert_eq!(mtrace_format::settings::parse_signal("SIGUSR1"), Some(Some(libc::SIGUSR1)));
+        assert_eq!(mtrace_format::settings::parse_signal("12"), Some(Some(12)));
+        assert_eq!(mtrace_format::settings::parse_signal("off"), Some(None));
+        assert_eq!(mtrace_format::settings::parse_signal("KILLME"), None);
+        assert_eq!(mtrace_format::settings::parse_signal("0"), None);
     }
 
     #[test]

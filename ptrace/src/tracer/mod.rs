@@ -237,6 +237,9 @@ impl Tracer {
                 self.detach_all();
                 return Ok(Outcome::Detached(self.main.as_raw()));
             }
+            for sig in spawn::take_passed_on() {
+                let _ = nix::sys::signal::kill(self.main, sig);
+            }
             let waited = std::time::Instant::now();
             self.tick(false);
             let st = match self.next_stop() {

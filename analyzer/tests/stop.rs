@@ -1,0 +1,307 @@
+//! The leak scan stops the program's threads from outside them (ptrace,
+//! docs/SCAN.md "Stopping the threads"): the calls they wait in go on as
+//! natively, threads that block every signal are held with their
+//! registers, a thread busy in the loader or starting and ending threads
+//! never hangs a scan, and where ptrace is refused the report says the
+//! threads were stopped by signal.
+
+mod common;
+use common::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Waits a stop from outside must not interrupt, with what each returns
+/// at its timeout: (rc, errno).
+const RESTARTED: [(&str, i64, i64); 9] = [
+    ("nanosleep", 0, 0),
+    ("usleep", 0, 0),
+    ("clock_nanosleep", 0, 0),
+    ("poll", 0, 0),
+    ("select", 0, 0),
+    ("sem_timedwait", -1, libc::ETIMEDOUT as i64),
+    ("cond_timedwait", -1, libc::ETIMEDOUT as i64),
+    ("read", 1, 0),
+    ("futex", -1, libc::ETIMEDOUT as i64),
+];
+
+/// signal(7)'s list of calls that a stop interrupts even without a
+/// handler, as Ctrl-Z and `fg` do.
+const STOP_LIST: [&str; 4] = ["epoll_wait", "semtimedop", "sigtimedwait", "recv_timeout"];
+
+/// ctests/waits.c's lines: kind → (rc, errno, ms).
+fn results(stdout: &[u8]) -> BTreeMap<String, (i64, i64, f64)> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let kind = w.next()?.to_owned();
+            let mut field = |name: &str| w.next()?.strip_prefix(name)?.parse::<f64>().ok();
+            Some((kind, (field("rc=")? as i64, field("errno=")? as i64, field("ms=")?)))
+        })
+        .collect()
+}
+
+fn waits(dir: &Path) -> PathBuf {
+    build("waits.c", &dir.join("waits"), &["-g", "-O0"])
+}
+
+/// The program preloaded, writing `trace`, scanning at exit.
+fn preloaded(prog: &Path, trace: &Path) -> Command {
+    let mut c = Command::new(prog);
+    c.env("LD_PRELOAD", lib()).env("MTRACE_OUTPUT", trace).env("MTRACE_SCAN", "1");
+    c
+}
+
+/// Runs `cmd` (stdout piped), sending it `sig` every `every` until it
+/// ends; its output.
+fn signalled(cmd: &mut Command, sig: i32, every: Duration) -> std::process::Output {
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let pid = child.id() as i32;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = done.clone();
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            // SAFETY: kill of our own child, which we have not reaped yet.
+            unsafe { libc::kill(pid, sig) };
+            std::thread::sleep(every);
+        }
+    });
+    let out = child.wait_with_output().unwrap();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    sender.join().unwrap();
+    out
+}
+
+/// The program preloaded, its scan signal USR2 sent every `every` ms
+/// while it runs; its output and how many scans it made.
+fn scanned(prog: &Path, trace: &Path, args: &[String], every: u64) -> (std::process::Output, usize) {
+    let mut cmd = preloaded(prog, trace);
+    cmd.args(args).env("MTRACE_SCAN_SIGNAL", "USR2").env("MTRACE_BIN", "/bin/true");
+    let out = signalled(&mut cmd, libc::SIGUSR2, Duration::from_millis(every));
+    assert!(out.status.success(), "{:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
+    let markers = Command::new(mtrace()).args(["report", "--markers"]).arg(trace).output().unwrap();
+    let scans = String::from_utf8_lossy(&markers.stdout).lines().filter(|l| l.ends_with(" scan")).count();
+    (out, scans)
+}
+
+/// Threads waiting in each restartable call through more than 100 scans
+/// by signal: each returns at its own time with its own result.
+#[test]
+fn waits_go_on_through_scans_by_signal() {
+    let dir = scratch("stop-waits");
+    let prog = waits(&dir);
+    let ms = 4000.0;
+    let args: Vec<String> =
+        ["wait", "4000"].into_iter().chain(RESTARTED.iter().map(|k| k.0)).map(str::to_owned).collect();
+    let (out, scans) = scanned(&prog, &dir.join("waits.mtrace"), &args, 20);
+    assert!(scans >= 100, "only {scans} scans while the threads waited");
+    let traced = results(&out.stdout);
+    for (kind, rc, errno) in RESTARTED {
+        let (got_rc, got_errno, took) = traced[kind];
+        assert_eq!((got_rc, got_errno), (rc, errno), "{kind} through {scans} scans: {traced:?}");
+        assert!(took >= ms - 1.0, "{kind} returned early: {took} ms");
+        // select's kernel restart counts down from what was left when the
+        // stop began, as after SIGSTOP: it returns later by the time the
+        // threads were held.
+        if kind != "select" {
+            assert!(took < ms + 1000.0, "{kind} returned late: {took} ms");
+        }
+    }
+}
+
+/// signal(7)'s stop list: natively a SIGSTOP and SIGCONT make each of
+/// these calls fail with EINTR (measured here); scans fail none that the
+/// stop does not.
+#[test]
+fn the_stop_list_fails_no_more_than_after_sigstop() {
+    let dir = scratch("stop-list");
+    let prog = waits(&dir);
+    let args: Vec<String> = ["wait", "1000"].into_iter().chain(STOP_LIST).map(str::to_owned).collect();
+    let mut native = Command::new(&prog).args(&args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: kill of our own child.
+    unsafe { libc::kill(native.id() as i32, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: as above.
+    unsafe { libc::kill(native.id() as i32, libc::SIGCONT) };
+    let mut stdout = Vec::new();
+    std::io::Read::read_to_end(native.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    assert!(native.wait().unwrap().success());
+    let natively = results(&stdout);
+    let (out, scans) = scanned(&prog, &dir.join("list.mtrace"), &args, 50);
+    assert!(scans >= 5, "{scans} scans");
+    let traced = results(&out.stdout);
+    for kind in STOP_LIST {
+        let interrupted = |r: &BTreeMap<String, (i64, i64, f64)>| r[kind].1 == libc::EINTR as i64;
+        assert!(interrupted(&natively), "{kind} natively after SIGSTOP/SIGCONT: {natively:?}");
+        assert!(!interrupted(&traced) || interrupted(&natively), "{kind}: {traced:?}");
+    }
+}
+
+/// The restartable waits through the scan at exit, 20 runs: no thread
+/// sees EINTR (the program would exit 3), and the thread that blocks
+/// every signal is held with its registers: the block only its r12 holds
+/// is still reachable, as memcheck says.
+#[test]
+fn waits_go_on_through_the_exit_scan() {
+    let dir = scratch("stop-exit");
+    let prog = waits(&dir);
+    let mut args = vec!["exit", "5000"];
+    args.extend(RESTARTED.iter().map(|k| k.0));
+    args.push("holder");
+    for run in 0..20 {
+        let trace = dir.join(format!("exit-{run}.mtrace"));
+        let out = preloaded(&prog, &trace).args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "run {run}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.stderr.is_empty(), "run {run}: {}", String::from_utf8_lossy(&out.stderr));
+        let r = report_json(&trace);
+        // main, nine waiting threads and the holder.
+        assert_eq!(
+            (r["scan"]["threads_stopped"].as_u64(), r["scan"]["threads_not_stopped"].as_u64()),
+            (Some(11), Some(0)),
+            "run {run}"
+        );
+        assert_eq!(r["scan"]["stopped_by_signal"], serde_json::Value::Null);
+        let k = &r["kinds"];
+        assert_eq!(
+            (k["reachable"]["bytes"].as_u64(), k["definite"]["blocks"].as_u64()),
+            (Some(777), Some(0)),
+            "run {run}: {k}"
+        );
+    }
+    let held = memcheck(&dir, &[], &prog, &["exit", "300", "holder"]);
+    assert_eq!(held[3], (777, 1), "memcheck's still reachable: {held:?}");
+    assert_eq!(held[0], (0, 0), "memcheck's definitely lost: {held:?}");
+}
+
+/// A seccomp filter on the thread that scans (a sandbox's may kill the
+/// process for a ptrace or a clone): the threads are stopped by signal as
+/// before, and the report says so; the thread that blocks every signal
+/// cannot be stopped, so its register is unknown and its block lost.
+#[test]
+fn by_signal_where_a_seccomp_filter_is_on() {
+    let dir = scratch("stop-seccomp");
+    let prog = waits(&dir);
+    let trace = dir.join("seccomp.mtrace");
+    let out = preloaded(&prog, &trace).args(["exit", "200", "seccomp", "holder"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = report_json(&trace);
+    assert_eq!(r["scan"]["stopped_by_signal"], "a seccomp filter is on", "{}", r["scan"]);
+    assert_eq!((r["scan"]["threads_stopped"].as_u64(), r["scan"]["threads_not_stopped"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(r["kinds"]["definite"]["bytes"], 777, "{}", r["kinds"]);
+    let text = Command::new(mtrace()).arg("report").arg(&trace).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(
+            "\n  (1 thread could not be stopped: whole stacks counted as roots, registers unknown)\n  (threads stopped by a signal, as ptrace could not be used: a seccomp filter is on; a system call one waited in may have returned EINTR)\n"
+        ),
+        "{text}"
+    );
+}
+
+/// A thread busy in the loader while main returns (inside a
+/// dl_iterate_phdr callback that allocates, or looping over dlopen and
+/// dlclose): 50 runs each end as they do natively, exit status 0, none
+/// hangs (the program's watchdog ends it with 1 after 20 s; the test gives
+/// up after 40).
+#[test]
+fn a_thread_in_the_loader_at_exit_hangs_nothing() {
+    let dir = scratch("stop-loader");
+    let prog = build("loader_busy.c", &dir.join("loader_busy"), &["-g", "-O0"]);
+    let so = dir.join("libdlleak.so");
+    let built = Command::new("cc")
+        .args(["-g", "-O0", "-shared", "-fPIC", "-o"])
+        .arg(&so)
+        .arg(ctests_dir().join("dlleak.c"))
+        .status()
+        .unwrap();
+    assert!(built.success());
+    let so = so.to_str().unwrap();
+    for args in [vec!["iterate"], vec!["dlopen", so]] {
+        assert!(Command::new(&prog).args(&args).status().unwrap().success(), "{args:?} natively");
+        for run in 0..50 {
+            let trace = dir.join(format!("{}-{run}.mtrace", args[0]));
+            let mut child = preloaded(&prog, &trace).args(&args).stderr(Stdio::piped()).spawn().unwrap();
+            let until = Instant::now() + Duration::from_secs(40);
+            let status = loop {
+                if let Some(st) = child.try_wait().unwrap() {
+                    break st;
+                }
+                if Instant::now() > until {
+                    let _ = child.kill();
+                    panic!("{args:?} run {run}: hung");
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            };
+            assert_eq!(status.code(), Some(0), "{args:?} run {run}");
+        }
+        // The last run's scan held every thread.
+        let r = report_json(&dir.join(format!("{}-49.mtrace", args[0])));
+        assert_eq!(
+            (r["scan"]["threads_stopped"].as_u64(), r["scan"]["threads_not_stopped"].as_u64()),
+            (Some(3), Some(0)),
+            "{args:?}"
+        );
+    }
+}
+
+/// 1,000 threads starting and ending while a thread asks for 100 scans:
+/// none hangs or stays stopped (main joins them all), and the scan at
+/// exit finds exactly the block main drops.
+#[test]
+fn threads_that_start_and_end_during_scans() {
+    let dir = scratch("stop-churn");
+    let prog = build("thread_churn.c", &dir.join("thread_churn"), &["-g", "-O0"]);
+    let m = markers("thread_churn.c");
+    for run in 0..3 {
+        let trace = dir.join(format!("churn-{run}.mtrace"));
+        let mut child = preloaded(&prog, &trace).env("MTRACE_BIN", "/bin/true").stdout(Stdio::piped()).spawn().unwrap();
+        let until = Instant::now() + Duration::from_secs(60);
+        while child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < until, "run {run}: hung");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "run {run}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "1000 threads, 100 scans\n");
+        let r = report_json(&trace);
+        let k = &r["kinds"];
+        let total = |kind: &str| (k[kind]["bytes"].as_u64().unwrap(), k[kind]["blocks"].as_u64().unwrap());
+        assert_eq!(
+            [total("definite"), total("indirect"), total("possible")],
+            [(4321, 1), (0, 0), (0, 0)],
+            "run {run}: {k}"
+        );
+        assert_eq!(leaks_in(&r, "thread_churn.c"), vec![leak(4321, 1, "malloc", "drop_one", m["dropped"])]);
+    }
+}
+
+/// SIGUSR1 sent to `mtrace run` instead of its program (`pgrep` finds
+/// both): passed on, so the program writes its report point, and mtrace
+/// neither dies of it nor leaves the program running alone.
+#[test]
+fn mtrace_run_passes_the_report_signal_on() {
+    let dir = scratch("stop-usr1");
+    let prog = build("sleeper.c", &dir.join("sleeper"), &["-g", "-O0"]);
+    let mut child = Command::new(mtrace())
+        .current_dir(&dir)
+        .args(["run", "--no-scan", "-o", "report.txt", "--"])
+        .arg(&prog)
+        .arg("1500")
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: kill of our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let memlog = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().into_string().ok())
+        .find(|n| n.starts_with("sleeper-") && n.ends_with("-1.memlog"));
+    let text = std::fs::read_to_string(dir.join(memlog.expect("the report point's memlog"))).unwrap();
+    assert!(text.contains("sleeper.c"), "{text}");
+}
