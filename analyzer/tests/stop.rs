@@ -305,3 +305,39 @@ fn mtrace_run_passes_the_report_signal_on() {
     let text = std::fs::read_to_string(dir.join(memlog.expect("the report point's memlog"))).unwrap();
     assert!(text.contains("sleeper.c"), "{text}");
 }
+
+/// `mtrace attach --scan` on a program whose threads wait: the scan at the
+/// detach holds all of them (the injection let every thread go before
+/// it: threads it left traced were refused to the scan's own ptrace,
+/// 3 of 4 here and 5 of redis-server's 6), and the waits go on.
+#[test]
+fn attach_scan_holds_every_thread() {
+    let dir = scratch("stop-attach");
+    let prog = waits(&dir);
+    let mut child = Command::new(&prog)
+        .args(["wait", "3000", "nanosleep", "poll", "futex"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let report = dir.join("attach.json");
+    let out = Command::new(mtrace())
+        .args(["attach", &child.id().to_string(), "--duration", "500ms", "--scan", "--json", "-o"])
+        .arg(&report)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    // main and the three waiting threads (the library's writer takes it).
+    let s = &r["scan"];
+    assert_eq!((s["threads_stopped"].as_u64(), s["threads_not_stopped"].as_u64()), (Some(4), Some(0)), "{s}");
+    let mut stdout = Vec::new();
+    std::io::Read::read_to_end(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    assert!(child.wait().unwrap().success());
+    let waited = results(&stdout);
+    for (kind, rc, errno) in RESTARTED.iter().filter(|k| ["nanosleep", "poll", "futex"].contains(&k.0)) {
+        assert_eq!((waited[*kind].0, waited[*kind].1), (*rc, *errno), "{kind}: {waited:?}");
+        assert!(waited[*kind].2 >= 3000.0 - 1.0, "{kind}: {waited:?}");
+    }
+}

@@ -216,26 +216,50 @@ impl Tracee {
     /// Puts the chosen thread's registers back and lets every thread go.
     pub fn release(mut self) -> Result<()> {
         let mut res = Ok(());
-        if let Some((tid, regs, xstate)) = self.victim.take() {
+        let victim = self.victim.take().map(|(tid, regs, xstate)| {
             let p = Pid::from_raw(tid);
             res = set_xstate(tid, &xstate).and_then(|_| Ok(ptrace::setregs(p, regs)?));
-        }
+            tid
+        });
         for &tid in &self.tids {
-            let _ = ptrace::detach(Pid::from_raw(tid), None);
+            detach_running(tid, Some(tid) == victim);
         }
         self.tids.clear();
         res
     }
 }
 
+/// Detaches thread `tid`, stopping it first unless it is `stopped`
+/// (PTRACE_DETACH works only on a stopped tracee: the threads `choose`
+/// let run stayed traced by `mtrace attach` until it exited, so the leak
+/// scan's own ptrace stop was refused for them). A signal that stops it
+/// meanwhile is delivered at the detach.
+fn detach_running(tid: i32, stopped: bool) {
+    let p = Pid::from_raw(tid);
+    let mut sig = None;
+    if !stopped {
+        if ptrace::interrupt(p).is_err() {
+            return;
+        }
+        match wait_stop(tid, Duration::from_secs(2)) {
+            Ok(WaitStatus::Stopped(_, s)) => sig = Some(s),
+            Ok(_) => {}
+            // Ended, or never stopped: it is let go when this process exits.
+            Err(_) => return,
+        }
+    }
+    let _ = ptrace::detach(p, sig);
+}
+
 impl Drop for Tracee {
     fn drop(&mut self) {
-        if let Some((tid, regs, xstate)) = self.victim.take() {
+        let victim = self.victim.take().map(|(tid, regs, xstate)| {
             let _ = set_xstate(tid, &xstate);
             let _ = ptrace::setregs(Pid::from_raw(tid), regs);
-        }
+            tid
+        });
         for &tid in &self.tids {
-            let _ = ptrace::detach(Pid::from_raw(tid), None);
+            detach_running(tid, Some(tid) == victim);
         }
     }
 }
