@@ -122,10 +122,16 @@ struct Locks<'a> {
     file: FileHold<'a>,
 }
 
-/// Takes [`Locks`] (the heap too with `heap`); a warning if it could not.
+/// Takes [`Locks`] (the heap too with `heap`, where the tracer has a heap
+/// of its own); a warning if it could not.
 fn lock(s: &Session, patient: bool, heap: bool) -> Result<Locks<'_>, &'static str> {
     let file = s.hold_file(patient).ok_or("the trace stayed locked for 2 s; no leak scan")?;
-    let heap = if heap { crate::platform::allocator::hold(patient) } else { None };
+    let wanted = heap && crate::platform::allocator::range().is_some();
+    let heap = if wanted { crate::platform::allocator::hold(patient) } else { None };
+    if wanted && heap.is_none() {
+        // Not patient: the signal's handler may have interrupted its holder.
+        return Err("the tracer's heap stayed locked for 1 s; no leak scan");
+    }
     Ok(Locks { heap, file })
 }
 
