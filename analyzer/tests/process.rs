@@ -55,14 +55,7 @@ fn exec_writes_one_trace_per_image() {
 #[test]
 fn dlclosed_library_still_symbolizes() {
     let dir = scratch("dlopen");
-    let so = dir.join("libdlleak.so");
-    let ok = Command::new("cc")
-        .args(["-g", "-O0", "-shared", "-fPIC", "-o"])
-        .arg(&so)
-        .arg(ctests_dir().join("dlleak.c"))
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    let so = build_lib("dlleak.c", &dir.join("libdlleak.so"));
     let prog = build("dlopen.c", &dir.join("dlopen"), &["-g", "-O0"]);
     let (r, out) = run_json(&dir, &[], &prog, &[so.to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

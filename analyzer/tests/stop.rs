@@ -211,14 +211,7 @@ fn by_signal_where_a_seccomp_filter_is_on() {
 fn a_thread_in_the_loader_at_exit_hangs_nothing() {
     let dir = scratch("stop-loader");
     let prog = build("loader_busy.c", &dir.join("loader_busy"), &["-g", "-O0"]);
-    let so = dir.join("libdlleak.so");
-    let built = Command::new("cc")
-        .args(["-g", "-O0", "-shared", "-fPIC", "-o"])
-        .arg(&so)
-        .arg(ctests_dir().join("dlleak.c"))
-        .status()
-        .unwrap();
-    assert!(built.success());
+    let so = build_lib("dlleak.c", &dir.join("libdlleak.so"));
     let so = so.to_str().unwrap();
     for args in [vec!["iterate"], vec!["dlopen", so]] {
         assert!(Command::new(&prog).args(&args).status().unwrap().success(), "{args:?} natively");
@@ -378,19 +371,6 @@ fn redis(dir: &Path, prefix: &[&str], port: u16, mid: Option<i32>) -> std::proce
     child.wait_with_output().unwrap()
 }
 
-/// memcheck's totals in valgrind's output: (bytes, blocks) of each kind.
-fn memcheck_totals(stderr: &[u8]) -> [(u64, u64); 4] {
-    let text = String::from_utf8_lossy(stderr);
-    let num = |s: &str| s.replace(',', "").parse::<u64>().unwrap();
-    ["definitely lost", "indirectly lost", "possibly lost", "still reachable"].map(|what| {
-        text.lines().find(|l| l.contains(&format!("{what}:"))).map_or((0, 0), |l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            let i = w.iter().position(|x| *x == "bytes").unwrap();
-            (num(w[i - 1]), num(w[i + 2]))
-        })
-    })
-}
-
 /// Debian's redis-server (libjemalloc, whose background threads block
 /// every signal): every thread held by the scan the scan signal asks for
 /// (sent to `mtrace run`, which passes it on) and by the scan at exit (2
@@ -422,7 +402,7 @@ fn redis_servers_threads_are_all_held() {
 
     let vg =
         redis(&dir, &["valgrind", "--leak-check=full", "--soname-synonyms=somalloc=libjemalloc.so*"], port + 1, None);
-    let theirs = memcheck_totals(&vg.stderr);
+    let theirs = memcheck_summary(&vg.stderr);
     let k = &r["kinds"];
     let ours = ["definite", "indirect", "possible", "reachable"]
         .map(|n| (k[n]["bytes"].as_u64().unwrap(), k[n]["blocks"].as_u64().unwrap()));

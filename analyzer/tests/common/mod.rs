@@ -48,6 +48,18 @@ pub fn build(src: &str, out: &Path, flags: &[&str]) -> PathBuf {
     out.to_owned()
 }
 
+/// Compiles `ctests/<src>` into the shared library `out` (-g -O0).
+pub fn build_lib(src: &str, out: &Path) -> PathBuf {
+    let status = Command::new("cc")
+        .args(["-g", "-O0", "-shared", "-fPIC", "-o"])
+        .arg(out)
+        .arg(ctests_dir().join(src))
+        .status()
+        .expect("a C compiler");
+    assert!(status.success(), "compiling {src} failed");
+    out.to_owned()
+}
+
 /// `@leak:NAME` markers of a ctests source: NAME → line number.
 pub fn markers(src: &str) -> HashMap<String, u32> {
     let text = std::fs::read_to_string(ctests_dir().join(src)).unwrap();
@@ -192,7 +204,14 @@ pub fn memcheck(dir: &Path, env: &[(&str, &str)], prog: &Path, args: &[&str]) ->
         .args(args)
         .output()
         .expect("valgrind");
-    let text = String::from_utf8_lossy(&out.stderr);
+    memcheck_summary(&out.stderr)
+}
+
+/// memcheck's leak summary in valgrind's output `stderr`: (bytes, blocks)
+/// definitely, indirectly, possibly lost and still reachable (no summary
+/// at all when every block was freed).
+pub fn memcheck_summary(stderr: &[u8]) -> [(u64, u64); 4] {
+    let text = String::from_utf8_lossy(stderr);
     let num = |s: &str| s.replace(',', "").parse::<u64>().unwrap();
     ["definitely lost", "indirectly lost", "possibly lost", "still reachable"].map(|what| {
         text.lines().find(|l| l.contains(&format!("{what}:"))).map_or((0, 0), |l| {
