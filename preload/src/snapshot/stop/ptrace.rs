@@ -240,7 +240,7 @@ fn refusal(errno: i32) -> String {
             .find_map(|l| l.strip_prefix("TracerPid:"))
             .is_some_and(|v| v.trim() != "0");
         if traced {
-            return "another tracer (a debugger) holds the threads".into();
+            return "another tracer (a debugger, strace) holds the threads".into();
         }
         if let Some(scope) = yama_scope().filter(|&s| s >= 1) {
             return format!("ptrace refused (Yama's ptrace_scope is {scope})");
