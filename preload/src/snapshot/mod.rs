@@ -196,6 +196,9 @@ pub fn take(s: &Session, by: By) -> u64 {
     };
     let now = s.now();
     let Some(mut scratch) = Scratch::new(me, now) else {
+        // The threads before the locks, as at the end.
+        drop(stopped);
+        drop(locks);
         sys::warn("no memory for the leak scan's snapshot; no scan");
         return now;
     };
