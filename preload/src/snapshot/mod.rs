@@ -118,21 +118,18 @@ fn subtract(lo: u64, hi: u64, out: &[(u64, u64)]) -> Vec<(u64, u64)> {
 /// tracer's heap. Dropped heap first: a thread waiting for the file may
 /// hold parking_lot's table of waiters while it allocates that table.
 struct Locks<'a> {
-    heap: Option<crate::platform::allocator::Hold>,
+    /// Kept for its drop.
+    _heap: Option<crate::platform::allocator::Hold>,
     file: FileHold<'a>,
 }
 
-/// Takes [`Locks`] (the heap too with `heap`, where the tracer has a heap
-/// of its own); a warning if it could not.
+/// Takes [`Locks`] (the heap too with `heap`); a warning if it could not.
 fn lock(s: &Session, patient: bool, heap: bool) -> Result<Locks<'_>, &'static str> {
     let file = s.hold_file(patient).ok_or("the trace stayed locked for 2 s; no leak scan")?;
-    let wanted = heap && crate::platform::allocator::range().is_some();
-    let heap = if wanted { crate::platform::allocator::hold(patient) } else { None };
-    if wanted && heap.is_none() {
-        // Not patient: the signal's handler may have interrupted its holder.
-        return Err("the tracer's heap stayed locked for 1 s; no leak scan");
-    }
-    Ok(Locks { heap, file })
+    // Not patient: the signal's handler may have interrupted its holder.
+    let stayed = "the tracer's heap stayed locked for 1 s; no leak scan";
+    let heap = if heap { Some(crate::platform::allocator::hold(patient).ok_or(stayed)?) } else { None };
+    Ok(Locks { _heap: heap, file })
 }
 
 /// Why the threads were not held from outside.
@@ -147,12 +144,15 @@ enum NotHeld {
 /// that the snapshot needs taken first, while they run: a held thread may
 /// be anywhere, inside a hook too, and must hold none of them.
 fn hold_from_outside<'a>(s: &'a Session, patient: bool, skip: &[i32]) -> Result<(Stopped, Locks<'a>), NotHeld> {
-    let locks = lock(s, patient, true).map_err(NotHeld::NoScan)?;
-    if locks.heap.is_none() {
+    if crate::platform::allocator::range().is_none() {
         // The tracer allocates from the program's malloc, whose lock a
         // held thread may hold.
         return Err(NotHeld::Refused("the tracer's heap could not be reserved".into()));
     }
+    if let Some(why) = stop::outside_precluded() {
+        return Err(NotHeld::Refused(why));
+    }
+    let locks = lock(s, patient, true).map_err(NotHeld::NoScan)?;
     match stop::from_outside(skip) {
         Ok(stopped) => Ok((stopped, locks)),
         Err(why) => Err(NotHeld::Refused(why)),

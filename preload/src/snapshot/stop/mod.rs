@@ -89,8 +89,15 @@ impl Stopped {
     }
 }
 
+/// Why the threads cannot be held from outside here, known before trying
+/// (a seccomp filter, Yama's scope 3, the architecture): asked before any
+/// lock is taken.
+pub fn outside_precluded() -> Option<String> {
+    ptrace::precluded()
+}
+
 /// Holds every thread of the process but those in `skip` from outside
-/// them; why not, if ptrace cannot (nothing is held then). The caller
+/// them; why not, if ptrace refuses (nothing is held then). The caller
 /// holds every lock of the tracer's that it takes until the drop.
 pub fn from_outside(skip: &[i32]) -> Result<Stopped, String> {
     let h = ptrace::hold(skip)?;
@@ -108,6 +115,12 @@ pub fn by_signal(skip: &[i32]) -> Stopped {
 /// The thread ids of this process, from /proc/self/task.
 fn tasks() -> Vec<i32> {
     sys::numbered_entries(c"/proc/self/task")
+}
+
+/// The value of field `name` (with its colon: `"SigBlk:"`) of a
+/// `/proc/…/status` text, trimmed.
+fn status_field<'a>(status: &'a str, name: &str) -> Option<&'a str> {
+    status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim)
 }
 
 /// Callee-saved registers and the stack pointer (last) of the calling

@@ -117,21 +117,20 @@ fn reap(pid: i32) {
     }
 }
 
+/// Field `name` of the `/proc/…/status` file at `path`.
+fn status_field(path: &std::ffi::CStr, name: &str) -> Option<String> {
+    let status = sys::read_file(path)?;
+    super::status_field(&String::from_utf8_lossy(&status), name).map(str::to_owned)
+}
+
 /// Why the helper cannot be started here, before trying it.
-fn precluded() -> Option<String> {
+pub fn precluded() -> Option<String> {
     if !cfg!(target_arch = "x86_64") {
         return Some("this architecture's registers are not read from outside yet".into());
     }
     // A seccomp filter may kill the process for a clone or a ptrace (a
     // sandbox's), or hand the call to the program's SIGSYS handler.
-    let status = sys::read_file(c"/proc/thread-self/status").unwrap_or_default();
-    let field = |name: &str| {
-        String::from_utf8_lossy(&status)
-            .lines()
-            .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_owned()))
-            .unwrap_or_default()
-    };
-    if !matches!(field("Seccomp:").as_str(), "0" | "") {
+    if status_field(c"/proc/thread-self/status", "Seccomp:").is_some_and(|v| v != "0") {
         return Some("a seccomp filter is on".into());
     }
     if yama_scope() == Some(3) {
@@ -150,9 +149,6 @@ fn yama_scope() -> Option<u32> {
 /// the calling thread and the writer), from outside them. An error says
 /// why not (the caller then stops them by signal): nothing is held then.
 pub fn hold(skip: &[i32]) -> Result<Holding, String> {
-    if let Some(why) = precluded() {
-        return Err(why);
-    }
     helper::PID.store(sys::getpid() as i32, Ordering::Relaxed);
     for (s, &t) in helper::SKIP.iter().zip(skip.iter().chain(std::iter::repeat(&0))) {
         s.store(t, Ordering::Relaxed);
@@ -178,7 +174,8 @@ pub fn hold(skip: &[i32]) -> Result<Holding, String> {
         unsafe { sys::unmap(stack, STACK + PAGE) };
         return Err(format!("cannot start the helper task: {err}"));
     }
-    if yama_scope() == Some(1) {
+    let yama = yama_scope();
+    if yama == Some(1) {
         // SAFETY: prctl with numbers only.
         undo.ptracer = unsafe { libc::prctl(libc::PR_SET_PTRACER, pid as libc::c_ulong, 0, 0, 0) } == 0;
     }
@@ -201,7 +198,7 @@ pub fn hold(skip: &[i32]) -> Result<Holding, String> {
     }
     let errno = helper::REFUSED_ERRNO.load(Ordering::Relaxed);
     drop(holding);
-    Err(refusal(errno))
+    Err(refusal(errno, yama))
 }
 
 /// Whether the helper `pid` has exited (then reaped).
@@ -231,18 +228,13 @@ fn spawn(stack: *mut u8) -> i32 {
     }
 }
 
-/// Why ptrace refused, for the report.
-fn refusal(errno: i32) -> String {
+/// Why ptrace refused (`errno`, under Yama's scope `yama`), for the report.
+fn refusal(errno: i32, yama: Option<u32>) -> String {
     if errno == libc::EPERM {
-        let status = sys::read_file(c"/proc/self/status").unwrap_or_default();
-        let traced = String::from_utf8_lossy(&status)
-            .lines()
-            .find_map(|l| l.strip_prefix("TracerPid:"))
-            .is_some_and(|v| v.trim() != "0");
-        if traced {
+        if status_field(c"/proc/self/status", "TracerPid:").is_some_and(|v| v != "0") {
             return "another tracer (a debugger, strace) holds the threads".into();
         }
-        if let Some(scope) = yama_scope().filter(|&s| s >= 1) {
+        if let Some(scope) = yama.filter(|&s| s >= 1) {
             return format!("ptrace refused (Yama's ptrace_scope is {scope})");
         }
     }

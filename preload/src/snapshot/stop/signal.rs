@@ -141,7 +141,7 @@ pub fn stop(skip: &[i32]) -> (Parking, Vec<i32>) {
 /// Whether thread `tid` blocks `sig` (its SigBlk in /proc).
 fn blocks(tid: i32, sig: i32) -> bool {
     let Ok(status) = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")) else { return true };
-    let mask = status.lines().find_map(|l| l.strip_prefix("SigBlk:")).map(str::trim);
+    let mask = super::status_field(&status, "SigBlk:");
     mask.and_then(|m| u64::from_str_radix(m, 16).ok()).is_none_or(|m| m & (1u64 << (sig - 1)) != 0)
 }
 
