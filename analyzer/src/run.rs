@@ -106,24 +106,6 @@ pub fn find_lib() -> Result<PathBuf> {
     Ok(p.canonicalize()?)
 }
 
-/// Signals to pass on to the program, as a bit per signal number.
-static PENDING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// `si_code` of a signal the kernel sent (the terminal's keys, a hangup).
-const SI_KERNEL: i32 = 0x80;
-
-extern "C" fn on_signal(sig: i32, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
-    let code = unsafe { (*info).si_code };
-    // The terminal's Ctrl-C, Ctrl-\ and window changes reach the program by
-    // themselves (same process group); what was sent to mtrace alone is
-    // passed on.
-    if sig != libc::SIGTERM && sig != libc::SIGHUP && code == SI_KERNEL {
-        return;
-    }
-    PENDING.fetch_or(1 << sig, std::sync::atomic::Ordering::Relaxed);
-}
-
 /// mtrace stays to report: SIGTERM, SIGHUP, and SIGINT/SIGQUIT sent to it
 /// (not the terminal's) go to the program instead of ending mtrace; so do
 /// the report and scan signals (`mtrace_ptrace::signals_to_pass_on`:
@@ -131,15 +113,7 @@ extern "C" fn on_signal(sig: i32, info: *mut libc::siginfo_t, _: *mut libc::c_vo
 /// the user asked for).
 fn forward_signals() {
     let passed = mtrace_ptrace::signals_to_pass_on();
-    for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP].into_iter().chain(passed) {
-        // SAFETY: a plain handler that only stores to an atomic.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as *const () as usize;
-            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-            libc::sigaction(sig, &sa, std::ptr::null_mut());
-        }
-    }
+    mtrace_ptrace::pass_on([libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP].into_iter().chain(passed), true);
 }
 
 /// Waits for `child`, passing on the signals [`forward_signals`] caught.
@@ -148,12 +122,9 @@ fn wait_forwarding(child: &mut std::process::Child) -> Result<std::process::Exit
         if let Some(st) = child.try_wait()? {
             return Ok(st);
         }
-        let pending = PENDING.swap(0, std::sync::atomic::Ordering::Relaxed);
-        for sig in 1..64 {
-            if pending & (1 << sig) != 0 {
-                // SAFETY: kill with our child's pid and a valid signal.
-                unsafe { libc::kill(child.id() as i32, sig) };
-            }
+        for sig in mtrace_ptrace::take_passed_on() {
+            // SAFETY: kill with our child's pid and a valid signal.
+            unsafe { libc::kill(child.id() as i32, sig) };
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }

@@ -44,5 +44,5 @@ mod unwind;
 mod uprobes;
 
 pub use calls::Settings;
-pub use spawn::signals_to_pass_on;
+pub use spawn::{pass_on, signals_to_pass_on, take_passed_on};
 pub use tracer::{attach, run, Hooks, Options, Outcome};

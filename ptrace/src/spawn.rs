@@ -57,11 +57,45 @@ extern "C" fn on_signal(_: i32) {
     DETACH.store(true, Ordering::Relaxed);
 }
 
-/// Signals sent to the tracer that are the program's: a bit per number.
+/// Signals sent to `mtrace` that are its program's, a bit per number,
+/// until [`take_passed_on`] takes them.
 static PASS_ON: AtomicU64 = AtomicU64::new(0);
 
-extern "C" fn on_pass_on(sig: i32) {
+/// `si_code` of a signal the kernel sent (the terminal's keys, a hangup).
+const SI_KERNEL: i32 = 0x80;
+
+extern "C" fn on_pass_on(sig: i32, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+    let code = unsafe { (*info).si_code };
+    // The terminal's Ctrl-C, Ctrl-\ and window changes reach the program by
+    // themselves (same process group); what was sent to mtrace alone is
+    // passed on.
+    if sig != libc::SIGTERM && sig != libc::SIGHUP && code == SI_KERNEL {
+        return;
+    }
     PASS_ON.fetch_or(1 << sig, Ordering::Relaxed);
+}
+
+/// Keeps each of `sigs` sent to `mtrace` for its program
+/// ([`take_passed_on`]) instead of its default action. With `restart`
+/// (SA_RESTART) a call the signal interrupts goes on; without, a wait
+/// returns EINTR, so that a loop blocked in `waitpid` notices at once.
+pub fn pass_on(sigs: impl IntoIterator<Item = i32>, restart: bool) {
+    for sig in sigs {
+        // SAFETY: a handler that only stores to an atomic.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_pass_on as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO | if restart { libc::SA_RESTART } else { 0 };
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+/// The signals [`pass_on`] kept since the last call.
+pub fn take_passed_on() -> Vec<i32> {
+    let bits = PASS_ON.swap(0, Ordering::Relaxed);
+    (1..64).filter(|s| bits & (1 << s) != 0).collect()
 }
 
 /// The signals `mtrace` passes on to the program it runs or traces when
@@ -84,12 +118,6 @@ pub fn signals_to_pass_on() -> Vec<i32> {
     v
 }
 
-/// The signals passed on since the last call ([`signals_to_pass_on`]).
-pub fn take_passed_on() -> Vec<Signal> {
-    let bits = PASS_ON.swap(0, Ordering::Relaxed);
-    (1..64).filter(|s| bits & (1 << s) != 0).filter_map(|s| Signal::try_from(s).ok()).collect()
-}
-
 /// SIGINT, SIGTERM and SIGHUP (and SIGALRM, which [`detach_after`]
 /// sends) make the tracer detach; its waits are interrupted (no
 /// SA_RESTART) so that it notices. The [`signals_to_pass_on`] are kept
@@ -100,11 +128,7 @@ pub fn catch_signals() -> Result<()> {
         // SAFETY: the handler only stores to an atomic.
         unsafe { signal::sigaction(sig, &sa) }?;
     }
-    let pass = SigAction::new(SigHandler::Handler(on_pass_on), SaFlags::empty(), SigSet::empty());
-    for sig in signals_to_pass_on().into_iter().filter_map(|s| Signal::try_from(s).ok()) {
-        // SAFETY: the handler only stores to an atomic.
-        unsafe { signal::sigaction(sig, &pass) }?;
-    }
+    pass_on(signals_to_pass_on(), false);
     Ok(())
 }
 

@@ -237,7 +237,7 @@ impl Tracer {
                 self.detach_all();
                 return Ok(Outcome::Detached(self.main.as_raw()));
             }
-            for sig in spawn::take_passed_on() {
+            for sig in spawn::take_passed_on().into_iter().filter_map(|s| Signal::try_from(s).ok()) {
                 let _ = nix::sys::signal::kill(self.main, sig);
             }
             let waited = std::time::Instant::now();
