@@ -2,6 +2,7 @@
 
 mod attach;
 mod console;
+mod recording;
 mod relay;
 mod run;
 

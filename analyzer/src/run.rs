@@ -3,13 +3,14 @@
 
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 use anyhow::{bail, Context, Result};
-use mtrace_format::protocol::MAX_DEPTH;
+use mtrace_format::recording::Recording;
 use mtrace_format::settings;
 
+use crate::recording::{self, find_lib, RecordingArgs};
 use crate::scan::Kind;
 use crate::ReportOpts;
 
@@ -40,19 +41,6 @@ pub struct RunArgs {
     /// a program that breaks with it.
     #[arg(long, value_name = "yes|no", default_value = "yes", value_parser = yes_no, action = clap::ArgAction::Set)]
     run_libc_freeres: bool,
-    /// Record the backtrace of every free too (MTRACE_CHECK_FREES=1), so that
-    /// wrong frees (mismatched, double, invalid) show where they were
-    /// freed; they are found without it too. Costs a second unwinding per
-    /// free (docs/PERFORMANCE.md).
-    #[arg(short = 'S', long = "check-frees")]
-    check_frees: bool,
-    /// Sample: record one allocation per BYTES allocated on average
-    /// (`512K`, `2M`; MTRACE_SAMPLE_RATE), and every one of at least
-    /// BYTES, instead of all of them: near the program's own speed, for
-    /// production; every count reported is then an estimate
-    /// (docs/SAMPLING.md). 0: record every allocation.
-    #[arg(long, value_name = "BYTES", value_parser = crate::run::bytes_arg)]
-    sample_rate: Option<u64>,
     /// Exit with N when the scan finds blocks of the kinds in
     /// --errors-for-leak-kinds (after suppressions), or when there were
     /// wrong frees (unless --ignore-wrong-frees).
@@ -65,23 +53,13 @@ pub struct RunArgs {
     /// reachable, all (comma-separated).
     #[arg(long, value_name = "KINDS", default_value = "definite,possible")]
     errors_for_leak_kinds: String,
-    /// Trace from outside with ptrace instead of libmtrace.so (uprobes or
-    /// breakpoints on the allocation functions, see --hooks): for
-    /// statically linked programs and where the library cannot be loaded;
-    /// slower; the leak scan runs at the end (docs/SCAN.md).
-    #[arg(long)]
-    ptrace: bool,
-    /// With --ptrace, how the allocation functions are hooked: `uprobes`
-    /// (kernel uprobes, no stop per call; root or CAP_PERFMON),
-    /// `breakpoints` (a stop per call; any user who may ptrace the
-    /// program), or `auto` (uprobes where allowed).
-    #[arg(long, value_name = "HOOKS", default_value = "auto", requires = "ptrace")]
-    hooks: Hooks,
     /// The interactive console on the program while it runs (as
     /// `mtrace attach -i`); the report when it ends. The console reads the
     /// terminal, so the program's standard input is /dev/null.
     #[arg(short = 'i', long = "interactive")]
     interactive: bool,
+    #[command(flatten)]
+    rec: RecordingArgs,
     #[command(flatten)]
     opts: ReportOpts,
     /// The program and its arguments.
@@ -89,30 +67,13 @@ pub struct RunArgs {
     command: Vec<String>,
 }
 
-/// libmtrace.so: `MTRACE_LIB`, else next to this executable.
-pub fn find_lib() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os(settings::LIB.name()) {
-        let p = PathBuf::from(p);
-        if !p.is_file() {
-            bail!("MTRACE_LIB={}: no such file", p.display());
-        }
-        return Ok(p);
-    }
-    let exe = std::env::current_exe().context("cannot find the mtrace executable")?;
-    let p = exe.with_file_name("libmtrace.so");
-    if !p.is_file() {
-        bail!("{} not found (build it with `cargo build`, or set MTRACE_LIB)", p.display());
-    }
-    Ok(p.canonicalize()?)
-}
-
 /// mtrace stays to report: SIGTERM, SIGHUP, and SIGINT/SIGQUIT sent to it
 /// (not the terminal's) go to the program instead of ending mtrace; so do
 /// the report and scan signals (`mtrace_ptrace::signals_to_pass_on`:
 /// SIGUSR1 sent to mtrace instead of the program makes the report point
 /// the user asked for).
-fn forward_signals() {
-    let passed = mtrace_ptrace::signals_to_pass_on();
+fn forward_signals(r: &Recording) {
+    let passed = mtrace_ptrace::signals_to_pass_on(r);
     mtrace_ptrace::pass_on([libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP].into_iter().chain(passed), true);
 }
 
@@ -130,21 +91,11 @@ fn wait_forwarding(child: &mut std::process::Child) -> Result<std::process::Exit
     }
 }
 
-/// `mtrace run --ptrace`: the program traced by breakpoints into `dir`;
-/// its pid and exit status (`None`: the tracer detached, it runs on).
-fn trace_with_ptrace(a: &RunArgs, dir: &Path) -> Result<(u32, Option<std::process::ExitStatus>)> {
-    let opts = mtrace_ptrace::Options {
-        output: dir.join("%e.%p.mtrace").display().to_string(),
-        settings: mtrace_ptrace::Settings {
-            depth: a.opts.depth.unwrap_or(64).clamp(1, MAX_DEPTH),
-            check_frees: a.check_frees,
-            scan: !a.no_scan,
-            scan_at_detach: false,
-            sample_rate: a.sample_rate.unwrap_or(0),
-            sample_seed: sample_seed(),
-        },
-        hooks: a.hooks.into(),
-    };
+/// `mtrace run --ptrace`: the program traced by breakpoints with
+/// recording `r`; its pid and exit status (`None`: the tracer detached, it
+/// runs on).
+fn trace_with_ptrace(a: &RunArgs, r: Recording) -> Result<(u32, Option<std::process::ExitStatus>)> {
+    let opts = a.rec.ptrace_options(r, false);
     let (pid, outcome) = mtrace_ptrace::run(&a.command, opts)?;
     let raw = match outcome {
         mtrace_ptrace::Outcome::Exited(code) => (code & 0xff) << 8,
@@ -164,15 +115,7 @@ fn run_interactive(a: RunArgs) -> Result<ExitCode> {
     if let Some(d) = a.opts.depth {
         server.args(["-d", &d.to_string()]);
     }
-    if a.check_frees {
-        server.arg("-S");
-    }
-    if let Some(r) = a.sample_rate {
-        server.args(["--sample-rate", &r.to_string()]);
-    }
-    if a.ptrace {
-        server.args(["--ptrace", "--hooks", a.hooks.name()]);
-    }
+    server.args(a.rec.server_args());
     let mut server = server.arg("--").args(&a.command).stdin(std::process::Stdio::null()).spawn()?;
     // The server is listening once its socket exists.
     let path = dir.path().join("s.sock");
@@ -196,6 +139,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         return run_interactive(a);
     }
     let lib = find_lib()?;
+    let mut rec = a.rec.recording(a.opts.depth)?;
     let mut temp = None;
     let dir: PathBuf = match &a.trace_dir {
         Some(d) => {
@@ -220,35 +164,21 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         Ok(old) if !old.is_empty() => format!("{}:{old}", lib.display()),
         _ => lib.display().to_string(),
     };
+    rec.output = Some(dir.join("%e.%p.mtrace").display().to_string());
+    rec.scan = !a.no_scan;
+    rec.freeres &= a.run_libc_freeres;
     let mut cmd = Command::new(&a.command[0]);
-    cmd.args(&a.command[1..]).env("LD_PRELOAD", preload).env(settings::OUTPUT.name(), dir.join("%e.%p.mtrace"));
+    cmd.args(&a.command[1..]).env("LD_PRELOAD", preload);
+    recording::hand_to(&mut cmd, &rec);
     // The preload runs this binary to write incremental reports (SIGUSR1).
     if let Ok(me) = std::env::current_exe() {
         cmd.env(settings::BIN.name(), me);
     }
-    if let Some(d) = a.opts.depth {
-        if !(1..=MAX_DEPTH).contains(&d) {
-            bail!("-d {d}: the depth must be 1 to {MAX_DEPTH}");
-        }
-        cmd.env(settings::DEPTH.name(), d.to_string());
-    }
     // Each warning of the tracer once for the whole run, not per process.
     cmd.env(settings::WARN_DIR.name(), &dir);
-    if !a.no_scan {
-        cmd.env(settings::SCAN.name(), "1");
-    }
-    if a.check_frees {
-        cmd.env(settings::CHECK_FREES.name(), "1");
-    }
-    if let Some(r) = a.sample_rate {
-        cmd.env(settings::SAMPLE_RATE.name(), r.to_string());
-    }
-    if !a.run_libc_freeres {
-        cmd.env(settings::FREERES.name(), "off");
-    }
     let error_kinds = parse_kinds(&a.errors_for_leak_kinds)?;
-    let (pid, status) = if a.ptrace {
-        match trace_with_ptrace(&a, &dir)? {
+    let (pid, status) = if a.rec.ptrace {
+        match trace_with_ptrace(&a, rec)? {
             (pid, Some(status)) => (pid, status),
             (pid, None) => {
                 eprintln!("mtrace: detached from process {pid}: it runs on, untraced");
@@ -266,7 +196,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     } else {
         // Before the spawn (the program's exec resets the handlers): mtrace
         // stays to report, and passes on what was sent to it.
-        forward_signals();
+        forward_signals(&rec);
         let mut child = cmd.spawn().with_context(|| format!("cannot run {}", a.command[0]))?;
         let status = wait_forwarding(&mut child)?;
         (child.id(), status)
@@ -352,61 +282,11 @@ fn parse_kinds(s: &str) -> Result<Vec<Kind>> {
     Ok(v)
 }
 
-/// `MTRACE_SAMPLE_SEED` as the ptrace tracer takes it (the preload reads
-/// it itself); a value that is no number is left out with one warning.
-pub fn sample_seed() -> Option<u64> {
-    let v = std::env::var(settings::SAMPLE_SEED.name()).ok()?;
-    let n = v.trim().parse().ok();
-    if n.is_none() {
-        eprintln!("mtrace: MTRACE_SAMPLE_SEED={v:?} is not a number; seeding from the clock");
-    }
-    n
-}
-
-/// A byte count with an optional unit (`4096`, `512K`, `2M`; see
-/// [`mtrace_format::sampling::parse_bytes`]).
-pub fn bytes_arg(v: &str) -> Result<u64, String> {
-    mtrace_format::sampling::parse_bytes(v).ok_or_else(|| format!("{v:?} is not a byte count (4096, 512K, 2M, 1G)"))
-}
-
 /// `yes` or `no`, as valgrind spells its switches.
 fn yes_no(v: &str) -> Result<bool, String> {
     match v {
         "yes" => Ok(true),
         "no" => Ok(false),
         _ => Err(format!("{v:?} is neither yes nor no")),
-    }
-}
-
-/// `--hooks`: how `--ptrace` hooks the allocation functions
-/// (docs/PTRACE.md).
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum Hooks {
-    /// Uprobes where this user and kernel allow them, else breakpoints.
-    Auto,
-    /// Kernel uprobes: the program does not stop (root).
-    Uprobes,
-    /// Breakpoints: a stop per call (any user who may ptrace it).
-    Breakpoints,
-}
-
-impl Hooks {
-    /// The option's value, as `--hooks` takes it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Hooks::Auto => "auto",
-            Hooks::Uprobes => "uprobes",
-            Hooks::Breakpoints => "breakpoints",
-        }
-    }
-}
-
-impl From<Hooks> for mtrace_ptrace::Hooks {
-    fn from(h: Hooks) -> mtrace_ptrace::Hooks {
-        match h {
-            Hooks::Auto => mtrace_ptrace::Hooks::Auto,
-            Hooks::Uprobes => mtrace_ptrace::Hooks::Uprobes,
-            Hooks::Breakpoints => mtrace_ptrace::Hooks::Breakpoints,
-        }
     }
 }

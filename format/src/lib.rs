@@ -17,6 +17,7 @@ pub mod naming;
 pub mod protocol;
 pub mod realloc;
 mod record;
+pub mod recording;
 pub mod sampling;
 pub mod settings;
 pub mod sparse;

@@ -1,56 +1,15 @@
 //! The environment variables the producers read (`MTRACE_*`): name,
-//! values, default and a line of help, defined once. The preload's config
-//! reads them by these names, `mtrace` sets them by these names and prints
-//! [`help`] in `mtrace run --help`; a test checks README's table against
-//! [`DOCUMENTED`].
+//! values, default and a line of help, defined once. Those of the
+//! recording configuration are defined with its fields in
+//! [`crate::recording`] and re-exported here; the rest are the plumbing of
+//! `mtrace run` (`MTRACE_BIN`, `MTRACE_LIB`, `MTRACE_WARN_DIR`) and the
+//! ptrace tracer's own knobs. `mtrace` prints [`help`] in `mtrace run
+//! --help`; a test checks README's table against [`DOCUMENTED`].
 
-use std::ffi::CStr;
-
-/// One environment variable.
-#[derive(Clone, Copy, Debug)]
-pub struct Setting {
-    /// The variable, NUL-terminated for `getenv`.
-    pub var: &'static CStr,
-    /// Its values as the help shows them (`on|off`, `N`, `PATH`).
-    pub values: &'static str,
-    /// One line of help: what it does and its default.
-    pub help: &'static str,
-}
-
-impl Setting {
-    /// The variable's name.
-    pub fn name(&self) -> &'static str {
-        self.var.to_str().unwrap_or("")
-    }
-}
-
-/// The signal names the signal settings accept (`MTRACE_REPORT_SIGNAL`,
-/// `MTRACE_SCAN_SIGNAL`), with or without `SIG`, and their numbers on this
-/// host.
-pub const SIGNALS: [(&str, i32); 6] = [
-    ("USR1", libc::SIGUSR1),
-    ("USR2", libc::SIGUSR2),
-    ("HUP", libc::SIGHUP),
-    ("PROF", libc::SIGPROF),
-    ("URG", libc::SIGURG),
-    ("WINCH", libc::SIGWINCH),
-];
-
-/// A signal setting's value: `Some(Some(n))` for a signal (a name of
-/// [`SIGNALS`], or a number from 1 to below SIGRTMAX), `Some(None)` for
-/// `off`, `None` for anything else. The preload, the ptrace tracer and
-/// `mtrace run` (which passes these signals on) read them alike.
-pub fn parse_signal(v: &str) -> Option<Option<i32>> {
-    let v = v.trim();
-    if v.eq_ignore_ascii_case("off") {
-        return Some(None);
-    }
-    if let Ok(n) = v.parse::<i32>() {
-        return (1..libc::SIGRTMAX()).contains(&n).then_some(Some(n));
-    }
-    let name = v.strip_prefix("SIG").unwrap_or(v);
-    SIGNALS.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|&(_, s)| Some(s))
-}
+pub use crate::recording::{
+    parse_signal, Setting, CHECK_FREES, CLOCK, DEPTH, FOLLOW_EXEC, FOLLOW_FORK, FREERES, OUTPUT, REPORT_DIR,
+    REPORT_SIGNAL, SAMPLE_RATE, SAMPLE_SEED, SCAN, SCAN_SIGNAL, SIGNALS, START, TEST_ORDER, UNWINDER,
+};
 
 macro_rules! setting {
     ($id:ident, $var:literal, $values:literal, $help:literal) => {
@@ -59,55 +18,9 @@ macro_rules! setting {
     };
 }
 
-setting!(
-    OUTPUT,
-    c"MTRACE_OUTPUT",
-    "PATH",
-    "trace file (%p pid, %e program) or unix:PATH / tcp:HOST:PORT; `run` sets it"
-);
-setting!(DEPTH, c"MTRACE_DEPTH", "N", "frames per backtrace, 1-256 (default 64; `run -d` sets it)");
-setting!(START, c"MTRACE_START", "on|off", "off: record no allocations until mtrace_start() or mtrace()");
-setting!(SCAN, c"MTRACE_SCAN", "0|1", "1: memory snapshot at exit for the leak scan (`run` sets it unless --no-scan)");
-setting!(CHECK_FREES, c"MTRACE_CHECK_FREES", "0|1", "1: frees record their backtraces too (`run -S`)");
-setting!(
-    FREERES,
-    c"MTRACE_FREERES",
-    "on|off",
-    "off: glibc's __libc_freeres() is not called at exit (`run --run-libc-freeres=no`)"
-);
-setting!(
-    SCAN_SIGNAL,
-    c"MTRACE_SCAN_SIGNAL",
-    "SIG",
-    "signal that scans for leaks now and writes a .memlog (default off)"
-);
-setting!(
-    SAMPLE_RATE,
-    c"MTRACE_SAMPLE_RATE",
-    "BYTES",
-    "sample one allocation per BYTES allocated on average (512K, 2M; default 0: every one; `--sample-rate`)"
-);
-setting!(
-    SAMPLE_SEED,
-    c"MTRACE_SAMPLE_SEED",
-    "N",
-    "seed of the sample points (default: from the clock); for repeatable tests"
-);
-setting!(FOLLOW_FORK, c"MTRACE_FOLLOW_FORK", "on|off", "off: forked children run untraced");
-setting!(FOLLOW_EXEC, c"MTRACE_FOLLOW_EXEC", "on|off", "off: programs this one execs run untraced");
-setting!(REPORT_SIGNAL, c"MTRACE_REPORT_SIGNAL", "SIG", "signal that writes an incremental report (default USR1; off)");
-setting!(REPORT_DIR, c"MTRACE_REPORT_DIR", "DIR", "where <program>-<pid>-<n>.memlog reports go (default: cwd)");
-setting!(UNWINDER, c"MTRACE_UNWINDER", "U", "fast, libgcc, or check (both, differences on stderr); default fast");
-setting!(CLOCK, c"MTRACE_CLOCK", "tsc|monotonic", "event clock (default tsc where the TSC is invariant)");
 setting!(BIN, c"MTRACE_BIN", "PATH", "the mtrace binary that writes .memlog reports (`run` sets it)");
 setting!(LIB, c"MTRACE_LIB", "PATH", "the libmtrace.so that `run` preloads (default: next to mtrace)");
 setting!(WARN_DIR, c"MTRACE_WARN_DIR", "DIR", "`run` sets it: a warning every process would print is printed once");
-setting!(
-    TEST_ORDER,
-    c"MTRACE_TEST_ORDER",
-    "SPEC",
-    "tests only: stall=K:US and/or collect=reverse|exited-last|shuffle perturb the writer's order"
-);
 setting!(
     PTRACE_STACK,
     c"MTRACE_PTRACE_STACK",

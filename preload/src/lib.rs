@@ -48,12 +48,15 @@ pub(crate) struct Up {
     /// A session starts (its settings read): the functions the hooks
     /// forward to are resolved before any is needed, collection and
     /// sampling set.
-    pub starting: fn(&platform::config::Config),
+    pub starting: fn(&platform::config::Recording),
     /// Tracing stopped for good (the trace was lost, or detached): `mtrace
     /// attach`'s redirections are undone.
     pub stopped: fn(),
     /// The writer thread was asked for a leak scan (`MTRACE_SCAN_SIGNAL`).
     pub scan: fn(&stream::Session),
+    /// A command from the socket's reader, parsed by the writer thread:
+    /// carried out; false when it ended tracing.
+    pub command: fn(&stream::Session, mtrace_format::protocol::Command) -> bool,
     /// Modules were loaded or unloaded (seen by the writer): `mtrace
     /// attach` redirects the new ones.
     pub modules_changed: fn(),
@@ -69,9 +72,10 @@ pub(crate) struct Up {
 
 /// The wiring of [`Up`].
 pub(crate) static UP: Up = Up {
-    starting: lifecycle::starting,
+    starting: session_starting,
     stopped: lifecycle::attach::undo,
     scan: lifecycle::scan_by_writer,
+    command: lifecycle::commands::carry_out,
     modules_changed: lifecycle::attach::redirect_new,
     hold_guard: record::guard::Guard::hold_forever,
     unmark: record::guard::unmark_now,
@@ -87,3 +91,13 @@ static INIT: extern "C" fn() = lifecycle::init;
 #[used]
 #[link_section = ".fini_array"]
 static FINI: extern "C" fn() = lifecycle::fini;
+
+/// [`Up::starting`]: the functions the file-descriptor hooks forward to
+/// are resolved before the trace's file is opened (a `dlsym` in a later
+/// `close` could wait for the loader's lock), then the session's settings
+/// go to the rooms that keep them.
+fn session_starting(cfg: &platform::config::Recording) {
+    #[cfg(not(test))]
+    hooks::fds::init();
+    lifecycle::starting(cfg);
+}

@@ -6,6 +6,7 @@
 //! are the outer call's: one event, as libmtrace.so records them.
 
 use mtrace_format::realloc::Realloc;
+use mtrace_format::recording::Recording;
 use mtrace_format::{Family, Record};
 use nix::unistd::Pid;
 
@@ -84,7 +85,7 @@ static SAMPLING_THREADS: std::sync::atomic::AtomicU64 = std::sync::atomic::Atomi
 
 /// Whether the allocation of `size` bytes thread `th` makes is recorded
 /// (always when every allocation is).
-fn pick(th: &mut Thread, s: &Settings, size: u64) -> bool {
+fn pick(th: &mut Thread, s: &Recording, size: u64) -> bool {
     if s.sample_rate == 0 {
         return true;
     }
@@ -99,24 +100,6 @@ fn pick(th: &mut Thread, s: &Settings, size: u64) -> bool {
                 .map_or(n, |d| d.as_nanos() as u64 ^ n),
         }
     })
-}
-
-/// What the tracer records and how deep.
-pub struct Settings {
-    /// Frames per backtrace.
-    pub depth: usize,
-    /// Frees record their backtraces (`-S`).
-    pub check_frees: bool,
-    /// A leak scan's snapshot when a process ends (snapshot.rs).
-    pub scan: bool,
-    /// Also one when the tracer detaches (`attach --scan`).
-    pub scan_at_detach: bool,
-    /// Sampling (`--sample-rate`, docs/SAMPLING.md): mean bytes between
-    /// recorded allocations; 0 records every one.
-    pub sample_rate: u64,
-    /// `MTRACE_SAMPLE_SEED`: the sample points' seed, for a run that
-    /// repeats.
-    pub sample_seed: Option<u64>,
 }
 
 /// The backtrace of a call stopped at its entry with return address `ret`.
@@ -168,7 +151,7 @@ pub fn entry(
     tid: Pid,
     b: &Hook,
     at: &Entry,
-    s: &Settings,
+    s: &Recording,
     frames: &mut Vec<u64>,
 ) -> bool {
     if b.call == Call::LoaderState {

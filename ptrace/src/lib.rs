@@ -43,6 +43,6 @@ mod tracer;
 mod unwind;
 mod uprobes;
 
-pub use calls::Settings;
+pub use mtrace_format::recording::Recording;
 pub use spawn::{pass_on, signals_to_pass_on, take_passed_on};
 pub use tracer::{attach, run, Hooks, Options, Outcome};

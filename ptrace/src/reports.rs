@@ -1,5 +1,6 @@
-//! Report points by signal under ptrace, as under the preload: SIGUSR1 to
-//! a traced process whose own disposition of it is the default (it would
+//! Report points by signal under ptrace, as under the preload: the report
+//! signal (`MTRACE_REPORT_SIGNAL`, SIGUSR1 unless the recording says
+//! otherwise) to a traced process whose own disposition of it is the default (it would
 //! be killed) is taken by the tracer, never delivered; the stream gets a
 //! report point's Marker (`signal`, numbered from 1), and `mtrace report`
 //! writes `<program>-<pid>-<n>.memlog` from it (the change since the
@@ -9,13 +10,10 @@
 //! preload's handler, nothing returns EINTR.
 
 use mtrace_format::protocol::report_point_argv;
-use mtrace_format::{settings, Record};
+use mtrace_format::Record;
 use nix::unistd::Pid;
 
 use crate::stream::Stream;
-
-/// The report signal.
-pub const SIGNAL: i32 = libc::SIGUSR1;
 
 /// Whether process `pid` neither catches nor ignores signal `sig` (its
 /// `SigCgt` and `SigIgn` in /proc/PID/status): delivered, it would end it.
@@ -32,51 +30,47 @@ pub fn default_disposition(pid: Pid, sig: i32) -> bool {
     mask("SigCgt:") & bit == 0 && mask("SigIgn:") & bit == 0
 }
 
-/// The scan signal (`MTRACE_SCAN_SIGNAL`: the names and numbers of
-/// `settings::parse_signal`; unset or `off`: none), as the preload reads it.
-pub fn scan_signal() -> Option<nix::sys::signal::Signal> {
-    let v = std::env::var(settings::SCAN_SIGNAL.name()).ok()?;
-    match settings::parse_signal(&v) {
-        Some(sig) => sig.and_then(|n| nix::sys::signal::Signal::try_from(n).ok()),
-        None => {
-            eprintln!(
-                "mtrace: {}={v:?} is not a signal (USR1, USR2, a number, or off); using off",
-                settings::SCAN_SIGNAL.name()
-            );
-            None
-        }
-    }
-}
-
-/// Writes report point `seq` named `name` (the marker kinds of
+/// Writes report point `at` named `name` (the marker kinds of
 /// `mtrace_format::protocol::marker`: `signal`, or `scan` after a
-/// snapshot) into `stream` as thread `tid`'s Marker, puts it in the file,
+/// snapshot) into `stream` as its thread's Marker, puts it in the file,
 /// and starts the analyzer on it (not waited for: the tracer reaps it with
 /// its other children): the change since the previous point, or with
 /// `since_previous` false everything live there (a scan's). False when
 /// the analyzer cannot be started (the point stays a marker).
-pub fn point(stream: &mut Stream, tid: Pid, pid: Pid, seq: u64, name: &str, since_previous: bool) -> bool {
-    point_to(stream, tid, pid, seq, name, since_previous, None).is_some()
+pub fn point(stream: &mut Stream, at: Point, name: &str, since_previous: bool) -> bool {
+    point_to(stream, at, name, since_previous, None).is_some()
+}
+
+/// Where a report point is made: by thread `tid` of process `pid`, its
+/// number `seq`, its memlog going to folder `dir` (`MTRACE_REPORT_DIR`;
+/// `None`: the working directory).
+pub struct Point<'a> {
+    /// The thread the point's Marker is written as.
+    pub tid: Pid,
+    /// Its process.
+    pub pid: Pid,
+    /// The point's number, from 1.
+    pub seq: u64,
+    /// The folder of the memlog.
+    pub dir: Option<&'a str>,
 }
 
 /// [`point`], the memlog written to `out` when given (the C API's
 /// `mtrace_report(path)`); the analyzer's process, to wait for.
 pub fn point_to(
     stream: &mut Stream,
-    tid: Pid,
-    pid: Pid,
-    seq: u64,
+    at: Point,
     name: &str,
     since_previous: bool,
     out: Option<&str>,
 ) -> Option<std::process::Child> {
+    let Point { tid, pid, seq, dir } = at;
     let time_ns = stream.now();
     stream.record(tid.as_raw() as u32, &Record::Marker { time_ns, seq, name: name.to_owned() });
     stream.sync();
     let out = out.map_or_else(
         || {
-            let dir =
-                std::env::var(settings::REPORT_DIR.name()).map_or_else(|_| std::path::PathBuf::from("."), Into::into);
+            let dir = std::path::Path::new(dir.unwrap_or("."));
             dir.join(format!("{}-{pid}-{seq}.memlog", stream.program())).display().to_string()
         },
         str::to_owned,

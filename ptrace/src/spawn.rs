@@ -101,18 +101,14 @@ pub fn take_passed_on() -> Vec<i32> {
 /// The signals `mtrace` passes on to the program it runs or traces when
 /// they are sent to `mtrace` itself (`pgrep` finds both, and a report
 /// signal sent to the wrong one must not end `mtrace`): SIGUSR1, SIGUSR2,
-/// and the report and scan signals (`MTRACE_REPORT_SIGNAL`,
+/// and the recording's report and scan signals (`MTRACE_REPORT_SIGNAL`,
 /// `MTRACE_SCAN_SIGNAL`) if others. Never SIGINT, SIGTERM or SIGHUP,
 /// whose meaning for `mtrace` is its own.
-pub fn signals_to_pass_on() -> Vec<i32> {
-    use mtrace_format::settings;
+pub fn signals_to_pass_on(r: &mtrace_format::recording::Recording) -> Vec<i32> {
     let mut v = vec![libc::SIGUSR1, libc::SIGUSR2];
-    for s in [settings::REPORT_SIGNAL, settings::SCAN_SIGNAL] {
-        let Ok(value) = std::env::var(s.name()) else { continue };
-        if let Some(Some(sig)) = settings::parse_signal(&value) {
-            if !v.contains(&sig) && ![libc::SIGINT, libc::SIGTERM, libc::SIGHUP].contains(&sig) {
-                v.push(sig);
-            }
+    for sig in [r.report_signal, r.scan_signal].into_iter().flatten() {
+        if !v.contains(&sig) && ![libc::SIGINT, libc::SIGTERM, libc::SIGHUP].contains(&sig) {
+            v.push(sig);
         }
     }
     v
@@ -122,13 +118,13 @@ pub fn signals_to_pass_on() -> Vec<i32> {
 /// sends) make the tracer detach; its waits are interrupted (no
 /// SA_RESTART) so that it notices. The [`signals_to_pass_on`] are kept
 /// for the program.
-pub fn catch_signals() -> Result<()> {
+pub fn catch_signals(r: &mtrace_format::recording::Recording) -> Result<()> {
     let sa = SigAction::new(SigHandler::Handler(on_signal), SaFlags::empty(), SigSet::empty());
     for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGALRM] {
         // SAFETY: the handler only stores to an atomic.
         unsafe { signal::sigaction(sig, &sa) }?;
     }
-    pass_on(signals_to_pass_on(), false);
+    pass_on(signals_to_pass_on(r), false);
     Ok(())
 }
 

@@ -24,9 +24,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use mtrace_format::protocol::Command;
-use mtrace_format::protocol::MAX_DEPTH;
 
-use crate::run::Hooks;
+use crate::recording::{find_lib, RecordingArgs};
 use crate::ReportOpts;
 
 #[derive(clap::Args)]
@@ -53,29 +52,6 @@ pub struct AttachArgs {
     /// a root (see docs/SCAN.md).
     #[arg(long)]
     scan: bool,
-    /// Record the backtrace of every free too, for the report of wrong
-    /// frees (as `mtrace run -S`).
-    #[arg(short = 'S', long = "check-frees")]
-    check_frees: bool,
-    /// Sample: record one allocation per BYTES allocated on average
-    /// (`512K`, `2M`; MTRACE_SAMPLE_RATE), and every one of at least
-    /// BYTES, instead of all of them: near the program's own speed, for
-    /// production; every count reported is then an estimate
-    /// (docs/SAMPLING.md). 0: record every allocation.
-    #[arg(long, value_name = "BYTES", value_parser = crate::run::bytes_arg)]
-    sample_rate: Option<u64>,
-    /// Trace from outside (ptrace; uprobes or breakpoints, see --hooks)
-    /// instead of loading libmtrace.so into the process: for static
-    /// programs, or where the library cannot be loaded; slower
-    /// (docs/PTRACE.md).
-    #[arg(long)]
-    ptrace: bool,
-    /// With --ptrace, how the allocation functions are hooked: `uprobes`
-    /// (kernel uprobes, no stop per call; root or CAP_PERFMON),
-    /// `breakpoints` (a stop per call; any user who may ptrace the
-    /// program), or `auto` (uprobes where allowed).
-    #[arg(long, value_name = "HOOKS", default_value = "auto", requires = "ptrace")]
-    hooks: Hooks,
     /// Every DURATION, print the backtraces whose blocks have been live
     /// longer than --older-than (default: DURATION), most bytes first.
     #[arg(long, value_name = "DURATION", value_parser = crate::report::parse_duration)]
@@ -86,6 +62,8 @@ pub struct AttachArgs {
     /// (Pyroscope, Parca).
     #[arg(long, value_name = "DIR", requires = "interval")]
     pprof_dir: Option<PathBuf>,
+    #[command(flatten)]
+    rec: RecordingArgs,
     #[command(flatten)]
     opts: ReportOpts,
 }
@@ -112,40 +90,25 @@ const DETACH_TIMEOUT: Duration = Duration::from_secs(10);
 /// `mtrace attach`. Exit status 0 after a report; 2, with one line on
 /// stderr, when it could not attach (the process untouched) or report.
 pub fn attach(a: AttachArgs) -> Result<ExitCode> {
-    if a.ptrace {
+    if a.rec.ptrace {
         return ptrace::attach(a);
     }
     // From the start: a SIGTERM during the injection detaches right after it.
     catch_stop_signals();
-    let lib = crate::run::find_lib()?;
+    let lib = find_lib()?;
     let t = mtrace_ptrace::inspect::inspect(a.pid)?;
-    if let Some(d) = a.opts.depth {
-        if !(1..=MAX_DEPTH).contains(&d) {
-            bail!("-d {d}: the depth must be 1 to {MAX_DEPTH}");
-        }
-    }
+    let mut rec = a.rec.recording(a.opts.depth)?;
     let dir = tempfile::Builder::new().prefix("mtrace-attach.").tempdir()?;
     let sock = dir.path().join("stream.sock");
     let listener = UnixListener::bind(&sock).with_context(|| format!("{}: cannot listen", sock.display()))?;
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
     listener.set_nonblocking(true)?;
     give_to_owner_of(a.pid, dir.path(), &sock)?;
-    use mtrace_format::settings::{CHECK_FREES, DEPTH, FOLLOW_EXEC, FOLLOW_FORK, OUTPUT, SAMPLE_RATE};
-    let mut set = vec![
-        (OUTPUT, format!("unix:{}", sock.display())),
-        (FOLLOW_FORK, "off".to_owned()),
-        (FOLLOW_EXEC, "off".to_owned()),
-    ];
-    if let Some(d) = a.opts.depth {
-        set.push((DEPTH, d.to_string()));
-    }
-    if a.check_frees {
-        set.push((CHECK_FREES, "1".to_owned()));
-    }
-    if let Some(r) = a.sample_rate {
-        set.push((SAMPLE_RATE, r.to_string()));
-    }
-    let settings: String = set.iter().map(|(s, v)| format!("{}={v}\n", s.name())).collect();
+    rec.output = Some(format!("unix:{}", sock.display()));
+    // The process's children are not this window's.
+    rec.follow_fork = false;
+    rec.follow_exec = false;
+    let settings = rec.lines();
     let started = Instant::now();
     inject_library(a.pid, &t, &lib, &settings)?;
     let stopped_for = started.elapsed();

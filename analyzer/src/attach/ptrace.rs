@@ -13,26 +13,18 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use mtrace_format::protocol::{Command, MAX_DEPTH};
+use mtrace_format::protocol::Command;
 
 use super::{
     accept_while, catch_stop_signals, copy_stream, trace_file, watch, AttachArgs, Session, DETACH_TIMEOUT, STOP,
 };
 
 /// The tracer's options for `a`, its stream going to `output`.
-fn options(a: &AttachArgs, output: String) -> mtrace_ptrace::Options {
-    mtrace_ptrace::Options {
-        output,
-        settings: mtrace_ptrace::Settings {
-            depth: a.opts.depth.unwrap_or(64).clamp(1, MAX_DEPTH),
-            check_frees: a.check_frees,
-            scan: a.scan,
-            scan_at_detach: a.scan,
-            sample_rate: a.sample_rate.unwrap_or(0),
-            sample_seed: crate::run::sample_seed(),
-        },
-        hooks: a.hooks.into(),
-    }
+fn options(a: &AttachArgs, output: String) -> Result<mtrace_ptrace::Options> {
+    let mut rec = a.rec.recording(a.opts.depth)?;
+    rec.output = Some(output);
+    rec.scan = a.scan;
+    Ok(a.rec.ptrace_options(rec, a.scan))
 }
 
 /// Writes the report of `trace` as `a` asks.
@@ -58,7 +50,7 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     };
     let duration = a.duration.map(Duration::from_nanos);
     // The tracer's own path: a taken --save name gets a suffix there.
-    let (trace, outcome) = mtrace_ptrace::attach(a.pid, options(&a, pattern), duration)?;
+    let (trace, outcome) = mtrace_ptrace::attach(a.pid, options(&a, pattern)?, duration)?;
     match outcome {
         mtrace_ptrace::Outcome::Detached(_) => eprintln!("mtrace: detached from process {}", a.pid),
         o => eprintln!("mtrace: process {} ended ({o:?})", a.pid),
@@ -83,7 +75,7 @@ fn live(a: AttachArgs) -> Result<ExitCode> {
     let listener = UnixListener::bind(&sock).with_context(|| format!("{}: cannot listen", sock.display()))?;
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
     listener.set_nonblocking(true)?;
-    let opts = options(&a, format!("unix:{}", sock.display()));
+    let opts = options(&a, format!("unix:{}", sock.display()))?;
     let pid = a.pid;
     let tracer = std::thread::spawn(move || mtrace_ptrace::attach(pid, opts, None));
     // Waited for as long as the tracer runs, not the library's timeout

@@ -24,11 +24,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-use mtrace_format::protocol::MAX_DEPTH;
-use mtrace_format::settings;
-
 use super::{read_line, write_frame, Addr, Conn, ALL, COMMAND, DATA, END, EXIT};
+use crate::recording::{find_lib, hand_to, RecordingArgs};
+use anyhow::{bail, Context, Result};
 
 #[derive(clap::Args)]
 pub struct ServerArgs {
@@ -54,26 +52,8 @@ pub struct ServerArgs {
     /// Record at most N frames per backtrace.
     #[arg(short = 'd', long = "depth")]
     depth: Option<usize>,
-    /// Record the backtrace of every free too, for the report of wrong
-    /// frees (as `mtrace run -S`).
-    #[arg(short = 'S', long = "check-frees")]
-    check_frees: bool,
-    /// Sample: record one allocation per BYTES allocated on average
-    /// (`512K`, `2M`; MTRACE_SAMPLE_RATE), and every one of at least
-    /// BYTES, instead of all of them: near the program's own speed, for
-    /// production; every count reported is then an estimate
-    /// (docs/SAMPLING.md). 0: record every allocation.
-    #[arg(long, value_name = "BYTES", value_parser = crate::run::bytes_arg)]
-    sample_rate: Option<u64>,
-    /// Trace the program from outside with ptrace instead of libmtrace.so
-    /// (as `mtrace run --ptrace`; docs/PTRACE.md): its stream comes from
-    /// the tracer, which carries out the console's commands.
-    #[arg(long)]
-    ptrace: bool,
-    /// With --ptrace, how the allocation functions are hooked (as for
-    /// `mtrace run`).
-    #[arg(long, value_name = "HOOKS", default_value = "auto", requires = "ptrace")]
-    hooks: crate::run::Hooks,
+    #[command(flatten)]
+    rec: RecordingArgs,
     /// No messages of the server's own (`mtrace run -i` uses a server).
     #[arg(long, hide = true)]
     quiet: bool,
@@ -175,12 +155,8 @@ impl Listener {
 }
 
 pub fn server(a: ServerArgs) -> Result<ExitCode> {
-    let lib = if a.ptrace { PathBuf::new() } else { crate::run::find_lib()? };
-    if let Some(d) = a.depth {
-        if !(1..=MAX_DEPTH).contains(&d) {
-            bail!("-d {d}: the depth must be 1 to {MAX_DEPTH}");
-        }
-    }
+    let mut rec = a.rec.recording(a.depth)?;
+    let lib = if a.rec.ptrace { PathBuf::new() } else { find_lib()? };
     if a.spool_max < MIN_SPOOL {
         bail!("--spool-max {}: at least 1M (the bound must hold a few frames)", a.spool_max);
     }
@@ -232,19 +208,9 @@ pub fn server(a: ServerArgs) -> Result<ExitCode> {
         sh.exited.store(true, Ordering::Release);
     };
     let sh = shared.clone();
-    if a.ptrace {
-        let opts = mtrace_ptrace::Options {
-            output: format!("unix:{}", internal.display()),
-            settings: mtrace_ptrace::Settings {
-                depth: a.depth.unwrap_or(64).clamp(1, MAX_DEPTH),
-                check_frees: a.check_frees,
-                scan: false,
-                scan_at_detach: false,
-                sample_rate: a.sample_rate.unwrap_or(0),
-                sample_seed: crate::run::sample_seed(),
-            },
-            hooks: a.hooks.into(),
-        };
+    rec.output = Some(format!("unix:{}", internal.display()));
+    if a.rec.ptrace {
+        let opts = a.rec.ptrace_options(rec, false);
         let command = a.command.clone();
         // One thread does all the ptrace calls (the kernel ties a tracee
         // to the thread that seized it).
@@ -262,18 +228,8 @@ pub fn server(a: ServerArgs) -> Result<ExitCode> {
         });
     } else {
         let mut cmd = Command::new(&a.command[0]);
-        cmd.args(&a.command[1..])
-            .env("LD_PRELOAD", &lib)
-            .env(settings::OUTPUT.name(), format!("unix:{}", internal.display()));
-        if a.check_frees {
-            cmd.env(settings::CHECK_FREES.name(), "1");
-        }
-        if let Some(r) = a.sample_rate {
-            cmd.env(settings::SAMPLE_RATE.name(), r.to_string());
-        }
-        if let Some(d) = a.depth {
-            cmd.env(settings::DEPTH.name(), d.to_string());
-        }
+        cmd.args(&a.command[1..]).env("LD_PRELOAD", &lib);
+        hand_to(&mut cmd, &rec);
         let mut child = cmd.spawn().with_context(|| format!("cannot run {}", a.command[0]))?;
         std::thread::spawn(move || {
             use std::os::unix::process::ExitStatusExt;

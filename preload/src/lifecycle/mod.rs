@@ -4,6 +4,7 @@
 //! snapshot, unwind, platform); nothing below names it.
 
 pub mod attach;
+pub mod commands;
 pub mod fork;
 pub mod signals;
 
@@ -99,13 +100,10 @@ fn alone(s: &stream::Session) -> bool {
     sys::numbered_entries(c"/proc/self/task").into_iter().all(|t| t == me || t == writer)
 }
 
-/// A session starts ([`crate::Up::starting`]): the functions the
-/// file-descriptor hooks forward to are resolved before the trace's file
-/// is opened, collection is on or off as `MTRACE_START` says, and
-/// sampling as `MTRACE_SAMPLE_RATE` says.
-pub fn starting(cfg: &crate::platform::config::Config) {
-    #[cfg(not(test))]
-    crate::hooks::fds::init();
+/// A session starts ([`crate::Up::starting`], after the hooks resolved
+/// what they forward to): collection is on or off as `MTRACE_START`
+/// says, and sampling as `MTRACE_SAMPLE_RATE` says.
+pub fn starting(cfg: &crate::platform::config::Recording) {
     recorder::init_collecting(cfg.start);
     crate::record::sample::configure(cfg.sample_rate, cfg.sample_seed);
 }

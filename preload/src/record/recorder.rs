@@ -394,7 +394,7 @@ pub fn final_flush(reason: EndReason, in_signal: bool) {
         if s.pid == sys::getpid() {
             let pending = REALLOC_OLD.with(|c| c.replace((0, 0, 0)));
             s.final_flush(reason, in_signal, (pending.0 != 0).then_some(pending));
-            if s.unwinder == crate::platform::config::Unwinder::Check && !in_signal {
+            if s.unwinder == crate::unwind::Unwinder::Check && !in_signal {
                 sys::warn(&crate::unwind::check_summary());
             }
         }

@@ -1,5 +1,6 @@
 //! Commands from the reader of a socket stream, read by the writer thread
-//! once per round (no signal needed): one per line, ASCII.
+//! once per round (no signal needed): one per line, ASCII, parsed here and
+//! carried out by `lifecycle::commands` (through [`crate::Up::command`]).
 //!
 //! | command | effect |
 //! |---|---|
@@ -14,11 +15,11 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use mtrace_format::protocol::{marker, Command};
+use mtrace_format::protocol::Command;
 use mtrace_format::{Encoder, EndReason, Record};
 
 use super::Session;
-use crate::{platform::sys, record::recorder, snapshot};
+use crate::platform::sys;
 
 /// One unknown command was warned about.
 static WARNED: AtomicBool = AtomicBool::new(false);
@@ -45,22 +46,13 @@ impl Session {
     /// when it ended tracing.
     fn command(&self, line: &str) -> bool {
         match Command::parse(line) {
-            Ok(None) => {}
-            Ok(Some(Command::Start)) => recorder::set_collecting(true),
-            Ok(Some(Command::Stop)) => recorder::set_collecting(false),
-            Ok(Some(Command::Depth(d))) => self.set_depth(d),
-            Ok(Some(Command::Marker(name))) => self.marker(0, &name),
-            Ok(Some(Command::Scan)) => {
-                snapshot::take(self, snapshot::By::Writer);
-                self.marker(0, marker::SCAN);
+            Ok(None) => true,
+            Ok(Some(c)) => (crate::UP.command)(self, c),
+            Err(_) => {
+                warn_once(line);
+                true
             }
-            Ok(Some(Command::Detach)) => {
-                self.detach();
-                return false;
-            }
-            Err(_) => warn_once(line),
         }
-        true
     }
 
     /// Writes a Marker record after everything buffered so far.
@@ -85,7 +77,7 @@ impl Session {
     /// longer redirected (after `mtrace attach`), everything buffered and
     /// an End record (reason detach) are written, the stream is closed.
     pub fn detach(&self) {
-        crate::lifecycle::attach::undo();
+        (crate::UP.stopped)();
         self.final_flush(EndReason::Detach, false, None);
         super::stop_tracing();
         self.out.close();

@@ -62,7 +62,7 @@ pub struct Session {
     /// Frames per backtrace (a command may change it).
     depth: AtomicUsize,
     /// The unwinder (`MTRACE_UNWINDER`).
-    pub unwinder: crate::platform::config::Unwinder,
+    pub unwinder: unwind::Unwinder,
     /// The signal that asks for an incremental report, if any.
     pub report_signal: Option<i32>,
     /// The signal that asks for a leak scan and its report, if any.
@@ -102,7 +102,7 @@ pub struct Session {
     /// Every record written so far is stamped before this, ns.
     written_until: AtomicU64,
     /// Test-only perturbations of the order (`MTRACE_TEST_ORDER`).
-    pub test: config::TestOrder,
+    pub test: mtrace_format::recording::TestOrder,
     /// Bytes in threads' full buffers (see [`PENDING_MAX`]).
     pending: AtomicUsize,
     /// Set when a wait for the writer timed out: threads no longer wait.
@@ -187,7 +187,7 @@ pub fn current() -> Option<&'static Session> {
 /// the working directory), and its absolute path: the analyzer that makes
 /// incremental reports, and a reopening after the program closed the
 /// descriptor, must find it after a `chdir`.
-fn open_output(cfg: &config::Config, pid: u32, prog: &str) -> Option<(output::Output, String)> {
+fn open_output(cfg: &config::Recording, pid: u32, prog: &str) -> Option<(output::Output, String)> {
     let path = match &cfg.output {
         Some(p) => naming::expand(p, pid, prog),
         None => format!("{prog}.{pid}.mtrace"),
@@ -278,7 +278,7 @@ impl Session {
         Some(Session {
             gen: GEN.fetch_add(1, Ordering::Relaxed) + 1,
             pid,
-            clock: Clock::new(start_mono, cfg.tsc_clock),
+            clock: Clock::new(start_mono, cfg.clock == mtrace_format::recording::Clock::Tsc),
             depth: AtomicUsize::new(cfg.depth),
             unwinder: cfg.unwinder,
             // The .memlog reports read the trace file; a socket's reader
@@ -302,7 +302,7 @@ impl Session {
             handoff,
             last_watermark: AtomicU64::new(0),
             written_until: AtomicU64::new(0),
-            test: cfg.test,
+            test: cfg.test_order,
             pending: AtomicUsize::new(0),
             throttle_off: AtomicBool::new(false),
             next_stack: AtomicU32::new(1),

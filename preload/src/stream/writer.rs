@@ -15,7 +15,7 @@ use super::{
 
 /// While idle, an RSS sample at least every this many sampling rounds (1 s).
 const IDLE_SAMPLE_EVERY: u64 = 100;
-use crate::{platform::modules, platform::sys};
+use crate::{platform::config, platform::modules, platform::sys};
 
 impl Session {
     /// Holds the trace file for one writer of many pieces in a row (the
@@ -50,7 +50,7 @@ impl Session {
         let Some(list) = super::end::lock(&self.threads, !patient) else { return 0 };
         let mut threads: Vec<Arc<ThreadBuf>> = list.clone();
         drop(list);
-        self.test.collect.arrange(&mut threads, |t| t.exited.load(Ordering::Acquire));
+        config::arrange(self.test.collect, &mut threads, |t| t.exited.load(Ordering::Acquire));
         let mut batch = Vec::new();
         let (mut counted, mut written) = (0, 0);
         let mut taken = Vec::with_capacity(threads.len());

@@ -26,7 +26,10 @@ mod walk;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::platform::config::{Unwinder, MAX_DEPTH};
+use crate::platform::config::MAX_DEPTH;
+/// The closed set of unwinders, defined with the recording configuration
+/// (`MTRACE_UNWINDER`) that chooses one; matched here only.
+pub use mtrace_format::recording::Unwinder;
 
 /// What a thread unwinds with: the one place that chooses among the
 /// unwinders (`MTRACE_UNWINDER`, [`Unwinder`]); a new unwinder is a
@@ -56,20 +59,27 @@ impl Unwinding {
     /// [`Unwinding::frames`] then holds.
     #[inline]
     pub fn capture(&mut self, kind: Unwinder, depth: usize, at: Here) -> usize {
-        #[cfg(target_arch = "x86_64")]
-        if kind != Unwinder::Libgcc {
-            if self.fast.is_none() {
-                self.fast = fast::ThreadUnwinder::new();
-            }
-            if let Some(n) = self.fast.as_mut().and_then(|u| u.capture(&mut self.frames[..], depth, at)) {
-                if kind == Unwinder::Check {
-                    check(&self.frames[..n], depth);
+        match kind {
+            Unwinder::Libgcc => libgcc::capture(&mut self.frames[..], depth),
+            Unwinder::Fast | Unwinder::Check => {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    if self.fast.is_none() {
+                        self.fast = fast::ThreadUnwinder::new();
+                    }
+                    if let Some(n) = self.fast.as_mut().and_then(|u| u.capture(&mut self.frames[..], depth, at)) {
+                        if kind == Unwinder::Check {
+                            check(&self.frames[..n], depth);
+                        }
+                        return n;
+                    }
                 }
-                return n;
+                // Where the fast unwinder is not (other CPUs) or cannot
+                // walk this stack: libgcc's.
+                let _ = at;
+                libgcc::capture(&mut self.frames[..], depth)
             }
         }
-        let _ = (at, kind);
-        libgcc::capture(&mut self.frames[..], depth)
     }
 
     /// The first `n` frames of the last [`Unwinding::capture`] (return

@@ -49,7 +49,7 @@ impl Tracer {
                             None
                         } else {
                             let at = calls::Entry { regs: &r, stack: target::Stack::Live, time: time_ns };
-                            let depth = self.opts.settings.depth;
+                            let depth = self.opts.recording.depth;
                             let stack = calls::backtrace(p, t, &at, ret, depth, &mut self.frames);
                             Some(Record::PoolAlloc { time_ns, pool, addr: a1, size: a2, stack })
                         }
@@ -83,6 +83,7 @@ impl Tracer {
             let others: Vec<Pid> = self.threads_of(pid).into_iter().filter(|&t| t != tid).collect();
             stopped = self.interrupt_all(&others);
         }
+        let report_dir = self.opts.recording.report_dir.as_deref();
         let child = self.procs.get_mut(&pid).and_then(|p| {
             if scan {
                 let mut threads = vec![snapshot::calling_exit(tid, *r)];
@@ -93,7 +94,8 @@ impl Tracer {
             }
             p.reports += 1;
             let name = if scan { marker::SCAN } else { "mtrace_report" };
-            reports::point_to(&mut p.stream, tid, pid, p.reports, name, !scan, out.as_deref())
+            let at = reports::Point { tid, pid, seq: p.reports, dir: report_dir };
+            reports::point_to(&mut p.stream, at, name, !scan, out.as_deref())
         });
         resume_interrupted(stopped);
         match child.map(|mut c| c.wait()) {

@@ -48,7 +48,7 @@ impl Tracer {
                     p.set_collecting(tid, cmd == Command::Start);
                 }
             }
-            Command::Depth(d) => self.opts.settings.depth = d,
+            Command::Depth(d) => self.opts.recording.depth = d,
             Command::Marker(name) => {
                 if let Some(p) = self.procs.get_mut(&pid) {
                     let time_ns = p.stream.now();

@@ -18,7 +18,7 @@ use nix::unistd::Pid;
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::arch;
-use crate::calls::{self, Hook, Settings, Thread};
+use crate::calls::{self, Hook, Thread};
 use crate::perf;
 use crate::process::{parent_of, Process};
 use crate::reports;
@@ -28,6 +28,7 @@ use crate::stats;
 use crate::target;
 use crate::uprobes::{Opener, Probes};
 use mtrace_format::protocol::marker;
+use mtrace_format::recording::Recording;
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 
 mod api;
@@ -47,7 +48,7 @@ pub enum Outcome {
     Detached(i32),
 }
 
-/// How the interposed functions are hooked.
+/// How the interposed functions are hooked (`--hooks`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hooks {
     /// Kernel uprobes where this process may use them, else breakpoints.
@@ -60,14 +61,40 @@ pub enum Hooks {
     Uprobes,
 }
 
-/// What to write where.
+impl Hooks {
+    /// Every way, in the order `--hooks` lists them.
+    pub const ALL: [Hooks; 3] = [Hooks::Auto, Hooks::Uprobes, Hooks::Breakpoints];
+
+    /// Its name, as `--hooks` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Hooks::Auto => "auto",
+            Hooks::Uprobes => "uprobes",
+            Hooks::Breakpoints => "breakpoints",
+        }
+    }
+}
+
+/// What to record, where, and how to hook.
 pub struct Options {
-    /// The trace files: `%p` the pid, `%e` the program (as MTRACE_OUTPUT).
-    pub output: String,
-    /// What the records hold (backtrace depth, frees' backtraces).
-    pub settings: Settings,
+    /// The recording configuration, as the preload reads it: its output
+    /// (the trace files: `%p` the pid, `%e` the program; or a socket),
+    /// depth, frees' backtraces, scan at exit, sampling, report and scan
+    /// signals, report folder. What only the preload can do (the unwinder,
+    /// the clock, freeres, follow fork/exec off, start off) is not done.
+    pub recording: Recording,
+    /// Also a leak scan's snapshot when the tracer detaches (`attach --scan`).
+    pub scan_at_detach: bool,
     /// Breakpoints or uprobes.
     pub hooks: Hooks,
+}
+
+impl Options {
+    /// Where the streams go: the recording's output, else
+    /// `<program>.<pid>.mtrace` in the working directory (as the preload).
+    pub fn output(&self) -> &str {
+        self.recording.output.as_deref().unwrap_or("%e.%p.mtrace")
+    }
 }
 
 /// Under uprobes, how often the rings are read whole while the program
@@ -110,7 +137,7 @@ struct Tracer {
 /// Runs `cmd` traced until it ends (and every process it started), or
 /// until the tracer is told to leave; returns its pid and how it ended.
 pub fn run(cmd: &[String], opts: Options) -> Result<(i32, Outcome)> {
-    spawn::catch_signals()?;
+    spawn::catch_signals(&opts.recording)?;
     let up = opener(&opts)?;
     let main = spawn::spawn(cmd)?;
     let mut t = Tracer::new(opts, main, up);
@@ -122,7 +149,7 @@ pub fn run(cmd: &[String], opts: Options) -> Result<(i32, Outcome)> {
 /// process runs on untraced. The path of the trace written (`opts.output`
 /// expanded, with a suffix if that name was taken) and how it ended.
 pub fn attach(pid: i32, opts: Options, duration: Option<std::time::Duration>) -> Result<(String, Outcome)> {
-    spawn::catch_signals()?;
+    spawn::catch_signals(&opts.recording)?;
     let up = opener(&opts)?;
     let uprobes = up.is_some();
     let main = Pid::from_raw(pid);
@@ -131,9 +158,9 @@ pub fn attach(pid: i32, opts: Options, duration: Option<std::time::Duration>) ->
     let started = std::time::Instant::now();
     let mut signals = Vec::new();
     let first = *tids.first().context("no thread could be stopped")?;
-    let trace = match Process::attach(main, first, &t.opts.output, uprobes, &mut signals) {
+    let trace = match Process::attach(main, first, t.opts.output(), uprobes, &mut signals) {
         Ok(mut p) => {
-            p.sample_at(t.opts.settings.sample_rate);
+            p.sample_at(t.opts.recording.sample_rate);
             let trace = p.stream.path().to_string();
             t.procs.insert(main, p);
             trace
@@ -168,8 +195,8 @@ pub fn attach(pid: i32, opts: Options, duration: Option<std::time::Duration>) ->
 fn opener(opts: &Options) -> Result<Option<Opener>> {
     match opts.hooks {
         Hooks::Breakpoints => Ok(None),
-        Hooks::Uprobes => Ok(Some(Opener::start(opts.settings.check_frees).context("uprobes")?)),
-        Hooks::Auto => Ok(Opener::start(opts.settings.check_frees).ok()),
+        Hooks::Uprobes => Ok(Some(Opener::start(opts.recording.check_frees).context("uprobes")?)),
+        Hooks::Auto => Ok(Opener::start(opts.recording.check_frees).ok()),
     }
 }
 
@@ -181,6 +208,7 @@ impl Tracer {
                 let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
             }
         }
+        let scan_signal = opts.recording.scan_signal.and_then(|n| Signal::try_from(n).ok());
         Tracer {
             opts,
             procs: HashMap::default(),
@@ -195,7 +223,7 @@ impl Tracer {
             retired: Vec::new(),
             last_drain: None,
             last_whole: std::time::Instant::now(),
-            scan_signal: reports::scan_signal(),
+            scan_signal,
             last_tick: std::time::Instant::now(),
         }
     }
@@ -276,7 +304,11 @@ impl Tracer {
                 WaitStatus::Stopped(tid, sig) if Some(sig) == self.scan_signal && self.scan_point(tid, sig) => {
                     resume(tid, None)
                 }
-                WaitStatus::Stopped(tid, Signal::SIGUSR1) if self.report_point(tid) => resume(tid, None),
+                WaitStatus::Stopped(tid, sig)
+                    if Some(sig as i32) == self.opts.recording.report_signal && self.report_point(tid, sig) =>
+                {
+                    resume(tid, None)
+                }
                 WaitStatus::Stopped(tid, sig) => resume(tid, Some(sig)),
                 WaitStatus::PtraceEvent(tid, _, ev) => self.event(tid, ev),
                 _ => {}
@@ -324,7 +356,7 @@ impl Tracer {
             p.patch_api_after_relocation(tid);
             let hook = Hook { at: b.at, call: b.call, module: b.module };
             let at = calls::Entry { regs: &r, stack: crate::target::Stack::Live, time: p.stream.now() };
-            let reload = calls::entry(p, th, tid, &hook, &at, &self.opts.settings, &mut self.frames);
+            let reload = calls::entry(p, th, tid, &hook, &at, &self.opts.recording, &mut self.frames);
             if reload {
                 let mut signals = Vec::new();
                 if let Err(e) = p.update_modules(tid, &mut signals) {
@@ -399,9 +431,9 @@ impl Tracer {
         };
         self.threads.retain(|_, (p, _)| *p != pid);
         let mut signals = Vec::new();
-        match Process::exec(pid, ppid, &self.opts.output, self.opener.is_some(), &mut signals) {
+        match Process::exec(pid, ppid, self.opts.output(), self.opener.is_some(), &mut signals) {
             Ok(mut p) => {
-                p.sample_at(self.opts.settings.sample_rate);
+                p.sample_at(self.opts.recording.sample_rate);
                 self.procs.insert(pid, p);
                 self.threads.insert(pid, (pid, Thread::default()));
                 self.request(pid);
@@ -415,7 +447,7 @@ impl Tracer {
     fn fork(&mut self, tid: Pid, child: Pid) {
         let Some((pid, th)) = self.threads.get(&tid) else { return };
         let Some(parent) = self.procs.get(pid) else { return };
-        match Process::fork(parent, child, &self.opts.output) {
+        match Process::fork(parent, child, self.opts.output()) {
             Ok(p) => {
                 // Only the forking thread lives on in the child, inside the
                 // same calls.
@@ -432,11 +464,12 @@ impl Tracer {
         }
     }
 
-    /// SIGUSR1 came for thread `tid`: a report point when its process
-    /// would be killed by it (reports.rs); false to deliver it.
-    fn report_point(&mut self, tid: Pid) -> bool {
+    /// The report signal `sig` (`MTRACE_REPORT_SIGNAL`) came for thread
+    /// `tid`: a report point when its process would be killed by it
+    /// (reports.rs); false to deliver it.
+    fn report_point(&mut self, tid: Pid, sig: Signal) -> bool {
         let Some(&(pid, _)) = self.threads.get(&tid) else { return false };
-        if !reports::default_disposition(pid, reports::SIGNAL) {
+        if !reports::default_disposition(pid, sig as i32) {
             return false;
         }
         let Some(p) = self.procs.get_mut(&pid) else { return false };
@@ -446,7 +479,8 @@ impl Tracer {
             return false;
         }
         p.reports += 1;
-        reports::point(&mut p.stream, tid, pid, p.reports, marker::SIGNAL, true);
+        let dir = self.opts.recording.report_dir.as_deref();
+        reports::point(&mut p.stream, reports::Point { tid, pid, seq: p.reports, dir }, marker::SIGNAL, true);
         true
     }
 
@@ -468,7 +502,8 @@ impl Tracer {
             threads.extend(stopped.iter().map(|&(t, r, _)| snapshot::interrupted(t, r)));
             if snapshot_now(p, pid, &threads) {
                 p.reports += 1;
-                reports::point(&mut p.stream, tid, pid, p.reports, marker::SCAN, false);
+                let dir = self.opts.recording.report_dir.as_deref();
+                reports::point(&mut p.stream, reports::Point { tid, pid, seq: p.reports, dir }, marker::SCAN, false);
             }
         }
         resume_interrupted(stopped);
@@ -544,7 +579,7 @@ impl Tracer {
     /// process image, while all its memory is still there, with the other
     /// threads at their own exit stops; else its stack is dead from now on.
     fn exiting(&mut self, tid: Pid) {
-        if !self.opts.settings.scan && self.scan_signal.is_none() {
+        if !self.opts.recording.scan && self.scan_signal.is_none() {
             return;
         }
         let Some(&(pid, _)) = self.threads.get(&tid) else { return };
@@ -565,7 +600,7 @@ impl Tracer {
                 }
                 return;
             }
-            if !self.opts.settings.scan {
+            if !self.opts.recording.scan {
                 return;
             }
             p.scanned = true;
@@ -646,7 +681,7 @@ impl Tracer {
             }
         }
         self.drain_all(true);
-        if self.opts.settings.scan_at_detach {
+        if self.opts.scan_at_detach {
             self.scan_at_detach();
         }
         // Closing the events takes the uprobes out; the kernel's return

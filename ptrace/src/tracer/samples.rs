@@ -257,6 +257,6 @@ fn handle(
     } else {
         p.sample(tid.as_raw() as u32);
         let at = calls::Entry { regs: &regs, stack, time };
-        calls::entry(p, th, tid, &hook, &at, &opts.settings, frames);
+        calls::entry(p, th, tid, &hook, &at, &opts.recording, frames);
     }
 }

@@ -1,0 +1,130 @@
+//! The recording options of the commands that start a producer (`run`,
+//! `server`, `attach`): one flattened set of clap arguments, validated
+//! once into the typed [`Recording`] every producer reads
+//! (`mtrace_format::recording`): the preload through the variables
+//! [`Recording::vars`] renders, the ptrace tracer as it is.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use mtrace_format::protocol::MAX_DEPTH;
+use mtrace_format::recording::Recording;
+use mtrace_format::settings;
+use mtrace_ptrace::Hooks;
+
+/// The options `run`, `server` and `attach` share (`-d` is the report's
+/// too, so it comes with the report options and is passed in).
+#[derive(clap::Args, Clone)]
+pub struct RecordingArgs {
+    /// Record the backtrace of every free too (MTRACE_CHECK_FREES=1), so that
+    /// wrong frees (mismatched, double, invalid) show where they were
+    /// freed; they are found without it too. Costs a second unwinding per
+    /// free (docs/PERFORMANCE.md).
+    #[arg(short = 'S', long = "check-frees")]
+    pub check_frees: bool,
+    /// Sample: record one allocation per BYTES allocated on average
+    /// (`512K`, `2M`; MTRACE_SAMPLE_RATE), and every one of at least
+    /// BYTES, instead of all of them: near the program's own speed, for
+    /// production; every count reported is then an estimate
+    /// (docs/SAMPLING.md). 0: record every allocation.
+    #[arg(long, value_name = "BYTES", value_parser = bytes_arg)]
+    pub sample_rate: Option<u64>,
+    /// Trace from outside with ptrace instead of libmtrace.so (uprobes or
+    /// breakpoints on the allocation functions, see --hooks): for
+    /// statically linked programs and where the library cannot be loaded;
+    /// slower (docs/PTRACE.md).
+    #[arg(long)]
+    pub ptrace: bool,
+    /// With --ptrace, how the allocation functions are hooked: `uprobes`
+    /// (kernel uprobes, no stop per call; root or CAP_PERFMON),
+    /// `breakpoints` (a stop per call; any user who may ptrace the
+    /// program), or `auto` (uprobes where allowed).
+    #[arg(long, value_name = "HOOKS", default_value = "auto", requires = "ptrace", value_parser = hooks_arg)]
+    pub hooks: Hooks,
+}
+
+impl RecordingArgs {
+    /// The recording these options and `depth` (`-d`) ask for, on top of
+    /// what this process's `MTRACE_*` variables say (each invalid one
+    /// warned about once, here, so that the program's processes are handed
+    /// only valid values). Errors: a depth outside 1 to 256.
+    pub fn recording(&self, depth: Option<usize>) -> Result<Recording> {
+        let mut r = Recording::from_env();
+        if let Some(d) = depth {
+            if !(1..=MAX_DEPTH).contains(&d) {
+                bail!("-d {d}: the depth must be 1 to {MAX_DEPTH}");
+            }
+            r.depth = d;
+        }
+        r.check_frees |= self.check_frees;
+        if let Some(rate) = self.sample_rate {
+            r.sample_rate = rate;
+        }
+        Ok(r)
+    }
+
+    /// The options again, as `mtrace server` takes them (`run -i` starts one).
+    pub fn server_args(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if self.check_frees {
+            v.push("-S".to_owned());
+        }
+        if let Some(r) = self.sample_rate {
+            v.extend(["--sample-rate".to_owned(), r.to_string()]);
+        }
+        if self.ptrace {
+            v.extend(["--ptrace".to_owned(), "--hooks".to_owned(), self.hooks.name().to_owned()]);
+        }
+        v
+    }
+
+    /// The ptrace tracer's options for recording `r`.
+    pub fn ptrace_options(&self, r: Recording, scan_at_detach: bool) -> mtrace_ptrace::Options {
+        mtrace_ptrace::Options { recording: r, scan_at_detach, hooks: self.hooks }
+    }
+}
+
+/// Gives the program `cmd` starts recording `r`: each setting's variable
+/// set where it differs from the default and removed where it does not,
+/// so that the preload reads exactly `r` (not a stale or invalid value of
+/// the user's environment).
+pub fn hand_to(cmd: &mut Command, r: &Recording) {
+    for (s, v) in r.vars() {
+        match v {
+            Some(v) => cmd.env(s.name(), v),
+            None => cmd.env_remove(s.name()),
+        };
+    }
+}
+
+/// libmtrace.so: `MTRACE_LIB`, else next to this executable.
+pub fn find_lib() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(settings::LIB.name()) {
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            bail!("MTRACE_LIB={}: no such file", p.display());
+        }
+        return Ok(p);
+    }
+    let exe = std::env::current_exe().context("cannot find the mtrace executable")?;
+    let p = exe.with_file_name("libmtrace.so");
+    if !p.is_file() {
+        bail!("{} not found (build it with `cargo build`, or set MTRACE_LIB)", p.display());
+    }
+    Ok(p.canonicalize()?)
+}
+
+/// A byte count with an optional unit (`4096`, `512K`, `2M`; see
+/// [`mtrace_format::sampling::parse_bytes`]).
+pub fn bytes_arg(v: &str) -> Result<u64, String> {
+    mtrace_format::sampling::parse_bytes(v).ok_or_else(|| format!("{v:?} is not a byte count (4096, 512K, 2M, 1G)"))
+}
+
+/// `--hooks`: one of [`mtrace_ptrace::Hooks::ALL`] by its name.
+fn hooks_arg(v: &str) -> Result<Hooks, String> {
+    Hooks::ALL.into_iter().find(|h| h.name() == v).ok_or_else(|| {
+        let names: Vec<&str> = Hooks::ALL.iter().map(|h| h.name()).collect();
+        format!("{v:?} is not one of {}", names.join(", "))
+    })
+}
