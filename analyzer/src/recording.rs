@@ -40,7 +40,7 @@ pub struct RecordingArgs {
     /// (kernel uprobes, no stop per call; root or CAP_PERFMON),
     /// `breakpoints` (a stop per call; any user who may ptrace the
     /// program), or `auto` (uprobes where allowed).
-    #[arg(long, value_name = "HOOKS", default_value = "auto", requires = "ptrace", value_parser = hooks_arg)]
+    #[arg(long, value_name = "HOOKS", default_value = "auto", requires = "ptrace", value_parser = hooks_arg())]
     pub hooks: Hooks,
 }
 
@@ -121,10 +121,64 @@ pub fn bytes_arg(v: &str) -> Result<u64, String> {
     mtrace_format::sampling::parse_bytes(v).ok_or_else(|| format!("{v:?} is not a byte count (4096, 512K, 2M, 1G)"))
 }
 
-/// `--hooks`: one of [`mtrace_ptrace::Hooks::ALL`] by its name.
-fn hooks_arg(v: &str) -> Result<Hooks, String> {
-    Hooks::ALL.into_iter().find(|h| h.name() == v).ok_or_else(|| {
-        let names: Vec<&str> = Hooks::ALL.iter().map(|h| h.name()).collect();
-        format!("{v:?} is not one of {}", names.join(", "))
+/// `--hooks`: one of [`mtrace_ptrace::Hooks::ALL`] by its name (clap
+/// lists the names in the help and in completions).
+fn hooks_arg() -> impl clap::builder::TypedValueParser<Value = Hooks> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(Hooks::ALL.map(Hooks::name)).map(|name| {
+        // Always found: the parser let only these names through.
+        Hooks::ALL.into_iter().find(|h| h.name() == name).unwrap_or(Hooks::Auto)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+    use mtrace_format::recording::Recording;
+
+    /// How `a` is written on the command line: `--long` and `-s`.
+    fn spellings(a: &clap::Arg) -> Vec<String> {
+        let long = a.get_long().map(|l| format!("--{l}"));
+        let short = a.get_short().map(|s| format!("-{s}"));
+        long.into_iter().chain(short).collect()
+    }
+
+    fn help(a: &clap::Arg) -> String {
+        a.get_long_help().or(a.get_help()).map(|h| h.to_string()).unwrap_or_default()
+    }
+
+    /// A setting's variable and its `mtrace run` option come from one
+    /// definition (`mtrace_format::recording`): the option exists and its
+    /// help names the variable; a visible option whose help names a
+    /// setting's variable is that setting's option.
+    #[test]
+    fn each_setting_and_its_option_name_each_other() {
+        let cli = crate::Cli::command();
+        let run = cli.find_subcommand("run").expect("run");
+        for s in Recording::SETTINGS.iter().filter(|s| !s.option.is_empty()) {
+            let arg = run
+                .get_arguments()
+                .find(|a| spellings(a).iter().any(|w| w == s.option))
+                .unwrap_or_else(|| panic!("{}: run has no option {}", s.name(), s.option));
+            assert!(help(arg).contains(s.name()), "{} {}: {}", s.option, s.name(), help(arg));
+        }
+        for a in run.get_arguments().filter(|a| !a.is_hide_set()) {
+            for s in Recording::SETTINGS.iter().filter(|s| help(a).contains(s.name())) {
+                assert!(spellings(a).iter().any(|w| w == s.option), "{:?} names {}", spellings(a), s.name());
+            }
+        }
+    }
+
+    /// `run`, `server` and `attach` take the same recording options (one
+    /// flattened RecordingArgs, and `-d`).
+    #[test]
+    fn the_commands_that_start_a_producer_take_the_same_recording_options() {
+        let cli = crate::Cli::command();
+        for sub in ["run", "server", "attach"] {
+            let c = cli.find_subcommand(sub).expect(sub);
+            for opt in ["-d", "-S", "--sample-rate", "--ptrace", "--hooks"] {
+                assert!(c.get_arguments().any(|a| spellings(a).iter().any(|w| w == opt)), "{sub} {opt}");
+            }
+        }
+    }
 }

@@ -30,8 +30,9 @@ pub struct RunArgs {
     /// indirectly and possibly lost blocks (--show-reachable: all).
     #[arg(long, hide = true)]
     scan: bool,
-    /// No leak scan at exit: the report lists every block not freed, by
-    /// backtrace (as `mtrace report` of a trace without a scan).
+    /// No leak scan at exit (MTRACE_SCAN=0): the report lists every block
+    /// not freed, by backtrace (as `mtrace report` of a trace without a
+    /// scan).
     #[arg(long, conflicts_with_all = ["scan", "error_exitcode"])]
     no_scan: bool,
     /// Call glibc's `__libc_freeres()` at exit (MTRACE_FREERES; valgrind's

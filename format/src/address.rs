@@ -71,6 +71,75 @@ impl Address {
     }
 }
 
+impl Address {
+    /// Connects to this address with std's sockets (a TCP host's name
+    /// looked up): for the producers and readers outside the traced
+    /// program (the ptrace tracer, `mtrace client`); the preload has its
+    /// own, without a lookup.
+    pub fn connect(&self) -> std::io::Result<Socket> {
+        Ok(match self {
+            Address::Unix(p) => Socket::Unix(std::os::unix::net::UnixStream::connect(p)?),
+            Address::Tcp { host, port } => {
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                Socket::Tcp(std::net::TcpStream::connect((host, *port))?)
+            }
+        })
+    }
+}
+
+/// A connected stream socket of either kind an [`Address`] names.
+#[derive(Debug)]
+pub enum Socket {
+    /// `unix:PATH`.
+    Unix(std::os::unix::net::UnixStream),
+    /// `tcp:HOST:PORT`.
+    Tcp(std::net::TcpStream),
+}
+
+impl Socket {
+    /// A second handle on the same connection (one thread reads, another writes).
+    pub fn try_clone(&self) -> std::io::Result<Socket> {
+        Ok(match self {
+            Socket::Unix(s) => Socket::Unix(s.try_clone()?),
+            Socket::Tcp(s) => Socket::Tcp(s.try_clone()?),
+        })
+    }
+
+    /// Shuts both directions down: a reader blocked on another handle
+    /// returns.
+    pub fn shutdown(&self) {
+        let _ = match self {
+            Socket::Unix(s) => s.shutdown(std::net::Shutdown::Both),
+            Socket::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
+        };
+    }
+}
+
+impl std::io::Read for Socket {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Socket::Unix(s) => s.read(buf),
+            Socket::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl std::io::Write for Socket {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Socket::Unix(s) => s.write(buf),
+            Socket::Tcp(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Socket::Unix(s) => s.flush(),
+            Socket::Tcp(s) => s.flush(),
+        }
+    }
+}
+
 impl fmt::Display for Address {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -103,6 +172,31 @@ mod tests {
         assert!(matches!(Address::parse("tcp:box:http"), Some(Err(_))));
         assert!(matches!(Address::parse("tcp::80"), Some(Err(_))));
         assert_eq!(Address::parse("tcp:[::1]:7").unwrap().unwrap().to_string(), "tcp:[::1]:7");
+    }
+
+    #[test]
+    fn both_kinds_connect_and_carry_bytes() {
+        use std::io::{Read, Write};
+        let dir = std::env::temp_dir().join(format!("mtrace-address-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("s.sock");
+        let _ = std::fs::remove_file(&path);
+        let unix = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addrs = [
+            Address::Unix(path.display().to_string()),
+            Address::Tcp { host: "localhost".into(), port: tcp.local_addr().unwrap().port() },
+        ];
+        for a in &addrs {
+            let mut c = a.connect().unwrap();
+            c.write_all(b"scan\n").unwrap();
+            c.try_clone().unwrap().shutdown();
+        }
+        let mut got = String::new();
+        unix.accept().unwrap().0.read_to_string(&mut got).unwrap();
+        tcp.accept().unwrap().0.read_to_string(&mut got).unwrap();
+        assert_eq!(got, "scan\nscan\n");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -22,6 +22,10 @@ pub struct Setting {
     pub var: &'static CStr,
     /// Its values as the help shows them (`on|off`, `N`, `PATH`).
     pub values: &'static str,
+    /// The option of `mtrace run` (and `server`, `attach` where they take
+    /// it) that sets it, as written there (`-S`, `--sample-rate`); empty
+    /// for none.
+    pub option: &'static str,
     /// One line of help: what it does and its default.
     pub help: &'static str,
 }
@@ -282,12 +286,12 @@ macro_rules! recording {
     ($(
         $(#[doc = $doc:literal])*
         $field:ident: $ty:ty = $default:expr,
-            $id:ident $var:literal $values:literal, $parse:ident, $expected:literal,
+            $id:ident $var:literal $values:literal $option:literal, $parse:ident, $expected:literal,
             $help:literal;
     )*) => {
         $(
             #[doc = $help]
-            pub const $id: Setting = Setting { var: $var, values: $values, help: $help };
+            pub const $id: Setting = Setting { var: $var, values: $values, option: $option, help: $help };
         )*
 
         /// What a producer records and how (see the module's doc).
@@ -338,6 +342,13 @@ macro_rules! recording {
                 let d = Recording::default();
                 vec![$( ($id, (self.$field != d.$field).then(|| self.$field.render())) ),*]
             }
+
+            /// Every setting with its value as its variable spells it
+            /// (empty where a value has no spelling: an unset path, a seed
+            /// from the clock).
+            pub fn rendered(&self) -> Vec<(Setting, String)> {
+                vec![$( ($id, self.$field.render()) ),*]
+            }
         }
     };
 }
@@ -356,72 +367,72 @@ recording! {
     /// or `tcp:HOST:PORT` (`crate::address`); `None`: `<prog>.<pid>.mtrace`
     /// in the working directory.
     output: Option<String> = None,
-        OUTPUT c"MTRACE_OUTPUT" "PATH", text, "a path",
+        OUTPUT c"MTRACE_OUTPUT" "PATH" "", text, "a path",
         "trace file (%p pid, %e program) or unix:PATH / tcp:HOST:PORT; `run` sets it";
     /// Frames per backtrace, 1 to `protocol::MAX_DEPTH`.
     depth: usize = DEFAULT_DEPTH,
-        DEPTH c"MTRACE_DEPTH" "N", depth, "a frame count from 1 to 256",
-        "frames per backtrace, 1-256 (default 64; `run -d` sets it)";
+        DEPTH c"MTRACE_DEPTH" "N" "-d", depth, "a frame count from 1 to 256",
+        "frames per backtrace, 1-256 (default 64)";
     /// Allocations are recorded from the start; off: only after
     /// `mtrace_start()` or glibc's `mtrace()` (frees always are).
     start: bool = true,
-        START c"MTRACE_START" "on|off", switch, "on (1) or off (0)",
+        START c"MTRACE_START" "on|off" "", switch, "on (1) or off (0)",
         "off: record no allocations until mtrace_start() or mtrace()";
     /// A memory snapshot for the leak scan at exit.
     scan: bool = false,
-        SCAN c"MTRACE_SCAN" "0|1", switch, "1 (on) or 0 (off)",
-        "1: memory snapshot at exit for the leak scan (`run` sets it unless --no-scan)";
+        SCAN c"MTRACE_SCAN" "0|1" "--no-scan", switch, "1 (on) or 0 (off)",
+        "1: memory snapshot at exit for the leak scan (`run` sets it unless told not to)";
     /// Every free records its backtrace too (`-S`), for the report of
     /// wrong frees.
     check_frees: bool = false,
-        CHECK_FREES c"MTRACE_CHECK_FREES" "0|1", switch, "1 (on) or 0 (off)",
-        "1: frees record their backtraces too (`run -S`)";
+        CHECK_FREES c"MTRACE_CHECK_FREES" "0|1" "-S", switch, "1 (on) or 0 (off)",
+        "1: frees record their backtraces too";
     /// glibc's `__libc_freeres()` is called at exit (valgrind's
     /// `--run-libc-freeres`).
     freeres: bool = true,
-        FREERES c"MTRACE_FREERES" "on|off", switch, "on (1) or off (0)",
-        "off: glibc's __libc_freeres() is not called at exit (`run --run-libc-freeres=no`)";
+        FREERES c"MTRACE_FREERES" "on|off" "--run-libc-freeres", switch, "on (1) or off (0)",
+        "off: glibc's __libc_freeres() is not called at exit";
     /// The signal that scans for leaks now and writes a report; `None`: off.
     scan_signal: Option<i32> = None,
-        SCAN_SIGNAL c"MTRACE_SCAN_SIGNAL" "SIG", signal, "a signal (USR1, USR2, a number, or off)",
+        SCAN_SIGNAL c"MTRACE_SCAN_SIGNAL" "SIG" "", signal, "a signal (USR1, USR2, a number, or off)",
         "signal that scans for leaks now and writes a .memlog (default off)";
     /// Mean bytes between sampled allocations (docs/SAMPLING.md); 0
     /// records every allocation.
     sample_rate: u64 = 0,
-        SAMPLE_RATE c"MTRACE_SAMPLE_RATE" "BYTES", bytes, "a byte count (4096, 512K, 2M)",
-        "sample one allocation per BYTES allocated on average (512K, 2M; default 0: every one; `--sample-rate`)";
+        SAMPLE_RATE c"MTRACE_SAMPLE_RATE" "BYTES" "--sample-rate", bytes, "a byte count (4096, 512K, 2M)",
+        "sample one allocation per BYTES allocated on average (512K, 2M; default 0: every one)";
     /// The seed of the sample points; `None` draws one from the clock.
     sample_seed: Option<u64> = None,
-        SAMPLE_SEED c"MTRACE_SAMPLE_SEED" "N", seed, "a number",
+        SAMPLE_SEED c"MTRACE_SAMPLE_SEED" "N" "", seed, "a number",
         "seed of the sample points (default: from the clock); for repeatable tests";
     /// Forked children are traced.
     follow_fork: bool = true,
-        FOLLOW_FORK c"MTRACE_FOLLOW_FORK" "on|off", switch, "on (1) or off (0)",
+        FOLLOW_FORK c"MTRACE_FOLLOW_FORK" "on|off" "", switch, "on (1) or off (0)",
         "off: forked children run untraced";
     /// Programs this one execs are traced.
     follow_exec: bool = true,
-        FOLLOW_EXEC c"MTRACE_FOLLOW_EXEC" "on|off", switch, "on (1) or off (0)",
+        FOLLOW_EXEC c"MTRACE_FOLLOW_EXEC" "on|off" "", switch, "on (1) or off (0)",
         "off: programs this one execs run untraced";
     /// The signal that writes an incremental report; `None`: off.
     report_signal: Option<i32> = Some(libc::SIGUSR1),
-        REPORT_SIGNAL c"MTRACE_REPORT_SIGNAL" "SIG", signal, "a signal (USR1, USR2, a number, or off)",
+        REPORT_SIGNAL c"MTRACE_REPORT_SIGNAL" "SIG" "", signal, "a signal (USR1, USR2, a number, or off)",
         "signal that writes an incremental report (default USR1; off)";
     /// Where the .memlog reports go; `None`: the working directory at the
     /// time of the report.
     report_dir: Option<String> = None,
-        REPORT_DIR c"MTRACE_REPORT_DIR" "DIR", text, "a folder",
+        REPORT_DIR c"MTRACE_REPORT_DIR" "DIR" "", text, "a folder",
         "where <program>-<pid>-<n>.memlog reports go (default: cwd)";
     /// The unwinder that records backtraces.
     unwinder: Unwinder = Unwinder::Fast,
-        UNWINDER c"MTRACE_UNWINDER" "U", unwinder, "\"fast\", \"libgcc\" or \"check\"",
+        UNWINDER c"MTRACE_UNWINDER" "U" "", unwinder, "\"fast\", \"libgcc\" or \"check\"",
         "fast, libgcc, or check (both, differences on stderr); default fast";
     /// The clock that stamps events.
     clock: Clock = Clock::Tsc,
-        CLOCK c"MTRACE_CLOCK" "tsc|monotonic", clock, "\"tsc\" or \"monotonic\"",
+        CLOCK c"MTRACE_CLOCK" "tsc|monotonic" "", clock, "\"tsc\" or \"monotonic\"",
         "event clock (default tsc where the TSC is invariant)";
     /// Test-only perturbations of the stream's order.
     test_order: TestOrder = TestOrder::default(),
-        TEST_ORDER c"MTRACE_TEST_ORDER" "SPEC", test_order,
+        TEST_ORDER c"MTRACE_TEST_ORDER" "SPEC" "", test_order,
         "stall=K:US and/or collect=reverse|exited-last|shuffle",
         "tests only: stall=K:US and/or collect=reverse|exited-last|shuffle perturb the writer's order";
 }

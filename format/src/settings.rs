@@ -14,7 +14,7 @@ pub use crate::recording::{
 macro_rules! setting {
     ($id:ident, $var:literal, $values:literal, $help:literal) => {
         #[doc = $help]
-        pub const $id: Setting = Setting { var: $var, values: $values, help: $help };
+        pub const $id: Setting = Setting { var: $var, values: $values, option: "", help: $help };
     };
 }
 
@@ -56,7 +56,8 @@ pub fn help() -> String {
         String::from("Environment (read by libmtrace.so; an invalid value warns once and the default is used):\n");
     for s in DOCUMENTED {
         let left = format!("{}={}", s.name(), s.values);
-        out.push_str(&format!("  {left:<28}{}\n", s.help));
+        let option = if s.option.is_empty() { String::new() } else { format!(" (run: {})", s.option) };
+        out.push_str(&format!("  {left:<28}{}{option}\n", s.help));
     }
     out.pop();
     out
@@ -65,22 +66,71 @@ pub fn help() -> String {
 #[cfg(test)]
 mod tests {
     use super::DOCUMENTED;
+    use crate::recording::Recording;
+
+    /// README's table of variables: (name without `MTRACE_`, default
+    /// cell, meaning cell).
+    fn readme_rows() -> Vec<(String, String, String)> {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+        readme
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `MTRACE_"))
+            .map(|l| {
+                let cells: Vec<&str> = l.split(" | ").collect();
+                let name = cells[0].trim_end_matches('`').to_owned();
+                (name, cells[1].trim().to_owned(), cells.get(2).unwrap_or(&"").to_string())
+            })
+            .collect()
+    }
 
     #[test]
     fn readmes_table_lists_exactly_the_documented_settings() {
-        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-        let mut in_readme: Vec<&str> =
-            readme.lines().filter_map(|l| l.strip_prefix("| `MTRACE_")).filter_map(|l| l.split('`').next()).collect();
+        let mut in_readme: Vec<String> = readme_rows().into_iter().map(|r| r.0).collect();
         in_readme.sort_unstable();
         let mut ours: Vec<&str> = DOCUMENTED.iter().map(|s| &s.name()["MTRACE_".len()..]).collect();
         ours.sort_unstable();
         assert_eq!(in_readme, ours);
     }
 
+    /// Each README row says the recording's default (read back by the
+    /// setting's own parser, where the default has a spelling) and names
+    /// the option of `mtrace run` that sets it.
+    #[test]
+    fn readmes_defaults_and_options_are_the_recordings() {
+        let rows = readme_rows();
+        let defaults = Recording::default().rendered();
+        for (s, rendered) in defaults {
+            let Some((_, default, meaning)) = rows.iter().find(|r| s.name()["MTRACE_".len()..] == r.0) else {
+                continue;
+            };
+            if !rendered.is_empty() {
+                let cell = default.trim_matches('`');
+                let mut warnings = Vec::new();
+                let read =
+                    Recording::from_vars(|v| (v == s.var).then(|| cell.to_owned()), |w| warnings.push(w.to_owned()));
+                assert_eq!(
+                    (read, warnings),
+                    (Recording::default(), vec![]),
+                    "{}: README's default {default}",
+                    s.name()
+                );
+            }
+            if !s.option.is_empty() {
+                assert!(meaning.contains(&format!("`mtrace run {}", s.option)), "{}: {meaning}", s.name());
+            }
+        }
+    }
+
     #[test]
     fn the_help_has_a_line_each() {
         let h = super::help();
         assert_eq!(h.lines().count(), DOCUMENTED.len() + 1);
-        assert!(h.contains("\n  MTRACE_DEPTH=N              frames per backtrace, 1-256"), "{h}");
+        assert!(
+            h.contains("\n  MTRACE_DEPTH=N              frames per backtrace, 1-256 (default 64) (run: -d)"),
+            "{h}"
+        );
+        for s in DOCUMENTED {
+            assert!(h.lines().any(|l| l.contains(s.name()) && l.contains(s.help)), "{}", s.name());
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! Streams to a socket, for the console (`mtrace server --ptrace`, `mtrace
-//! run --ptrace -i`): each process's stream goes to a UNIX socket (the
-//! output `unix:PATH`, as `MTRACE_OUTPUT` for the preload), and its reader
+//! run --ptrace -i`): each process's stream goes to a socket (the output
+//! `unix:PATH` or `tcp:HOST:PORT`, as `MTRACE_OUTPUT` for the preload), and its reader
 //! sends commands back on it, one per line
 //! (`mtrace_format::protocol::Command`: start, stop, depth N, marker NAME,
 //! scan, detach; the reader closing the connection means detach).
@@ -14,11 +14,11 @@
 //! calls.
 
 use std::io::{BufRead, BufReader};
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Mutex;
 
 use anyhow::{Context, Result};
+use mtrace_format::address::Socket;
 use mtrace_format::protocol::Command;
 
 /// How often the tracer flushes the streams and looks for commands.
@@ -81,7 +81,7 @@ pub fn start_ticks() -> Result<()> {
 /// stream itself (the process ended, or the tracer left), which shut the
 /// connection down: a detach would make the tracer leave every other
 /// process.
-pub fn read_commands(sock: UnixStream, pid: u32, done: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+pub fn read_commands(sock: Socket, pid: u32, done: std::sync::Arc<std::sync::atomic::AtomicBool>) {
     let spawned = std::thread::Builder::new().name("mtrace-commands".into()).spawn(move || {
         let mut lines = BufReader::new(sock);
         let mut line = String::new();

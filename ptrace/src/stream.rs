@@ -11,6 +11,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 
 use anyhow::{Context, Result};
+use mtrace_format::address::{Address, Socket};
 use mtrace_format::{encode_compressed, encode_header, naming, Encoder, Header, Record};
 use rustc_hash::FxHashMap as HashMap;
 
@@ -58,7 +59,7 @@ pub struct Stream {
 /// A live stream's connection, shut down when the stream is done (the
 /// commands' reader holds it open too), and the flag that tells that
 /// reader so.
-type Live = (std::os::unix::net::UnixStream, std::sync::Arc<std::sync::atomic::AtomicBool>);
+type Live = (Socket, std::sync::Arc<std::sync::atomic::AtomicBool>);
 
 fn monotonic_ns() -> u64 {
     let t =
@@ -73,16 +74,17 @@ fn realtime_ns() -> u64 {
 
 impl Stream {
     /// A new stream file for process `pid` (a taken name gets `.1`, `.2`,
-    /// … as libmtrace.so's), mode 0600; or, for a `pattern` of the form
-    /// `unix:PATH`, a connection to that socket, whose reader sends
-    /// commands back (live.rs).
+    /// … as libmtrace.so's), mode 0600; or, for a `pattern` that is a
+    /// socket address (`unix:PATH`, `tcp:HOST:PORT`:
+    /// `mtrace_format::address`, as `MTRACE_OUTPUT` for the preload), a
+    /// connection to it, whose reader sends commands back (live.rs).
     pub fn create(pattern: &str, pid: u32, ppid: u32) -> Result<Stream> {
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.display().to_string()).unwrap_or_default();
         let cmdline = naming::cmdline_args(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default());
         let program = naming::program_name(&cmdline);
-        if let Some(Ok(mtrace_format::address::Address::Unix(path))) = mtrace_format::address::Address::parse(pattern) {
-            let sock =
-                std::os::unix::net::UnixStream::connect(&path).with_context(|| format!("{path}: cannot connect"))?;
+        if let Some(addr) = Address::parse(pattern) {
+            let addr = addr.map_err(|why| anyhow::anyhow!("{pattern}: {why}"))?;
+            let sock = addr.connect().with_context(|| format!("{addr}: cannot connect"))?;
             crate::live::start_ticks()?;
             let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             crate::live::read_commands(sock.try_clone()?, pid, done.clone());
@@ -259,7 +261,7 @@ impl Stream {
         // stops: the tracer leaving by itself (a signal) ends the stream.
         if let Some((conn, done)) = &self.live {
             done.store(true, std::sync::atomic::Ordering::Release);
-            let _ = conn.shutdown(std::net::Shutdown::Both);
+            conn.shutdown();
         }
     }
 
@@ -312,4 +314,48 @@ fn writer(
         }
     })?;
     Ok((to, done))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Stream;
+
+    /// Every socket kind of `mtrace_format::address` carries the tracer's
+    /// stream whole: header, records, End (the preload's `MTRACE_OUTPUT`
+    /// takes the same; the tracer used to take `tcp:` for a file name).
+    #[test]
+    fn unix_and_tcp_outputs_carry_the_stream() {
+        use std::io::Read;
+        let dir = std::env::temp_dir().join(format!("mtrace-ptrace-stream-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.sock");
+        let unix = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let outputs = [
+            (format!("unix:{}", path.display()), None),
+            (format!("tcp:127.0.0.1:{}", tcp.local_addr().unwrap().port()), Some(&tcp)),
+        ];
+        let me = std::process::id();
+        for (output, over_tcp) in outputs {
+            let mut s = Stream::create(&output, me, 1).unwrap();
+            assert!(s.is_live(), "{output}");
+            s.end(me, mtrace_format::EndReason::Detach);
+            let mut bytes = Vec::new();
+            match over_tcp {
+                Some(l) => l.accept().unwrap().0.read_to_end(&mut bytes).unwrap(),
+                None => unix.accept().unwrap().0.read_to_end(&mut bytes).unwrap(),
+            };
+            let mut r = mtrace_format::Reader::new(&bytes[..]);
+            assert_eq!(r.header().unwrap().pid, me, "{output}");
+            let mut last = None;
+            while let Some(rec) = r.next_record().unwrap() {
+                last = Some(rec);
+            }
+            assert!(
+                matches!(last, Some(mtrace_format::Record::End { reason: mtrace_format::EndReason::Detach, .. })),
+                "{output}: {last:?}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -190,8 +190,8 @@ struct Session<'a> {
 }
 
 impl crate::console::Live for Session<'_> {
-    fn send(&mut self, cmd: &str) -> Result<()> {
-        self.control.write_all(format!("{cmd}\n").as_bytes())?;
+    fn send(&mut self, cmd: &Command) -> Result<()> {
+        self.control.write_all(cmd.line().as_bytes())?;
         Ok(())
     }
 

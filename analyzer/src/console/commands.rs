@@ -8,7 +8,7 @@ use anyhow::{anyhow, bail, Result};
 use mtrace_format::protocol::{marker, Command, MAX_DEPTH};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use super::{resolve, Live, COMMANDS};
+use super::{Live, Verb};
 use crate::books::{Block, LiveTotals};
 use crate::input::live::{LiveBooks, State};
 use crate::report::{SortKey, View};
@@ -86,26 +86,22 @@ impl<'a> Console<'a> {
         Ok(path)
     }
 
-    /// Carries out one command line; true when it ended tracing.
     /// Runs one command line; `Some` when it leaves the console.
     pub(super) fn command(&mut self, line: &str, out: &mut dyn Write) -> Result<Option<super::Leave>> {
         let mut words = line.split_whitespace();
-        let verb = resolve(words.next().unwrap_or_default())?;
+        let verb = Verb::resolve(words.next().unwrap_or_default())?;
         let args: Vec<&str> = words.collect();
         match verb {
-            "help" => match args.first() {
-                Some(w) => {
-                    let c = resolve(w)?;
-                    writeln!(out, "{}", COMMANDS.iter().find(|(n, _)| *n == c).map_or("", |x| x.1))?;
-                }
+            Verb::Help => match args.first() {
+                Some(w) => writeln!(out, "{}", Verb::resolve(w)?.help())?,
                 None => {
-                    for (_, h) in COMMANDS {
+                    for h in Verb::all_help() {
                         writeln!(out, "  {h}")?;
                     }
                 }
             },
-            "report" => self.report(out)?,
-            "timeline" => self.with(None, |_, t| -> Result<()> {
+            Verb::Report => self.report(out)?,
+            Verb::Timeline => self.with(None, |_, t| -> Result<()> {
                 writeln!(out, "{:>12}  {:>12}  {:>14}  {:>8}", "time", "RSS", "heap", "blocks")?;
                 for p in crate::report::thin(&t.timeline, crate::report::TIMELINE_ROWS) {
                     let mib = |b: u64| format!("{:.1} MiB", b as f64 / 1048576.0);
@@ -115,8 +111,8 @@ impl<'a> Console<'a> {
                 }
                 Ok(())
             })??,
-            "show" => self.show(&args, out)?,
-            "dump" => {
+            Verb::Show => self.show(&args, out)?,
+            Verb::Dump => {
                 let (pid, args) = pid_arg(&args);
                 let sort = match args.first() {
                     None => SortKey::Bytes,
@@ -126,46 +122,46 @@ impl<'a> Console<'a> {
                 };
                 self.entries(pid, sort, usize::MAX, out)?;
             }
-            "top" => {
+            Verb::Top => {
                 let n = args.first().map_or(Ok(10), |a| a.parse::<usize>())?;
                 self.entries(None, SortKey::Bytes, n, out)?;
             }
-            "status" => self.status(&args, out)?,
-            "proclist" => {
+            Verb::Status => self.status(&args, out)?,
+            Verb::Proclist => {
                 for l in self.live.processes() {
                     writeln!(out, "{l}")?;
                 }
             }
-            "markers" => self.with(None, |_, t| -> Result<()> {
+            Verb::Markers => self.with(None, |_, t| -> Result<()> {
                 for m in &t.markers {
                     writeln!(out, "{:>10.3} s  {}", m.time_ns as f64 / 1e9, m.name)?;
                 }
                 Ok(())
             })??,
-            "marker" => {
+            Verb::Marker => {
                 let Some(name) = args.first() else { bail!("marker NAME") };
-                self.live.send(&Command::Marker((*name).to_owned()).to_string())?;
+                self.live.send(&Command::Marker((*name).to_owned()))?;
             }
-            "scan" => self.scan(&args, out)?,
-            "pprof" => {
+            Verb::Scan => self.scan(&args, out)?,
+            Verb::Pprof => {
                 let (pid, args) = pid_arg(&args);
                 let [file] = args.as_slice() else { bail!("pprof FILE [PID]") };
                 self.pprof(pid, std::path::Path::new(file))?;
                 writeln!(out, "wrote {file}")?;
             }
-            "reset" => {
+            Verb::Reset => {
                 let path = self.books(None)?;
                 let live = &mut *self.live;
-                let reset = Command::Marker(marker::RESET.to_owned()).to_string();
+                let reset = Command::Marker(marker::RESET.to_owned());
                 let n = self.books[&path].at_next_marker(marker::RESET, ANSWER, || live.send(&reset), |_, n| n)?;
                 self.opts.since_marker = Some(format!("{}#{n}", marker::RESET));
                 writeln!(out, "counting from now")?;
             }
-            "start" => self.live.send(&Command::Start.to_string())?,
-            "stop" => self.live.send(&Command::Stop.to_string())?,
-            "set" => match args.as_slice() {
+            Verb::Start => self.live.send(&Command::Start)?,
+            Verb::Stop => self.live.send(&Command::Stop)?,
+            Verb::Set => match args.as_slice() {
                 ["depth", n] if n.parse::<usize>().is_ok_and(|d| (1..=MAX_DEPTH).contains(&d)) => {
-                    self.live.send(&Command::Depth(n.parse()?).to_string())?;
+                    self.live.send(&Command::Depth(n.parse()?))?;
                 }
                 ["searchpath", dirs] => {
                     self.opts.binpath = dirs.split(':').filter(|d| !d.is_empty()).map(PathBuf::from).collect();
@@ -173,13 +169,12 @@ impl<'a> Console<'a> {
                 }
                 _ => bail!("set depth N (1 to {MAX_DEPTH}) | set searchpath DIR[:DIR…]"),
             },
-            "detach" => {
-                self.live.send(&Command::Detach.to_string())?;
+            Verb::Detach => {
+                self.live.send(&Command::Detach)?;
                 return Ok(Some(super::Leave::Detach));
             }
-            "quit" => return Ok(Some(super::Leave::Quit)),
-            "wait" => return Ok(Some(super::Leave::Wait)),
-            _ => unreachable!("every command is handled"),
+            Verb::Quit => return Ok(Some(super::Leave::Quit)),
+            Verb::Wait => return Ok(Some(super::Leave::Wait)),
         }
         Ok(None)
     }
@@ -251,7 +246,7 @@ impl<'a> Console<'a> {
         let sym = &mut self.sym;
         let live = &mut *self.live;
         let opts = &self.opts;
-        let report = Command::Marker(marker::REPORT.to_owned()).to_string();
+        let report = Command::Marker(marker::REPORT.to_owned());
         let r = self.books[&path].at_next_marker(
             marker::REPORT,
             ANSWER,
@@ -302,7 +297,7 @@ impl<'a> Console<'a> {
         let res = b.at_next_marker(
             SCAN_MARKER,
             ANSWER,
-            || live.send_to(pid, &Command::Scan.to_string()),
+            || live.send_to(pid, &Command::Scan),
             |st, n| {
                 let t = st.trace.as_mut().expect("a marker came, so the header did");
                 let res = view(t, None, true, |t| {

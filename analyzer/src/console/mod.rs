@@ -16,15 +16,18 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
+use mtrace_format::protocol::Command;
 
 use crate::ReportOpts;
 
 /// What the console acts on: a process sending its stream.
 pub trait Live {
-    /// Sends one command line to the process (preload/src/stream/control.rs).
-    fn send(&mut self, cmd: &str) -> Result<()>;
+    /// Sends one command to the process (its line: `Command`'s Display;
+    /// carried out by preload/src/lifecycle/commands.rs or the ptrace
+    /// tracer's tracer/commands.rs).
+    fn send(&mut self, cmd: &Command) -> Result<()>;
     /// [`Live::send`] to process `pid` of the program (default: the program's).
-    fn send_to(&mut self, pid: Option<u32>, cmd: &str) -> Result<()> {
+    fn send_to(&mut self, pid: Option<u32>, cmd: &Command) -> Result<()> {
         match pid {
             None => self.send(cmd),
             Some(p) => bail!("no process {p} to send to: this console reaches the program's process only"),
@@ -45,57 +48,113 @@ pub trait Live {
     }
 }
 
-/// The commands, with their help line.
-const COMMANDS: &[(&str, &str)] = &[
+/// The console's commands: the closed set, matched exhaustively where they
+/// are carried out (commands.rs). A new command is a variant, its row in
+/// [`VERBS`] (name and help line) and its arm there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verb {
+    Dump,
+    Report,
+    Status,
+    Timeline,
+    Show,
+    Top,
+    Scan,
+    Pprof,
+    Proclist,
+    Markers,
+    Marker,
+    Reset,
+    Start,
+    Stop,
+    Set,
+    Detach,
+    Quit,
+    Wait,
+    Help,
+}
+
+/// Each command with the word that names it and its help line, in the
+/// order `help` lists them.
+const VERBS: &[(Verb, &str, &str)] = &[
     (
+        Verb::Dump,
         "dump",
         "dump [usage|allocations|average|total|tsc|bytes-leaked|leaks|stacks|badfree|mismatched] [PID] — live blocks by backtrace, in that order (default usage; bytes-leaked and leaks: lost at the last scan; stacks: every backtrace by allocation calls; badfree and mismatched: the wrong frees, those kinds first)",
     ),
-    ("report", "report — a report point: everything live the first time, then what changed since the last one"),
-    ("status", "status [PID] — allocation calls, bytes and blocks in use, average size, whether the process is traced"),
-    ("timeline", "timeline — RSS and live heap over time"),
-    ("show", "show info|searchpath — the program and its stream, or where binaries are looked for"),
-    ("top", "top [N] — the N backtraces holding the most live bytes (default 10)"),
     (
+        Verb::Report,
+        "report",
+        "report — a report point: everything live the first time, then what changed since the last one",
+    ),
+    (
+        Verb::Status,
+        "status",
+        "status [PID] — allocation calls, bytes and blocks in use, average size, whether the process is traced",
+    ),
+    (Verb::Timeline, "timeline", "timeline — RSS and live heap over time"),
+    (Verb::Show, "show", "show info|searchpath — the program and its stream, or where binaries are looked for"),
+    (Verb::Top, "top", "top [N] — the N backtraces holding the most live bytes (default 10)"),
+    (
+        Verb::Scan,
         "scan",
         "scan [all|new|leak] [PID] — stop the process's threads for a snapshot and classify as memcheck does: all live blocks (default), those allocated since the last scan, or those the last scan found lost",
     ),
-    ("pprof", "pprof FILE [PID] — write the books so far as a pprof heap profile (go tool pprof, Pyroscope, Parca)"),
-    ("proclist", "proclist — the program's processes: pid, state, program"),
-    ("markers", "markers — the report points and named points so far"),
-    ("marker", "marker NAME — set a named point now"),
-    ("reset", "reset — forget the books: from now on reports count from this point"),
-    ("start", "start — record allocations again"),
-    ("stop", "stop — stop recording allocations (frees are still recorded)"),
     (
+        Verb::Pprof,
+        "pprof",
+        "pprof FILE [PID] — write the books so far as a pprof heap profile (go tool pprof, Pyroscope, Parca)",
+    ),
+    (Verb::Proclist, "proclist", "proclist — the program's processes: pid, state, program"),
+    (Verb::Markers, "markers", "markers — the report points and named points so far"),
+    (Verb::Marker, "marker", "marker NAME — set a named point now"),
+    (Verb::Reset, "reset", "reset — forget the books: from now on reports count from this point"),
+    (Verb::Start, "start", "start — record allocations again"),
+    (Verb::Stop, "stop", "stop — stop recording allocations (frees are still recorded)"),
+    (
+        Verb::Set,
         "set",
         "set depth N | set searchpath DIR[:DIR…] — frames per backtrace from now on, or where binaries are looked for",
     ),
-    ("detach", "detach — stop tracing for good; the process goes on"),
+    (Verb::Detach, "detach", "detach — stop tracing for good; the process goes on"),
     (
+        Verb::Quit,
         "quit",
         "quit — leave now: mtrace client ends and the program goes on under mtrace server (a later client may connect); after mtrace attach, detach",
     ),
-    ("wait", "wait — leave the console and report when the program ends (as at the end of input)"),
-    ("help", "help [COMMAND] — this list, or one command's line"),
+    (Verb::Wait, "wait", "wait — leave the console and report when the program ends (as at the end of input)"),
+    (Verb::Help, "help", "help [COMMAND] — this list, or one command's line"),
 ];
+
+impl Verb {
+    /// Its help line.
+    pub fn help(self) -> &'static str {
+        VERBS.iter().find(|(v, _, _)| *v == self).map_or("", |r| r.2)
+    }
+
+    /// Every help line, in [`VERBS`]' order.
+    pub fn all_help() -> impl Iterator<Item = &'static str> {
+        VERBS.iter().map(|r| r.2)
+    }
+
+    /// The command `word` abbreviates: exact, or the only one it is a
+    /// prefix of.
+    pub fn resolve(word: &str) -> Result<Verb> {
+        if let Some(&(v, _, _)) = VERBS.iter().find(|(_, w, _)| *w == word) {
+            return Ok(v);
+        }
+        let hits: Vec<&(Verb, &str, &str)> = VERBS.iter().filter(|(_, w, _)| w.starts_with(word)).collect();
+        match hits.as_slice() {
+            [one] => Ok(one.0),
+            [] => bail!("unknown command {word:?} (help lists them)"),
+            many => bail!("{word:?} is ambiguous: {}", many.iter().map(|r| r.1).collect::<Vec<_>>().join(", ")),
+        }
+    }
+}
 
 /// A line on standard output; a closed one is not an error worth dying of.
 fn say(line: &str) {
     let _ = writeln!(std::io::stdout(), "{line}");
-}
-
-/// The command `word` abbreviates: exact, or the only one it is a prefix of.
-fn resolve(word: &str) -> Result<&'static str> {
-    if let Some(&(c, _)) = COMMANDS.iter().find(|(c, _)| *c == word) {
-        return Ok(c);
-    }
-    let hits: Vec<&str> = COMMANDS.iter().map(|(c, _)| *c).filter(|c| c.starts_with(word)).collect();
-    match hits.as_slice() {
-        [one] => Ok(one),
-        [] => bail!("unknown command {word:?} (help lists them)"),
-        many => bail!("{word:?} is ambiguous: {}", many.join(", ")),
-    }
 }
 
 /// How the console was left.

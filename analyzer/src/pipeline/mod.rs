@@ -30,7 +30,8 @@ pub struct ReportOpts {
     /// Order of the "not freed" backtraces.
     #[arg(long, value_enum, default_value = "bytes")]
     pub sort: SortKey,
-    /// Show at most this many recorded frames per backtrace (`run` also records only this many).
+    /// Show at most this many recorded frames per backtrace (`run`,
+    /// `server` and `attach` also record only this many: MTRACE_DEPTH).
     #[arg(short = 'd', long = "depth")]
     pub depth: Option<usize>,
     /// In text, show at most N frames of a backtrace, 0 for all (valgrind's

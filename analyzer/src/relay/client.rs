@@ -12,8 +12,9 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context, Result};
+use mtrace_format::protocol::Command;
 
-use super::{read_frame, read_line, write_frame, Addr, Conn, COMMAND, DATA, END, EXIT};
+use super::{read_frame, read_line, write_frame, Conn, COMMAND, DATA, END, EXIT};
 use crate::ReportOpts;
 
 #[derive(clap::Args)]
@@ -65,9 +66,9 @@ pub const LEFT: u8 = 75;
 pub static LEFT_RUNNING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 pub fn client(a: ClientArgs) -> Result<ExitCode> {
-    let token = Addr::token(&a.token_file)?;
-    let addr = Addr::parse(a.addr.as_deref())?;
-    let mut conn = addr.connect()?;
+    let token = super::token(&a.token_file)?;
+    let addr = super::address(a.addr.as_deref())?;
+    let mut conn = super::connect(&addr)?;
     conn.write_all(format!("mtrace 1 {token}\n").as_bytes())?;
     let answer = read_line(&mut *conn).map_err(|_| anyhow!("{addr}: not an mtrace server"))?;
     if answer != "ok" {
@@ -191,12 +192,12 @@ impl Live {
 }
 
 impl crate::console::Live for Live {
-    fn send(&mut self, cmd: &str) -> Result<()> {
-        write_frame(&mut *self.conn, COMMAND, 1, cmd.as_bytes())?;
+    fn send(&mut self, cmd: &Command) -> Result<()> {
+        write_frame(&mut *self.conn, COMMAND, 1, cmd.to_string().as_bytes())?;
         Ok(())
     }
 
-    fn send_to(&mut self, pid: Option<u32>, cmd: &str) -> Result<()> {
+    fn send_to(&mut self, pid: Option<u32>, cmd: &Command) -> Result<()> {
         let Some(pid) = pid else { return self.send(cmd) };
         let id = {
             let s = self.streams.lock().expect("streams lock");
@@ -205,7 +206,7 @@ impl crate::console::Live for Live {
             ids.into_iter().rev().find(|id| header_pid(&s.files[id].0) == Some(pid))
         };
         let id = id.ok_or_else(|| anyhow!("no traced process {pid} (proclist lists them)"))?;
-        write_frame(&mut *self.conn, COMMAND, id, cmd.as_bytes())?;
+        write_frame(&mut *self.conn, COMMAND, id, cmd.to_string().as_bytes())?;
         Ok(())
     }
 

@@ -25,7 +25,7 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context, Result};
-use mtrace_format::address::Address;
+use mtrace_format::address::{Address, Socket};
 
 pub const DATA: u8 = 1;
 pub const END: u8 = 2;
@@ -70,6 +70,15 @@ pub trait Conn: Read + Write + Send {
     fn close(&self);
 }
 
+impl Conn for Socket {
+    fn clone_conn(&self) -> std::io::Result<Box<dyn Conn>> {
+        Ok(Box::new(self.try_clone()?))
+    }
+    fn close(&self) {
+        self.shutdown();
+    }
+}
+
 impl Conn for std::os::unix::net::UnixStream {
     fn clone_conn(&self) -> std::io::Result<Box<dyn Conn>> {
         Ok(Box::new(self.try_clone()?))
@@ -88,70 +97,45 @@ impl Conn for std::net::TcpStream {
     }
 }
 
-/// Where a server listens or a client connects.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Addr {
-    Unix(PathBuf),
-    Tcp(String),
-}
-
-impl Addr {
-    /// An address in the stream's syntax (`mtrace_format::address`:
-    /// `unix:PATH`, `tcp:HOST:PORT`, `tcp:HOST` on port 4576, `tcp:` alone
-    /// 127.0.0.1:4576); none: `$XDG_RUNTIME_DIR/mtrace.sock`, else
-    /// `/tmp/mtrace-UID.sock`.
-    pub fn parse(s: Option<&str>) -> Result<Addr> {
-        let Some(s) = s else {
-            let path = match std::env::var_os("XDG_RUNTIME_DIR") {
-                Some(d) => PathBuf::from(d).join("mtrace.sock"),
-                // SAFETY: getuid has no preconditions.
-                None => PathBuf::from(format!("/tmp/mtrace-{}.sock", unsafe { libc::getuid() })),
-            };
-            return Ok(Addr::Unix(path));
+/// Where a server listens or a client connects: `s` in the stream's
+/// address syntax (`mtrace_format::address`: `unix:PATH`, `tcp:HOST:PORT`,
+/// `tcp:HOST` on port 4576, `tcp:` alone 127.0.0.1:4576); none:
+/// `$XDG_RUNTIME_DIR/mtrace.sock`, else `/tmp/mtrace-UID.sock`. Errors: a
+/// file name or a malformed address, in one line.
+pub fn address(s: Option<&str>) -> Result<Address> {
+    let Some(s) = s else {
+        let path = match std::env::var_os("XDG_RUNTIME_DIR") {
+            Some(d) => PathBuf::from(d).join("mtrace.sock"),
+            // SAFETY: getuid has no preconditions.
+            None => PathBuf::from(format!("/tmp/mtrace-{}.sock", unsafe { libc::getuid() })),
         };
-        match Address::parse(s) {
-            None => bail!("{s:?}: an address is unix:PATH or tcp:HOST:PORT"),
-            Some(Err(why)) => bail!("{s}: {why}"),
-            Some(Ok(Address::Unix(p))) => Ok(Addr::Unix(PathBuf::from(p))),
-            Some(Ok(Address::Tcp { host, port })) => Ok(Addr::Tcp(format!("{host}:{port}"))),
-        }
-    }
-
-    /// The secret in `token_file` (its first line), if given.
-    pub fn token(token_file: &Option<PathBuf>) -> Result<String> {
-        match token_file {
-            None => Ok(String::new()),
-            Some(p) => {
-                let t = std::fs::read_to_string(p).with_context(|| format!("{}: cannot read", p.display()))?;
-                let t = t.lines().next().unwrap_or("").trim().to_owned();
-                if t.is_empty() || t.contains(char::is_whitespace) {
-                    bail!("{}: the token is one word on the first line", p.display());
-                }
-                Ok(t)
-            }
-        }
-    }
-
-    pub fn connect(&self) -> Result<Box<dyn Conn>> {
-        Ok(match self {
-            Addr::Unix(p) => Box::new(
-                std::os::unix::net::UnixStream::connect(p)
-                    .map_err(|e| anyhow!("cannot connect to unix:{}: {e}", p.display()))?,
-            ),
-            Addr::Tcp(hp) => {
-                Box::new(std::net::TcpStream::connect(hp).map_err(|e| anyhow!("cannot connect to tcp:{hp}: {e}"))?)
-            }
-        })
+        return Ok(Address::Unix(path.display().to_string()));
+    };
+    match Address::parse(s) {
+        None => bail!("{s:?}: an address is unix:PATH or tcp:HOST:PORT"),
+        Some(Err(why)) => bail!("{s}: {why}"),
+        Some(Ok(a)) => Ok(a),
     }
 }
 
-impl std::fmt::Display for Addr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Addr::Unix(p) => write!(f, "unix:{}", p.display()),
-            Addr::Tcp(hp) => write!(f, "tcp:{hp}"),
+/// The secret in `token_file` (its first line), if given.
+pub fn token(token_file: &Option<PathBuf>) -> Result<String> {
+    match token_file {
+        None => Ok(String::new()),
+        Some(p) => {
+            let t = std::fs::read_to_string(p).with_context(|| format!("{}: cannot read", p.display()))?;
+            let t = t.lines().next().unwrap_or("").trim().to_owned();
+            if t.is_empty() || t.contains(char::is_whitespace) {
+                bail!("{}: the token is one word on the first line", p.display());
+            }
+            Ok(t)
         }
     }
+}
+
+/// A connection to the server at `a`; errors say where and why in one line.
+pub fn connect(a: &Address) -> Result<Box<dyn Conn>> {
+    Ok(Box::new(a.connect().map_err(|e| anyhow!("cannot connect to {a}: {e}"))?))
 }
 
 /// Reads one line (up to 256 bytes) without reading past it.
@@ -176,14 +160,16 @@ mod tests {
 
     #[test]
     fn addresses() {
-        assert_eq!(Addr::parse(Some("unix:/x/s")).unwrap(), Addr::Unix("/x/s".into()));
-        assert_eq!(Addr::parse(Some("tcp:")).unwrap(), Addr::Tcp("127.0.0.1:4576".into()));
-        assert_eq!(Addr::parse(Some("tcp:10.0.0.1")).unwrap(), Addr::Tcp("10.0.0.1:4576".into()));
-        assert_eq!(Addr::parse(Some("tcp:[::1]")).unwrap(), Addr::Tcp("[::1]:4576".into()));
-        assert_eq!(Addr::parse(Some("tcp:h:99")).unwrap(), Addr::Tcp("h:99".into()));
-        assert!(Addr::parse(Some("h:99")).is_err());
-        assert!(Addr::parse(Some("unix:")).is_err());
-        assert!(Addr::parse(Some("tcp:h:x")).is_err());
+        let shown = |s: &str| address(Some(s)).unwrap().to_string();
+        assert_eq!(shown("unix:/x/s"), "unix:/x/s");
+        assert_eq!(shown("tcp:"), "tcp:127.0.0.1:4576");
+        assert_eq!(shown("tcp:10.0.0.1"), "tcp:10.0.0.1:4576");
+        assert_eq!(shown("tcp:[::1]"), "tcp:[::1]:4576");
+        assert_eq!(shown("tcp:h:99"), "tcp:h:99");
+        assert!(address(Some("h:99")).is_err());
+        assert!(address(Some("unix:")).is_err());
+        assert!(address(Some("tcp:h:x")).is_err());
+        assert!(address(None).unwrap().to_string().ends_with(".sock"));
     }
 
     #[test]

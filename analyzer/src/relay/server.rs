@@ -24,9 +24,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::{read_line, write_frame, Addr, Conn, ALL, COMMAND, DATA, END, EXIT};
+use super::{read_line, write_frame, Conn, ALL, COMMAND, DATA, END, EXIT};
 use crate::recording::{find_lib, hand_to, RecordingArgs};
 use anyhow::{bail, Context, Result};
+use mtrace_format::address::Address;
 
 #[derive(clap::Args)]
 pub struct ServerArgs {
@@ -49,7 +50,7 @@ pub struct ServerArgs {
     /// TCP address other than loopback.
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
-    /// Record at most N frames per backtrace.
+    /// Record at most N frames per backtrace (MTRACE_DEPTH).
     #[arg(short = 'd', long = "depth")]
     depth: Option<usize>,
     #[command(flatten)]
@@ -122,9 +123,10 @@ enum Listener {
 }
 
 impl Listener {
-    fn bind(addr: &Addr, token: &str) -> Result<Listener> {
+    fn bind(addr: &Address, token: &str) -> Result<Listener> {
         Ok(match addr {
-            Addr::Unix(p) => {
+            Address::Unix(p) => {
+                let p = std::path::Path::new(p);
                 if p.exists() && UnixStream::connect(p).is_err() {
                     // A socket nobody listens on any more (an old server's).
                     let _ = std::fs::remove_file(p);
@@ -133,8 +135,9 @@ impl Listener {
                 std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600))?;
                 Listener::Unix(l)
             }
-            Addr::Tcp(hp) => {
-                let l = std::net::TcpListener::bind(hp).with_context(|| format!("cannot listen on {addr}"))?;
+            Address::Tcp { host, port } => {
+                let l = std::net::TcpListener::bind(format!("{host}:{port}"))
+                    .with_context(|| format!("cannot listen on {addr}"))?;
                 if !l.local_addr()?.ip().is_loopback() && token.is_empty() {
                     bail!("{addr} is not a loopback address: give --token-file (clients must present its secret)");
                 }
@@ -160,8 +163,8 @@ pub fn server(a: ServerArgs) -> Result<ExitCode> {
     if a.spool_max < MIN_SPOOL {
         bail!("--spool-max {}: at least 1M (the bound must hold a few frames)", a.spool_max);
     }
-    let token = Addr::token(&a.token_file)?;
-    let addr = Addr::parse(a.listen.as_deref())?;
+    let token = super::token(&a.token_file)?;
+    let addr = super::address(a.listen.as_deref())?;
     let listener = Listener::bind(&addr, &token)?;
     let dir = tempfile::Builder::new().prefix("mtrace-server.").tempdir()?;
     let internal = dir.path().join("procs.sock");
