@@ -105,15 +105,21 @@ fn signal_reports_show_growth_and_frees() {
 }
 
 /// The same report points under `mtrace run --ptrace` (each hooks): the
-/// tracer takes SIGUSR1 (steady.c has no handler for it) and the memlogs
-/// say what the preload's say.
+/// tracer takes the report signal (SIGUSR1, or SIGUSR2 by
+/// MTRACE_REPORT_SIGNAL; steady.c has no handler for either) and the
+/// memlogs say what the preload's say.
 #[test]
 fn signal_reports_under_ptrace_are_the_preloads() {
-    for h in ptrace_hooks() {
+    for (i, h) in ptrace_hooks().iter().enumerate() {
         let (dir, prog) = setup(&format!("memlog-ptrace-{h}"));
         let m = markers("steady.c");
+        // The first hooks with another report signal: the tracer reads the
+        // recording's MTRACE_REPORT_SIGNAL as the preload does (SIGUSR2 it
+        // would otherwise deliver, and the program would die of it).
+        let (sig, name) = if i == 0 { (libc::SIGUSR2, "USR2") } else { (libc::SIGUSR1, "USR1") };
         let mut run = Command::new(mtrace())
             .current_dir(&dir)
+            .env("MTRACE_REPORT_SIGNAL", name)
             .args(["run", "--ptrace", "--hooks", h, "--no-scan", "-o", "report.txt", "--"])
             .arg(&prog)
             .arg("sleep")
@@ -133,7 +139,7 @@ fn signal_reports_under_ptrace_are_the_preloads() {
                 pid = std::fs::read_to_string(task).unwrap().split_whitespace().next().unwrap().parse().unwrap();
             }
             // SAFETY: kill on our own grandchild, which sleeps half a second.
-            unsafe { libc::kill(pid, libc::SIGUSR1) };
+            unsafe { libc::kill(pid, sig) };
             logs.push(wait_for(&dir.join(format!("steady-{pid}-{seq}.memlog"))));
         }
         assert!(run.wait().unwrap().success(), "{h}: the program was not killed by the signal");

@@ -26,8 +26,9 @@ pub mod marker {
 /// `MTRACE_DEPTH` and of [`Command::Depth`].
 pub const MAX_DEPTH: usize = 256;
 
-/// A command to a producer (preload/src/stream/control.rs carries them
-/// out); as a line, its [`fmt::Display`] form.
+/// A command to a producer, the closed set every producer matches
+/// exhaustively (preload/src/lifecycle/commands.rs,
+/// ptrace/src/tracer/commands.rs); as a line, its [`fmt::Display`] form.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
     /// Record allocations again.

@@ -4,7 +4,7 @@
 //! [`crate::recording`] and re-exported here; the rest are the plumbing of
 //! `mtrace run` (`MTRACE_BIN`, `MTRACE_LIB`, `MTRACE_WARN_DIR`) and the
 //! ptrace tracer's own knobs. `mtrace` prints [`help`] in `mtrace run
-//! --help`; a test checks README's table against [`DOCUMENTED`].
+//! --help`; a test checks README's table against [`documented`].
 
 pub use crate::recording::{
     parse_signal, Setting, CHECK_FREES, CLOCK, DEPTH, FOLLOW_EXEC, FOLLOW_FORK, FREERES, OUTPUT, REPORT_DIR,
@@ -29,32 +29,19 @@ setting!(
 );
 setting!(PTRACE_STATS, c"MTRACE_PTRACE_STATS", "1", "--ptrace: the tracer's counters on stderr at the end");
 
-/// The settings a user sets, in the order of the help and README's table.
-pub const DOCUMENTED: &[Setting] = &[
-    OUTPUT,
-    DEPTH,
-    START,
-    SCAN,
-    CHECK_FREES,
-    FREERES,
-    SCAN_SIGNAL,
-    SAMPLE_RATE,
-    SAMPLE_SEED,
-    FOLLOW_FORK,
-    FOLLOW_EXEC,
-    REPORT_SIGNAL,
-    REPORT_DIR,
-    UNWINDER,
-    CLOCK,
-    BIN,
-    LIB,
-];
+/// The settings a user sets, in the order of the help (README's table
+/// lists the same): every setting of the recording but the tests' own,
+/// then where `mtrace run` finds its parts.
+pub fn documented() -> Vec<Setting> {
+    let recording = crate::recording::Recording::SETTINGS.iter().filter(|s| s.name() != TEST_ORDER.name());
+    recording.copied().chain([BIN, LIB]).collect()
+}
 
 /// The lines of `mtrace run --help`'s environment section.
 pub fn help() -> String {
     let mut out =
         String::from("Environment (read by libmtrace.so; an invalid value warns once and the default is used):\n");
-    for s in DOCUMENTED {
+    for s in documented() {
         let left = format!("{}={}", s.name(), s.values);
         let option = if s.option.is_empty() { String::new() } else { format!(" (run: {})", s.option) };
         out.push_str(&format!("  {left:<28}{}{option}\n", s.help));
@@ -65,7 +52,7 @@ pub fn help() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::DOCUMENTED;
+    use super::documented;
     use crate::recording::Recording;
 
     /// README's table of variables: (name without `MTRACE_`, default
@@ -87,7 +74,7 @@ mod tests {
     fn readmes_table_lists_exactly_the_documented_settings() {
         let mut in_readme: Vec<String> = readme_rows().into_iter().map(|r| r.0).collect();
         in_readme.sort_unstable();
-        let mut ours: Vec<&str> = DOCUMENTED.iter().map(|s| &s.name()["MTRACE_".len()..]).collect();
+        let mut ours: Vec<&str> = documented().iter().map(|s| &s.name()["MTRACE_".len()..]).collect();
         ours.sort_unstable();
         assert_eq!(in_readme, ours);
     }
@@ -124,12 +111,12 @@ mod tests {
     #[test]
     fn the_help_has_a_line_each() {
         let h = super::help();
-        assert_eq!(h.lines().count(), DOCUMENTED.len() + 1);
+        assert_eq!(h.lines().count(), documented().len() + 1);
         assert!(
             h.contains("\n  MTRACE_DEPTH=N              frames per backtrace, 1-256 (default 64) (run: -d)"),
             "{h}"
         );
-        for s in DOCUMENTED {
+        for s in documented() {
             assert!(h.lines().any(|l| l.contains(s.name()) && l.contains(s.help)), "{}", s.name());
         }
     }

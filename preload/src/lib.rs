@@ -2,12 +2,14 @@
 //! into, with its backtrace, to an mtrace stream (see the `mtrace-format`
 //! crate and docs/FORMAT.md).
 //!
-//! Rooms, from the top down; a room names only rooms below it (checked by
-//! `scripts/module_cycles`), and what a lower room needs done above it
-//! goes through the table the crate root wires ([`UP`]):
+//! Rooms, from the top down; a room names only rooms below it, and what a
+//! lower room needs done above it goes through the table the crate root
+//! wires ([`UP`]). `scripts/module_cycles` checks both: no two rooms reach
+//! each other, and each call through `UP` lands in a room above its
+//! caller.
 //! - `hooks`: the exported entry points (malloc, new, mmap, fork, the C API);
 //! - `lifecycle`: constructor and destructor, the end of `exit`, fork,
-//!   fatal signals, `mtrace attach`;
+//!   fatal signals, `mtrace attach`, the console's commands;
 //! - `snapshot`: the leak scan's snapshot, and stopping the other threads
 //!   for it (`stop`);
 //! - `record`: a call made a record — the reentrancy guard, per-thread
@@ -15,8 +17,9 @@
 //! - `stream`: the session (its file or socket, kept out of the program's
 //!   way), the writer thread, the order of threads' records, report points;
 //! - `unwind`: the unwinders (the fast CFI unwinder, libgcc's);
-//! - `platform`: system calls, the clock, the settings, the loaded
-//!   modules, the tracer's own heap, the real functions behind the hooks.
+//! - `platform`: system calls, the clock, the recording configuration
+//!   read (`mtrace_format::recording`), the loaded modules, the tracer's
+//!   own heap, the real functions behind the hooks.
 //!
 //! `unsafe` lives in `lifecycle::attach`, `platform` (`real`, `sys`,
 //! `modules`, `allocator`), `hooks`, `lifecycle::signals`, `snapshot` (and a
