@@ -79,10 +79,29 @@ impl RecordingArgs {
         v
     }
 
-    /// The ptrace tracer's options for recording `r`.
+    /// The ptrace tracer's options for recording `r`; each setting of `r`
+    /// the tracer does not carry out ([`ignored_under_ptrace`]) is warned
+    /// about once on stderr, rather than dropped in silence.
     pub fn ptrace_options(&self, r: Recording, scan_at_detach: bool) -> mtrace_ptrace::Options {
+        for s in ignored_under_ptrace(&r) {
+            eprintln!("mtrace: {s} has no effect under --ptrace");
+        }
         mtrace_ptrace::Options { recording: r, scan_at_detach, hooks: self.hooks }
     }
+}
+
+/// The settings of `r` that differ from their defaults and that only the
+/// preload carries out (`NAME=value` each): the ptrace tracer records from
+/// the start, follows every fork and exec, unwinds with framehop on its
+/// own clock, and never calls glibc's freeres (docs/PTRACE.md).
+pub fn ignored_under_ptrace(r: &Recording) -> Vec<String> {
+    use mtrace_format::recording::{CLOCK, FOLLOW_EXEC, FOLLOW_FORK, START, TEST_ORDER, UNWINDER};
+    let only_the_preloads = [START, FOLLOW_FORK, FOLLOW_EXEC, UNWINDER, CLOCK, TEST_ORDER];
+    r.vars()
+        .into_iter()
+        .filter(|(s, _)| only_the_preloads.iter().any(|o| o.name() == s.name()))
+        .filter_map(|(s, v)| Some(format!("{}={}", s.name(), v?)))
+        .collect()
 }
 
 /// Gives the program `cmd` starts recording `r`: each setting's variable
@@ -167,6 +186,15 @@ mod tests {
                 assert!(spellings(a).iter().any(|w| w == s.option), "{:?} names {}", spellings(a), s.name());
             }
         }
+    }
+
+    #[test]
+    fn settings_only_the_preload_carries_out_are_named_under_ptrace() {
+        use mtrace_format::recording::Unwinder;
+        let r =
+            Recording { start: false, unwinder: Unwinder::Libgcc, depth: 8, check_frees: true, ..Default::default() };
+        assert_eq!(super::ignored_under_ptrace(&r), ["MTRACE_START=off", "MTRACE_UNWINDER=libgcc"]);
+        assert!(super::ignored_under_ptrace(&Recording::default()).is_empty());
     }
 
     /// `run`, `server` and `attach` take the same recording options (one
