@@ -339,6 +339,15 @@ fn attach_scan_holds_every_thread() {
 /// in `dir`, drives it with redis-benchmark, sends `mid` to `prefix`'s
 /// process halfway when given, and shuts it down; `prefix`'s output.
 fn redis(dir: &Path, prefix: &[&str], port: u16, mid: Option<i32>) -> std::process::Output {
+    // Started through `prefix`, a missing redis-server would only show as
+    // a server that never answers: named here instead.
+    for tool in ["redis-server", "redis-cli", "redis-benchmark"] {
+        let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output();
+        assert!(
+            found.is_ok_and(|o| o.status.success()),
+            "{tool} not found (the redis-server and redis-tools packages: .ci/run installs them)"
+        );
+    }
     let port_s = port.to_string();
     let child = Command::new(prefix[0])
         .current_dir(dir)
