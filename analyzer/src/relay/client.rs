@@ -12,9 +12,10 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context, Result};
+use mtrace_format::address::Socket;
 use mtrace_format::protocol::Command;
 
-use super::{read_frame, read_line, write_frame, Conn, COMMAND, DATA, END, EXIT};
+use super::{read_frame, read_line, write_frame, COMMAND, DATA, END, EXIT};
 use crate::ReportOpts;
 
 #[derive(clap::Args)]
@@ -70,21 +71,21 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
     let addr = super::address(a.addr.as_deref())?;
     let mut conn = super::connect(&addr)?;
     conn.write_all(format!("mtrace 1 {token}\n").as_bytes())?;
-    let answer = read_line(&mut *conn).map_err(|_| anyhow!("{addr}: not an mtrace server"))?;
+    let answer = read_line(&mut conn).map_err(|_| anyhow!("{addr}: not an mtrace server"))?;
     if answer != "ok" {
         bail!("{addr}: {answer}");
     }
     let dir = tempfile::Builder::new().prefix("mtrace-client.").tempdir()?;
     let streams = Arc::new(Mutex::new(Streams::default()));
-    let reader = conn.clone_conn()?;
+    let reader = conn.try_clone()?;
     let (st, d) = (streams.clone(), dir.path().to_owned());
     let receiver = std::thread::spawn(move || receive(reader, &d, &st));
     if a.interactive {
-        let mut live = Live { conn: conn.clone_conn()?, streams: streams.clone() };
+        let mut live = Live { conn: conn.try_clone()?, streams: streams.clone() };
         if live.wait_first().is_some() && crate::console::run(&mut live, &a.opts)? == crate::console::Leave::Quit {
             // Leave now: the server keeps the program and its spool; the
             // receiver, blocked in a read, ends with the connection.
-            conn.close();
+            conn.shutdown();
             LEFT_RUNNING.store(true, std::sync::atomic::Ordering::Relaxed);
             eprintln!("mtrace: left; the program runs on under mtrace server ({addr}): mtrace client connects again");
             return Ok(ExitCode::from(LEFT));
@@ -128,10 +129,10 @@ fn header_pid(p: &Path) -> Option<u32> {
 
 /// Writes the frames' streams to files in `dir` until the program's exit
 /// or the end of the connection.
-fn receive(mut c: Box<dyn Conn>, dir: &Path, st: &Mutex<Streams>) -> Result<()> {
+fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>) -> Result<()> {
     let mut open: HashMap<u32, std::fs::File> = HashMap::new();
     let res = loop {
-        let frame = match read_frame(&mut *c) {
+        let frame = match read_frame(&mut c) {
             Ok(Some(f)) => f,
             Ok(None) => break Ok(()),
             Err(e) => break Err(e),
@@ -169,7 +170,7 @@ fn receive(mut c: Box<dyn Conn>, dir: &Path, st: &Mutex<Streams>) -> Result<()> 
 
 /// The console's view of the program's process on the server.
 struct Live {
-    conn: Box<dyn Conn>,
+    conn: Socket,
     streams: Arc<Mutex<Streams>>,
 }
 
@@ -193,7 +194,7 @@ impl Live {
 
 impl crate::console::Live for Live {
     fn send(&mut self, cmd: &Command) -> Result<()> {
-        write_frame(&mut *self.conn, COMMAND, 1, cmd.to_string().as_bytes())?;
+        write_frame(&mut self.conn, COMMAND, 1, cmd.to_string().as_bytes())?;
         Ok(())
     }
 
@@ -206,7 +207,7 @@ impl crate::console::Live for Live {
             ids.into_iter().rev().find(|id| header_pid(&s.files[id].0) == Some(pid))
         };
         let id = id.ok_or_else(|| anyhow!("no traced process {pid} (proclist lists them)"))?;
-        write_frame(&mut *self.conn, COMMAND, id, cmd.to_string().as_bytes())?;
+        write_frame(&mut self.conn, COMMAND, id, cmd.to_string().as_bytes())?;
         Ok(())
     }
 

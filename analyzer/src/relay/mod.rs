@@ -64,39 +64,6 @@ pub fn read_frame(r: &mut dyn Read) -> Result<Option<(u8, u32, Vec<u8>)>> {
     Ok(Some((kind, id, payload)))
 }
 
-/// A connection: a UNIX or TCP stream.
-pub trait Conn: Read + Write + Send {
-    fn clone_conn(&self) -> std::io::Result<Box<dyn Conn>>;
-    fn close(&self);
-}
-
-impl Conn for Socket {
-    fn clone_conn(&self) -> std::io::Result<Box<dyn Conn>> {
-        Ok(Box::new(self.try_clone()?))
-    }
-    fn close(&self) {
-        self.shutdown();
-    }
-}
-
-impl Conn for std::os::unix::net::UnixStream {
-    fn clone_conn(&self) -> std::io::Result<Box<dyn Conn>> {
-        Ok(Box::new(self.try_clone()?))
-    }
-    fn close(&self) {
-        let _ = self.shutdown(std::net::Shutdown::Both);
-    }
-}
-
-impl Conn for std::net::TcpStream {
-    fn clone_conn(&self) -> std::io::Result<Box<dyn Conn>> {
-        Ok(Box::new(self.try_clone()?))
-    }
-    fn close(&self) {
-        let _ = self.shutdown(std::net::Shutdown::Both);
-    }
-}
-
 /// Where a server listens or a client connects: `s` in the stream's
 /// address syntax (`mtrace_format::address`: `unix:PATH`, `tcp:HOST:PORT`,
 /// `tcp:HOST` on port 4576, `tcp:` alone 127.0.0.1:4576); none:
@@ -134,8 +101,8 @@ pub fn token(token_file: &Option<PathBuf>) -> Result<String> {
 }
 
 /// A connection to the server at `a`; errors say where and why in one line.
-pub fn connect(a: &Address) -> Result<Box<dyn Conn>> {
-    Ok(Box::new(a.connect().map_err(|e| anyhow!("cannot connect to {a}: {e}"))?))
+pub fn connect(a: &Address) -> Result<Socket> {
+    a.connect().map_err(|e| anyhow!("cannot connect to {a}: {e}"))
 }
 
 /// Reads one line (up to 256 bytes) without reading past it.

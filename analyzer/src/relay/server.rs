@@ -24,10 +24,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::{read_line, write_frame, Conn, ALL, COMMAND, DATA, END, EXIT};
+use super::{read_line, write_frame, ALL, COMMAND, DATA, END, EXIT};
 use crate::recording::{find_lib, hand_to, RecordingArgs};
 use anyhow::{bail, Context, Result};
-use mtrace_format::address::Address;
+use mtrace_format::address::{Address, Socket};
 
 #[derive(clap::Args)]
 pub struct ServerArgs {
@@ -146,12 +146,12 @@ impl Listener {
         })
     }
 
-    fn accept(&self) -> std::io::Result<(Box<dyn Conn>, String)> {
+    fn accept(&self) -> std::io::Result<(Socket, String)> {
         Ok(match self {
-            Listener::Unix(l) => (Box::new(l.accept()?.0), "a local client".to_owned()),
+            Listener::Unix(l) => (Socket::Unix(l.accept()?.0), "a local client".to_owned()),
             Listener::Tcp(l) => {
                 let (s, from) = l.accept()?;
-                (Box::new(s), from.to_string())
+                (Socket::Tcp(s), from.to_string())
             }
         })
     }
@@ -257,7 +257,7 @@ pub fn server(a: ServerArgs) -> Result<ExitCode> {
 
 /// A client after its handshake; `None` (with one line on stderr) when it
 /// was refused or was not an mtrace client.
-fn accept_client(l: &Listener, token: &str, sh: &Shared) -> Option<(Box<dyn Conn>, String)> {
+fn accept_client(l: &Listener, token: &str, sh: &Shared) -> Option<(Socket, String)> {
     let (mut c, who) = match l.accept() {
         Ok(x) => x,
         Err(e) => {
@@ -266,7 +266,7 @@ fn accept_client(l: &Listener, token: &str, sh: &Shared) -> Option<(Box<dyn Conn
             return None;
         }
     };
-    let hello = read_line(&mut *c).unwrap_or_default();
+    let hello = read_line(&mut c).unwrap_or_default();
     let mut words = hello.split(' ');
     let dropped = sh.dropped.load(Ordering::Acquire);
     let cut = format!(
@@ -288,7 +288,7 @@ fn accept_client(l: &Listener, token: &str, sh: &Shared) -> Option<(Box<dyn Conn
         Err(why) => {
             eprintln!("mtrace server: {who} refused: {why}");
             let _ = c.write_all(format!("denied: {why}\n").as_bytes());
-            c.close();
+            c.shutdown();
             None
         }
     }
@@ -320,12 +320,12 @@ fn accept_processes(l: UnixListener, sh: Arc<Shared>) {
 /// Sends the spool from its start to `c`, following it as it grows, and
 /// passes `c`'s commands on. True when the client got everything up to the
 /// program's exit; false when it left first.
-fn serve(c: Box<dyn Conn>, sh: &Arc<Shared>) -> bool {
-    let Ok(mut reader) = c.clone_conn() else { return false };
+fn serve(c: Socket, sh: &Arc<Shared>) -> bool {
+    let Ok(mut reader) = c.try_clone() else { return false };
     let gone = Arc::new(AtomicBool::new(false));
     let (sh2, gone2) = (sh.clone(), gone.clone());
     std::thread::spawn(move || {
-        while let Ok(Some((kind, id, line))) = super::read_frame(&mut *reader) {
+        while let Ok(Some((kind, id, line))) = super::read_frame(&mut reader) {
             if kind != COMMAND {
                 break;
             }
@@ -347,7 +347,7 @@ fn serve(c: Box<dyn Conn>, sh: &Arc<Shared>) -> bool {
         let len = sh.spool_len.load(Ordering::Acquire);
         if sent == len {
             if exited {
-                c.close();
+                c.shutdown();
                 return true;
             }
             if gone.load(Ordering::Acquire) {
