@@ -69,14 +69,7 @@ fn cycles(prog: &Path, cycles: usize, max_live: u64) {
     let mut child = Command::new(prog).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(200));
     for i in 0..cycles {
-        let report = dir.join(format!("report{i}.json"));
-        let out = Command::new(mtrace())
-            .args(["attach", &child.id().to_string(), "--duration", "200ms", "--json", "-o"])
-            .arg(&report)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "cycle {i}: {}", String::from_utf8_lossy(&out.stderr));
-        let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        let r = attach_for(child.id(), "200ms", &dir.join(format!("report{i}.json")), &format!("cycle {i}"));
         let s = &r["summary"];
         assert_eq!(s["ended_by"], "detach", "cycle {i}: {s}");
         assert!(s["allocations"].as_u64().unwrap() > 1000, "cycle {i}: {s}");
@@ -120,20 +113,8 @@ fn python_runs_on_after_a_detach() {
     std::thread::sleep(Duration::from_millis(300));
     let dir = scratch("attach-python");
     for i in 0..2 {
-        let report = dir.join(format!("r{i}.json"));
-        let out = Command::new(mtrace())
-            .args(["attach", &child.id().to_string(), "--duration", "300ms", "--json", "-o"])
-            .arg(&report)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
-        assert!(
-            r["summary"]["allocations"].as_u64().unwrap() > 100,
-            "{}: {}",
-            r["summary"],
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let r = attach_for(child.id(), "300ms", &dir.join(format!("r{i}.json")), &format!("attach {i}"));
+        assert!(r["summary"]["allocations"].as_u64().unwrap() > 100, "{}", r["summary"]);
     }
     drop(child.stdin.take());
     let out = child.wait_with_output().unwrap();

@@ -297,4 +297,12 @@ fn the_preload_interposes_on_every_function_of_the_shared_table() {
         mtrace_format::functions::INTERPOSED.iter().map(|&(n, _)| n).filter(|n| !exported.contains(n)).collect();
     assert_eq!(missing, Vec::<&str>::new());
     assert!(mtrace_format::functions::INTERPOSED.len() >= 35);
+    // Allocators' own entry points: a hook each, under a name of its own,
+    // and never the entry point's name (a program probing for `mallocx`
+    // must find only the real allocator's).
+    let entry = mtrace_format::functions::ENTRY_POINTS.iter().map(|&(n, _)| n);
+    let missing: Vec<&str> = entry.clone().filter(|n| !exported.contains(format!("mtrace_ep_{n}").as_str())).collect();
+    assert_eq!(missing, Vec::<&str>::new());
+    let taken: Vec<&str> = entry.filter(|n| exported.contains(n)).collect();
+    assert_eq!(taken, Vec::<&str>::new());
 }

@@ -99,6 +99,58 @@ pub const INTERPOSED: &[(&str, Call)] = &[
     ("_ZdaPvSt11align_val_tRKSt9nothrow_t", Call::Free { family: Family::NewArray }),
 ];
 
+/// Allocators' own entry points, beside the malloc family they also
+/// define: followed where a module calls them (the preload rewrites the
+/// callers' GOT entries, as `mtrace attach` does, and exports no function
+/// of these names, so that a program probing for one, as folly probes
+/// for `mallocx`, finds only the real allocator's), and by the ptrace
+/// tracer wherever a module defines them. Each is recorded in the family
+/// its allocator frees it with: a `sdallocx` of a `mallocx` block is
+/// right, and so is its `free`.
+/// - jemalloc(3)'s non-standard API (`flags`: MALLOCX_* bits, alignment
+///   among them);
+/// - gperftools' `tc_*` (gperftools/tcmalloc.h);
+/// - mimalloc's `mi_*` (mimalloc.h), its malloc family and aligned forms;
+/// - C23's sized frees, `free_sized` and `free_aligned_sized` (glibc 2.41).
+pub const ENTRY_POINTS: &[(&str, Call)] = &[
+    ("mallocx", Call::Alloc { family: Family::Malloc, size: 0 }),
+    ("rallocx", Call::Realloc { array: false }),
+    ("sdallocx", Call::Free { family: Family::Malloc }),
+    ("dallocx", Call::Free { family: Family::Malloc }),
+    ("tc_malloc", Call::Alloc { family: Family::Malloc, size: 0 }),
+    ("tc_calloc", Call::Calloc),
+    ("tc_realloc", Call::Realloc { array: false }),
+    ("tc_free", Call::Free { family: Family::Malloc }),
+    ("tc_free_sized", Call::Free { family: Family::Malloc }),
+    ("tc_memalign", Call::Alloc { family: Family::Aligned, size: 1 }),
+    ("tc_posix_memalign", Call::PosixMemalign),
+    ("tc_new", Call::Alloc { family: Family::New, size: 0 }),
+    ("tc_newarray", Call::Alloc { family: Family::NewArray, size: 0 }),
+    ("tc_delete", Call::Free { family: Family::New }),
+    ("tc_deletearray", Call::Free { family: Family::NewArray }),
+    ("tc_delete_sized", Call::Free { family: Family::New }),
+    ("tc_deletearray_sized", Call::Free { family: Family::NewArray }),
+    ("mi_malloc", Call::Alloc { family: Family::Malloc, size: 0 }),
+    ("mi_zalloc", Call::Alloc { family: Family::Malloc, size: 0 }),
+    ("mi_calloc", Call::Calloc),
+    ("mi_realloc", Call::Realloc { array: false }),
+    ("mi_free", Call::Free { family: Family::Malloc }),
+    ("mi_free_size", Call::Free { family: Family::Malloc }),
+    ("mi_free_aligned", Call::Free { family: Family::Malloc }),
+    ("mi_free_size_aligned", Call::Free { family: Family::Malloc }),
+    ("mi_malloc_aligned", Call::Alloc { family: Family::Malloc, size: 0 }),
+    ("mi_zalloc_aligned", Call::Alloc { family: Family::Malloc, size: 0 }),
+    ("mi_realloc_aligned", Call::Realloc { array: false }),
+    ("free_sized", Call::Free { family: Family::Malloc }),
+    ("free_aligned_sized", Call::Free { family: Family::Malloc }),
+];
+
+/// The prefixes a jemalloc build may give its whole API (`--with-jemalloc-prefix`):
+/// Rust's tikv-jemalloc-sys uses `_rjem_`, FreeBSD-style and redis's own
+/// builds `je_`. The ptrace tracer follows `PREFIX` + a malloc-family or
+/// `*allocx` name as that name.
+pub const JEMALLOC_PREFIXES: &[&str] = &["_rjem_", "je_"];
+
 /// The dynamic loader's hook the ptrace tracer watches for a changed
 /// module list (the preload notices new modules by their generation).
 pub const LOADER_STATE: (&str, Call) = ("_dl_debug_state", Call::LoaderState);
@@ -148,10 +200,30 @@ pub fn api(name: &str) -> Option<Api> {
 }
 
 /// The call a symbol name stands for (versioned names like
-/// `malloc@@GLIBC_2.2.5` included), the loader's hook and `exit` among them.
+/// `malloc@@GLIBC_2.2.5` included), the loader's hook and `exit` among
+/// them, allocators' own entry points ([`ENTRY_POINTS`]) and prefixed
+/// jemalloc names ([`JEMALLOC_PREFIXES`]) too.
 pub fn lookup(name: &str) -> Option<Call> {
     let base = name.split('@').next().unwrap_or(name);
-    INTERPOSED.iter().chain([&LOADER_STATE, &EXIT]).find(|(n, _)| *n == base).map(|&(_, c)| c)
+    let find = |n: &str| {
+        INTERPOSED.iter().chain(ENTRY_POINTS).chain([&LOADER_STATE, &EXIT]).find(|(m, _)| *m == n).map(|&(_, c)| c)
+    };
+    find(base).or_else(|| {
+        let rest = JEMALLOC_PREFIXES.iter().find_map(|p| base.strip_prefix(p))?;
+        const API: &[&str] = &[
+            "malloc",
+            "calloc",
+            "realloc",
+            "free",
+            "posix_memalign",
+            "aligned_alloc",
+            "mallocx",
+            "rallocx",
+            "sdallocx",
+            "dallocx",
+        ];
+        API.contains(&rest).then(|| find(rest)).flatten()
+    })
 }
 
 #[cfg(test)]
@@ -164,9 +236,18 @@ mod tests {
         assert_eq!(lookup("free@@GLIBC_2.2.5"), Some(Call::Free { family: Family::Malloc }));
         assert_eq!(lookup("_dl_debug_state"), Some(Call::LoaderState));
         assert_eq!(lookup("strdup"), None);
+        assert_eq!(lookup("_rjem_sdallocx"), Some(Call::Free { family: Family::Malloc }));
+        assert_eq!(lookup("je_mallocx"), Some(Call::Alloc { family: Family::Malloc, size: 0 }));
+        assert_eq!(lookup("_rjem_malloc_usable_size"), None);
+        assert_eq!(lookup("je_mi_malloc"), None);
+        assert_eq!(lookup("mi_free_size"), Some(Call::Free { family: Family::Malloc }));
         let mut names: Vec<&str> = INTERPOSED.iter().map(|(n, _)| *n).collect();
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), INTERPOSED.len(), "a name twice");
+        let mut all: Vec<&str> = INTERPOSED.iter().chain(super::ENTRY_POINTS).map(|(n, _)| *n).collect();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), INTERPOSED.len() + super::ENTRY_POINTS.len(), "a name in both tables");
     }
 }

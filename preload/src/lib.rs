@@ -71,6 +71,9 @@ pub(crate) struct Up {
     /// A hook ends on a thread asked to stop for a snapshot: it parks
     /// (the argument: the hook's own allocation, kept out of the scan).
     pub park: fn(own: u64),
+    /// Now and then, from the writer: the states of threads that ended
+    /// before their exit was registered are freed, their buffers let go.
+    pub reap: fn(),
 }
 
 /// The wiring of [`Up`].
@@ -83,6 +86,7 @@ pub(crate) static UP: Up = Up {
     hold_guard: record::guard::Guard::hold_forever,
     unmark: record::guard::unmark_now,
     park: snapshot::stop::park_here,
+    reap: record::thread::reap,
 };
 
 #[cfg(not(test))]

@@ -171,6 +171,12 @@ fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         )?,
         (None, Some(how)) => writeln!(w, "  ended by:         {how}")?,
     }
+    for a in r.allocators.iter().filter(|a| a.seen) {
+        writeln!(w, "  allocator:        {} in {} ({})", a.name, a.module, a.how)?;
+    }
+    for n in &r.notices {
+        writeln!(w, "  WARNING: {n}")?;
+    }
     Ok(())
 }
 
@@ -197,6 +203,12 @@ fn write_heading(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         } else {
             "All blocks were freed."
         };
+        if !r.notices.is_empty() {
+            // Not the whole answer: some allocations never reached mtrace.
+            let mut what = what.to_owned();
+            what[..1].make_ascii_lowercase();
+            return writeln!(w, "\nOf the allocations mtrace saw: {what} It did not see them all (the WARNING above).");
+        }
         return writeln!(w, "\n{what}");
     }
     let n = plural(r.stacks.len() as u64, "backtrace", "backtraces");

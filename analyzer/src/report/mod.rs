@@ -2,6 +2,7 @@
 //! leak scan's classes, which `crate::pipeline` makes); `crate::output`
 //! renders it.
 
+pub mod allocators;
 pub mod diff;
 pub mod errors;
 pub mod intervals;
@@ -173,6 +174,13 @@ pub struct Report {
     pub errors: Vec<errors::ErrorEntry>,
     /// The blocks not freed, per backtrace (and leak kind, with the scan), sorted as asked.
     pub stacks: Vec<LeakEntry>,
+    /// The allocators found in the process's modules, and whether their
+    /// calls were seen (allocators.rs).
+    pub allocators: Vec<allocators::Allocator>,
+    /// What mtrace could not see, one line each: an allocator whose calls
+    /// did not reach it, a static executable without allocator symbols.
+    /// Empty when it saw every allocator it found.
+    pub notices: Vec<String>,
     /// With `--timeline`: RSS and live heap over time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Vec<crate::trace::TimePoint>>,
@@ -429,6 +437,8 @@ pub fn build_view(
         .collect();
     let errors = errors::build(t, sym, sort, depth);
     let (bad_frees, mismatched_frees) = errors::counts(&errors);
+    let found = allocators::survey(t, sym);
+    let notices = allocators::notices(t, &found);
     let h = &t.header;
     Report {
         trace: t.path.display().to_string(),
@@ -461,6 +471,8 @@ pub fn build_view(
         },
         errors,
         stacks,
+        allocators: found.allocators,
+        notices,
         timeline: None,
         sections: None,
         intervals: None,

@@ -32,6 +32,7 @@ impl Mapped {
         unsafe { memmap2::Mmap::map(&f) }.ok().map(Mapped)
     }
 
+    /// The file parsed as an object file (ELF), `None` when it is not one.
     pub fn object(&self) -> Option<object::File<'_>> {
         object::File::parse(&*self.0).ok()
     }

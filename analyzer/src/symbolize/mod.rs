@@ -6,7 +6,7 @@ mod debugfile;
 use std::collections::HashMap;
 use std::path::Path;
 
-pub use debugfile::SearchPaths;
+pub use debugfile::{Mapped, SearchPaths};
 
 use crate::trace::ModuleSeen;
 
@@ -59,6 +59,12 @@ impl Symbolizer {
     /// A symbolizer looking for binaries and debug files as `paths` says.
     pub fn new(paths: SearchPaths) -> Symbolizer {
         Symbolizer { paths, cache: HashMap::new() }
+    }
+
+    /// The binary of module `path` with `build_id` (empty: any), where the
+    /// search paths find it.
+    pub fn binary(&self, path: &str, build_id: &[u8]) -> Option<std::path::PathBuf> {
+        self.paths.binary(path, build_id)
     }
 
     fn loaded(&mut self, path: &str, build_id: &[u8]) -> &mut Loaded {

@@ -103,6 +103,19 @@ pub fn run_json_env(dir: &Path, env: &[(&str, &str)], extra: &[&str], prog: &Pat
     (serde_json::from_str(&text).unwrap(), out)
 }
 
+/// `mtrace attach PID --duration DURATION --json -o REPORT`: asserts that
+/// it succeeded (`what` names the attach in the message) and returns the
+/// report.
+pub fn attach_for(pid: u32, duration: &str, report: &Path, what: &str) -> Value {
+    let out = Command::new(mtrace())
+        .args(["attach", &pid.to_string(), "--duration", duration, "--json", "-o"])
+        .arg(report)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap()
+}
+
 /// `mtrace report --json TRACE`.
 pub fn report_json(trace: &Path) -> Value {
     let out = Command::new(mtrace()).arg("report").arg("--json").arg(trace).output().unwrap();

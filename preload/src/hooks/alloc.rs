@@ -47,6 +47,20 @@ pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 /// `p` is null or a live block from this allocator.
 #[no_mangle]
 pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    // SAFETY: forwarded under the caller's contract.
+    traced_realloc(p, size, |p, size| unsafe { real::realloc(p, size) })
+}
+
+/// [`realloc`]'s recording around `resize`, the real function: glibc's
+/// realloc, or an allocator's own (`rallocx`, `mi_realloc`), called with
+/// the caller's block and size. Inlined into each hook, whose frame the
+/// backtrace starts at.
+#[inline(always)]
+pub(super) fn traced_realloc(
+    p: *mut c_void,
+    size: usize,
+    resize: impl Fn(*mut c_void, usize) -> *mut c_void,
+) -> *mut c_void {
     // The hook's frame, for a backtrace taken before the real call.
     let here = Here::now();
     let t0 = std::cell::Cell::new(0);
@@ -67,10 +81,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
             decided.set(Some(both));
             both == (false, false)
         };
-        let call = |(), _| {
-            // SAFETY: forwarded under the caller's contract.
-            unsafe { real::realloc(p, size) }
-        };
+        let call = |(), _| resize(p, size);
         if let Quiet::Ran(r) = guard::quiet(false, skip, (), call) {
             return r;
         }
@@ -91,8 +102,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
                 new_sampled.set(picked);
             }
             if old.get().is_null() {
-                // SAFETY: forwarded under the caller's contract.
-                return unsafe { real::realloc(p, size) };
+                return resize(p, size);
             }
             t0.set(recorder::now());
             if slot.is_some() {
@@ -101,8 +111,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
             // glibc may abort inside on a pointer that is no live block:
             // the fatal signal's flush then writes this free.
             recorder::realloc_begins(p, t0.get(), known.get());
-            // SAFETY: forwarded under the caller's contract.
-            let r = unsafe { real::realloc(p, size) };
+            let r = resize(p, size);
             recorder::realloc_ends();
             if rate != 0 && r.is_null() && size != 0 {
                 // Failed: the block is still the program's, and sampled.

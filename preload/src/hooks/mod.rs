@@ -5,6 +5,7 @@
 pub mod alloc;
 pub mod api;
 pub mod cxx;
+pub mod entry_points;
 pub mod fds;
 pub mod mmap;
 pub mod process;

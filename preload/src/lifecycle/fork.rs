@@ -4,6 +4,8 @@
 
 use std::cell::Cell;
 
+use crate::platform::static_tls::FastLocal;
+
 use crate::record::guard::{self, Guard};
 use crate::stream::{self, current};
 
@@ -11,7 +13,14 @@ thread_local! {
     /// The forking thread entered the hook guard in `before_fork`: it holds
     /// the tracer's locks until the fork is done, and a leak scan's stop
     /// must not park it there.
-    static HELD: Cell<bool> = const { Cell::new(false) };
+    static HELD_KEY: Cell<bool> = const { Cell::new(false) };
+}
+static HELD: FastLocal<Cell<bool>> = FastLocal::new(&HELD_KEY);
+
+/// Lets the fork handlers reach this module's thread-local from the
+/// thread pointer (platform/static_tls.rs): from the library's constructor.
+pub fn find_static_tls() {
+    HELD.find();
 }
 
 /// pthread_atfork prepare.
@@ -52,6 +61,7 @@ pub extern "C" fn after_fork_child() {
     guard::reset_in_child();
     stream::order::reset_in_child();
     crate::record::nested::reset_in_child();
+    crate::record::thread::reset_in_child();
     HELD.with(|h| h.set(false));
     let Some(parent) = current() else { return };
     let _g = Guard::enter();

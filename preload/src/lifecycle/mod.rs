@@ -22,6 +22,10 @@ use crate::stream::{self, reports};
 pub extern "C" fn init() {
     let _g = Guard::enter();
     crate::record::guard::find_static_tls();
+    crate::record::nested::find_static_tls();
+    crate::record::recorder::find_static_tls();
+    real::find_static_tls();
+    fork::find_static_tls();
     // Loaded by `mtrace attach`: dormant until it calls mtrace_attach_init.
     if !attach::preloaded() {
         return;
@@ -45,6 +49,8 @@ pub extern "C" fn init() {
     }
     fork::install_once();
     AT_THE_END.store(real::at_the_end_of_exit(the_end), std::sync::atomic::Ordering::Release);
+    // jemalloc's `mallocx`, mimalloc's `mi_malloc`…: through the GOT.
+    attach::follow_entry_points();
 }
 
 /// [`the_end`] is registered to run at the end of `exit`.

@@ -6,6 +6,8 @@ use std::cell::Cell;
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::static_tls::FastLocal;
+
 /// A function pointer resolved lazily by name from the next object in the
 /// lookup order. `0` means not resolved yet, `1` that it does not exist.
 pub struct NextFn {
@@ -93,7 +95,14 @@ pub fn resolve_from_default() {
 thread_local! {
     // Set while this thread resolves the malloc family: allocations made by
     // dlsym meanwhile come from the arena.
-    static RESOLVING: Cell<bool> = const { Cell::new(false) };
+    static RESOLVING_KEY: Cell<bool> = const { Cell::new(false) };
+}
+static RESOLVING: FastLocal<Cell<bool>> = FastLocal::new(&RESOLVING_KEY);
+
+/// Lets the hooks reach this module's thread-local from the thread
+/// pointer (static_tls.rs): from the library's constructor.
+pub fn find_static_tls() {
+    RESOLVING.find();
 }
 
 static MALLOC: NextFn = NextFn::new(c"malloc");
@@ -328,6 +337,36 @@ pub unsafe fn next<F: Copy>(f: &NextFn) -> Option<F> {
     debug_assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<usize>());
     // SAFETY: per the contract, F is the symbol's function pointer type.
     f.get().map(|a| unsafe { std::mem::transmute_copy::<usize, F>(&a) })
+}
+
+/// The real functions behind the hooks of allocators' own entry points
+/// (`mtrace_format::functions::ENTRY_POINTS`, by index), set by the GOT
+/// redirection before it points any slot at a hook; 0 for none found.
+static ENTRY_POINTS: [AtomicUsize; mtrace_format::functions::ENTRY_POINTS.len()] =
+    [const { AtomicUsize::new(0) }; mtrace_format::functions::ENTRY_POINTS.len()];
+
+/// The real entry point `i` of `ENTRY_POINTS` (its address), when found.
+#[inline(always)]
+pub fn entry_point(i: usize) -> Option<usize> {
+    ENTRY_POINTS.get(i).map(|a| a.load(Ordering::Acquire)).filter(|&a| a != 0)
+}
+
+/// Looks up entry point `i`, `name`, in the global scope (this library
+/// exports no function of that name), unless found before: its address,
+/// or `None`. From the GOT redirection (never from a hook: `dlsym` takes
+/// the loader's lock).
+pub fn find_entry_point(i: usize, name: &CStr) -> Option<usize> {
+    let slot = ENTRY_POINTS.get(i)?;
+    let known = slot.load(Ordering::Acquire);
+    if known != 0 {
+        return Some(known);
+    }
+    // SAFETY: dlsym with a NUL-terminated name.
+    let a = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
+    (a != 0).then(|| {
+        slot.store(a, Ordering::Release);
+        a
+    })
 }
 
 static POSIX_MEMALIGN: NextFn = NextFn::new(c"posix_memalign");

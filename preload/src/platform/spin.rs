@@ -47,3 +47,82 @@ impl SpinLock {
         self.locked.load(Ordering::Acquire)
     }
 }
+
+/// A value behind a [`SpinLock`]: for the tracer's state a hook may reach
+/// while the program's allocator holds its own lock (a thread's first
+/// event), where a parking_lot mutex's contended path could call the
+/// allocator (its thread data registers a TLS destructor with
+/// `__cxa_thread_atexit_impl`, which calls `calloc`).
+pub struct SpinMutex<T> {
+    lock: SpinLock,
+    value: std::cell::UnsafeCell<T>,
+}
+
+// SAFETY: the value is reached only through `lock`'s guard, one thread at
+// a time, as with std's Mutex.
+unsafe impl<T: Send> Sync for SpinMutex<T> {}
+
+impl<T> SpinMutex<T> {
+    /// `value`, unlocked.
+    pub const fn new(value: T) -> SpinMutex<T> {
+        SpinMutex { lock: SpinLock::new(), value: std::cell::UnsafeCell::new(value) }
+    }
+
+    /// Takes the lock ([`SpinLock::lock`]) until the guard goes.
+    pub fn lock(&self) -> SpinGuard<'_, T> {
+        self.lock.lock();
+        SpinGuard { m: self }
+    }
+}
+
+/// The value of a locked [`SpinMutex`].
+pub struct SpinGuard<'a, T> {
+    m: &'a SpinMutex<T>,
+}
+
+impl<T> std::ops::Deref for SpinGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: the guard holds the lock: no other reference exists.
+        unsafe { &*self.m.value.get() }
+    }
+}
+
+impl<T> std::ops::DerefMut for SpinGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as in deref, and the guard is borrowed mutably.
+        unsafe { &mut *self.m.value.get() }
+    }
+}
+
+impl<T> Drop for SpinGuard<'_, T> {
+    fn drop(&mut self) {
+        self.m.lock.unlock();
+    }
+}
+
+/// `m` locked without ever parking, for a parking_lot mutex a hook may
+/// wait for: the first time a thread parks, parking_lot registers its
+/// thread data's TLS destructor with `__cxa_thread_atexit_impl`, which
+/// calls `calloc`, and a hook may run inside the program's allocator with
+/// the allocator's lock held (its `mmap`): that `calloc` would wait for
+/// its own thread. Spins 100 times, yields the CPU 1,000 times, then
+/// sleeps 1 ms between tries (a holder that loads a module's unwind
+/// tables takes milliseconds).
+pub fn lock_unparked<T>(m: &parking_lot::Mutex<T>) -> parking_lot::MutexGuard<'_, T> {
+    let mut tries = 0u32;
+    loop {
+        if let Some(g) = m.try_lock() {
+            return g;
+        }
+        tries += 1;
+        if tries < 100 {
+            std::hint::spin_loop();
+        } else if tries < 1100 {
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+        } else {
+            super::sys::sleep_ms(1);
+        }
+    }
+}

@@ -18,6 +18,58 @@
 //! gives; anywhere else, or on another architecture or C library, the
 //! hooks keep `__tls_get_addr`.
 
+extern "C" {
+    /// static_tls.c: the address of the library's one initial-exec
+    /// thread-local, whose access makes the library DF_STATIC_TLS.
+    fn mtrace_static_tls_anchor_address() -> *mut u8;
+}
+
+/// A thread-local of this library (`key`) that a hook reaches from the
+/// thread pointer once [`FastLocal::find`] found it in the static TLS area
+/// (always where the library is DF_STATIC_TLS: static_tls.c), and through
+/// `key` (`__tls_get_addr`) before. For the thread-locals the hooks touch:
+/// `__tls_get_addr` may call `malloc` in a thread that has not touched the
+/// library's TLS before, and a hook may run inside the program's allocator.
+pub struct FastLocal<T: 'static> {
+    key: &'static std::thread::LocalKey<T>,
+    /// The offset from the thread pointer (bytes); 0 until found.
+    off: std::sync::atomic::AtomicIsize,
+}
+
+impl<T: 'static> FastLocal<T> {
+    /// `key`, reached through `__tls_get_addr` until [`FastLocal::find`].
+    pub const fn new(key: &'static std::thread::LocalKey<T>) -> FastLocal<T> {
+        FastLocal { key, off: std::sync::atomic::AtomicIsize::new(0) }
+    }
+
+    /// From the library's constructor, on the thread that runs it: the
+    /// offset, when the thread-local lies in the static TLS area.
+    pub fn find(&self) {
+        // SAFETY: a plain C function of static_tls.c, without arguments;
+        // called for its side effect of linking the anchor in.
+        let _ = unsafe { mtrace_static_tls_anchor_address() };
+        let addr = self.key.with(|t| t as *const T as usize);
+        if let Some(off) = offset_of(addr) {
+            self.off.store(off, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// `f` of this thread's value.
+    #[inline(always)]
+    pub fn with<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+        let off = self.off.load(std::sync::atomic::Ordering::Relaxed);
+        if off != 0 {
+            // SAFETY: `find` saw this thread-local at `off` from the
+            // thread pointer in the static TLS area, where every thread
+            // has its own copy at that offset, alive as long as the thread.
+            f(unsafe { &*(thread_pointer().wrapping_add_signed(off) as *const T) })
+        } else {
+            std::hint::cold_path();
+            self.key.with(f)
+        }
+    }
+}
+
 /// The thread pointer: on x86-64 the TCB's first word, which glibc sets
 /// to the TCB's own address (`%fs:0`).
 #[cfg(target_arch = "x86_64")]

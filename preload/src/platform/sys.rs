@@ -26,6 +26,15 @@ pub fn gettid() -> u32 {
     unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
+/// Whether thread `tid` of process `pid` still exists (`tgkill` with
+/// signal 0: only ESRCH says it is gone; a thread id the kernel gave a new
+/// thread since looks alive, and is asked again later).
+pub fn thread_alive(pid: u32, tid: u32) -> bool {
+    // SAFETY: signal 0 sends nothing; it only checks that the thread exists.
+    let rc = unsafe { libc::syscall(libc::SYS_tgkill, pid as i64, tid as i64, 0i64) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
 pub fn getpid() -> u32 {
     // SAFETY: getpid has no preconditions.
     unsafe { libc::getpid() as u32 }

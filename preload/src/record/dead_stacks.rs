@@ -2,6 +2,7 @@
 //! leak scan (the snapshot reads them from here), set as threads end and
 //! begin.
 
+use crate::platform::spin::SpinMutex;
 use crate::platform::sys;
 
 /// The stacks of the program's threads that have ended, [low, high):
@@ -13,7 +14,8 @@ use crate::platform::sys;
 /// glibc's own pointers, to the thread's DTV among them, stay roots). Set
 /// by thread.rs for the threads that made an event; a stack a new thread
 /// uses again leaves.
-static DEAD_STACKS: parking_lot::Mutex<Vec<(u64, u64)>> = parking_lot::Mutex::new(Vec::new());
+/// Behind a spin lock: a thread's first event reaches it (see SpinMutex).
+static DEAD_STACKS: SpinMutex<Vec<(u64, u64)>> = SpinMutex::new(Vec::new());
 
 /// The calling thread ends: its stack is no root from now on (but for a
 /// thread that takes it over).

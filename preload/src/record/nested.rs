@@ -18,6 +18,8 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::platform::static_tls::FastLocal;
+
 /// One event made inside a hook.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -32,8 +34,17 @@ pub enum Event {
 const CAP: usize = 16;
 
 thread_local! {
-    static EVENTS: [Cell<Option<Event>>; CAP] = const { [const { Cell::new(None) }; CAP] };
-    static LEN: Cell<usize> = const { Cell::new(0) };
+    static EVENTS_KEY: [Cell<Option<Event>>; CAP] = const { [const { Cell::new(None) }; CAP] };
+    static LEN_KEY: Cell<usize> = const { Cell::new(0) };
+}
+static EVENTS: FastLocal<[Cell<Option<Event>>; CAP]> = FastLocal::new(&EVENTS_KEY);
+static LEN: FastLocal<Cell<usize>> = FastLocal::new(&LEN_KEY);
+
+/// Lets the hooks reach this module's thread-locals from the thread
+/// pointer (platform/static_tls.rs): from the library's constructor.
+pub fn find_static_tls() {
+    EVENTS.find();
+    LEN.find();
 }
 
 /// Events that found the list full.

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use mtrace_format::realloc::Realloc;
 use mtrace_format::{EndReason, Family, Record};
 
+use crate::platform::static_tls::FastLocal;
 use crate::record::guard::Slot;
 use crate::record::thread::{AllocEvent, Backtrace, Event, FreeEvent, When};
 use crate::record::{sample, sampled};
@@ -51,7 +52,14 @@ thread_local! {
     /// some pointers that are not live blocks; the fatal signal's flush
     /// then writes this free, so that the report shows the wrong free.
     /// Const-initialised, no destructor: safe in the first malloc.
-    static REALLOC_OLD: std::cell::Cell<(u64, u64, u32)> = const { std::cell::Cell::new((0, 0, 0)) };
+    static REALLOC_OLD_KEY: std::cell::Cell<(u64, u64, u32)> = const { std::cell::Cell::new((0, 0, 0)) };
+}
+static REALLOC_OLD: FastLocal<std::cell::Cell<(u64, u64, u32)>> = FastLocal::new(&REALLOC_OLD_KEY);
+
+/// Lets the hooks reach this module's thread-local from the thread
+/// pointer (platform/static_tls.rs): from the library's constructor.
+pub fn find_static_tls() {
+    REALLOC_OLD.find();
 }
 
 /// With frees' backtraces on (`MTRACE_CHECK_FREES`): the backtrace of the

@@ -8,6 +8,7 @@ use mtrace_format::{Encoder, Family, Record};
 use rustc_hash::FxHashMap;
 
 use crate::platform::config::MAX_DEPTH;
+use crate::platform::spin::SpinMutex;
 use crate::record::guard::Slot;
 use crate::stream::{order, BufInner, Session, ThreadBuf, BUF_CAP, FLUSH_AT};
 use crate::unwind::Here;
@@ -22,6 +23,9 @@ pub struct ThreadState {
     unwinding: unwind::Unwinding,
     /// Events pushed, counted only for `MTRACE_TEST_ORDER`'s stalls.
     events: u64,
+    /// [`thread_exit`] is registered for this thread's exit (see
+    /// [`exit_registered`]); until then the state is in [`UNREGISTERED`].
+    exit_registered: bool,
 }
 
 /// Marks a thread whose state was torn down at thread exit.
@@ -57,12 +61,67 @@ extern "C" fn thread_exit(p: *mut libc::c_void) {
     Slot::current().cell().set(DEAD as *mut ThreadState);
 }
 
-/// Registers [`thread_exit`] of `st` for the calling thread's exit; not
-/// for the main thread, whose end is the process's (exit runs the library
-/// destructor instead).
-fn at_thread_exit(st: *mut ThreadState) {
-    if sys::gettid() != sys::getpid() {
-        crate::platform::real::thread_atexit(thread_exit, st.cast());
+// Registering [`thread_exit`] calls the allocator: glibc's
+// `__cxa_thread_atexit_impl` `calloc`s its list entry. A thread's first
+// event may come from inside the program's allocator, with the
+// allocator's lock held: an allocator that is not interposed (one in the
+// executable, or one a thread was inside when `mtrace attach` came) calls
+// `mmap`, whose hook records the thread's first event; a `calloc` there
+// waits for the lock its own thread holds. So a state is made without
+// calling the allocator, and its exit is registered by the thread's first
+// event of the malloc family or the C++ operators ([`Event::REGISTERS`]),
+// which are made outside the allocator, around the real call. A thread
+// that ends before one is found ended by [`reap`].
+
+/// The states of threads whose exit is not registered yet, with their
+/// thread ids: [`reap`] frees those whose thread is gone. Behind a spin
+/// lock (see `SpinMutex`): a thread's first event adds its own.
+static UNREGISTERED: SpinMutex<Vec<(u32, usize)>> = SpinMutex::new(Vec::new());
+
+/// Registers [`thread_exit`] of `st` for the calling thread's exit (from
+/// an event made outside the allocator); not for the main thread, whose
+/// end is the process's (exit runs the library destructor instead).
+#[cold]
+fn exit_registered(st: &mut ThreadState) {
+    st.exit_registered = true;
+    let p = st as *mut ThreadState as usize;
+    UNREGISTERED.lock().retain(|&(_, q)| q != p);
+    if st.tid != sys::getpid() {
+        crate::platform::real::thread_atexit(thread_exit, (p as *mut ThreadState).cast());
+    }
+}
+
+/// Frees the states of threads that ended before their exit was
+/// registered (their events are all in their buffers, which the writer
+/// then empties and lets go): from the writer, now and then, and before a
+/// leak scan. Their stacks are not marked dead: such a thread made no
+/// event of the malloc family, and its dead frames stay roots.
+pub fn reap() {
+    let pid = sys::getpid();
+    let mut gone = Vec::new();
+    UNREGISTERED.lock().retain(|&(tid, p)| {
+        let alive = sys::thread_alive(pid, tid);
+        if !alive {
+            gone.push(p);
+        }
+        alive
+    });
+    for p in gone {
+        // SAFETY: the Box of a thread that has ended, left by state_in;
+        // nothing else frees it (its exit was never registered) and
+        // nothing reads it now.
+        let st = unsafe { Box::from_raw(p as *mut ThreadState) };
+        st.buf.exited.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// In a fork's child: the threads of the list are the parent's, but the
+/// forking thread, whose state the child keeps, under its new id.
+pub fn reset_in_child() {
+    let mine = Slot::current().cell().get() as usize;
+    UNREGISTERED.lock().retain(|&(_, p)| p == mine);
+    if let Some(e) = UNREGISTERED.lock().first_mut() {
+        e.0 = sys::gettid();
     }
 }
 
@@ -91,20 +150,22 @@ fn state_in(s: &Session, slot: Slot) -> Option<&'static mut ThreadState> {
         }
         return Some(st);
     }
+    let tid = sys::gettid();
     let st = Box::into_raw(Box::new(ThreadState {
         gen: s.gen,
-        tid: sys::gettid(),
+        tid,
         buf: s.register(),
         stacks: FxHashMap::default(),
         unwinding: unwind::Unwinding::default(),
         events: 0,
+        exit_registered: false,
     }));
+    UNREGISTERED.lock().push((tid, st as usize));
     slot.cell().set(st);
     super::dead_stacks::thread_began();
     // SAFETY: just created, owned by this thread.
     let buf: &ThreadBuf = unsafe { &(*st).buf };
     slot.set_since(&buf.since, s.gen);
-    at_thread_exit(st);
     // SAFETY: just created, owned by this thread.
     Some(unsafe { &mut *st })
 }
@@ -172,6 +233,10 @@ fn intern_in(s: &Session, stacks: &mut FxHashMap<Box<[u64]>, u32>, b: &mut BufIn
 /// backtrace id. A closure builds its [`Record`]; the hot events write
 /// themselves without one ([`AllocEvent`], [`FreeEvent`]).
 pub trait Event {
+    /// Made outside the program's allocator (an event of the malloc
+    /// family or the C++ operators, recorded around the real call): the
+    /// thread's exit may be registered, which calls the allocator.
+    const REGISTERS: bool = false;
     fn write(self, enc: &mut Encoder, out: &mut Vec<u8>, time_ns: u64, stack: u32);
 }
 
@@ -190,6 +255,7 @@ pub struct AllocEvent {
 }
 
 impl Event for AllocEvent {
+    const REGISTERS: bool = true;
     #[inline(always)]
     fn write(self, enc: &mut Encoder, out: &mut Vec<u8>, time_ns: u64, stack: u32) {
         enc.alloc(out, time_ns, self.family, self.addr, self.size, stack);
@@ -203,6 +269,7 @@ pub struct FreeEvent {
 }
 
 impl Event for FreeEvent {
+    const REGISTERS: bool = true;
     #[inline(always)]
     fn write(self, enc: &mut Encoder, out: &mut Vec<u8>, time_ns: u64, stack: u32) {
         enc.free(out, time_ns, self.family, self.addr, stack);
@@ -217,7 +284,7 @@ pub fn push_as(s: &Session, when: When, bt: Backtrace, make: impl FnOnce(u64, u3
 /// [`push_as`] of any [`Event`] by a hook that found this thread's `slot`
 /// on entering, stamped `when`.
 #[inline(always)]
-pub fn push_in(slot: Slot, s: &Session, when: When, bt: Backtrace, make: impl Event) {
+pub fn push_in<E: Event>(slot: Slot, s: &Session, when: When, bt: Backtrace, make: E) {
     // Written outside the buffer: stamped again, marked first
     // (stream/order.rs), unless marked already.
     let stamp = || match when {
@@ -233,6 +300,9 @@ pub fn push_in(slot: Slot, s: &Session, when: When, bt: Backtrace, make: impl Ev
         let frames = matches!(bt, Backtrace::From(_)).then_some(&buf[..n]);
         return write_sync(s, sys::gettid(), stamp(), frames, known(bt), make);
     };
+    if E::REGISTERS && !st.exit_registered {
+        exit_registered(st);
+    }
     if s.test.stall_every != 0 {
         stall(s, &mut st.events);
     }

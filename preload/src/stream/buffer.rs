@@ -157,7 +157,7 @@ impl ThreadBuf {
             }
             self.busy.store(false, Ordering::Release);
         }
-        let _g = self.lock.lock();
+        let _g = crate::platform::spin::lock_unparked(&self.lock);
         // SAFETY: under the mutex, and the owner has no append in flight.
         f(unsafe { &mut *self.inner.get() })
     }

@@ -73,7 +73,8 @@ impl Session {
 /// held for about 2 s.
 pub(crate) fn lock<T>(m: &Mutex<T>, in_signal: bool) -> Option<MutexGuard<'_, T>> {
     if !in_signal {
-        return Some(m.lock());
+        // A hook's write_sync comes here (platform/spin.rs: why not park).
+        return Some(crate::platform::spin::lock_unparked(m));
     }
     for _ in 0..2000 {
         if let Some(g) = m.try_lock() {

@@ -52,6 +52,10 @@ const WRITER_POLL_MS: u64 = 5;
 const QUIET_COLLECT_MS: u64 = 50;
 /// RSS is sampled every this many writer rounds (10 ms).
 const SAMPLE_EVERY: u64 = 2;
+/// Writer rounds between two looks for threads that ended before their
+/// exit was registered (record/thread.rs; a system call per such thread):
+/// about a second.
+const REAP_EVERY: u64 = 1000 / WRITER_POLL_MS;
 
 pub struct Session {
     /// Bumped for every new session (fork): thread state of an older one is reset.
@@ -368,10 +372,18 @@ impl Session {
         (self.zstd_range[0].load(Ordering::Acquire), self.zstd_range[1].load(Ordering::Acquire))
     }
 
-    /// Registers a new thread's buffer with the writer.
+    /// Registers a new thread's buffer with the writer. A thread's first event may come from inside the program's
+    /// allocator (record/thread.rs): the list is taken without parking,
+    /// whose slow path could call the allocator (platform/spin.rs).
     pub fn register(&self) -> Arc<ThreadBuf> {
         let b = Arc::new(ThreadBuf::new());
-        self.threads.lock().push(b.clone());
+        let mut list = loop {
+            match self.threads.try_lock() {
+                Some(l) => break l,
+                None => std::thread::yield_now(),
+            }
+        };
+        list.push(b.clone());
         b
     }
 
@@ -379,7 +391,8 @@ impl Session {
     /// straight to the file, after everything buffered by exited threads.
     /// Used after the final flush and by threads whose state is gone.
     pub fn write_sync(&self, bytes: &[u8]) {
-        let _f = self.file.lock();
+        // A hook (platform/spin.rs: why not park).
+        let _f = crate::platform::spin::lock_unparked(&self.file);
         if !self.is_finished() {
             self.collect(true);
         }

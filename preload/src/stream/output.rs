@@ -320,7 +320,8 @@ impl super::Session {
     /// `close`, `dup2`, `dup3`): if it is the trace's, it moves first.
     pub fn make_way(&self, fd: i32) {
         if fd == self.out.fd() {
-            let _f = self.file.lock();
+            // A hook (platform/spin.rs: why not park).
+            let _f = crate::platform::spin::lock_unparked(&self.file);
             self.out.make_way(fd);
         }
     }
@@ -328,7 +329,7 @@ impl super::Session {
     /// Keeps the trace's descriptor where it is while held (the session's
     /// file lock), for a hook that closes a range around it.
     pub fn hold_file_number(&self) -> NumberHold<'_> {
-        let g = self.file.lock();
+        let g = crate::platform::spin::lock_unparked(&self.file);
         NumberHold { fd: (!self.out.is_lost()).then(|| self.out.fd()).and_then(|fd| u32::try_from(fd).ok()), _g: g }
     }
 }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use mtrace_format::{Encoder, Record};
 
 use super::{
-    current, order, Session, ThreadBuf, BUF_CAP, PENDING_MAX, QUIET_COLLECT_MS, SAMPLE_EVERY, SIGNAL_REPORT,
-    WRITER_POLL_MS,
+    current, order, Session, ThreadBuf, BUF_CAP, PENDING_MAX, QUIET_COLLECT_MS, REAP_EVERY, SAMPLE_EVERY,
+    SIGNAL_REPORT, WRITER_POLL_MS,
 };
 
 /// While idle, an RSS sample at least every this many sampling rounds (1 s).
@@ -123,7 +123,8 @@ impl Session {
         if raw.is_empty() {
             return;
         }
-        let mut zstd = self.zstd.lock();
+        // A hook's write_sync comes here (platform/spin.rs: why not park).
+        let mut zstd = crate::platform::spin::lock_unparked(&self.zstd);
         if zstd.is_none() {
             *zstd = super::zstd::Zstd::new();
             if let Some(z) = zstd.as_ref() {
@@ -193,6 +194,9 @@ impl Session {
                         (active, idle_rounds) = (false, 0);
                     }
                 }
+            }
+            if round.is_multiple_of(REAP_EVERY) {
+                (crate::UP.reap)();
             }
             if !self.poll_commands(&mut commands) {
                 return;

@@ -60,7 +60,8 @@ static GEN: AtomicU64 = AtomicU64::new(0);
 /// the first entry.
 pub fn refresh() {
     let dl_gen = crate::platform::modules::generation();
-    let mut m = MASTER.lock();
+    // Hooks come here (platform/spin.rs: why not park).
+    let mut m = crate::platform::spin::lock_unparked(&MASTER);
     if m.as_ref().is_some_and(|m| m.dl_gen == dl_gen) {
         return;
     }
@@ -200,7 +201,7 @@ impl ThreadUnwinder {
         if g == 0 {
             refresh();
         }
-        if let Some(m) = MASTER.lock().as_ref() {
+        if let Some(m) = crate::platform::spin::lock_unparked(&MASTER).as_ref() {
             self.steps.unwinder = m.unwinder.clone();
             self.steps.cfis = m.cfis.clone();
         }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, CStr, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use mtrace_format::functions::INTERPOSED;
+use mtrace_format::functions::{ENTRY_POINTS, INTERPOSED};
 use parking_lot::Mutex;
 
 use crate::{platform::modules, platform::sys};
@@ -109,14 +109,70 @@ const OTHER_HOOKS: &[&str] = &[
     "muntrace",
 ];
 
+/// Allocators' own entry points are followed in a preloaded process too
+/// (set by the constructor): the malloc family is interposed by name
+/// there, these only through the GOT.
+static ENTRY_POINTS_ON: AtomicBool = AtomicBool::new(false);
+
+/// From the constructor of a preloaded library: the calls of allocators'
+/// own entry points are redirected to their hooks, now and in every module
+/// loaded later.
+pub fn follow_entry_points() {
+    ENTRY_POINTS_ON.store(true, Ordering::Release);
+    redirect_new();
+}
+
+/// The hooks of allocators' own entry points whose real function the
+/// global scope has, by name: (hook, real function) each.
+fn entry_hooks() -> HashMap<Vec<u8>, (u64, u64)> {
+    let mut out = HashMap::new();
+    let Some(path) = own_path().and_then(|p| CString::new(p).ok()) else { return out };
+    // SAFETY: RTLD_NOLOAD returns the handle of this loaded library.
+    let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    if handle.is_null() {
+        return out;
+    }
+    for (i, &(name, _)) in ENTRY_POINTS.iter().enumerate() {
+        let c = CString::new(name).expect("no NUL in a symbol name");
+        let Some(real) = crate::platform::real::find_entry_point(i, &c) else { continue };
+        let hook_name = CString::new(format!("mtrace_ep_{name}")).expect("no NUL in a symbol name");
+        // SAFETY: a valid handle and name.
+        let hook = unsafe { libc::dlsym(handle, hook_name.as_ptr()) } as u64;
+        if hook != 0 {
+            out.insert(name.as_bytes().to_vec(), (hook, real as u64));
+        }
+    }
+    // SAFETY: drops the reference RTLD_NOLOAD took.
+    unsafe { libc::dlclose(handle) };
+    out
+}
+
 /// Redirects the modules not redirected yet (all of them on the first
-/// call; then those loaded since). The vDSO and this library are left
-/// alone, and so are the loader's calls (see [`got::loader_allocator`]).
+/// call; then those loaded since): every hook when attached, allocators'
+/// own entry points in a preloaded process. The vDSO and this library are
+/// left alone, and so are the loader's calls (see
+/// [`got::loader_allocator`]); a module that defines one of the entry
+/// points keeps its own calls of them (its `mi_realloc` may call its
+/// `mi_malloc`: one call of the program's, one record).
 pub fn redirect_new() {
-    if !attached() {
+    let attached = attached();
+    if !attached && !ENTRY_POINTS_ON.load(Ordering::Acquire) {
         return;
     }
-    let table = hooks();
+    let entries = entry_hooks();
+    if !attached && entries.is_empty() {
+        // No allocator with entry points of its own yet: looked for again
+        // when a module is loaded.
+        return;
+    }
+    let mut table = if attached { hooks() } else { HashMap::new() };
+    let defining: Vec<(u64, u64)> = entries
+        .values()
+        .filter_map(|&(_, real)| modules::range_of(real as usize))
+        .map(|(lo, hi)| (lo as u64, hi as u64))
+        .collect();
+    let bare = table.clone();
+    table.extend(entries.iter().map(|(n, &(hook, _))| (n.clone(), hook)));
     let own = modules::range_of(hooks as *const () as usize).map(|(lo, hi)| lo as u64..hi as u64);
     let mut st = STATE.lock();
     let pairs: Vec<(u64, u64)> = [c"malloc", c"calloc", c"realloc", c"free"]
@@ -136,12 +192,16 @@ pub fn redirect_new() {
                 return;
             }
             st.done.push(bias);
+            let defines = first.is_some_and(|a| defining.iter().any(|&(lo, hi)| lo <= a && a < hi));
             // SAFETY: the module is loaded for the duration of the callback.
             let slots = unsafe {
                 if loader {
+                    if !attached {
+                        return;
+                    }
                     got::loader_allocator(bias, phdrs, &pairs)
                 } else {
-                    got::redirect(bias, phdrs, &table)
+                    got::redirect(bias, phdrs, if defines { &bare } else { &table })
                 }
             };
             st.slots.extend(slots);

@@ -1,0 +1,201 @@
+//! Allocators other than glibc's: a program's own in the executable
+//! (which must never be deadlocked by the tracer, and whose blindness the
+//! report says), jemalloc preloaded (seen through the hooks), and a static
+//! executable with no allocator symbol under --ptrace.
+
+mod common;
+use common::*;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// Debian's libjemalloc (installed with redis-server; .ci/run makes sure).
+const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+
+#[test]
+fn an_allocator_in_the_executable_that_maps_under_its_lock_runs_to_the_end_and_is_named_unseen() {
+    let dir = scratch("alloc-own");
+    let prog = build("own_malloc.c", &dir.join("own_malloc"), &["-g", "-O0"]);
+    let (r, out) = run_json(&dir, &[], &prog, &[]);
+    // Each thread's first event is an mmap made inside the program's malloc
+    // with its lock held: a tracer that called the allocator there (to
+    // register the thread's exit) made it exit 3, "re-entered".
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "own_malloc: done\n");
+    let exe = prog.to_str().unwrap();
+    assert_eq!(
+        r["notices"],
+        serde_json::json!([format!(
+            "the program's own malloc in {exe}: defined in the executable, which wins over the preload; \
+             mtrace does not see the allocations made through it"
+        )])
+    );
+    assert_eq!(r["allocators"][0]["name"], "malloc");
+    assert_eq!(r["allocators"][0]["seen"], false);
+    // What it did see: the 1 MiB mappings (16 threads x 64 blocks of
+    // 100,016 bytes, 10 to a mapping: 103), made from its malloc, but the
+    // first, which the preload's own `dlsym` (its `calloc`) may cause.
+    let maps = r["summary"]["allocations"].as_u64().unwrap();
+    assert!((102..=103).contains(&maps), "{}", r["summary"]);
+    // The text never ends on a bare "No leaks".
+    let txt = dir.join("report.txt");
+    let st = Command::new(mtrace()).arg("run").arg("-o").arg(&txt).arg("--").arg(&prog).output().unwrap();
+    assert_eq!(st.status.code(), Some(0), "{}", String::from_utf8_lossy(&st.stderr));
+    let text = std::fs::read_to_string(&txt).unwrap();
+    assert!(text.contains("\n  WARNING: the program's own malloc in "), "{text}");
+    assert!(text.contains("\nOf the allocations mtrace saw: "), "{text}");
+}
+
+#[test]
+fn attaches_to_threads_inside_an_allocator_that_maps_under_its_lock() {
+    let dir = scratch("alloc-own-attach");
+    let prog = build("own_malloc.c", &dir.join("own_malloc"), &["-g", "-O0"]);
+    let child = Command::new(&prog).arg("8").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // A thread's first hook after an attach is its mmap, inside the
+    // program's malloc: a thread-local reached through __tls_get_addr, a
+    // TLS destructor registered or a mutex that parks would call malloc.
+    for i in 0..12 {
+        let r = attach_for(child.id(), "200ms", &dir.join(format!("report{i}.json")), &format!("attach {i}"));
+        assert_eq!(r["summary"]["ended_by"], "detach", "attach {i}");
+        assert!(r["summary"]["allocations"].as_u64().unwrap() > 10, "attach {i}: {}", r["summary"]);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "own_malloc: done\n");
+}
+
+/// (kind, call, size, family, line of the allocation in `src`) of each
+/// wrong free of report `r`.
+fn wrong_frees(r: &serde_json::Value, src: &str) -> Vec<(String, String, u64, String, Option<u64>)> {
+    let all = r["errors"].as_array().unwrap();
+    all.iter()
+        .map(|e| {
+            let b = &e["block"];
+            let line = e["alloc_frames"].as_array().and_then(|f| {
+                f.iter().find(|f| f["file"].as_str().is_some_and(|p| p.ends_with(src)))?["line"].as_u64()
+            });
+            (
+                e["kind"].to_string(),
+                e["call"].to_string(),
+                b["size"].as_u64().unwrap_or(0),
+                b["family"].to_string(),
+                line,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn jemalloc_preloaded_is_seen_through_the_hooks() {
+    assert!(Path::new(JEMALLOC).exists(), "{JEMALLOC} is missing (apt-get install libjemalloc2)");
+    let dir = scratch("alloc-jemalloc");
+    let families = build("families.c", &dir.join("families"), &["-g", "-O0"]);
+    let (plain, _) = run_json(&dir, &[], &families, &[]);
+    let (r, out) = run_json_env(&dir, &[("LD_PRELOAD", JEMALLOC)], &[], &families, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(r["notices"], serde_json::json!([]));
+    let found = r["allocators"].as_array().unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!((found[0]["name"].as_str(), found[0]["module"].as_str()), (Some("jemalloc"), Some(JEMALLOC)));
+    assert_eq!(found[0]["seen"], true);
+    // The same leaks as under glibc's malloc, each family's, and no error.
+    let leaks = leaks_in(&r, "families.c");
+    assert_eq!(leaks, leaks_in(&plain, "families.c"));
+    assert!(leaks.len() >= 8, "{leaks:?}");
+    assert_eq!(r["errors"], serde_json::json!([]));
+    // memcheck's eight mismatched pairs, found with jemalloc as with glibc.
+    let wf = build("wrong_frees.cpp", &dir.join("wrong_frees"), &["-g", "-O0"]);
+    let (plain, _) = run_json(&dir, &[], &wf, &["mismatched"]);
+    let (r, out) = run_json_env(&dir, &[("LD_PRELOAD", JEMALLOC)], &[], &wf, &["mismatched"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(wrong_frees(&r, "wrong_frees.cpp").len(), 8);
+    assert_eq!(wrong_frees(&r, "wrong_frees.cpp"), wrong_frees(&plain, "wrong_frees.cpp"));
+}
+
+#[test]
+fn a_stripped_static_executable_under_ptrace_is_said_to_have_no_allocator() {
+    let dir = scratch("alloc-static");
+    let prog = build("families.c", &dir.join("families"), &["-g", "-O0", "-static"]);
+    let stripped = dir.join("families-stripped");
+    std::fs::copy(&prog, &stripped).unwrap();
+    assert!(Command::new("strip").arg(&stripped).status().unwrap().success());
+    // With its symbols: glibc's malloc, linked in, has its breakpoints.
+    let (r, _) = run_json(&dir, &["--ptrace"], &prog, &[]);
+    assert_eq!(r["notices"], serde_json::json!([]));
+    assert!(r["summary"]["allocations"].as_u64().unwrap() > 0);
+    let (r, out) = run_json(&dir, &["--ptrace"], &stripped, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(r["summary"]["allocations"], 0);
+    assert_eq!(
+        r["notices"],
+        serde_json::json!([format!(
+            "{}: no module of the process defines malloc (a stripped static executable?): \
+             mtrace had no allocator to trace",
+            stripped.display()
+        )])
+    );
+}
+
+#[test]
+fn memory_taken_by_system_call_is_said_to_be_unseen() {
+    let dir = scratch("alloc-raw");
+    let prog = build("raw_mmap.c", &dir.join("raw_mmap"), &["-g", "-O0"]);
+    let (r, out) = run_json(&dir, &[], &prog, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(r["summary"]["allocations"], 0);
+    let notices = r["notices"].as_array().unwrap();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    let n = notices[0].as_str().unwrap();
+    // 200 MiB touched; the RSS samples (every 10 ms) see most of it.
+    let grew: u64 = n.strip_prefix("the RSS grew by ").and_then(|t| t.split(' ').next()?.parse().ok()).unwrap();
+    assert!((150..=210).contains(&grew), "{n}");
+    assert!(n.ends_with(" MiB while the blocks and mappings mtrace saw peaked at 0 MiB: the program takes memory mtrace does not see"), "{n}");
+}
+
+/// Builds ctests/allocator_api.c for allocator `define` (JEMALLOC,
+/// MIMALLOC, TCMALLOC), linked with `lib`.
+fn allocator_api(dir: &Path, define: &str, lib: &str) -> std::path::PathBuf {
+    let out = dir.join(format!("api_{lib}"));
+    let st = Command::new("cc")
+        .args(["-g", "-O0", &format!("-D{define}")])
+        .arg(ctests_dir().join("allocator_api.c"))
+        .arg("-o")
+        .arg(&out)
+        .arg(format!("-l{lib}"))
+        .status()
+        .expect("a C compiler");
+    assert!(
+        st.success(),
+        "building allocator_api.c with -l{lib} (apt-get install lib{lib}-dev or libgoogle-perftools-dev)"
+    );
+    out
+}
+
+#[test]
+fn allocators_own_entry_points_are_followed() {
+    let dir = scratch("alloc-api");
+    let m = markers("allocator_api.c");
+    for (define, lib, name) in [
+        ("JEMALLOC", "jemalloc", "jemalloc"),
+        ("MIMALLOC", "mimalloc", "mimalloc"),
+        ("TCMALLOC", "tcmalloc", "tcmalloc"),
+    ] {
+        let prog = allocator_api(&dir, define, lib);
+        let (r, out) = run_json(&dir, &[], &prog, &[]);
+        assert!(out.status.success(), "{lib}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "allocator_api: done\n");
+        // 4,000 blocks freed through sdallocx/dallocx, mi_free_size/mi_free,
+        // tc_free_sized/tc_free (and free): none left, none wrong.
+        assert_eq!(
+            leaks_in(&r, "allocator_api.c"),
+            vec![leak(100, 1, "malloc", "main", m["kept"]), leak(500, 1, "malloc", "main", m["grown"])],
+            "{lib}"
+        );
+        assert_eq!(r["errors"], serde_json::json!([]), "{lib}");
+        assert!(r["summary"]["frees"].as_u64().unwrap() >= 4000, "{lib}: {}", r["summary"]);
+        assert_eq!(r["allocators"][0]["name"], name, "{lib}");
+        assert_eq!(r["notices"], serde_json::json!([]), "{lib}");
+    }
+}

@@ -1,0 +1,130 @@
+/* An allocator in the executable (as Chromium's PartitionAlloc shim, or a
+   program linked statically with jemalloc): it defines malloc and friends,
+   which win over any preload, and it holds its lock while it calls mmap,
+   as jemalloc does while it grows an arena. A tracer that calls the
+   allocator from its mmap hook (a thread-local's first touch through
+   __tls_get_addr, a TLS destructor registered with
+   __cxa_thread_atexit_impl, a parking mutex) re-enters it with its lock
+   held: the error-checking mutex turns that deadlock into exit status 3
+   and a message.
+
+   own_malloc          four rounds of four threads, 64 blocks of 100,000
+                       bytes each (each block one mmap of 1 MiB, kept), then
+                       exit 0 with "own_malloc: done"
+   own_malloc SECONDS  four threads allocate and free 1 MiB blocks (each an
+                       mmap) until then, for `mtrace attach` */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static pthread_mutex_t lock = PTHREAD_ERRORCHECK_MUTEX_INITIALIZER_NP;
+static char *cur, *end;
+
+static void take(void) {
+    if (pthread_mutex_lock(&lock) == EDEADLK) {
+        static const char msg[] = "own_malloc: malloc re-entered with its lock held (deadlock)\n";
+        write(2, msg, sizeof msg - 1);
+        _exit(3);
+    }
+}
+
+/* A bump allocator: each block has its size in the 16 bytes before it;
+   a block that does not fit in what is left gets a new mapping of at
+   least 1 MiB, mapped with the lock held. */
+void *malloc(size_t n) {
+    take();
+    n = (n + 15) & ~(size_t)15;
+    if (!cur || (size_t)(end - cur) < n + 16) {
+        size_t len = n + 16 > (1 << 20) ? n + 16 : (1 << 20);
+        char *p = mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+            pthread_mutex_unlock(&lock);
+            return 0;
+        }
+        cur = p;
+        end = p + len;
+    }
+    char *p = cur + 16;
+    ((size_t *)cur)[0] = n;
+    cur += n + 16;
+    pthread_mutex_unlock(&lock);
+    return p;
+}
+
+void free(void *p) { (void)p; }
+
+void *calloc(size_t a, size_t b) {
+    void *p = malloc(a * b);
+    if (p)
+        memset(p, 0, a * b);
+    return p;
+}
+
+void *realloc(void *p, size_t n) {
+    void *q = malloc(n);
+    if (p && q) {
+        size_t old = ((size_t *)p)[-2];
+        memcpy(q, p, old < n ? old : n);
+    }
+    return q;
+}
+
+int posix_memalign(void **out, size_t al, size_t n) {
+    char *p = malloc(n + al);
+    *out = (void *)(((size_t)p + al - 1) & ~(al - 1));
+    return p ? 0 : ENOMEM;
+}
+
+void *aligned_alloc(size_t al, size_t n) {
+    void *p;
+    return posix_memalign(&p, al, n) == 0 ? p : 0;
+}
+
+void *memalign(size_t al, size_t n) { return aligned_alloc(al, n); }
+
+size_t malloc_usable_size(void *p) { return p ? ((size_t *)p)[-2] : 0; }
+
+static void *keep(void *arg) {
+    (void)arg;
+    void *kept[64];
+    for (int i = 0; i < 64; i++)
+        kept[i] = malloc(100000);
+    return kept[63];
+}
+
+static volatile int stop;
+
+static void *churn(void *arg) {
+    (void)arg;
+    while (!stop) {
+        free(malloc(1 << 20));
+        usleep(100);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    pthread_t t[4];
+    if (argc > 1) {
+        for (int i = 0; i < 4; i++)
+            pthread_create(&t[i], 0, churn, 0);
+        sleep(atoi(argv[1]));
+        stop = 1;
+        for (int i = 0; i < 4; i++)
+            pthread_join(t[i], 0);
+    } else {
+        for (int round = 0; round < 4; round++) {
+            for (int i = 0; i < 4; i++)
+                pthread_create(&t[i], 0, keep, 0);
+            for (int i = 0; i < 4; i++)
+                pthread_join(t[i], 0);
+        }
+    }
+    puts("own_malloc: done");
+    return 0;
+}
