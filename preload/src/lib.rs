@@ -74,6 +74,10 @@ pub(crate) struct Up {
     /// Now and then, from the writer: the states of threads that ended
     /// before their exit was registered are freed, their buffers let go.
     pub reap: fn(),
+    /// The hook of an allocator's own entry point, by the entry point's
+    /// name (`mtrace_format::functions::ENTRY_POINTS`), for the GOT
+    /// redirection (`lifecycle::attach`).
+    pub entry_hook: fn(&str) -> Option<usize>,
 }
 
 /// The wiring of [`Up`].
@@ -87,7 +91,20 @@ pub(crate) static UP: Up = Up {
     unmark: record::guard::unmark_now,
     park: snapshot::stop::park_here,
     reap: record::thread::reap,
+    entry_hook: hook_of_entry_point,
 };
+
+/// [`Up::entry_hook`]: `hooks::entry_points`; none in the unit tests,
+/// which have no hooks.
+fn hook_of_entry_point(name: &str) -> Option<usize> {
+    #[cfg(not(test))]
+    return hooks::entry_points::hook_of(name);
+    #[cfg(test)]
+    {
+        let _ = name;
+        None
+    }
+}
 
 #[cfg(not(test))]
 #[used]

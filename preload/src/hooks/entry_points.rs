@@ -172,3 +172,41 @@ resizing!(mtrace_ep_mi_realloc_aligned, "mi_realloc_aligned", (p, size, align: u
 // C23 (glibc 2.41): the size and alignment the block was allocated with.
 freeing!(mtrace_ep_free_sized, "free_sized", Family::Malloc, (p, size: usize));
 freeing!(mtrace_ep_free_aligned_sized, "free_aligned_sized", Family::Malloc, (p, align: usize, size: usize));
+
+/// The hook of entry point `name` (for the GOT redirection, through the
+/// root's table), `None` for a name of no entry point.
+pub fn hook_of(name: &str) -> Option<usize> {
+    Some(match name {
+        "mallocx" => mtrace_ep_mallocx as *const () as usize,
+        "rallocx" => mtrace_ep_rallocx as *const () as usize,
+        "sdallocx" => mtrace_ep_sdallocx as *const () as usize,
+        "dallocx" => mtrace_ep_dallocx as *const () as usize,
+        "tc_malloc" => mtrace_ep_tc_malloc as *const () as usize,
+        "tc_calloc" => mtrace_ep_tc_calloc as *const () as usize,
+        "tc_realloc" => mtrace_ep_tc_realloc as *const () as usize,
+        "tc_free" => mtrace_ep_tc_free as *const () as usize,
+        "tc_free_sized" => mtrace_ep_tc_free_sized as *const () as usize,
+        "tc_memalign" => mtrace_ep_tc_memalign as *const () as usize,
+        "tc_new" => mtrace_ep_tc_new as *const () as usize,
+        "tc_newarray" => mtrace_ep_tc_newarray as *const () as usize,
+        "tc_delete" => mtrace_ep_tc_delete as *const () as usize,
+        "tc_deletearray" => mtrace_ep_tc_deletearray as *const () as usize,
+        "tc_delete_sized" => mtrace_ep_tc_delete_sized as *const () as usize,
+        "tc_deletearray_sized" => mtrace_ep_tc_deletearray_sized as *const () as usize,
+        "mi_malloc" => mtrace_ep_mi_malloc as *const () as usize,
+        "mi_zalloc" => mtrace_ep_mi_zalloc as *const () as usize,
+        "mi_calloc" => mtrace_ep_mi_calloc as *const () as usize,
+        "mi_realloc" => mtrace_ep_mi_realloc as *const () as usize,
+        "mi_free" => mtrace_ep_mi_free as *const () as usize,
+        "mi_free_size" => mtrace_ep_mi_free_size as *const () as usize,
+        "mi_free_aligned" => mtrace_ep_mi_free_aligned as *const () as usize,
+        "mi_free_size_aligned" => mtrace_ep_mi_free_size_aligned as *const () as usize,
+        "mi_malloc_aligned" => mtrace_ep_mi_malloc_aligned as *const () as usize,
+        "mi_zalloc_aligned" => mtrace_ep_mi_zalloc_aligned as *const () as usize,
+        "mi_realloc_aligned" => mtrace_ep_mi_realloc_aligned as *const () as usize,
+        "free_sized" => mtrace_ep_free_sized as *const () as usize,
+        "free_aligned_sized" => mtrace_ep_free_aligned_sized as *const () as usize,
+        "tc_posix_memalign" => mtrace_ep_tc_posix_memalign as *const () as usize,
+        _ => return None,
+    })
+}

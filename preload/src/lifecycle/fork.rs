@@ -29,6 +29,10 @@ pub extern "C" fn before_fork() {
         std::mem::forget(g);
         HELD.with(|h| h.set(true));
     }
+    // The tracer's lists a thread's first event changes, before the heap
+    // (they allocate while held).
+    crate::record::thread::hold_for_fork();
+    crate::record::dead_stacks::hold_for_fork();
     if let Some(s) = current() {
         s.hold_for_fork();
     }
@@ -45,6 +49,8 @@ pub extern "C" fn after_fork_parent() {
         // SAFETY: before_fork took the locks, in this thread.
         unsafe { s.release_after_fork() };
     }
+    crate::record::dead_stacks::release_after_fork();
+    crate::record::thread::release_after_fork();
     if HELD.with(|h| h.replace(false)) {
         guard::leave_held();
     }
@@ -61,6 +67,8 @@ pub extern "C" fn after_fork_child() {
     guard::reset_in_child();
     stream::order::reset_in_child();
     crate::record::nested::reset_in_child();
+    crate::record::dead_stacks::release_after_fork();
+    crate::record::thread::release_after_fork();
     crate::record::thread::reset_in_child();
     HELD.with(|h| h.set(false));
     let Some(parent) = current() else { return };

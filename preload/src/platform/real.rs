@@ -351,6 +351,13 @@ pub fn entry_point(i: usize) -> Option<usize> {
     ENTRY_POINTS.get(i).map(|a| a.load(Ordering::Acquire)).filter(|&a| a != 0)
 }
 
+/// Keeps `addr` as the real entry point `i`, unless one is known.
+pub fn set_entry_point(i: usize, addr: usize) {
+    if let Some(slot) = ENTRY_POINTS.get(i) {
+        let _ = slot.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Acquire);
+    }
+}
+
 /// Looks up entry point `i`, `name`, in the global scope (this library
 /// exports no function of that name), unless found before: its address,
 /// or `None`. From the GOT redirection (never from a hook: `dlsym` takes

@@ -73,6 +73,19 @@ impl<T> SpinMutex<T> {
         self.lock.lock();
         SpinGuard { m: self }
     }
+
+    /// Takes the lock without a guard, for a fork: no other thread may be
+    /// inside when the process is copied (the child would find it taken
+    /// for ever, its value half changed). [`SpinMutex::release`] after.
+    pub fn hold(&self) {
+        self.lock.lock();
+    }
+
+    /// Releases what [`SpinMutex::hold`] took (in the parent and in the
+    /// child of the fork).
+    pub fn release(&self) {
+        self.lock.unlock();
+    }
 }
 
 /// The value of a locked [`SpinMutex`].

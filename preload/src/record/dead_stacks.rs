@@ -48,6 +48,17 @@ pub fn stack_address() -> u64 {
     std::hint::black_box(&here as *const u8 as u64)
 }
 
+/// Before a fork: the list is not being changed while the process is
+/// copied (`release_after_fork` in both processes).
+pub fn hold_for_fork() {
+    DEAD_STACKS.hold();
+}
+
+/// After a fork, in the parent and in the child.
+pub fn release_after_fork() {
+    DEAD_STACKS.release();
+}
+
 /// The dead stacks now, [low, high) each.
 pub fn all() -> Vec<(u64, u64)> {
     DEAD_STACKS.lock().clone()

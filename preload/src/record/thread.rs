@@ -115,6 +115,17 @@ pub fn reap() {
     }
 }
 
+/// Before a fork: the list of unregistered threads is not being changed
+/// while the process is copied (`release_after_fork` in both processes).
+pub fn hold_for_fork() {
+    UNREGISTERED.hold();
+}
+
+/// After a fork, in the parent and in the child (before [`reset_in_child`]).
+pub fn release_after_fork() {
+    UNREGISTERED.release();
+}
+
 /// In a fork's child: the threads of the list are the parent's, but the
 /// forking thread, whose state the child keeps, under its new id.
 pub fn reset_in_child() {

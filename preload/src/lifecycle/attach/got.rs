@@ -16,8 +16,6 @@
 //! which the hooks use. A slot is one aligned word, so a thread calling
 //! through it meanwhile gets either the old function or the hook.
 
-use std::collections::HashMap;
-
 use crate::platform::modules;
 
 const DT_NULL: i64 = 0;
@@ -100,12 +98,19 @@ unsafe fn dynamic(bias: u64, phdrs: &[libc::Elf64_Phdr]) -> Option<Dynamic> {
     (d.symtab != 0 && d.strtab != 0).then_some(d)
 }
 
-/// Points every GOT slot of the module at `bias` that names a function in
-/// `hooks` (name → hook address) at the hook; returns the slots changed.
+/// Points every GOT slot of the module at `bias` that names a function at
+/// the hook `hook_of(name, value)` chooses from the function's name and
+/// the slot's value now (the function it resolved to, or with lazy
+/// binding this module's own PLT stub); `None` leaves the slot alone.
+/// Returns the slots changed.
 ///
 /// # Safety
 /// The module at `bias` with `phdrs` is loaded and stays loaded during the call.
-pub unsafe fn redirect(bias: u64, phdrs: &[libc::Elf64_Phdr], hooks: &HashMap<Vec<u8>, u64>) -> Vec<Slot> {
+pub unsafe fn redirect(
+    bias: u64,
+    phdrs: &[libc::Elf64_Phdr],
+    mut hook_of: impl FnMut(&[u8], u64) -> Option<u64>,
+) -> Vec<Slot> {
     let mut out = Vec::new();
     // SAFETY: per the contract.
     let Some(d) = (unsafe { dynamic(bias, phdrs) }) else { return out };
@@ -131,8 +136,10 @@ pub unsafe fn redirect(bias: u64, phdrs: &[libc::Elf64_Phdr], hooks: &HashMap<Ve
                 let s = &*(d.symtab as *const Sym).add(sym);
                 std::ffi::CStr::from_ptr((d.strtab + s.name as u64) as *const libc::c_char)
             };
-            let Some(&hook) = hooks.get(name.to_bytes()) else { continue };
             let addr = bias.wrapping_add(r.offset);
+            // SAFETY: the slot is the module's GOT word named by its relocation.
+            let now = unsafe { std::ptr::read_volatile(addr as *const u64) };
+            let Some(hook) = hook_of(name.to_bytes(), now) else { continue };
             // SAFETY: the slot is the module's GOT word named by its relocation.
             if let Some(old) = unsafe { write_slot(addr, hook, relro) } {
                 out.push(Slot { addr, old, bias });

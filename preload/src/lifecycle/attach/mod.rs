@@ -122,29 +122,36 @@ pub fn follow_entry_points() {
     redirect_new();
 }
 
-/// The hooks of allocators' own entry points whose real function the
-/// global scope has, by name: (hook, real function) each.
-fn entry_hooks() -> HashMap<Vec<u8>, (u64, u64)> {
-    let mut out = HashMap::new();
-    let Some(path) = own_path().and_then(|p| CString::new(p).ok()) else { return out };
-    // SAFETY: RTLD_NOLOAD returns the handle of this loaded library.
-    let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
-    if handle.is_null() {
-        return out;
+/// The hooks of allocators' own entry points, by name (through the
+/// root's table: the hooks are the room above). Found without the loader:
+/// a failed `dlsym` (most entry points are nowhere) leaves glibc's
+/// per-thread error block allocated, which a fork's child frees as a
+/// block its trace never saw.
+fn entry_hooks() -> HashMap<Vec<u8>, (usize, u64)> {
+    ENTRY_POINTS
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &(name, _))| Some((name.as_bytes().to_vec(), (i, (crate::UP.entry_hook)(name)? as u64))))
+        .collect()
+}
+
+/// The function entry point `name` (index `i`) of a GOT slot now holding
+/// `value`, in the module spanning `module` (its own PLT stub there: a lazy
+/// binding not yet made, which the loader then resolves by name), kept as
+/// the real function its hook calls.
+fn entry_point_of(i: usize, name: &[u8], value: u64, module: (u64, u64)) -> Option<u64> {
+    if let Some(known) = crate::platform::real::entry_point(i) {
+        return Some(known as u64);
     }
-    for (i, &(name, _)) in ENTRY_POINTS.iter().enumerate() {
-        let c = CString::new(name).expect("no NUL in a symbol name");
-        let Some(real) = crate::platform::real::find_entry_point(i, &c) else { continue };
-        let hook_name = CString::new(format!("mtrace_ep_{name}")).expect("no NUL in a symbol name");
-        // SAFETY: a valid handle and name.
-        let hook = unsafe { libc::dlsym(handle, hook_name.as_ptr()) } as u64;
-        if hook != 0 {
-            out.insert(name.as_bytes().to_vec(), (hook, real as u64));
-        }
-    }
-    // SAFETY: drops the reference RTLD_NOLOAD took.
-    unsafe { libc::dlclose(handle) };
-    out
+    let real = if value != 0 && !(module.0 <= value && value < module.1) {
+        value as usize
+    } else {
+        // The program calls it, so some module defines it.
+        let c = CString::new(name).ok()?;
+        crate::platform::real::find_entry_point(i, &c)?
+    };
+    crate::platform::real::set_entry_point(i, real);
+    Some(real as u64)
 }
 
 /// Redirects the modules not redirected yet (all of them on the first
@@ -160,19 +167,7 @@ pub fn redirect_new() {
         return;
     }
     let entries = entry_hooks();
-    if !attached && entries.is_empty() {
-        // No allocator with entry points of its own yet: looked for again
-        // when a module is loaded.
-        return;
-    }
-    let mut table = if attached { hooks() } else { HashMap::new() };
-    let defining: Vec<(u64, u64)> = entries
-        .values()
-        .filter_map(|&(_, real)| modules::range_of(real as usize))
-        .map(|(lo, hi)| (lo as u64, hi as u64))
-        .collect();
-    let bare = table.clone();
-    table.extend(entries.iter().map(|(n, &(hook, _))| (n.clone(), hook)));
+    let table = if attached { hooks() } else { HashMap::new() };
     let own = modules::range_of(hooks as *const () as usize).map(|(lo, hi)| lo as u64..hi as u64);
     let mut st = STATE.lock();
     let pairs: Vec<(u64, u64)> = [c"malloc", c"calloc", c"realloc", c"free"]
@@ -192,21 +187,38 @@ pub fn redirect_new() {
                 return;
             }
             st.done.push(bias);
-            let defines = first.is_some_and(|a| defining.iter().any(|&(lo, hi)| lo <= a && a < hi));
+            if loader && !attached {
+                return;
+            }
+            let span = module_span(bias, phdrs);
             // SAFETY: the module is loaded for the duration of the callback.
             let slots = unsafe {
                 if loader {
-                    if !attached {
-                        return;
-                    }
                     got::loader_allocator(bias, phdrs, &pairs)
                 } else {
-                    got::redirect(bias, phdrs, if defines { &bare } else { &table })
+                    got::redirect(bias, phdrs, |name, value| {
+                        if let Some(&hook) = table.get(name) {
+                            return Some(hook);
+                        }
+                        let &(i, hook) = entries.get(name)?;
+                        let real = entry_point_of(i, name, value, span)?;
+                        // The module that defines it keeps its own calls
+                        // (its mi_realloc may call its mi_malloc).
+                        (!(span.0 <= real && real < span.1)).then_some(hook)
+                    })
                 }
             };
             st.slots.extend(slots);
         });
     }
+}
+
+/// The addresses the module at `bias` with `phdrs` spans, [low, high).
+fn module_span(bias: u64, phdrs: &[libc::Elf64_Phdr]) -> (u64, u64) {
+    let loads = phdrs.iter().filter(|p| p.p_type == libc::PT_LOAD);
+    let lo = loads.clone().map(|p| bias.wrapping_add(p.p_vaddr)).min().unwrap_or(0);
+    let hi = loads.map(|p| bias.wrapping_add(p.p_vaddr + p.p_memsz)).max().unwrap_or(0);
+    (lo, hi)
 }
 
 /// Puts back every GOT entry [`redirect_new`] changed, in modules still
