@@ -45,6 +45,19 @@ fn an_allocator_in_the_executable_that_maps_under_its_lock_runs_to_the_end_and_i
     let text = std::fs::read_to_string(&txt).unwrap();
     assert!(text.contains("\n  WARNING: the program's own malloc in "), "{text}");
     assert!(text.contains("\nOf the allocations mtrace saw: "), "{text}");
+    // Run by a shell: its line among the other processes says so too.
+    let st = Command::new(mtrace())
+        .arg("run")
+        .arg("-o")
+        .arg(&txt)
+        .args(["--", "sh", "-c"])
+        .arg(format!("{exe} > /dev/null; true"))
+        .output()
+        .unwrap();
+    assert_eq!(st.status.code(), Some(0), "{}", String::from_utf8_lossy(&st.stderr));
+    let text = std::fs::read_to_string(&txt).unwrap();
+    let line = text.lines().find(|l| l.starts_with("  pid ") && l.contains(exe)).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.ends_with(" not freed (of what mtrace saw; not every allocator: its report says which)"), "{line}");
 }
 
 #[test]

@@ -9,7 +9,7 @@ use anyhow::Result;
 
 use super::ReportOpts;
 use crate::output::words::{plural, thousands};
-use crate::report::Report;
+use crate::report::{allocators, Report};
 
 /// Writes the report of process `pid`'s trace in `dir` (its last image,
 /// after any exec), then one line per other process traced there (with
@@ -34,6 +34,7 @@ pub fn report_processes(
     };
     let others: Vec<_> = traces.iter().filter(|(_, _, p)| Some(p) != main.as_ref()).collect();
     if !others.is_empty() && !opts.json {
+        let sym = opts.symbolizer();
         writeln!(out, "\nOther processes traced ({}):", others.len())?;
         for (p, _, path) in others.iter().take(OTHERS_SHOWN) {
             let line = match crate::input::load(path) {
@@ -43,11 +44,14 @@ pub fn report_processes(
                         let (size, n) = b.estimate(rate);
                         (acc.0 + size, acc.1 + n)
                     });
+                    // Not the whole answer where mtrace was blind to an allocator.
+                    let blind = !allocators::notices(&t, &allocators::survey(&t, &sym)).is_empty();
                     format!(
-                        "pid {p} {}: {} bytes in {} not freed",
+                        "pid {p} {}: {} bytes in {} not freed{}",
                         t.header.exe,
                         thousands(bytes),
-                        plural(blocks, "block", "blocks")
+                        plural(blocks, "block", "blocks"),
+                        if blind { " (of what mtrace saw; not every allocator: its report says which)" } else { "" }
                     )
                 }
                 Err(e) => format!("pid {p}: {e:#}"),
