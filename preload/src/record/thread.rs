@@ -93,9 +93,9 @@ fn exit_registered(st: &mut ThreadState) {
 
 /// Frees the states of threads that ended before their exit was
 /// registered (their events are all in their buffers, which the writer
-/// then empties and lets go): from the writer, now and then, and before a
-/// leak scan. Their stacks are not marked dead: such a thread made no
-/// event of the malloc family, and its dead frames stay roots.
+/// then empties and lets go): from the writer, about once a second. Their
+/// stacks are not marked dead: such a thread made no event of the malloc
+/// family, and its dead frames stay roots.
 pub fn reap() {
     let pid = sys::getpid();
     let mut gone = Vec::new();

@@ -143,7 +143,10 @@ fn entry_point_of(i: usize, name: &[u8], value: u64, module: (u64, u64)) -> Opti
     if let Some(known) = crate::platform::real::entry_point(i) {
         return Some(known as u64);
     }
-    let real = if value != 0 && !(module.0 <= value && value < module.1) {
+    let real = if value == 0 {
+        // A weak reference nothing defines (a program probing for jemalloc).
+        return None;
+    } else if !(module.0 <= value && value < module.1) {
         value as usize
     } else {
         // The program calls it, so some module defines it.
@@ -172,6 +175,7 @@ pub fn redirect_new() {
     let mut st = STATE.lock();
     let pairs: Vec<(u64, u64)> = [c"malloc", c"calloc", c"realloc", c"free"]
         .iter()
+        .filter(|_| attached)
         .filter_map(|n| crate::platform::real::canonical_plt(n).err())
         .map(|(plt, real)| (plt as u64, real as u64))
         .filter(|&(_, real)| real != 0)
