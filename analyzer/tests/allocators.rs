@@ -212,3 +212,24 @@ fn allocators_own_entry_points_are_followed() {
         assert_eq!(r["notices"], serde_json::json!([]), "{lib}");
     }
 }
+
+#[test]
+fn a_program_probing_for_jemalloc_gets_the_same_answer() {
+    assert!(Path::new(JEMALLOC).exists(), "{JEMALLOC} is missing (apt-get install libjemalloc2)");
+    let dir = scratch("alloc-probe");
+    let prog = build("probe_jemalloc.c", &dir.join("probe"), &["-g", "-O0"]);
+    let m = markers("probe_jemalloc.c");
+    // Natively, and traced: no jemalloc, whatever the preload exports.
+    let native = Command::new(&prog).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&native.stdout), "jemalloc: no\n");
+    let (r, out) = run_json(&dir, &[], &prog, &[]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "jemalloc: no\n");
+    assert_eq!(leaks_in(&r, "probe_jemalloc.c"), vec![]);
+    // With jemalloc preloaded: found, and its mallocx followed.
+    let native = Command::new(&prog).env("LD_PRELOAD", JEMALLOC).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&native.stdout), "jemalloc: yes\n");
+    let (r, out) = run_json_env(&dir, &[("LD_PRELOAD", JEMALLOC)], &[], &prog, &[]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "jemalloc: yes\n");
+    assert_eq!(leaks_in(&r, "probe_jemalloc.c"), vec![leak(77, 1, "malloc", "main", m["probe"])]);
+    assert_eq!(r["errors"], serde_json::json!([]));
+}
