@@ -16,7 +16,10 @@
 //! thread's static area, whose size glibc's `_dl_get_tls_static_info`
 //! (a GLIBC_PRIVATE function of ld.so that LLVM's sanitizers also call)
 //! gives; anywhere else, or on another architecture or C library, the
-//! hooks keep `__tls_get_addr`.
+//! hooks keep `__tls_get_addr`. libmtrace.so is DF_STATIC_TLS (one
+//! initial-exec thread-local in static_tls.c), so glibc's `dlopen` puts its
+//! block in that surplus too: under `mtrace attach` as under the preload,
+//! no hook's thread-local access allocates (docs/ALLOCATORS.md).
 
 extern "C" {
     /// static_tls.c: the address of the library's one initial-exec

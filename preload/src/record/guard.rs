@@ -111,7 +111,8 @@ impl Slot {
             // thread's STATE (find_static_tls checked it).
             Slot(static_tls::thread_pointer().wrapping_add_signed(off) as *const Tls)
         } else {
-            // Before the constructor, or a library loaded by `dlopen`.
+            // Before the constructor (the library is DF_STATIC_TLS: under
+            // `dlopen` too its block is static once found).
             std::hint::cold_path();
             STATE.with(|t| Slot(t))
         }

@@ -372,18 +372,13 @@ impl Session {
         (self.zstd_range[0].load(Ordering::Acquire), self.zstd_range[1].load(Ordering::Acquire))
     }
 
-    /// Registers a new thread's buffer with the writer. A thread's first event may come from inside the program's
-    /// allocator (record/thread.rs): the list is taken without parking,
-    /// whose slow path could call the allocator (platform/spin.rs).
+    /// Registers a new thread's buffer with the writer. A thread's first
+    /// event may come from inside the program's allocator
+    /// (record/thread.rs): the list is taken without parking, whose slow
+    /// path could call the allocator (platform/spin.rs).
     pub fn register(&self) -> Arc<ThreadBuf> {
         let b = Arc::new(ThreadBuf::new());
-        let mut list = loop {
-            match self.threads.try_lock() {
-                Some(l) => break l,
-                None => std::thread::yield_now(),
-            }
-        };
-        list.push(b.clone());
+        crate::platform::spin::lock_unparked(&self.threads).push(b.clone());
         b
     }
 
