@@ -358,22 +358,13 @@ pub fn set_entry_point(i: usize, addr: usize) {
     }
 }
 
-/// Looks up entry point `i`, `name`, in the global scope (this library
-/// exports no function of that name), unless found before: its address,
-/// or `None`. From the GOT redirection (never from a hook: `dlsym` takes
-/// the loader's lock).
-pub fn find_entry_point(i: usize, name: &CStr) -> Option<usize> {
-    let slot = ENTRY_POINTS.get(i)?;
-    let known = slot.load(Ordering::Acquire);
-    if known != 0 {
-        return Some(known);
-    }
+/// Looks up entry point `name` in the global scope (this library exports
+/// no function of that name): its address, or `None`. From the GOT
+/// redirection (never from a hook: `dlsym` takes the loader's lock).
+pub fn find_entry_point(name: &CStr) -> Option<usize> {
     // SAFETY: dlsym with a NUL-terminated name.
     let a = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
-    (a != 0).then(|| {
-        slot.store(a, Ordering::Release);
-        a
-    })
+    (a != 0).then_some(a)
 }
 
 static POSIX_MEMALIGN: NextFn = NextFn::new(c"posix_memalign");

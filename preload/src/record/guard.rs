@@ -8,9 +8,9 @@
 //! such a thread is parked when it leaves the hook instead.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
-use crate::platform::static_tls;
+use crate::platform::static_tls::FastLocal;
 
 use crate::stream::{self, order, Mark};
 
@@ -48,8 +48,8 @@ pub enum Entry {
 
 /// This thread's hook state and its tracer state (thread.rs), together: a
 /// thread-local of a shared library costs a call to `__tls_get_addr` per
-/// access (unless [`STATIC_OFFSET`] is known), so a hook finds both with
-/// one (see [`Guard::slot`]).
+/// access (unless its static offset is known: [`FastLocal`]), so a hook
+/// finds both with one (see [`Guard::slot`]).
 struct Tls {
     flags: Cell<u8>,
     thread: Cell<*mut crate::record::thread::ThreadState>,
@@ -67,7 +67,7 @@ struct Tls {
 thread_local! {
     // Const-initialised and without Drop: touching it never allocates or
     // registers a destructor, so it is safe in the very first malloc.
-    static STATE: Tls = const {
+    static STATE_KEY: Tls = const {
         Tls {
             flags: Cell::new(0),
             thread: Cell::new(std::ptr::null_mut()),
@@ -79,19 +79,14 @@ thread_local! {
     };
 }
 
-/// [`STATE`]'s offset from the thread pointer (bytes) when the loader put
-/// it in the static TLS area (platform/static_tls.rs), where every thread
-/// has it there; 0 until [`find_static_tls`] found it, or when it is not.
-static STATIC_OFFSET: AtomicIsize = AtomicIsize::new(0);
+/// This thread's [`Tls`], reached from the thread pointer once found in
+/// the static TLS area (platform/static_tls.rs).
+static STATE: FastLocal<Tls> = FastLocal::new(&STATE_KEY);
 
-/// Lets the hooks find [`STATE`] from the thread pointer, when it is in
-/// the static TLS area (a library loaded with the program): from the
+/// Lets the hooks find [`STATE`] from the thread pointer: from the
 /// constructor, on the thread that runs it.
 pub fn find_static_tls() {
-    let addr = STATE.with(|t| t as *const Tls as usize);
-    if let Some(off) = static_tls::offset_of(addr) {
-        STATIC_OFFSET.store(off, Ordering::Relaxed);
-    }
+    STATE.find();
 }
 
 /// This thread's pointer to its tracer state (thread.rs), as the hook that
@@ -101,21 +96,11 @@ pub struct Slot(*const Tls);
 
 impl Slot {
     /// The calling thread's slot (one thread-local access: a read of the
-    /// thread pointer when [`STATIC_OFFSET`] is known, else a call to
-    /// `__tls_get_addr`).
+    /// thread pointer once [`STATE`]'s static offset is known, else a call
+    /// to `__tls_get_addr`, before the constructor).
     #[inline(always)]
     pub fn current() -> Slot {
-        let off = STATIC_OFFSET.load(Ordering::Relaxed);
-        if off != 0 {
-            // In the static TLS area, at `off` in every thread: this
-            // thread's STATE (find_static_tls checked it).
-            Slot(static_tls::thread_pointer().wrapping_add_signed(off) as *const Tls)
-        } else {
-            // Before the constructor (the library is DF_STATIC_TLS: under
-            // `dlopen` too its block is static once found).
-            std::hint::cold_path();
-            STATE.with(|t| Slot(t))
-        }
+        STATE.with(|t| Slot(t))
     }
 
     /// The cell holding this thread's tracer state (thread.rs: null until

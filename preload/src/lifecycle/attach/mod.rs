@@ -151,7 +151,7 @@ fn entry_point_of(i: usize, name: &[u8], value: u64, module: (u64, u64)) -> Opti
     } else {
         // The program calls it, so some module defines it.
         let c = CString::new(name).ok()?;
-        crate::platform::real::find_entry_point(i, &c)?
+        crate::platform::real::find_entry_point(&c)?
     };
     crate::platform::real::set_entry_point(i, real);
     Some(real as u64)
