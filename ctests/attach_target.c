@@ -9,6 +9,9 @@
      mismatch N  allocate N bytes with malloc and free them with C++'s
               operator delete where one is loaded (libmtrace.so has one): a
               mismatched free (@leak:mismatch_alloc, @leak:mismatch_free)
+     nudge    allocate a byte and free it (@leak:nudge): with one thread
+              the tracer carries out what was asked of it at its next
+              allocation call (docs/PROCESSES.md)
      quit     print how many blocks it holds and exit with status 3
    It holds one block from before any attach (@leak:before). */
 #define _GNU_SOURCE
@@ -35,6 +38,13 @@ __attribute__((noinline)) static void lose(size_t n) {
     char *volatile p = malloc(n); // @leak:lost
     memset(p, 'l', n);
     p = NULL;
+}
+
+/* In a frame of its own: main's frame keeps no copy of the pointer (a
+   stale one there made a block lost later at that address look
+   reachable). */
+__attribute__((noinline)) static void nudge(void) {
+    free(malloc(1)); // @leak:nudge
 }
 
 __attribute__((noinline)) static void scrub(void) {
@@ -73,6 +83,8 @@ int main(void) {
             } else {
                 free(p);
             }
+        } else if (strncmp(line, "nudge", 5) == 0) {
+            nudge();
         } else if (strncmp(line, "free", 4) == 0 && first < nkept) {
             free(kept[first++]);
         } else if (strncmp(line, "quit", 4) == 0) {

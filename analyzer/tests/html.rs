@@ -10,30 +10,6 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Headless chromium's flags: no network of its own (this machine has
-/// none), a fresh profile.
-fn chromium(profile: &Path) -> Option<Command> {
-    let exe = ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))?;
-    let mut c = Command::new(exe);
-    c.args([
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--hide-scrollbars",
-        "--enable-logging=stderr",
-        "--v=0",
-    ])
-    .arg(format!("--user-data-dir={}", profile.display()));
-    Some(c)
-}
-
 /// The page's DOM after its script ran, and chromium's log.
 fn dom(page: &Path, hash: &str, profile: &Path) -> Option<(String, String)> {
     let out = chromium(profile)?.arg("--dump-dom").arg(format!("file://{}{hash}", page.display())).output().unwrap();

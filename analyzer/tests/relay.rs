@@ -166,6 +166,24 @@ fn written(f: &Path) -> String {
     panic!("{} was not written", f.display());
 }
 
+/// attach_target.c has one thread, so no writer thread of mtrace's: what
+/// the console asks of it is carried out, and what it did reaches the
+/// books, at its next allocation call (docs/PROCESSES.md). Lets a command
+/// reach it, then has it make one.
+fn nudge(t: &mut Target) {
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(t.ask("nudge"), "ok nudge\n");
+}
+
+/// [`written`], nudging the program until `f` appears.
+fn answered(f: &Path, t: &mut Target) -> String {
+    let until = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < until && std::fs::metadata(f).map_or(true, |m| m.len() == 0) {
+        nudge(t);
+    }
+    written(f)
+}
+
 #[test]
 fn console_on_a_served_program() {
     let dir = scratch("relay-console");
@@ -179,6 +197,7 @@ fn console_on_a_served_program() {
     for cmd in ["leak 100", "leak 100", "leak 50", "lose 33"] {
         t.ask(cmd);
     }
+    nudge(&mut t);
     std::thread::sleep(Duration::from_millis(300));
     let f = |n: &str| -> PathBuf { dir.join(n) };
     // dump usage: the backtraces by bytes held (the block from before the
@@ -197,19 +216,19 @@ fn console_on_a_served_program() {
     assert_eq!(in_use.get(&("attach_target.c".to_owned(), m["lost"])), Some(&(1, 33)), "{in_use:?}");
     // scan: the dropped block is lost.
     writeln!(console, "scan >{}", f("scan").display()).unwrap();
-    let s = written(&f("scan"));
+    let s = answered(&f("scan"), &mut t);
     assert!(s.contains("definitely lost: 33 bytes in 1 block"), "{s}");
     // scan new: only what was allocated since (the kept blocks are older).
     t.ask("lose 21");
     t.ask("tmp 12");
     std::thread::sleep(Duration::from_millis(300));
     writeln!(console, "scan new >{}", f("scan_new").display()).unwrap();
-    let s = written(&f("scan_new"));
+    let s = answered(&f("scan_new"), &mut t);
     assert!(s.contains("definitely lost: 21 bytes in 1 block\n"), "{s}");
     assert!(s.contains("still reachable: 0 bytes in 0 blocks\n"), "{s}");
     // scan leak: the blocks the last scan found lost, both still lost.
     writeln!(console, "scan leak >{}", f("scan_leak").display()).unwrap();
-    let s = written(&f("scan_leak"));
+    let s = answered(&f("scan_leak"), &mut t);
     assert!(s.contains("definitely lost: 54 bytes in 2 blocks\n"), "{s}");
     assert!(s.contains("still reachable: 0 bytes in 0 blocks\n"), "{s}");
     // dump leaks: the lost backtrace first, though it holds the fewest bytes.
@@ -220,6 +239,7 @@ fn console_on_a_served_program() {
     assert!(first.contains("of which lost at the last scan: 54 bytes in 2 blocks"), "{d}");
     // A mismatched free: dump badfree shows it with both backtraces.
     t.ask("mismatch 33");
+    nudge(&mut t);
     std::thread::sleep(Duration::from_millis(300));
     writeln!(console, "dump badfree >{}", f("dump_badfree").display()).unwrap();
     let d = written(&f("dump_badfree"));
@@ -238,13 +258,14 @@ fn console_on_a_served_program() {
     assert!(tmp.contains(": 0 bytes in 0 blocks not freed (malloc), 1 allocation from this backtrace"), "{d}");
     // stop: allocations are not recorded.
     writeln!(console, "stop").unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    nudge(&mut t);
     t.ask("leak 77");
     // set depth 2: new backtraces have two frames.
     writeln!(console, "start").unwrap();
     writeln!(console, "set depth 2").unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    nudge(&mut t);
     t.ask("leak 66");
+    nudge(&mut t);
     std::thread::sleep(Duration::from_millis(300));
     writeln!(console, "dump >{}", f("dump2").display()).unwrap();
     let d = written(&f("dump2"));
@@ -253,8 +274,10 @@ fn console_on_a_served_program() {
     assert_eq!(e66.lines().count(), 3, "two frames: {e66}");
     // reset: what comes after only.
     writeln!(console, "reset").unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    nudge(&mut t);
+    std::thread::sleep(Duration::from_millis(400));
     t.ask("leak 55");
+    nudge(&mut t);
     std::thread::sleep(Duration::from_millis(300));
     writeln!(console, "dump >{}", f("dump3").display()).unwrap();
     let d = written(&f("dump3"));
@@ -316,7 +339,11 @@ fn refusals_are_one_line_and_the_server_keeps_running() {
 #[test]
 fn run_interactive_console() {
     let dir = scratch("run-i");
-    let script = "import time\nd = [str(i) * 10 for i in range(2000)]\ntime.sleep(1.5)\nprint(len(d))";
+    // python3 has one thread: no writer thread of mtrace's, so it answers
+    // `report` at its next allocation call (docs/PROCESSES.md). While it
+    // waits it allocates a list every 5 ms.
+    let script = "import time\nd = [str(i) * 10 for i in range(2000)]\n\
+                  for i in range(300):\n    time.sleep(0.005)\n    x = [i] * 100\nprint(len(d))";
     let mut c = Command::new(mtrace())
         .args(["run", "-i", "-o"])
         .arg(dir.join("final.txt"))
@@ -486,7 +513,7 @@ fn report_points_top_and_markers_in_the_console() {
     std::thread::sleep(Duration::from_millis(300));
     // The first report point: everything live.
     writeln!(console, "report >{}", f("r1").display()).unwrap();
-    let r = written(&f("r1"));
+    let r = answered(&f("r1"), &mut t);
     assert!(r.contains("  not freed:        1,100 bytes in 2 blocks\n"), "{r}");
     assert!(r.contains("Live at marker report#1, by backtrace (2 backtraces)"), "{r}");
     // The next: the change since the first.
@@ -495,7 +522,7 @@ fn report_points_top_and_markers_in_the_console() {
     t.ask("tmp 5000");
     std::thread::sleep(Duration::from_millis(300));
     writeln!(console, "report >{}", f("r2").display()).unwrap();
-    let r = written(&f("r2"));
+    let r = answered(&f("r2"), &mut t);
     assert!(r.contains("  change:           since marker report#1 until marker report#2\n"), "{r}");
     assert!(r.contains("  live change:      +42 bytes in +2 blocks\n"), "{r}");
     let e: Vec<&str> = r.split("\n#").skip(1).collect();
@@ -509,6 +536,7 @@ fn report_points_top_and_markers_in_the_console() {
     assert!(e[0].starts_with("1: 1,000 bytes in 1 block not freed") && e[0].contains(&at("before")), "{top}");
     // marker, then markers: the two report points and the named one.
     writeln!(console, "marker here").unwrap();
+    nudge(&mut t);
     std::thread::sleep(Duration::from_millis(300));
     writeln!(console, "markers >{}", f("markers").display()).unwrap();
     let names: Vec<String> =

@@ -2,10 +2,15 @@
 //! rule for libmtrace.so and the ptrace tracer, so that `%e` and `%%` mean
 //! the same under both.
 
-/// The arguments in the bytes of a `/proc/PID/cmdline` (NUL-separated;
-/// empty arguments dropped, invalid UTF-8 replaced with U+FFFD).
+/// The arguments in the bytes of a `/proc/PID/cmdline` (each ended by a
+/// NUL; empty arguments kept, invalid UTF-8 replaced with U+FFFD).
 pub fn cmdline_args(bytes: &[u8]) -> Vec<String> {
-    bytes.split(|&b| b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect()
+    if bytes.is_empty() {
+        return Vec::new();
+    }
+    // Each argument ends with a NUL; an empty one is an argument too.
+    let args = bytes.strip_suffix(&[0]).unwrap_or(bytes);
+    args.split(|&b| b == 0).map(|s| String::from_utf8_lossy(s).into_owned()).collect()
 }
 
 /// The program name of a file name: argv[0]'s last path component, or
@@ -63,7 +68,10 @@ mod tests {
     #[test]
     fn program_names() {
         let args = super::cmdline_args(b"/usr/bin/jq\0-n\0\0.\0");
-        assert_eq!(args, ["/usr/bin/jq", "-n", "."]);
+        // The empty argument is kept (jq -n '' .).
+        assert_eq!(args, ["/usr/bin/jq", "-n", "", "."]);
+        assert_eq!(super::cmdline_args(b""), Vec::<String>::new());
+        assert_eq!(super::cmdline_args(b"sh\0-c\0echo a  b\0"), ["sh", "-c", "echo a  b"]);
         assert_eq!(super::program_name(&args), "jq");
         assert_eq!(super::program_name(&["dir/".to_string()]), "program");
         assert_eq!(super::program_name(&[]), "program");

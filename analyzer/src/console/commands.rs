@@ -378,7 +378,7 @@ impl<'a> Console<'a> {
                 self.with(None, |_, t| -> Result<()> {
                     let h = &t.header;
                     writeln!(out, "program: {} (pid {}, parent {})", h.exe, h.pid, h.ppid)?;
-                    writeln!(out, "command: {}", h.cmdline.join(" "))?;
+                    writeln!(out, "command: {}", shell_words::join(&h.cmdline))?;
                     let order = if h.big_endian { "big" } else { "little" };
                     writeln!(out, "target: {}, {}-bit, {order}-endian", h.arch, h.pointer_size * 8)?;
                     writeln!(out, "stream: {} ({} records so far)", path.display(), t.records)?;

@@ -131,6 +131,12 @@ impl<'w> Keeper<'w> {
                 *now = time_ns;
                 t.end = Some(reason);
                 t.books.settle();
+                // The RSS sample the end writes just before it (in the same
+                // block) came before the events the end released: its heap
+                // is the books' at the end.
+                if let Some(p) = t.timeline.last_mut().filter(|p| p.time_ns == time_ns) {
+                    (p.heap_bytes, p.heap_blocks) = (t.books.cur_bytes, t.books.cur_blocks);
+                }
             }
             // Written once, before any allocation: the rate applies to
             // the whole trace (a block's estimate must not change between

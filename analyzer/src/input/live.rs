@@ -28,6 +28,12 @@ use super::{Flow, Keeper};
 use crate::books::LiveTotals;
 use crate::trace::{Trace, Window};
 
+/// A process with one thread has no writer thread of mtrace's: it carries
+/// out a command at its next allocation call or free (docs/PROCESSES.md).
+const SOLO: &str = "one with a single thread answers at its next allocation call or free";
+/// How long a command waits before the console says what it waits for.
+const WAIT_NOTE: Duration = Duration::from_secs(2);
+
 /// Marker names whose live totals per backtrace are kept when they pass
 /// (the latest of each name): the console's report points and resets.
 pub const BASELINE_MARKERS: &[&str] = &[marker::REPORT, marker::RESET];
@@ -178,13 +184,19 @@ impl LiveBooks {
             release(&mut sh.lock());
             return Err(e);
         }
-        let until = Instant::now() + timeout;
+        let asked = Instant::now();
+        let until = asked + timeout;
+        let mut told = false;
         let mut g = sh.lock();
         while !g.held {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() || sh.stopped.load(Ordering::Acquire) {
                 release(&mut g);
-                bail!("the process did not answer");
+                bail!("the process did not answer ({SOLO})");
+            }
+            if !told && asked.elapsed() >= WAIT_NOTE {
+                told = true;
+                eprintln!("mtrace: waiting for the process ({SOLO})");
             }
             g = sh.cv.wait_timeout(g, left.min(Duration::from_millis(100))).unwrap_or_else(|e| e.into_inner()).0;
         }

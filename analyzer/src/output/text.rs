@@ -111,7 +111,7 @@ fn write_older_than(r: &Report, w: &mut dyn Write) -> io::Result<()> {
 fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     let s = &r.summary;
     writeln!(w, "mtrace report for {} (pid {})", r.program, r.pid)?;
-    writeln!(w, "  command:          {}", r.cmdline.join(" "))?;
+    writeln!(w, "  command:          {}", shell_words::join(&r.cmdline))?;
     writeln!(w, "  trace:            {}", r.trace)?;
     writeln!(w, "  duration:         {}", secs(s.duration_ns))?;
     if let Some(rate) = s.sample_rate {

@@ -317,3 +317,27 @@ impl AttachTarget {
         line
     }
 }
+
+/// Headless chromium's flags: no network of its own (this machine has
+/// none), a fresh profile.
+pub fn chromium(profile: &Path) -> Option<Command> {
+    let exe = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))?;
+    let mut c = Command::new(exe);
+    c.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        "--enable-logging=stderr",
+        "--v=0",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()));
+    Some(c)
+}

@@ -1,5 +1,6 @@
 //! Process lifetime: the calls after which buffered events must already be
-//! in the trace (`_exit`, `_Exit`, `abort`, `exec*`), and `dlclose`, before
+//! in the trace (`_exit`, `_Exit`, `abort`, `exec*`), `pthread_create`,
+//! before which the writer thread starts, and `dlclose`, before
 //! which the module list is recorded so that the closed library's frames
 //! still symbolize. (`dlopen` is not interposed: glibc resolves a relative
 //! name against the *caller's* RUNPATH, which a wrapper would change; the
@@ -21,6 +22,7 @@ static EXECVP: NextFn = NextFn::new(c"execvp");
 static EXECVPE: NextFn = NextFn::new(c"execvpe");
 static FEXECVE: NextFn = NextFn::new(c"fexecve");
 static DLCLOSE: NextFn = NextFn::new(c"dlclose");
+static PTHREAD_CREATE: NextFn = NextFn::new(c"pthread_create");
 
 fn flush(reason: EndReason) {
     match Guard::enter() {
@@ -193,6 +195,40 @@ pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> i32 {
         crate::unwind::fast::refresh();
     }
     rc
+}
+
+/// A process's second thread: the writer thread starts before it
+/// (stream::leave_solo), so that a process that stays single-threaded
+/// never has one of the tracer's. Threads libc starts itself (timers'
+/// helper, POSIX AIO) and raw `clone`s are found at their first event of
+/// the malloc family instead.
+///
+/// # Safety
+/// The C contract of pthread_create.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    start: crate::platform::real::ThreadMain,
+    arg: *mut c_void,
+) -> i32 {
+    if let Some(_g) = Guard::enter() {
+        let errno = sys::errno();
+        stream::leave_solo();
+        sys::set_errno(errno);
+    }
+    type F = unsafe extern "C" fn(
+        *mut libc::pthread_t,
+        *const libc::pthread_attr_t,
+        crate::platform::real::ThreadMain,
+        *mut c_void,
+    ) -> i32;
+    // SAFETY: F is pthread_create's signature.
+    match unsafe { next::<F>(&PTHREAD_CREATE) } {
+        // SAFETY: the real function, with the arguments of the caller's C contract.
+        Some(f) => unsafe { f(thread, attr, start, arg) },
+        None => libc::EAGAIN,
+    }
 }
 
 // The variadic exec functions are written in C (src/exec_shim.c): stable

@@ -11,7 +11,8 @@ use crate::record::recorder;
 use crate::snapshot;
 use crate::stream::Session;
 
-/// Carries out `c` on session `s` (by the writer thread); false when it
+/// Carries out `c` on session `s` (by the writer thread, or the program's
+/// thread in a solo process); false when it
 /// ended tracing (`detach`).
 pub fn carry_out(s: &Session, c: Command) -> bool {
     match c {
@@ -20,7 +21,7 @@ pub fn carry_out(s: &Session, c: Command) -> bool {
         Command::Depth(d) => s.set_depth(d),
         Command::Marker(name) => s.marker(0, &name),
         Command::Scan => {
-            snapshot::take(s, snapshot::By::Writer);
+            snapshot::take(s, snapshot::By::asked(s));
             s.marker(0, marker::SCAN);
         }
         Command::Detach => {

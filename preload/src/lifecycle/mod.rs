@@ -18,7 +18,8 @@ use crate::stream::{self, reports};
 
 /// Library constructor. Events before it (other libraries' constructors)
 /// are already recorded: the session starts lazily on the first event; this
-/// adds the writer thread, fatal-signal handlers and fork handlers.
+/// adds fatal-signal handlers and fork handlers, and the writer thread
+/// where the process has more than one thread already.
 pub extern "C" fn init() {
     let _g = Guard::enter();
     crate::record::guard::find_static_tls();
@@ -31,7 +32,11 @@ pub extern "C" fn init() {
         return;
     }
     let Some(s) = stream::get() else { return };
-    stream::start_writer();
+    // A process with one thread stays so (stream::leave_solo): another
+    // library's constructor may have started one already.
+    if sys::numbered_entries(c"/proc/self/task").len() > 1 {
+        stream::leave_solo();
+    }
     if s.scan {
         // Looked up now: a fatal signal's scan must not ask the loader.
         snapshot::own_range(true);
@@ -114,9 +119,9 @@ pub fn starting(cfg: &crate::platform::config::Recording) {
     crate::record::sample::configure(cfg.sample_rate, cfg.sample_seed);
 }
 
-/// The writer thread was asked for a leak scan ([`crate::Up::scan`]): a
-/// snapshot taken by it (no program thread's frame is the caller), then
-/// the scan's report point.
+/// The writer thread (or a solo process's thread) was asked for a leak
+/// scan ([`crate::Up::scan`]): a snapshot taken by it, then the scan's
+/// report point.
 pub fn scan_by_writer(s: &stream::Session) {
-    snapshot::scan_point(s, snapshot::By::Writer, None, false);
+    snapshot::scan_point(s, snapshot::By::asked(s), None, false);
 }

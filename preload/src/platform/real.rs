@@ -187,6 +187,25 @@ pub fn thread_atexit(dtor: extern "C" fn(*mut c_void), obj: *mut c_void) {
     }
 }
 
+static PTHREAD_CREATE: NextFn = NextFn::new(c"pthread_create");
+
+/// The function a thread runs (`pthread_create`'s `start_routine`).
+pub type ThreadMain = extern "C" fn(*mut c_void) -> *mut c_void;
+
+/// libc's `pthread_create(thread, NULL, main, arg)`, never this library's
+/// hook of it (hooks/process.rs): 0 or the error number (EAGAIN where
+/// libc has none).
+pub fn pthread_create(thread: &mut libc::pthread_t, main: ThreadMain, arg: *mut c_void) -> i32 {
+    type F = unsafe extern "C" fn(*mut libc::pthread_t, *const libc::pthread_attr_t, ThreadMain, *mut c_void) -> i32;
+    // SAFETY: F is pthread_create's signature.
+    match unsafe { next::<F>(&PTHREAD_CREATE) } {
+        // SAFETY: the real function; `thread` is valid for writing, a null
+        // attribute means the defaults.
+        Some(f) => unsafe { f(thread, std::ptr::null(), main, arg) },
+        None => libc::EAGAIN,
+    }
+}
+
 /// Has `f(NULL)` called by `exit` after the exit handlers registered
 /// before this call ran: registered from the library's constructor, that
 /// is after the destructors of every library and the program (glibc

@@ -229,7 +229,7 @@ pub fn spawn_blocked(f: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void) -
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
         let mut t: libc::pthread_t = 0;
-        let rc = libc::pthread_create(&mut t, std::ptr::null(), f, std::ptr::null_mut());
+        let rc = super::real::pthread_create(&mut t, f, std::ptr::null_mut());
         if rc == 0 {
             libc::pthread_detach(t);
         }

@@ -81,8 +81,14 @@ static UNREGISTERED: SpinMutex<Vec<(u32, usize)>> = SpinMutex::new(Vec::new());
 /// Registers [`thread_exit`] of `st` for the calling thread's exit (from
 /// an event made outside the allocator); not for the main thread, whose
 /// end is the process's (exit runs the library destructor instead).
+/// A thread other than the main one that was not seen being created
+/// (a raw `clone`, a thread libc started itself) ends the session's solo
+/// time here: its writer starts.
 #[cold]
-fn exit_registered(st: &mut ThreadState) {
+fn exit_registered(s: &Session, st: &mut ThreadState) {
+    if st.tid != sys::getpid() && s.is_solo() {
+        crate::stream::leave_solo();
+    }
     st.exit_registered = true;
     let p = st as *mut ThreadState as usize;
     UNREGISTERED.lock().retain(|&(_, q)| q != p);
@@ -249,6 +255,12 @@ pub trait Event {
     /// thread's exit may be registered, which calls the allocator.
     const REGISTERS: bool = false;
     fn write(self, enc: &mut Encoder, out: &mut Vec<u8>, time_ns: u64, stack: u32);
+    /// The block, [start, end), that the real call returned and this
+    /// event records: until it is recorded, nothing of the program's
+    /// holds it and its bytes are stale (stream's `Session::solo_due`).
+    fn block(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 impl<F: FnOnce(u64, u32) -> Record> Event for F {
@@ -267,6 +279,9 @@ pub struct AllocEvent {
 
 impl Event for AllocEvent {
     const REGISTERS: bool = true;
+    fn block(&self) -> Option<(u64, u64)> {
+        Some((self.addr, self.addr.saturating_add(self.size)))
+    }
     #[inline(always)]
     fn write(self, enc: &mut Encoder, out: &mut Vec<u8>, time_ns: u64, stack: u32) {
         enc.alloc(out, time_ns, self.family, self.addr, self.size, stack);
@@ -305,6 +320,17 @@ pub fn push_in<E: Event>(slot: Slot, s: &Session, when: When, bt: Backtrace, mak
             s.now()
         }
     };
+    if E::REGISTERS {
+        // A process with one thread does the writer's round here, outside
+        // the allocator, before this event: a report asked for before it
+        // leaves it out (an Early stamp is taken again after the round's
+        // collection, stream/order.rs). Before the thread's state is
+        // borrowed: the round may write the hook's nested events.
+        match when {
+            When::Early(t) => s.solo_due(t, make.block(), true),
+            When::Marked(t) => s.solo_due(t, make.block(), false),
+        }
+    }
     let Some(st) = state_in(s, slot) else {
         let mut buf = [0u64; MAX_DEPTH];
         let n = if matches!(bt, Backtrace::From(_)) { unwind::libgcc::capture(&mut buf, s.depth()) } else { 0 };
@@ -312,7 +338,7 @@ pub fn push_in<E: Event>(slot: Slot, s: &Session, when: When, bt: Backtrace, mak
         return write_sync(s, sys::gettid(), stamp(), frames, known(bt), make);
     };
     if E::REGISTERS && !st.exit_registered {
-        exit_registered(st);
+        exit_registered(s, st);
     }
     if s.test.stall_every != 0 {
         stall(s, &mut st.events);

@@ -77,6 +77,22 @@ impl By {
     }
 }
 
+impl By {
+    /// The taker of a scan asked for (a command, the scan signal): the
+    /// writer thread, or, in a process without one (solo), the program's
+    /// thread in a hook: its roots are those of the program's frame that
+    /// called the hook (the hook's and the tracer's frames below it hold
+    /// stale words of frames that died), else its registers here.
+    pub fn asked(s: &Session) -> By {
+        if !s.is_solo() && s.writer_tid() == sys::gettid() {
+            return By::Writer;
+        }
+        let caller = own_range(true)
+            .and_then(|(lo, hi)| crate::unwind::program_frame::caller_of_range(lo as usize, hi as usize));
+        By::Program(caller.unwrap_or_else(crate::snapshot::stop::own_registers))
+    }
+}
+
 /// This library's address range, found once: [`take`] leaves its data
 /// out of the roots.
 static OWN: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
@@ -230,7 +246,7 @@ pub fn take(s: &Session, by: By) -> u64 {
     // The tracer's own memory: this library, its heap, the writer's stack
     // and compression context, the scratch, the stop's helper. And the
     // stacks of threads that ended (no live thread's stack pointer in them).
-    let mut tracer = vec![writer_stack, s.zstd_range(), scratch.range()];
+    let mut tracer = vec![writer_stack, s.zstd_range(), scratch.range(), s.unrecorded_block()];
     tracer.extend(own);
     tracer.extend(crate::platform::allocator::range());
     tracer.extend(stopped.own_memory());

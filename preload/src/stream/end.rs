@@ -56,6 +56,12 @@ impl Session {
                 if let Some((old, t, stack)) = last_free {
                     enc.encode(&mut e, &Record::Realloc { time_ns: t, free_time_ns: t, old, new: 0, size: 0, stack });
                 }
+                // The RSS at the end: a process that made no event since
+                // its start (memory taken by system calls alone) had no
+                // RSS sample from a solo round (a pread: signal-safe).
+                if let Some(rss) = sys::rss_bytes() {
+                    enc.encode(&mut e, &Record::Sample { time_ns: now, rss });
+                }
                 enc.encode(&mut e, &Record::End { time_ns: now, reason });
                 self.out.write(&e);
             }

@@ -15,12 +15,14 @@ pub(crate) use end::lock;
 pub mod order;
 mod output;
 pub mod reports;
+mod solo;
 mod writer;
 mod zstd;
 
 pub use buffer::{BufInner, Handoff, ThreadBuf};
 pub use order::Mark;
-pub use writer::{start_writer, FileHold};
+pub use solo::leave_solo;
+pub use writer::FileHold;
 
 use crate::platform::clock::Clock;
 use crate::{platform::config, platform::modules, platform::sys, unwind};
@@ -84,6 +86,19 @@ pub struct Session {
     pub writer_started: AtomicBool,
     /// The writer thread's stack, [low, high): the tracer's, never scanned.
     pub writer_stack: [AtomicU64; 2],
+    /// No writer thread: the process has had one thread so far, and that
+    /// thread does the writer's rounds at its events ([`Session::solo_due`]).
+    /// Some processes must stay single-threaded (a zygote that forks,
+    /// `unshare(CLONE_NEWUSER)`); the writer starts with the second thread.
+    solo: AtomicBool,
+    /// While solo, the time (ns) from which an event does the next round;
+    /// `u64::MAX` once the writer runs.
+    next_round: AtomicU64,
+    /// The rounds' state while solo.
+    solo_rounds: Mutex<writer::Rounds>,
+    /// The block of the allocation whose hook makes a solo round (see
+    /// [`Session::unrecorded_block`]).
+    round_block: [AtomicU64; 2],
     /// Trace forked children (`MTRACE_FOLLOW_FORK`).
     pub follow_fork: bool,
     /// Trace programs this one execs (`MTRACE_FOLLOW_EXEC`).
@@ -276,6 +291,10 @@ impl Session {
         if cfg.sample_rate != 0 {
             enc.encode(&mut out, &Record::Sampling { time_ns: 0, rate: cfg.sample_rate });
         }
+        // The RSS at the start, which later samples (rounds, the end) grow from.
+        if let Some(rss) = sys::rss_bytes() {
+            enc.encode(&mut out, &Record::Sample { time_ns: 0, rss });
+        }
         out_file.write(&out);
         let handoff = Handoff::new();
         order::reset(!handoff.is_fast());
@@ -295,6 +314,10 @@ impl Session {
             writer_tid: AtomicU32::new(0),
             writer_started: AtomicBool::new(false),
             writer_stack: [AtomicU64::new(0), AtomicU64::new(0)],
+            solo: AtomicBool::new(true),
+            next_round: AtomicU64::new(0),
+            solo_rounds: Mutex::new(writer::Rounds::new()),
+            round_block: [AtomicU64::new(0), AtomicU64::new(0)],
             follow_fork: cfg.follow_fork,
             follow_exec: cfg.follow_exec,
             reporter: crate::stream::reports::Reporter::new(path, &prog, pid, cfg.report_dir.clone()),
@@ -312,7 +335,7 @@ impl Session {
             next_stack: AtomicU32::new(1),
             finished: AtomicBool::new(false),
             ended: AtomicBool::new(false),
-            end_buf: Mutex::new(Vec::with_capacity(128)),
+            end_buf: Mutex::new(Vec::with_capacity(256)),
             modules_gen: Mutex::new(modules_gen),
         })
     }
@@ -347,6 +370,8 @@ impl Session {
     /// A thread filled a buffer of `len` bytes; true when the writer is so
     /// far behind that the thread should [`Session::throttle`].
     pub fn buffer_full(&self, len: usize) -> bool {
+        // Solo: the thread's next event of the malloc family writes it.
+        self.round_soon();
         self.pending.fetch_add(len, Ordering::Relaxed) + len > PENDING_MAX
     }
 
@@ -455,7 +480,7 @@ pub fn restart_in_child(follow: bool) {
         STATE.store(DISABLED, Ordering::Release);
         return;
     }
-    // The parent's blocks are the child's too, unseen by its stream.
+    // The parent's blocks are the child's too, unseen by its stream. The
+    // child has one thread: solo, as at a process's start.
     install(Session::create(false));
-    start_writer();
 }

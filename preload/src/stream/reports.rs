@@ -29,11 +29,15 @@ static MARKED: AtomicU64 = AtomicU64::new(0);
 /// needs), the timeout lets the program go on and the report follows.
 extern "C" fn on_report_signal(_: i32) {
     // No session (tracing off in this process): nobody would answer.
-    if crate::stream::current().is_none() {
-        return;
-    }
+    let Some(s) = crate::stream::current() else { return };
     let errno = sys::errno();
     let mine = REQUESTS.fetch_add(1, Ordering::AcqRel) + 1;
+    if s.is_solo() {
+        // No writer: the program's thread writes the Marker at its next
+        // event of the malloc family, after this handler.
+        s.round_soon();
+        return;
+    }
     for _ in 0..400 {
         if MARKED.load(Ordering::Acquire) >= mine {
             break;
@@ -51,6 +55,9 @@ static SCANS_HANDLED: AtomicU64 = AtomicU64::new(0);
 /// not wait: the scan stops this thread like every other.
 extern "C" fn on_scan_signal(_: i32) {
     SCAN_REQUESTS.fetch_add(1, Ordering::AcqRel);
+    if let Some(s) = crate::stream::current() {
+        s.round_soon();
+    }
 }
 
 /// True once per scan signal received since the last call.

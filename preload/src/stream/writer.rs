@@ -15,6 +15,41 @@ use super::{
 
 /// While idle, an RSS sample at least every this many sampling rounds (1 s).
 const IDLE_SAMPLE_EVERY: u64 = 100;
+
+/// What the writer's rounds carry from one to the next.
+pub(super) struct Rounds {
+    round: u64,
+    /// Bytes of a command line not complete yet.
+    commands: Vec<u8>,
+    /// RSS samples: every SAMPLE_EVERY rounds while events come or the
+    /// RSS changes; while the program is idle, at twice the interval
+    /// each time up to once a second (an idle daemon's trace grew 5 MB
+    /// an hour with a sample every 10 ms).
+    active: bool,
+    last_rss: u64,
+    idle_rounds: u64,
+    idle_every: u64,
+    /// When the buffers were last collected, ns.
+    last_collect: u64,
+    /// The last round wrote records after its collection (a marker, a
+    /// scan): no watermark covers them yet.
+    pub(super) late: bool,
+}
+
+impl Rounds {
+    pub(super) const fn new() -> Rounds {
+        Rounds {
+            round: 0,
+            commands: Vec::new(),
+            active: false,
+            last_rss: 0,
+            idle_rounds: 0,
+            idle_every: 1,
+            last_collect: 0,
+            late: false,
+        }
+    }
+}
 use crate::{platform::config, platform::modules, platform::sys};
 
 impl Session {
@@ -143,16 +178,8 @@ impl Session {
 
     fn writer_loop(&self) {
         let gen = self.gen;
-        let mut round = 0u64;
-        let mut commands = Vec::new();
-        // RSS samples: every SAMPLE_EVERY rounds while events come or the
-        // RSS changes; while the program is idle, at twice the interval
-        // each time up to once a second (an idle daemon's trace grew 5 MB
-        // an hour with a sample every 10 ms).
-        let (mut active, mut last_rss, mut idle_rounds, mut idle_every) = (false, 0u64, 0u64, 1u64);
-        let mut last_collect = 0u64;
+        let mut rounds = Rounds::new();
         loop {
-            round += 1;
             // Behind (threads may be waiting): no pause between rounds.
             if self.pending.load(Ordering::Relaxed) <= PENDING_MAX / 4 {
                 sys::sleep_ms(WRITER_POLL_MS);
@@ -160,55 +187,72 @@ impl Session {
             if current().map(|s| s.gen) != Some(gen) {
                 return;
             }
-            if self.is_finished() {
-                continue;
-            }
-            self.clock.refit();
-            // Asked of the loader before the file is locked: a thread the
-            // leak scan holds may hold the loader's lock, and the scan
-            // waits for the file.
-            let modules = self.modules_if_changed();
-            {
-                let _f = self.file.lock();
-                if self.is_finished() {
-                    continue;
-                }
-                if let Some(m) = modules {
-                    self.write_unordered(&m);
-                }
-                let now = self.now();
-                if self.pending.load(Ordering::Relaxed) > 0 || now >= last_collect + QUIET_COLLECT_MS * 1_000_000 {
-                    active |= self.collect(false) > 0;
-                    last_collect = now;
-                }
-                if round.is_multiple_of(SAMPLE_EVERY) {
-                    let rss = sys::rss_bytes();
-                    idle_rounds += 1;
-                    let busy = active || rss != Some(last_rss);
-                    if busy || idle_rounds >= idle_every {
-                        if let Some(r) = rss {
-                            self.write_sample(r);
-                            last_rss = r;
-                        }
-                        idle_every = if busy { 1 } else { (idle_every * 2).min(IDLE_SAMPLE_EVERY) };
-                        (active, idle_rounds) = (false, 0);
-                    }
-                }
-            }
-            if round.is_multiple_of(REAP_EVERY) {
-                (crate::UP.reap)();
-            }
-            if !self.poll_commands(&mut commands) {
+            if !self.round(&mut rounds, QUIET_COLLECT_MS * 1_000_000, SAMPLE_EVERY) {
                 return;
             }
-            if crate::stream::reports::take_scan_request() {
-                (crate::UP.scan)(self);
-            }
-            if self.reporter.take_request() {
-                self.report_point(SIGNAL_REPORT, None, false);
-            }
-            self.reporter.reap();
         }
+    }
+
+    /// One round of the writer's work, by the writer thread or, while
+    /// the process has one thread, by that thread at its events
+    /// ([`Session::solo_round`]): module changes, the buffers (collected
+    /// when one is full, else `quiet_ns` after the last collection), an
+    /// RSS sample every `sample_every` rounds, commands, scan and report
+    /// requests. False once tracing stopped (a detach).
+    pub(super) fn round(&self, r: &mut Rounds, quiet_ns: u64, sample_every: u64) -> bool {
+        r.round += 1;
+        if self.is_finished() {
+            return true;
+        }
+        self.clock.refit();
+        // Asked of the loader before the file is locked: a thread the
+        // leak scan holds may hold the loader's lock, and the scan
+        // waits for the file.
+        let modules = self.modules_if_changed();
+        {
+            // A program's thread comes here from a hook (platform/spin.rs: why not park).
+            let _f = crate::platform::spin::lock_unparked(&self.file);
+            if self.is_finished() {
+                return true;
+            }
+            if let Some(m) = modules {
+                self.write_unordered(&m);
+            }
+            let now = self.now();
+            if self.pending.load(Ordering::Relaxed) > 0 || now >= r.last_collect + quiet_ns {
+                r.active |= self.collect(false) > 0;
+                r.last_collect = now;
+            }
+            if r.round.is_multiple_of(sample_every) {
+                let rss = sys::rss_bytes();
+                r.idle_rounds += 1;
+                let busy = r.active || rss != Some(r.last_rss);
+                if busy || r.idle_rounds >= r.idle_every {
+                    if let Some(rss) = rss {
+                        self.write_sample(rss);
+                        r.last_rss = rss;
+                    }
+                    r.idle_every = if busy { 1 } else { (r.idle_every * 2).min(IDLE_SAMPLE_EVERY) };
+                    (r.active, r.idle_rounds) = (false, 0);
+                }
+            }
+        }
+        let collected_until = self.written_until.load(Ordering::Relaxed);
+        if r.round.is_multiple_of(REAP_EVERY) {
+            (crate::UP.reap)();
+        }
+        if !self.poll_commands(&mut r.commands) {
+            return false;
+        }
+        if crate::stream::reports::take_scan_request() {
+            (crate::UP.scan)(self);
+        }
+        if self.reporter.take_request() {
+            self.report_point(SIGNAL_REPORT, None, false);
+        }
+        self.reporter.reap();
+        r.late = self.written_until.load(Ordering::Relaxed) > collected_until;
+        true
     }
 
     /// Writes the resident set size (the heap is known to the analyzer).
@@ -262,7 +306,7 @@ impl FileHold<'_> {
     }
 }
 
-extern "C" fn writer_main(_: *mut libc::c_void) -> *mut libc::c_void {
+pub(super) extern "C" fn writer_main(_: *mut libc::c_void) -> *mut libc::c_void {
     (crate::UP.hold_guard)();
     if let Some(s) = current() {
         if let Some((lo, hi)) = sys::own_stack() {
@@ -273,17 +317,6 @@ extern "C" fn writer_main(_: *mut libc::c_void) -> *mut libc::c_void {
         s.writer_loop();
     }
     std::ptr::null_mut()
-}
-
-/// Starts the writer thread of the current session (from the library's
-/// constructor, and in a forked child).
-pub fn start_writer() {
-    let Some(s) = current() else { return };
-    if sys::spawn_blocked(writer_main) {
-        s.writer_started.store(true, Ordering::Release);
-    } else {
-        sys::warn("cannot start the writer thread; events are written at exit");
-    }
 }
 
 impl Session {

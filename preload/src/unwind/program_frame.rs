@@ -36,9 +36,18 @@ extern "C" {
 /// callee-saved registers, in the order of `stop::own_registers`.
 const CALLEE_SAVED: [i32; 6] = [3, 6, 12, 13, 14, 15];
 
+/// Which frame's caller is wanted.
+#[derive(Clone, Copy)]
+enum Callee {
+    /// The innermost call of the function at this address.
+    Func(usize),
+    /// The outermost of the innermost run of frames in [lo, hi) (this
+    /// library's code: a hook and what it called).
+    Within(usize, usize),
+}
+
 struct Walk {
-    /// The function whose caller is wanted.
-    func: usize,
+    callee: Callee,
     /// The previous frame was `func`'s.
     after: bool,
     frames: usize,
@@ -53,7 +62,9 @@ extern "C" fn frame(ctx: *mut Context, arg: *mut c_void) -> i32 {
     if ip == 0 || w.frames > 512 {
         return STOP;
     }
-    if w.after {
+    // Still inside the library: its caller is further out.
+    let within = matches!(w.callee, Callee::Within(lo, hi) if (lo..hi).contains(&(ip - 1)));
+    if w.after && !within {
         let mut regs = [0u64; 7];
         for (r, &n) in regs.iter_mut().zip(&CALLEE_SAVED) {
             // SAFETY: libgcc's initial context saves every callee-saved
@@ -74,9 +85,14 @@ extern "C" fn frame(ctx: *mut Context, arg: *mut c_void) -> i32 {
     }
     // A return address may be just past its call's function (a call that
     // does not return ends it): look up the byte before.
-    // SAFETY: a pure lookup in the loaded modules' unwind tables.
-    let start = unsafe { _Unwind_FindEnclosingFunction((ip - 1) as *mut c_void) } as usize;
-    w.after = start == w.func;
+    w.after = match w.callee {
+        Callee::Func(func) => {
+            // SAFETY: a pure lookup in the loaded modules' unwind tables.
+            let start = unsafe { _Unwind_FindEnclosingFunction((ip - 1) as *mut c_void) } as usize;
+            start == func
+        }
+        Callee::Within(..) => within,
+    };
     GO_ON
 }
 
@@ -86,7 +102,18 @@ extern "C" fn frame(ctx: *mut Context, arg: *mut c_void) -> i32 {
 /// `mtrace_scan`); None when the walk does not reach that frame (no
 /// unwind information on the way).
 pub fn caller_of(func: usize) -> Option<[u64; 7]> {
-    let mut w = Walk { func, after: false, frames: 0, found: None };
+    walk(Callee::Func(func))
+}
+
+/// [`caller_of`] the code in [lo, hi) (this library) the calling thread
+/// is in: the program's frame that called the hook (or a library's, such
+/// as libstdc++'s `operator new` calling `malloc`).
+pub fn caller_of_range(lo: usize, hi: usize) -> Option<[u64; 7]> {
+    walk(Callee::Within(lo, hi))
+}
+
+fn walk(callee: Callee) -> Option<[u64; 7]> {
+    let mut w = Walk { callee, after: false, frames: 0, found: None };
     // SAFETY: the callback only reads the context it is given; `w` outlives the walk.
     unsafe { _Unwind_Backtrace(frame, &mut w as *mut Walk as *mut c_void) };
     w.found

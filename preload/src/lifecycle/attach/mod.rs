@@ -268,7 +268,9 @@ pub unsafe extern "C" fn mtrace_attach_init(settings: *const c_char) -> i32 {
     if let Some(s) = crate::stream::current() {
         s.marker(0, mtrace_format::protocol::marker::ATTACH);
     }
-    crate::stream::start_writer();
+    // A writer thread even in a process with one thread: it answers the
+    // detach while the program idles (solo rounds wait for its events).
+    crate::stream::leave_solo();
     crate::lifecycle::fork::install_once();
     ATTACHED.store(true, Ordering::Release);
     redirect_new();
