@@ -36,6 +36,10 @@ pub const BUF_CAP: usize = 64 * 1024;
 /// events faster than the writer compresses them (two threads on two cores
 /// reached 76 MiB of peak RSS without this, 15 MiB natively).
 const PENDING_MAX: usize = 8 << 20;
+/// Full buffers, bytes, beyond which a process with one thread writes
+/// them at its next event of the malloc family rather than at its next
+/// round (stream/solo.rs).
+const SOLO_PENDING: usize = 1 << 20;
 /// Marker name of the reports the report signal asks for.
 const SIGNAL_REPORT: &str = mtrace_format::protocol::marker::SIGNAL;
 /// Marker name that follows an on-demand leak scan: its report covers
@@ -370,9 +374,15 @@ impl Session {
     /// A thread filled a buffer of `len` bytes; true when the writer is so
     /// far behind that the thread should [`Session::throttle`].
     pub fn buffer_full(&self, len: usize) -> bool {
-        // Solo: the thread's next event of the malloc family writes it.
-        self.round_soon();
-        self.pending.fetch_add(len, Ordering::Relaxed) + len > PENDING_MAX
+        let pending = self.pending.fetch_add(len, Ordering::Relaxed) + len;
+        // Solo: the round 5 ms after the last writes the full buffers in
+        // one block; sooner only when they are many (a round per buffer
+        // cost sqlite3 a statm read, a membarrier and a small zstd block
+        // every 60 KiB).
+        if pending > SOLO_PENDING {
+            self.round_soon();
+        }
+        pending > PENDING_MAX
     }
 
     /// Waits (outside every lock) until the writer caught up to half of

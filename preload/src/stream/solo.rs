@@ -42,9 +42,9 @@ impl Session {
 
     /// Before an event of the malloc family stamped `now` (ns), made
     /// outside the program's allocator: while solo, the writer's round
-    /// when it is due (every [`SOLO_ROUND_NS`], or at once after a buffer
-    /// filled or a signal asked for a report or a scan). One load and a
-    /// compare otherwise.
+    /// when it is due (every [`SOLO_ROUND_NS`], or at once after full
+    /// buffers passed 1 MiB or a signal asked for a report or a scan). One
+    /// load and a compare otherwise.
     /// `block` is the block an allocation's hook has not recorded yet
     /// (left out of a scan's roots: its bytes are stale); `restamped`:
     /// the event will be stamped again after the round's collection
