@@ -45,6 +45,7 @@ impl Session {
     /// when it is due (every [`SOLO_ROUND_NS`], or at once after full
     /// buffers passed 1 MiB or a signal asked for a report or a scan). One
     /// load and a compare otherwise.
+    ///
     /// `block` is the block an allocation's hook has not recorded yet
     /// (left out of a scan's roots: its bytes are stale); `restamped`:
     /// the event will be stamped again after the round's collection
@@ -59,16 +60,12 @@ impl Session {
 
     /// The block of the allocation whose hook is making a solo round,
     /// [start, end), or (0, 0): a scan then leaves its bytes out of the
-    /// roots (the allocator returned it with whatever the chunk held
-    /// before: a stale pointer there made a lost block look reachable).
+    /// roots. Not recorded yet, it is no block of the books, and its bytes
+    /// are what the chunk held before, not the program's.
     pub fn unrecorded_block(&self) -> (u64, u64) {
         (self.round_block[0].load(Ordering::Relaxed), self.round_block[1].load(Ordering::Relaxed))
     }
 
-    /// The writer's round, by the program's thread in its hook. Every
-    /// buffered event is collected (no other thread is interrupted by a
-    /// collection), so what an idle program made last waits in its buffer
-    /// only for the round's interval.
     /// While solo, the next event of the malloc family does a round
     /// (async-signal-safe: one store).
     pub fn round_soon(&self) {
@@ -77,6 +74,9 @@ impl Session {
         }
     }
 
+    /// The writer's round, by the program's thread in its hook, with the
+    /// writer thread's intervals (full buffers each round, the one being
+    /// filled every 50 ms).
     #[cold]
     #[inline(never)]
     fn solo_round(&self, now: u64, block: Option<(u64, u64)>, restamped: bool) {
