@@ -214,7 +214,11 @@ pub unsafe extern "C" fn pthread_create(
 ) -> i32 {
     if let Some(_g) = Guard::enter() {
         let errno = sys::errno();
-        stream::leave_solo();
+        // The session, if this is the process's first event: its writer
+        // must come before the thread, which may allocate at once.
+        if stream::get().is_some() {
+            stream::leave_solo();
+        }
         sys::set_errno(errno);
     }
     type F = unsafe extern "C" fn(
