@@ -126,3 +126,42 @@ fn the_command_line_keeps_every_argument_quoted_as_a_shell_would() {
     let line = text.lines().find(|l| l.starts_with("  command:")).unwrap_or_else(|| panic!("{text}"));
     assert_eq!(line, r#"  command:          /bin/echo '' 'a b' 'it'\''s' plain"#);
 }
+
+/// The "Other processes traced" lines of a text report.
+fn other_processes(text: &str) -> Vec<&str> {
+    text.split("\nOther processes traced (")
+        .nth(1)
+        .map_or(vec![], |s| s.lines().skip(1).filter(|l| l.starts_with("  ")).collect())
+}
+
+#[test]
+fn a_fork_then_exec_is_one_process_and_a_wrapper_leads_to_the_program() {
+    let dir = scratch("models-fork-exec");
+    let prog = build("fork_exec.c", &dir.join("fork_exec"), &["-g", "-O0"]);
+    let txt = dir.join("report.txt");
+    let out = Command::new(mtrace()).arg("run").arg("-o").arg(&txt).arg("--").arg(&prog).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&txt).unwrap();
+    // The child: the fork's copy of the program, then true; one line (it
+    // was two, the first a stub of 0 bytes).
+    let others = other_processes(&text);
+    assert_eq!(others.len(), 1, "{text}");
+    let chain = format!(" {} → /usr/bin/true: ", prog.display());
+    assert!(others[0].starts_with("  pid ") && others[0].contains(&chain), "{text}");
+    // A wrapper that execs the program: its earlier image leads to the
+    // report above; a command it ran is its own line.
+    let out = Command::new(mtrace())
+        .arg("run")
+        .arg("-o")
+        .arg(&txt)
+        .args(["--", "/bin/sh", "-c", "ls / > /dev/null; exec cat /dev/null"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&txt).unwrap();
+    assert!(text.starts_with("mtrace report for /usr/bin/cat "), "{text}");
+    let others = other_processes(&text);
+    assert_eq!(others.len(), 2, "{text}");
+    assert!(others.iter().any(|l| l.ends_with("sh → the program reported above")), "{text}");
+    assert!(others.iter().any(|l| l.contains(" /usr/bin/ls: ")), "{text}");
+}

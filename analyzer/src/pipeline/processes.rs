@@ -32,11 +32,20 @@ pub fn report_processes(
             None
         }
     };
-    let others: Vec<_> = traces.iter().filter(|(_, _, p)| Some(p) != main.as_ref()).collect();
+    let others = processes(&traces, main.as_ref());
     if !others.is_empty() && !opts.json {
         let sym = opts.symbolizer();
         writeln!(out, "\nOther processes traced ({}):", others.len())?;
-        for (p, _, path) in others.iter().take(OTHERS_SHOWN) {
+        for (p, images) in others.iter().take(OTHERS_SHOWN) {
+            // The process as it ended: its last image's blocks (an exec
+            // ends the image before it, and its heap with it).
+            let path = images.last().expect("one image at least");
+            if *p == pid {
+                // The program's process before its last exec (a wrapper
+                // script), reported above as what it became.
+                writeln!(out, "  pid {p} {} → the program reported above", exec_chain(images, None))?;
+                continue;
+            }
             let line = match crate::input::load(path) {
                 Ok(t) => {
                     let rate = t.books.sample_rate;
@@ -48,7 +57,7 @@ pub fn report_processes(
                     let blind = !allocators::notices(&t, &allocators::survey(&t, &sym)).is_empty();
                     format!(
                         "pid {p} {}: {} bytes in {} not freed{}",
-                        t.header.exe,
+                        exec_chain(images, Some(&t.header.exe)),
                         thousands(bytes),
                         plural(blocks, "block", "blocks"),
                         if blind { " (of what mtrace saw; not every allocator: its report says which)" } else { "" }
@@ -73,6 +82,37 @@ pub fn report_processes(
 /// Other processes listed after the report: the rest are counted (python3
 /// started through pyenv's shims is 78 shell processes before it).
 const OTHERS_SHOWN: usize = 10;
+
+/// The processes of `traces` (oldest first) but the image reported in
+/// full (`main`), each with the traces of its images in order: a child
+/// that forked and then exec'd is one process, not a stub of 0 bytes and
+/// the program it became (`git gc` listed 16 entries for its 8 processes).
+fn processes(traces: &[(u32, u64, PathBuf)], main: Option<&PathBuf>) -> Vec<(u32, Vec<PathBuf>)> {
+    let mut v: Vec<(u32, Vec<PathBuf>)> = Vec::new();
+    for (pid, _, path) in traces.iter().filter(|(_, _, p)| Some(p) != main) {
+        match v.iter_mut().find(|(p, _)| p == pid) {
+            Some((_, images)) => images.push(path.clone()),
+            None => v.push((*pid, vec![path.clone()])),
+        }
+    }
+    v
+}
+
+/// The executables a process ran, in order, the last one `last` (read
+/// from its trace when `None`): `/usr/bin/dash → /usr/bin/uname`.
+fn exec_chain(images: &[PathBuf], last: Option<&str>) -> String {
+    let read = if last.is_some() { &images[..images.len() - 1] } else { images };
+    let mut names: Vec<String> = read
+        .iter()
+        .filter_map(|p| {
+            let f = std::fs::File::open(p).ok()?;
+            mtrace_format::Reader::new(f).header().ok().map(|h| h.exe)
+        })
+        .collect();
+    names.extend(last.map(str::to_owned));
+    names.dedup();
+    names.join(" → ")
+}
 
 /// The traces in `dir`: (pid, start time, path), oldest first.
 fn traces_in(dir: &Path) -> Result<Vec<(u32, u64, PathBuf)>> {
