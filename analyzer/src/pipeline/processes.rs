@@ -23,8 +23,7 @@ pub fn report_processes(
     out: &mut dyn Write,
 ) -> Result<Option<Report>> {
     let traces = traces_in(dir)?;
-    let main =
-        traces.iter().filter(|(p, _, _)| *p == pid).max_by_key(|(_, start, _)| *start).map(|(_, _, path)| path.clone());
+    let main = traces.iter().filter(|i| i.pid == pid).max_by_key(|i| i.start).map(|i| i.path.clone());
     let r = match &main {
         Some(path) => opts.report(path, Some(&mut *out))?,
         None => {
@@ -39,11 +38,11 @@ pub fn report_processes(
         for (p, images) in others.iter().take(OTHERS_SHOWN) {
             // The process as it ended: its last image's blocks (an exec
             // ends the image before it, and its heap with it).
-            let path = images.last().expect("one image at least");
+            let path = &images.last().expect("one image at least").path;
             if *p == pid {
                 // The program's process before its last exec (a wrapper
                 // script), reported above as what it became.
-                writeln!(out, "  pid {p} {} → the program reported above", exec_chain(images, None))?;
+                writeln!(out, "  pid {p} {} → the program reported above", exec_chain(images))?;
                 continue;
             }
             let line = match crate::input::load(path) {
@@ -57,7 +56,7 @@ pub fn report_processes(
                     let blind = !allocators::notices(&t, &allocators::survey(&t, &sym)).is_empty();
                     format!(
                         "pid {p} {}: {} bytes in {} not freed{}",
-                        exec_chain(images, Some(&t.header.exe)),
+                        exec_chain(images),
                         thousands(bytes),
                         plural(blocks, "block", "blocks"),
                         if blind { " (of what mtrace saw; not every allocator: its report says which)" } else { "" }
@@ -87,44 +86,45 @@ const OTHERS_SHOWN: usize = 10;
 /// full (`main`), each with the traces of its images in order: a child
 /// that forked and then exec'd is one process, not a stub of 0 bytes and
 /// the program it became (`git gc` listed 16 entries for its 8 processes).
-fn processes(traces: &[(u32, u64, PathBuf)], main: Option<&PathBuf>) -> Vec<(u32, Vec<PathBuf>)> {
-    let mut v: Vec<(u32, Vec<PathBuf>)> = Vec::new();
-    for (pid, _, path) in traces.iter().filter(|(_, _, p)| Some(p) != main) {
-        match v.iter_mut().find(|(p, _)| p == pid) {
-            Some((_, images)) => images.push(path.clone()),
-            None => v.push((*pid, vec![path.clone()])),
+fn processes<'a>(traces: &'a [Image], main: Option<&PathBuf>) -> Vec<(u32, Vec<&'a Image>)> {
+    let mut v: Vec<(u32, Vec<&Image>)> = Vec::new();
+    for i in traces.iter().filter(|i| Some(&i.path) != main) {
+        match v.iter_mut().find(|(p, _)| *p == i.pid) {
+            Some((_, images)) => images.push(i),
+            None => v.push((i.pid, vec![i])),
         }
     }
     v
 }
 
-/// The executables a process ran, in order, the last one `last` (read
-/// from its trace when `None`): `/usr/bin/dash → /usr/bin/uname`.
-fn exec_chain(images: &[PathBuf], last: Option<&str>) -> String {
-    let read = if last.is_some() { &images[..images.len() - 1] } else { images };
-    let mut names: Vec<String> = read
-        .iter()
-        .filter_map(|p| {
-            let f = std::fs::File::open(p).ok()?;
-            mtrace_format::Reader::new(f).header().ok().map(|h| h.exe)
-        })
-        .collect();
-    names.extend(last.map(str::to_owned));
+/// The executables a process ran, in order: `/usr/bin/dash → /usr/bin/uname`.
+fn exec_chain(images: &[&Image]) -> String {
+    let mut names: Vec<&str> = images.iter().map(|i| i.exe.as_str()).collect();
     names.dedup();
     names.join(" → ")
 }
 
-/// The traces in `dir`: (pid, start time, path), oldest first.
-fn traces_in(dir: &Path) -> Result<Vec<(u32, u64, PathBuf)>> {
+/// One trace in the folder: a process's image from a start or an exec,
+/// as its header says.
+struct Image {
+    pid: u32,
+    /// `start_monotonic_ns` of the header.
+    start: u64,
+    path: PathBuf,
+    exe: String,
+}
+
+/// The traces in `dir`, oldest first.
+fn traces_in(dir: &Path) -> Result<Vec<Image>> {
     let mut v = Vec::new();
     for e in std::fs::read_dir(dir)? {
         let path = e?.path();
         let Ok(f) = std::fs::File::open(&path) else { continue };
         let mut r = mtrace_format::Reader::new(f);
         if let Ok(h) = r.header() {
-            v.push((h.pid, h.start_monotonic_ns, path));
+            v.push(Image { pid: h.pid, start: h.start_monotonic_ns, path, exe: h.exe });
         }
     }
-    v.sort_by_key(|t| t.1);
+    v.sort_by_key(|i| i.start);
     Ok(v)
 }

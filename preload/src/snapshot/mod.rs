@@ -75,9 +75,7 @@ impl By {
     pub fn program_calling(func: usize) -> By {
         By::Program(crate::unwind::program_frame::caller_of(func).unwrap_or_else(crate::snapshot::stop::own_registers))
     }
-}
 
-impl By {
     /// The taker of a scan asked for (a command, the scan signal): the
     /// writer thread, or, in a process without one (solo), the program's
     /// thread in a hook: its roots are those of the program's frame that

@@ -109,8 +109,8 @@ impl Session {
         // What the round wrote after its collection (a marker, a scan)
         // gets its watermark now: the next round may be far off, and a
         // live reader releases records up to a watermark (order.rs).
-        let until = self.written_until.load(Ordering::Relaxed);
         if r.late && self.is_solo() {
+            let until = self.written_until.load(Ordering::Relaxed);
             // A watermark is the collection's start less the clocks' skew:
             // it passes what was written once that much time went by.
             while self.now() <= until + order::SKEW_NS {

@@ -13,6 +13,8 @@ use super::{
     SIGNAL_REPORT, WRITER_POLL_MS,
 };
 
+use crate::{platform::config, platform::modules, platform::sys};
+
 /// While idle, an RSS sample at least every this many sampling rounds (1 s).
 const IDLE_SAMPLE_EVERY: u64 = 100;
 
@@ -50,7 +52,6 @@ impl Rounds {
         }
     }
 }
-use crate::{platform::config, platform::modules, platform::sys};
 
 impl Session {
     /// Holds the trace file for one writer of many pieces in a row (the

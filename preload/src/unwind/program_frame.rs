@@ -48,7 +48,7 @@ enum Callee {
 
 struct Walk {
     callee: Callee,
-    /// The previous frame was `func`'s.
+    /// The previous frame was the callee's (`Func`'s, or one in the range).
     after: bool,
     frames: usize,
     found: Option<[u64; 7]>,
