@@ -6,11 +6,13 @@
    __tls_get_addr, a TLS destructor registered with
    __cxa_thread_atexit_impl, a parking mutex) re-enters it with its lock
    held: the error-checking mutex turns that deadlock into exit status 3
-   and a message.
+   and a message. Its malloc family wins over the preload's by name, so
+   the preload hooks it by patching its entry points.
 
    own_malloc          four rounds of four threads, 64 blocks of 100,000
-                       bytes each (each block one mmap of 1 MiB, kept), then
-                       exit 0 with "own_malloc: done"
+                       bytes each (1,024 blocks at the line marked keep, lost when each
+                       thread's array of them dies with it; each 1 MiB
+                       mapping holds 10), then exit 0 with "own_malloc: done"
    own_malloc SECONDS  four threads allocate and free 1 MiB blocks (each an
                        mmap) until then, for `mtrace attach` */
 #define _GNU_SOURCE
@@ -93,7 +95,7 @@ static void *keep(void *arg) {
     (void)arg;
     void *kept[64];
     for (int i = 0; i < 64; i++)
-        kept[i] = malloc(100000);
+        kept[i] = malloc(100000); // @leak:keep
     return kept[63];
 }
 

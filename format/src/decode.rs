@@ -489,6 +489,20 @@ impl<R: Read> Reader<R> {
                 };
                 Record::Coverage { time_ns, collecting, whole }
             }
+            tag::PATCHED => {
+                let (time_ns, path) = (self.time()?, self.string()?);
+                let n = self.len(MAX_LIST, "list of hooked functions")?;
+                let mut hooked = Vec::with_capacity(n.min(256));
+                for _ in 0..n {
+                    hooked.push(self.string()?);
+                }
+                let n = self.len(MAX_LIST, "list of functions left alone")?;
+                let mut refused = Vec::with_capacity(n.min(256));
+                for _ in 0..n {
+                    refused.push((self.string()?, self.string()?));
+                }
+                Record::Patched { time_ns, path, hooked, refused }
+            }
             tag::SAMPLING => Record::Sampling { time_ns: self.time()?, rate: self.varint()? },
             tag::WATERMARK => Record::Watermark { time_ns: self.varint()? << self.time_shift },
             tag::SAMPLE => Record::Sample { time_ns: self.time()?, rss: self.varint()? },

@@ -32,6 +32,7 @@ fn sample() -> (Vec<u8>, Vec<Record>) {
         },
         Record::Free { time_ns: 2000 << 6, family: Family::Malloc, addr: 0x5555_1000, stack: 0 },
         Record::Free { time_ns: 2010 << 6, family: Family::NewArray, addr: 0x5555_2000, stack: 1 },
+        Record::Free { time_ns: 2015 << 6, family: Family::Shared, addr: 0x5555_3000, stack: 0 },
         Record::Coverage { time_ns: 2020 << 6, collecting: true, whole: true },
         Record::Coverage { time_ns: 2030 << 6, collecting: false, whole: false },
         Record::Coverage { time_ns: 2040 << 6, collecting: true, whole: false },
@@ -54,6 +55,12 @@ fn sample() -> (Vec<u8>, Vec<Record>) {
         Record::PoolFree { time_ns: 2480 << 6, pool: 3, addr: 42 },
         Record::ScanRegion { time_ns: 2490 << 6, kind: 2, addr: 0x1000, bytes: vec![7; 300] },
         Record::ScanEnd { time_ns: 2491 << 6 },
+        Record::Patched {
+            time_ns: 2492 << 6,
+            path: "/usr/bin/prog".into(),
+            hooked: vec!["malloc".into(), "tc_malloc".into()],
+            refused: vec![("_Znwm".into(), "a call among its first 5 bytes".into())],
+        },
         // Absolute, and the current time is untouched: the End's delta
         // below is still from the ScanEnd's.
         Record::Watermark { time_ns: 2400 << 6 },

@@ -251,6 +251,20 @@ impl Encoder {
                 self.time(out, time_ns);
                 put_varint(out, rate);
             }
+            Record::Patched { time_ns, ref path, ref hooked, ref refused } => {
+                out.push(tag::PATCHED);
+                self.time(out, time_ns);
+                put_bytes(out, path.as_bytes());
+                put_varint(out, hooked.len() as u64);
+                for name in hooked {
+                    put_bytes(out, name.as_bytes());
+                }
+                put_varint(out, refused.len() as u64);
+                for (name, why) in refused {
+                    put_bytes(out, name.as_bytes());
+                    put_bytes(out, why.as_bytes());
+                }
+            }
             Record::Watermark { time_ns } => {
                 out.push(tag::WATERMARK);
                 put_varint(out, time_ns >> TIME_SHIFT);

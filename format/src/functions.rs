@@ -103,12 +103,16 @@ pub const INTERPOSED: &[(&str, Call)] = &[
 /// define: followed where a module calls them (the preload rewrites the
 /// callers' GOT entries, as `mtrace attach` does, and exports no function
 /// of these names, so that a program probing for one, as folly probes
-/// for `mallocx`, finds only the real allocator's), and by the ptrace
+/// for `mallocx`, finds only the real allocator's), where the executable
+/// defines them (the preload patches their entry), and by the ptrace
 /// tracer wherever a module defines them. Each is recorded in the family
 /// its allocator frees it with: a `sdallocx` of a `mallocx` block is
 /// right, and so is its `free`.
 /// - jemalloc(3)'s non-standard API (`flags`: MALLOCX_* bits, alignment
 ///   among them);
+/// - jemalloc's whole API under the prefixes of [`JEMALLOC_PREFIXES`]
+///   (`--with-jemalloc-prefix`: Rust's tikv-jemallocator calls
+///   `_rjem_mallocx` and `_rjem_sdallocx`);
 /// - gperftools' `tc_*` (gperftools/tcmalloc.h);
 /// - mimalloc's `mi_*` (mimalloc.h), its malloc family and aligned forms;
 /// - C23's sized frees, `free_sized` and `free_aligned_sized` (glibc 2.41).
@@ -117,6 +121,26 @@ pub const ENTRY_POINTS: &[(&str, Call)] = &[
     ("rallocx", Call::Realloc { array: false }),
     ("sdallocx", Call::Free { family: Family::Malloc }),
     ("dallocx", Call::Free { family: Family::Malloc }),
+    ("_rjem_malloc", Call::Alloc { family: Family::Malloc, size: 0 }),
+    ("_rjem_calloc", Call::Calloc),
+    ("_rjem_realloc", Call::Realloc { array: false }),
+    ("_rjem_free", Call::Free { family: Family::Malloc }),
+    ("_rjem_posix_memalign", Call::PosixMemalign),
+    ("_rjem_aligned_alloc", Call::Alloc { family: Family::Aligned, size: 1 }),
+    ("_rjem_mallocx", Call::Alloc { family: Family::Malloc, size: 0 }),
+    ("_rjem_rallocx", Call::Realloc { array: false }),
+    ("_rjem_sdallocx", Call::Free { family: Family::Malloc }),
+    ("_rjem_dallocx", Call::Free { family: Family::Malloc }),
+    ("je_malloc", Call::Alloc { family: Family::Malloc, size: 0 }),
+    ("je_calloc", Call::Calloc),
+    ("je_realloc", Call::Realloc { array: false }),
+    ("je_free", Call::Free { family: Family::Malloc }),
+    ("je_posix_memalign", Call::PosixMemalign),
+    ("je_aligned_alloc", Call::Alloc { family: Family::Aligned, size: 1 }),
+    ("je_mallocx", Call::Alloc { family: Family::Malloc, size: 0 }),
+    ("je_rallocx", Call::Realloc { array: false }),
+    ("je_sdallocx", Call::Free { family: Family::Malloc }),
+    ("je_dallocx", Call::Free { family: Family::Malloc }),
     ("tc_malloc", Call::Alloc { family: Family::Malloc, size: 0 }),
     ("tc_calloc", Call::Calloc),
     ("tc_realloc", Call::Realloc { array: false }),
@@ -147,8 +171,7 @@ pub const ENTRY_POINTS: &[(&str, Call)] = &[
 
 /// The prefixes a jemalloc build may give its whole API (`--with-jemalloc-prefix`):
 /// Rust's tikv-jemalloc-sys uses `_rjem_`, FreeBSD-style and redis's own
-/// builds `je_`. The ptrace tracer follows `PREFIX` + a malloc-family or
-/// `*allocx` name as that name.
+/// builds `je_`. [`ENTRY_POINTS`] lists jemalloc's API under each.
 pub const JEMALLOC_PREFIXES: &[&str] = &["_rjem_", "je_"];
 
 /// The dynamic loader's hook the ptrace tracer watches for a changed
@@ -201,29 +224,11 @@ pub fn api(name: &str) -> Option<Api> {
 
 /// The call a symbol name stands for (versioned names like
 /// `malloc@@GLIBC_2.2.5` included), the loader's hook and `exit` among
-/// them, allocators' own entry points ([`ENTRY_POINTS`]) and prefixed
-/// jemalloc names ([`JEMALLOC_PREFIXES`]) too.
+/// them, allocators' own entry points ([`ENTRY_POINTS`], prefixed
+/// jemalloc names included) too.
 pub fn lookup(name: &str) -> Option<Call> {
     let base = name.split('@').next().unwrap_or(name);
-    let find = |n: &str| {
-        INTERPOSED.iter().chain(ENTRY_POINTS).chain([&LOADER_STATE, &EXIT]).find(|(m, _)| *m == n).map(|&(_, c)| c)
-    };
-    find(base).or_else(|| {
-        let rest = JEMALLOC_PREFIXES.iter().find_map(|p| base.strip_prefix(p))?;
-        const API: &[&str] = &[
-            "malloc",
-            "calloc",
-            "realloc",
-            "free",
-            "posix_memalign",
-            "aligned_alloc",
-            "mallocx",
-            "rallocx",
-            "sdallocx",
-            "dallocx",
-        ];
-        API.contains(&rest).then(|| find(rest)).flatten()
-    })
+    INTERPOSED.iter().chain(ENTRY_POINTS).chain([&LOADER_STATE, &EXIT]).find(|(m, _)| *m == base).map(|&(_, c)| c)
 }
 
 #[cfg(test)]
@@ -240,6 +245,14 @@ mod tests {
         assert_eq!(lookup("je_mallocx"), Some(Call::Alloc { family: Family::Malloc, size: 0 }));
         assert_eq!(lookup("_rjem_malloc_usable_size"), None);
         assert_eq!(lookup("je_mi_malloc"), None);
+        for p in super::JEMALLOC_PREFIXES {
+            for n in ["malloc", "calloc", "realloc", "free", "posix_memalign", "aligned_alloc"] {
+                assert_eq!(lookup(&format!("{p}{n}")), lookup(n), "{p}{n}");
+            }
+            for n in ["mallocx", "rallocx", "sdallocx", "dallocx"] {
+                assert_eq!(lookup(&format!("{p}{n}")), lookup(n), "{p}{n}");
+            }
+        }
         assert_eq!(lookup("mi_free_size"), Some(Call::Free { family: Family::Malloc }));
         let mut names: Vec<&str> = INTERPOSED.iter().map(|(n, _)| *n).collect();
         names.sort_unstable();

@@ -25,6 +25,11 @@ pub enum Family {
     /// may free it, as pthread_join frees a thread's DTV) finds it; not the
     /// program's allocation, so not counted or reported.
     Internal = 6,
+    /// Only for a free: made through a function that is both `free` and
+    /// `operator delete` (gperftools' tcmalloc and mimalloc define one as
+    /// an alias of the other), so the call does not say which the program
+    /// meant: never a mismatched free. Since version 12.
+    Shared = 7,
 }
 
 impl Family {
@@ -38,6 +43,7 @@ impl Family {
             4 => Family::Mmap,
             5 => Family::Pool,
             6 => Family::Internal,
+            7 => Family::Shared,
             _ => return None,
         })
     }
@@ -52,6 +58,7 @@ impl Family {
             Family::Mmap => "mmap",
             Family::Pool => "pool",
             Family::Internal => "internal",
+            Family::Shared => "free/delete",
         }
     }
 }
@@ -286,6 +293,13 @@ pub enum Record {
     /// blocks are never sampled. Readers weigh a block of `size` bytes
     /// sampled at `rate` by [`crate::sampling::weight`]. Since version 10.
     Sampling { time_ns: u64, rate: u64 },
+    /// Allocation functions of the module at `path` that the producer
+    /// hooked by patching their entry (an allocator defined in the
+    /// executable, which wins over the preload): `hooked` by name (one
+    /// function may have several), and those it had to leave alone, with
+    /// why (`refused`: (name, reason)). Their calls are in the stream from
+    /// `time_ns` on; blocks they allocated before are not. Since version 12.
+    Patched { time_ns: u64, path: String, hooked: Vec<String>, refused: Vec<(String, String)> },
 }
 
 impl Record {
@@ -308,7 +322,8 @@ impl Record {
             | Record::ScanEnd { time_ns }
             | Record::Coverage { time_ns, .. }
             | Record::Watermark { time_ns }
-            | Record::Sampling { time_ns, .. } => time_ns,
+            | Record::Sampling { time_ns, .. }
+            | Record::Patched { time_ns, .. } => time_ns,
             Record::Thread { .. } | Record::Stack { .. } | Record::PoolName { .. } => return None,
         })
     }
@@ -368,4 +383,5 @@ pub(crate) mod tag {
     pub const COVERAGE: u8 = 20;
     pub const WATERMARK: u8 = 21;
     pub const SAMPLING: u8 = 22;
+    pub const PATCHED: u8 = 23;
 }

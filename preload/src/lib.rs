@@ -78,6 +78,10 @@ pub(crate) struct Up {
     /// name (`mtrace_format::functions::ENTRY_POINTS`), for the GOT
     /// redirection (`lifecycle::attach`).
     pub entry_hook: fn(&str) -> Option<usize>,
+    /// The hook of a free that several families share (tcmalloc's `free`
+    /// is its `operator delete`), patched into the executable: (its
+    /// arguments, its original) → the hook, in a slot of its own.
+    pub shared_free_hook: fn(usize, usize) -> Option<usize>,
 }
 
 /// The wiring of [`Up`].
@@ -92,7 +96,19 @@ pub(crate) static UP: Up = Up {
     park: snapshot::stop::park_here,
     reap: record::thread::reap,
     entry_hook: hook_of_entry_point,
+    shared_free_hook: hook_of_shared_free,
 };
+
+/// [`Up::shared_free_hook`]: `hooks::shared_free`; none in the unit tests.
+fn hook_of_shared_free(args: usize, original: usize) -> Option<usize> {
+    #[cfg(not(test))]
+    return hooks::shared_free::hook(args, original);
+    #[cfg(test)]
+    {
+        let _ = (args, original);
+        None
+    }
+}
 
 /// [`Up::entry_hook`]: `hooks::entry_points`; none in the unit tests,
 /// which have no hooks.

@@ -130,6 +130,15 @@ pub struct Books {
     /// munmap calls that unmapped nothing the program had mapped with its
     /// own traced mmap (allowed by POSIX; counted, not an error).
     pub unknown_munmaps: u64,
+    /// Every function that hands out the program's heap blocks is followed
+    /// (false: an allocator of the program's own, hooked by patching its
+    /// malloc family, may also allocate through functions of its own that
+    /// no producer sees): only then is a second free of an address a
+    /// double free.
+    pub every_path_seen: bool,
+    /// Second frees of an address not called double frees, because
+    /// [`Books::every_path_seen`] did not hold.
+    pub frees_again: u64,
     /// When blocks were allocated and freed, per backtrace, if kept (the
     /// HTML report's time ranges).
     pub lifetimes: Option<Box<lifetimes::Lifetimes>>,
@@ -167,6 +176,8 @@ impl Default for Books {
             mismatches: Default::default(),
             lookups_left: LOOKUPS,
             unknown_munmaps: 0,
+            every_path_seen: true,
+            frees_again: 0,
             lifetimes: None,
             clock: 0,
             sample_rate: 0,
@@ -384,6 +395,10 @@ impl Books {
             self.mismatches.add(wrong(WrongKind::Mismatched, Some(block), None));
         }
         let w = match c.outcome {
+            heap::Outcome::Again { .. } if !self.every_path_seen => {
+                self.frees_again += 1;
+                return;
+            }
             heap::Outcome::Again { after, first_free } if self.collecting_since.is_some_and(|since| after >= since) => {
                 let first = (first_free != heap::NO_STACK).then_some(first_free);
                 let freed = self.heap.block(addr).map(|b| Concerned { addr, block: b.clone(), freed: true });

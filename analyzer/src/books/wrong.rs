@@ -96,6 +96,8 @@ pub fn mismatched(alloc: Family, free: Family) -> bool {
         Family::NewArray => matches!(free, Family::Malloc | Family::New),
         // Blocks glibc made inside a hook, pools, mappings: not judged.
         Family::Internal | Family::Pool | Family::Mmap => false,
+        // Only a free's family, never a block's.
+        Family::Shared => false,
     }
 }
 

@@ -7,6 +7,8 @@ use mtrace_format::{region_kind, EndReason, Family, Record};
 
 use crate::books::wrong::Dealloc;
 use crate::books::Block;
+use mtrace_format::functions::INTERPOSED;
+
 use crate::trace::{MarkerSeen, ModuleSeen, TimePoint, Trace, Window, ATTACH_MARKER, SCAN_MARKER};
 
 /// A pool block's key in the books: its address in the pool's own space,
@@ -101,6 +103,11 @@ impl<'w> Keeper<'w> {
                 );
                 t.stats.alloc(tid, new, size, stack);
             }
+            // An inaccessible mapping reserves address space and takes no
+            // memory (Chromium's PartitionAlloc and V8 reserve gigabytes to
+            // terabytes so, and commit pages with mprotect): not a block.
+            // Its munmap is then one of nothing mapped.
+            Record::Mmap { time_ns, prot: 0, .. } => *now = time_ns,
             Record::Mmap { time_ns, addr, len, stack, .. } => {
                 *now = time_ns;
                 let stack = t.stacks.canon(stack);
@@ -188,6 +195,18 @@ impl<'w> Keeper<'w> {
                     heap_bytes: t.books.cur_bytes,
                     heap_blocks: t.books.cur_blocks,
                 });
+            }
+            Record::Patched { time_ns, path, hooked, refused } => {
+                t.books.settle();
+                *now = time_ns;
+                // Only the malloc family and the C++ operators: an
+                // allocator of the program's own, with functions of its
+                // own no producer follows (Chromium's
+                // base::UncheckedMalloc); a known allocator's API (tc_*,
+                // mallocx) is followed whole.
+                let interposed = |n: &String| INTERPOSED.iter().any(|(m, _)| m == n);
+                t.books.every_path_seen &= hooked.is_empty() || !hooked.iter().all(interposed);
+                t.patched.push(crate::trace::Patched { path, hooked, refused });
             }
             Record::Marker { time_ns, seq, name } => {
                 // The books of this moment: every event before it entered.

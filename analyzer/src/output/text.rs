@@ -172,7 +172,7 @@ fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         (None, Some(how)) => writeln!(w, "  ended by:         {how}")?,
     }
     for a in r.allocators.iter().filter(|a| a.seen) {
-        writeln!(w, "  allocator:        {} in {} ({})", a.name, a.module, a.how)?;
+        writeln!(w, "  allocator:        {} in {} ({})", a.label(), a.module, a.how)?;
     }
     for n in &r.notices {
         writeln!(w, "  WARNING: {n}")?;

@@ -11,7 +11,8 @@
 //!   `malloc` wins over any preload (the loader looks in the executable
 //!   first), and so do an allocator's own prefixed entry points
 //!   (`_rjem_mallocx` of Rust's tikv-jemallocator, `mi_malloc`), which no
-//!   hook has the name of;
+//!   hook has the name of — unless the preload hooked them by patching
+//!   their entry, which its stream says ([`crate::trace::Patched`]);
 //! - the ptrace tracer puts breakpoints on the malloc family's symbols in
 //!   every module, the executable's included, and on allocators' own
 //!   entry points (jemalloc's under its prefixes too); a stripped static
@@ -39,6 +40,17 @@ pub struct Allocator {
     /// How, in a few words ("interposed", "defined in the executable, which
     /// wins over the preload", "only prefixed entry points (_rjem_)").
     pub how: String,
+}
+
+impl Allocator {
+    /// How the report names it: `jemalloc`, or "the program's own malloc".
+    pub fn label(&self) -> &str {
+        if self.name == "malloc" {
+            "the program's own malloc"
+        } else {
+            self.name
+        }
+    }
 }
 
 /// Marker symbols of the allocators known by name, with the prefixes their
@@ -90,7 +102,8 @@ pub fn survey(t: &Trace, sym: &Symbolizer) -> Survey {
         let is_exe = *path == t.header.exe;
         out.exe_read |= is_exe;
         out.malloc_defined |= defined.contains("malloc");
-        if let Some(a) = classify(&defined, path, is_exe, preloaded) {
+        let patched = t.patched.iter().find(|p| p.path == *path);
+        if let Some(a) = classify(&defined, path, is_exe, preloaded).map(|a| with_patch(a, patched)) {
             out.allocators.push(a);
         }
     }
@@ -124,6 +137,28 @@ pub fn classify(defined: &HashSet<String>, path: &str, is_exe: bool, preloaded: 
         (false, _, true) => (false, format!("only its own prefixed entry points ({})", prefixes.join(", "))),
     };
     Some(Allocator { name, module: path.to_owned(), seen, how })
+}
+
+/// `a` as the producer's patching of its module (`patched`) left it: seen
+/// when the producer hooked its entry points (the functions it had to
+/// leave alone are named by [`notices`]).
+fn with_patch(a: Allocator, patched: Option<&crate::trace::Patched>) -> Allocator {
+    match patched {
+        Some(p) if !p.hooked.is_empty() => {
+            let mut names: Vec<&str> = p.hooked.iter().map(String::as_str).take(4).collect();
+            if p.hooked.len() > names.len() {
+                names.push("…");
+            }
+            let how = format!(
+                "hooked by patching its entry points ({} function{}: {})",
+                p.hooked.len(),
+                if p.hooked.len() == 1 { "" } else { "s" },
+                names.join(", ")
+            );
+            Allocator { seen: true, how, ..a }
+        }
+        _ => a,
+    }
 }
 
 /// A name [`classify`] looks at: the malloc family's, glibc's own, or one
@@ -169,10 +204,38 @@ pub fn notices(t: &Trace, found: &Survey) -> Vec<String> {
         .iter()
         .filter(|a| !a.seen)
         .map(|a| {
-            let what = if a.name == "malloc" { "the program's own malloc" } else { a.name };
-            format!("{what} in {}: {}; mtrace does not see the allocations made through it", a.module, a.how)
+            let patched = t.patched.iter().any(|p| p.path == a.module);
+            let how = if patched { "its entry points could not be hooked (below)" } else { a.how.as_str() };
+            format!("{} in {}: {how}; mtrace does not see the allocations made through it", a.label(), a.module)
         })
         .collect();
+    for p in &t.patched {
+        // One line per reason: a build with `-pg` refuses every function alike.
+        let mut reasons: Vec<(&str, Vec<&str>)> = Vec::new();
+        for (name, why) in &p.refused {
+            match reasons.iter_mut().find(|(w, _)| w == why) {
+                Some((_, names)) => names.push(name),
+                None => reasons.push((why, vec![name])),
+            }
+        }
+        for (why, names) in reasons {
+            let them = if names.len() == 1 { "it" } else { "them" };
+            out.push(format!(
+                "{} in {}: not hooked ({why}); mtrace does not see the calls made to {them}",
+                names.join(", "),
+                p.path
+            ));
+        }
+    }
+    if t.books.frees_again > 0 {
+        let exe = t.patched.first().map_or(t.header.exe.as_str(), |p| p.path.as_str());
+        out.push(format!(
+            "{} frees of an address mtrace had seen freed already are not called double frees: \
+             the program's own allocator in {exe} may hand out blocks through functions of its own, \
+             which mtrace does not see",
+            t.books.frees_again
+        ));
+    }
     if out.is_empty() {
         out.extend(unexplained_growth(&t.timeline));
     }

@@ -121,6 +121,21 @@ pub struct Trace {
     /// Traced from an attach (`mtrace attach`; an [`ATTACH_MARKER`] marker):
     /// the blocks allocated before it are unknown.
     pub attached: bool,
+    /// Allocation functions the producer hooked by patching their entry
+    /// ([`mtrace_format::Record::Patched`]), per module, in stream order.
+    pub patched: Vec<Patched>,
+}
+
+/// What a producer hooked by patching in one module (a
+/// [`mtrace_format::Record::Patched`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Patched {
+    /// The module's path.
+    pub path: String,
+    /// The functions hooked, by name.
+    pub hooked: Vec<String>,
+    /// The functions left alone: (name, why).
+    pub refused: Vec<(String, String)>,
 }
 
 /// Name of the marker the preload writes after an on-demand leak scan.
@@ -153,6 +168,7 @@ impl Trace {
             snapshot_on_demand: false,
             snapshot_stopped_by_signal: None,
             attached: false,
+            patched: Vec::new(),
         }
     }
 }

@@ -115,98 +115,111 @@ macro_rules! resizing {
     };
 }
 
-// jemalloc(3): `flags` are MALLOCX_* bits.
-allocating!(mtrace_ep_mallocx, "mallocx", Family::Malloc, (size: usize, flags: i32), size);
-resizing!(mtrace_ep_rallocx, "rallocx", (p, size, flags: i32));
-freeing!(mtrace_ep_sdallocx, "sdallocx", Family::Malloc, (p, size: usize, flags: i32));
-freeing!(mtrace_ep_dallocx, "dallocx", Family::Malloc, (p, flags: i32));
-
-// gperftools' tcmalloc.h.
-allocating!(mtrace_ep_tc_malloc, "tc_malloc", Family::Malloc, (size: usize), size);
-allocating!(mtrace_ep_tc_calloc, "tc_calloc", Family::Malloc, (n: usize, size: usize), n.wrapping_mul(size));
-resizing!(mtrace_ep_tc_realloc, "tc_realloc", (p, size));
-freeing!(mtrace_ep_tc_free, "tc_free", Family::Malloc, (p));
-freeing!(mtrace_ep_tc_free_sized, "tc_free_sized", Family::Malloc, (p, size: usize));
-allocating!(mtrace_ep_tc_memalign, "tc_memalign", Family::Aligned, (align: usize, size: usize), size);
-allocating!(mtrace_ep_tc_new, "tc_new", Family::New, (size: usize), size);
-allocating!(mtrace_ep_tc_newarray, "tc_newarray", Family::NewArray, (size: usize), size);
-freeing!(mtrace_ep_tc_delete, "tc_delete", Family::New, (p));
-freeing!(mtrace_ep_tc_deletearray, "tc_deletearray", Family::NewArray, (p));
-freeing!(mtrace_ep_tc_delete_sized, "tc_delete_sized", Family::New, (p, size: usize));
-freeing!(mtrace_ep_tc_deletearray_sized, "tc_deletearray_sized", Family::NewArray, (p, size: usize));
-
-/// `tc_posix_memalign`, recorded as posix_memalign is.
-///
-/// # Safety
-/// `out` is a valid pointer to write the block's address to.
-#[no_mangle]
-pub unsafe extern "C" fn mtrace_ep_tc_posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
-    const I: usize = at("tc_posix_memalign");
-    type F = unsafe extern "C" fn(*mut *mut c_void, usize, usize) -> i32;
-    traced_sampled(
-        size,
-        // SAFETY: F is tc_posix_memalign's signature.
-        || match unsafe { real::<F>(I) } {
-            // SAFETY: the real function, with the caller's arguments.
-            Some(f) => unsafe { f(out, align, size) },
-            None => libc::ENOMEM,
-        },
-        // SAFETY: on success the function wrote *out.
-        |&rc, at| if rc == 0 { recorder::alloc(at, Family::Aligned, unsafe { *out }, size) } else { (0, 0) },
-    )
+/// A `posix_memalign` of an allocator's own: `*out` gets the block.
+macro_rules! posix_memaligning {
+    ($hook:ident, $name:literal) => {
+        #[doc = concat!("`", $name, "`, recorded as posix_memalign is.")]
+        ///
+        /// # Safety
+        /// `out` is a valid pointer to write the block's address to.
+        #[no_mangle]
+        pub unsafe extern "C" fn $hook(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
+            const I: usize = at($name);
+            type F = unsafe extern "C" fn(*mut *mut c_void, usize, usize) -> i32;
+            traced_sampled(
+                size,
+                // SAFETY: F is the entry point's C signature.
+                || match unsafe { real::<F>(I) } {
+                    // SAFETY: the real function, with the caller's arguments.
+                    Some(f) => unsafe { f(out, align, size) },
+                    None => libc::ENOMEM,
+                },
+                // SAFETY: on success the function wrote *out.
+                |&rc, at| if rc == 0 { recorder::alloc(at, Family::Aligned, unsafe { *out }, size) } else { (0, 0) },
+            )
+        }
+    };
 }
 
-// mimalloc.h: every block is mi_free's, aligned or not.
-allocating!(mtrace_ep_mi_malloc, "mi_malloc", Family::Malloc, (size: usize), size);
-allocating!(mtrace_ep_mi_zalloc, "mi_zalloc", Family::Malloc, (size: usize), size);
-allocating!(mtrace_ep_mi_calloc, "mi_calloc", Family::Malloc, (n: usize, size: usize), n.wrapping_mul(size));
-resizing!(mtrace_ep_mi_realloc, "mi_realloc", (p, size));
-freeing!(mtrace_ep_mi_free, "mi_free", Family::Malloc, (p));
-freeing!(mtrace_ep_mi_free_size, "mi_free_size", Family::Malloc, (p, size: usize));
-freeing!(mtrace_ep_mi_free_aligned, "mi_free_aligned", Family::Malloc, (p, align: usize));
-freeing!(mtrace_ep_mi_free_size_aligned, "mi_free_size_aligned", Family::Malloc, (p, size: usize, align: usize));
-allocating!(mtrace_ep_mi_malloc_aligned, "mi_malloc_aligned", Family::Malloc, (size: usize, align: usize), size);
-allocating!(mtrace_ep_mi_zalloc_aligned, "mi_zalloc_aligned", Family::Malloc, (size: usize, align: usize), size);
-resizing!(mtrace_ep_mi_realloc_aligned, "mi_realloc_aligned", (p, size, align: usize));
+/// Every entry point's hook, each listed once: the hooks, and
+/// [`hook_of`] from the same list (a name left out of one would never be
+/// followed, silently).
+macro_rules! entry_points {
+    ($($kind:ident!($hook:ident, $name:literal $($rest:tt)*);)*) => {
+        $($kind!($hook, $name $($rest)*);)*
 
-// C23 (glibc 2.41): the size and alignment the block was allocated with.
-freeing!(mtrace_ep_free_sized, "free_sized", Family::Malloc, (p, size: usize));
-freeing!(mtrace_ep_free_aligned_sized, "free_aligned_sized", Family::Malloc, (p, align: usize, size: usize));
+        /// The hook of entry point `name` (for the GOT redirection and
+        /// the patching of the executable's, through the root's table),
+        /// `None` for a name of no entry point.
+        pub fn hook_of(name: &str) -> Option<usize> {
+            Some(match name {
+                $($name => $hook as *const () as usize,)*
+                _ => return None,
+            })
+        }
+    };
+}
 
-/// The hook of entry point `name` (for the GOT redirection, through the
-/// root's table), `None` for a name of no entry point.
-pub fn hook_of(name: &str) -> Option<usize> {
-    Some(match name {
-        "mallocx" => mtrace_ep_mallocx as *const () as usize,
-        "rallocx" => mtrace_ep_rallocx as *const () as usize,
-        "sdallocx" => mtrace_ep_sdallocx as *const () as usize,
-        "dallocx" => mtrace_ep_dallocx as *const () as usize,
-        "tc_malloc" => mtrace_ep_tc_malloc as *const () as usize,
-        "tc_calloc" => mtrace_ep_tc_calloc as *const () as usize,
-        "tc_realloc" => mtrace_ep_tc_realloc as *const () as usize,
-        "tc_free" => mtrace_ep_tc_free as *const () as usize,
-        "tc_free_sized" => mtrace_ep_tc_free_sized as *const () as usize,
-        "tc_memalign" => mtrace_ep_tc_memalign as *const () as usize,
-        "tc_new" => mtrace_ep_tc_new as *const () as usize,
-        "tc_newarray" => mtrace_ep_tc_newarray as *const () as usize,
-        "tc_delete" => mtrace_ep_tc_delete as *const () as usize,
-        "tc_deletearray" => mtrace_ep_tc_deletearray as *const () as usize,
-        "tc_delete_sized" => mtrace_ep_tc_delete_sized as *const () as usize,
-        "tc_deletearray_sized" => mtrace_ep_tc_deletearray_sized as *const () as usize,
-        "mi_malloc" => mtrace_ep_mi_malloc as *const () as usize,
-        "mi_zalloc" => mtrace_ep_mi_zalloc as *const () as usize,
-        "mi_calloc" => mtrace_ep_mi_calloc as *const () as usize,
-        "mi_realloc" => mtrace_ep_mi_realloc as *const () as usize,
-        "mi_free" => mtrace_ep_mi_free as *const () as usize,
-        "mi_free_size" => mtrace_ep_mi_free_size as *const () as usize,
-        "mi_free_aligned" => mtrace_ep_mi_free_aligned as *const () as usize,
-        "mi_free_size_aligned" => mtrace_ep_mi_free_size_aligned as *const () as usize,
-        "mi_malloc_aligned" => mtrace_ep_mi_malloc_aligned as *const () as usize,
-        "mi_zalloc_aligned" => mtrace_ep_mi_zalloc_aligned as *const () as usize,
-        "mi_realloc_aligned" => mtrace_ep_mi_realloc_aligned as *const () as usize,
-        "free_sized" => mtrace_ep_free_sized as *const () as usize,
-        "free_aligned_sized" => mtrace_ep_free_aligned_sized as *const () as usize,
-        "tc_posix_memalign" => mtrace_ep_tc_posix_memalign as *const () as usize,
-        _ => return None,
-    })
+entry_points! {
+    // jemalloc(3): `flags` are MALLOCX_* bits.
+    allocating!(mtrace_ep_mallocx, "mallocx", Family::Malloc, (size: usize, flags: i32), size);
+    resizing!(mtrace_ep_rallocx, "rallocx", (p, size, flags: i32));
+    freeing!(mtrace_ep_sdallocx, "sdallocx", Family::Malloc, (p, size: usize, flags: i32));
+    freeing!(mtrace_ep_dallocx, "dallocx", Family::Malloc, (p, flags: i32));
+
+    // jemalloc built with a prefix: Rust's tikv-jemalloc-sys (`_rjem_`).
+    allocating!(mtrace_ep__rjem_malloc, "_rjem_malloc", Family::Malloc, (size: usize), size);
+    allocating!(mtrace_ep__rjem_calloc, "_rjem_calloc", Family::Malloc, (n: usize, size: usize), n.wrapping_mul(size));
+    resizing!(mtrace_ep__rjem_realloc, "_rjem_realloc", (p, size));
+    freeing!(mtrace_ep__rjem_free, "_rjem_free", Family::Malloc, (p));
+    posix_memaligning!(mtrace_ep__rjem_posix_memalign, "_rjem_posix_memalign");
+    allocating!(mtrace_ep__rjem_aligned_alloc, "_rjem_aligned_alloc", Family::Aligned, (align: usize, size: usize), size);
+    allocating!(mtrace_ep__rjem_mallocx, "_rjem_mallocx", Family::Malloc, (size: usize, flags: i32), size);
+    resizing!(mtrace_ep__rjem_rallocx, "_rjem_rallocx", (p, size, flags: i32));
+    freeing!(mtrace_ep__rjem_sdallocx, "_rjem_sdallocx", Family::Malloc, (p, size: usize, flags: i32));
+    freeing!(mtrace_ep__rjem_dallocx, "_rjem_dallocx", Family::Malloc, (p, flags: i32));
+
+    // jemalloc built with the `je_` prefix (redis's own build, FreeBSD-style).
+    allocating!(mtrace_ep_je_malloc, "je_malloc", Family::Malloc, (size: usize), size);
+    allocating!(mtrace_ep_je_calloc, "je_calloc", Family::Malloc, (n: usize, size: usize), n.wrapping_mul(size));
+    resizing!(mtrace_ep_je_realloc, "je_realloc", (p, size));
+    freeing!(mtrace_ep_je_free, "je_free", Family::Malloc, (p));
+    posix_memaligning!(mtrace_ep_je_posix_memalign, "je_posix_memalign");
+    allocating!(mtrace_ep_je_aligned_alloc, "je_aligned_alloc", Family::Aligned, (align: usize, size: usize), size);
+    allocating!(mtrace_ep_je_mallocx, "je_mallocx", Family::Malloc, (size: usize, flags: i32), size);
+    resizing!(mtrace_ep_je_rallocx, "je_rallocx", (p, size, flags: i32));
+    freeing!(mtrace_ep_je_sdallocx, "je_sdallocx", Family::Malloc, (p, size: usize, flags: i32));
+    freeing!(mtrace_ep_je_dallocx, "je_dallocx", Family::Malloc, (p, flags: i32));
+
+    // gperftools' tcmalloc.h.
+    allocating!(mtrace_ep_tc_malloc, "tc_malloc", Family::Malloc, (size: usize), size);
+    allocating!(mtrace_ep_tc_calloc, "tc_calloc", Family::Malloc, (n: usize, size: usize), n.wrapping_mul(size));
+    resizing!(mtrace_ep_tc_realloc, "tc_realloc", (p, size));
+    freeing!(mtrace_ep_tc_free, "tc_free", Family::Malloc, (p));
+    freeing!(mtrace_ep_tc_free_sized, "tc_free_sized", Family::Malloc, (p, size: usize));
+    allocating!(mtrace_ep_tc_memalign, "tc_memalign", Family::Aligned, (align: usize, size: usize), size);
+    posix_memaligning!(mtrace_ep_tc_posix_memalign, "tc_posix_memalign");
+    allocating!(mtrace_ep_tc_new, "tc_new", Family::New, (size: usize), size);
+    allocating!(mtrace_ep_tc_newarray, "tc_newarray", Family::NewArray, (size: usize), size);
+    freeing!(mtrace_ep_tc_delete, "tc_delete", Family::New, (p));
+    freeing!(mtrace_ep_tc_deletearray, "tc_deletearray", Family::NewArray, (p));
+    freeing!(mtrace_ep_tc_delete_sized, "tc_delete_sized", Family::New, (p, size: usize));
+    freeing!(mtrace_ep_tc_deletearray_sized, "tc_deletearray_sized", Family::NewArray, (p, size: usize));
+
+    // mimalloc.h: every block is mi_free's, aligned or not.
+    allocating!(mtrace_ep_mi_malloc, "mi_malloc", Family::Malloc, (size: usize), size);
+    allocating!(mtrace_ep_mi_zalloc, "mi_zalloc", Family::Malloc, (size: usize), size);
+    allocating!(mtrace_ep_mi_calloc, "mi_calloc", Family::Malloc, (n: usize, size: usize), n.wrapping_mul(size));
+    resizing!(mtrace_ep_mi_realloc, "mi_realloc", (p, size));
+    freeing!(mtrace_ep_mi_free, "mi_free", Family::Malloc, (p));
+    freeing!(mtrace_ep_mi_free_size, "mi_free_size", Family::Malloc, (p, size: usize));
+    freeing!(mtrace_ep_mi_free_aligned, "mi_free_aligned", Family::Malloc, (p, align: usize));
+    freeing!(mtrace_ep_mi_free_size_aligned, "mi_free_size_aligned", Family::Malloc, (p, size: usize, align: usize));
+    allocating!(mtrace_ep_mi_malloc_aligned, "mi_malloc_aligned", Family::Malloc, (size: usize, align: usize), size);
+    allocating!(mtrace_ep_mi_zalloc_aligned, "mi_zalloc_aligned", Family::Malloc, (size: usize, align: usize), size);
+    resizing!(mtrace_ep_mi_realloc_aligned, "mi_realloc_aligned", (p, size, align: usize));
+
+    // C23 (glibc 2.41): the size and alignment the block was allocated with.
+    freeing!(mtrace_ep_free_sized, "free_sized", Family::Malloc, (p, size: usize));
+    freeing!(mtrace_ep_free_aligned_sized, "free_aligned_sized", Family::Malloc, (p, align: usize, size: usize));
 }

@@ -9,6 +9,7 @@ pub mod entry_points;
 pub mod fds;
 pub mod mmap;
 pub mod process;
+pub mod shared_free;
 
 use crate::record::guard::{self, Entry, Guard, Slot};
 use crate::record::recorder::{self, Caller, Own};

@@ -6,6 +6,7 @@
 pub mod attach;
 pub mod commands;
 pub mod fork;
+pub mod patch;
 pub mod signals;
 
 use mtrace_format::EndReason;
@@ -32,6 +33,9 @@ pub extern "C" fn init() {
         return;
     }
     let Some(s) = stream::get() else { return };
+    // An allocator in the executable wins over the hooks by name: its
+    // entry points are patched, before anything below looks for them.
+    patch::executable(s);
     // A process with one thread stays so (stream::leave_solo): another
     // library's constructor may have started one already.
     if sys::numbered_entries(c"/proc/self/task").len() > 1 {

@@ -2,14 +2,18 @@
 //! the event clock (`clock`), the `MTRACE_*` settings (`config`), the
 //! loaded modules (`modules`), the tracer's own heap (`allocator`), the
 //! spin lock of the sections a hook may enter (`spin`), where a
-//! thread-local lies from the thread pointer (`static_tls`), and the
-//! functions the hooks forward to (`real`). Names nothing above it.
+//! thread-local lies from the thread pointer (`static_tls`), the
+//! functions the hooks forward to (`real`), the functions a module's file
+//! defines (`symbols`) and hooking one by patching its entry (`patch`).
+//! Names nothing above it.
 
 pub mod allocator;
 pub mod clock;
 pub mod config;
 pub mod modules;
+pub mod patch;
 pub mod real;
 pub mod spin;
 pub mod static_tls;
+pub mod symbols;
 pub mod sys;

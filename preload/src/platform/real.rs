@@ -29,7 +29,9 @@ impl NextFn {
         if a == 1 {
             return None;
         }
-        let p = if FROM_DEFAULT.load(Ordering::Acquire) {
+        let p = if let Some(p) = patched(self.name) {
+            p
+        } else if FROM_DEFAULT.load(Ordering::Acquire) {
             from_default(self.name)
         } else {
             // SAFETY: dlsym with a NUL-terminated name is always safe to
@@ -387,6 +389,36 @@ pub fn find_entry_point(name: &CStr) -> Option<usize> {
 }
 
 static POSIX_MEMALIGN: NextFn = NextFn::new(c"posix_memalign");
+
+/// The functions of `mtrace_format::functions::INTERPOSED` that the
+/// executable defines and lifecycle::patch hooked by patching their entry:
+/// each one's original (the moved first instructions, then the rest of
+/// it), by index in that table; 0 for none. The executable's definition
+/// wins over this library's, so it is the one the hook must call, not
+/// the next object's.
+static PATCHED: [AtomicUsize; mtrace_format::functions::INTERPOSED.len()] =
+    [const { AtomicUsize::new(0) }; mtrace_format::functions::INTERPOSED.len()];
+
+/// The original of `name`, when it was patched.
+fn patched(name: &CStr) -> Option<usize> {
+    let name = name.to_bytes();
+    let i = mtrace_format::functions::INTERPOSED.iter().position(|(n, _)| n.as_bytes() == name)?;
+    Some(PATCHED[i].load(Ordering::Acquire)).filter(|&a| a != 0)
+}
+
+/// `name` (of `INTERPOSED`) was patched: its hook calls `original` from
+/// now on. Before a hook of it can run: the hooks of this module's that
+/// resolved it already (the session's start resolves the malloc family)
+/// are told here, the others find it when they resolve it.
+pub fn set_patched(name: &str, original: usize) {
+    let Some(i) = mtrace_format::functions::INTERPOSED.iter().position(|(n, _)| *n == name) else { return };
+    PATCHED[i].store(original, Ordering::Release);
+    for f in [&MALLOC, &CALLOC, &REALLOC, &FREE, &POSIX_MEMALIGN] {
+        if f.name.to_bytes() == name.as_bytes() {
+            f.addr.store(original, Ordering::Release);
+        }
+    }
+}
 
 /// Resolves every function the tracer itself allocates with. Called when the
 /// session starts: a lazy `dlsym` later could block on the loader's lock,

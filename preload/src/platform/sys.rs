@@ -291,6 +291,14 @@ static STATM: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-
 static STATM_ID: [std::sync::atomic::AtomicU64; 2] =
     [std::sync::atomic::AtomicU64::new(0), std::sync::atomic::AtomicU64::new(0)];
 
+/// The size in bytes of the file open at `fd`, if it is open.
+pub fn file_size(fd: i32) -> Option<usize> {
+    // SAFETY: st is a valid out-pointer; fstat on any number is safe.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: st is a valid out-pointer; fstat on any number is safe.
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st.st_size as usize)
+}
+
 /// Device and inode of what `fd` refers to, if it is open.
 pub fn identity(fd: i32) -> Option<(u64, u64)> {
     // SAFETY: st is a valid out-pointer; fstat on any number is safe.

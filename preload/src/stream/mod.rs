@@ -292,6 +292,11 @@ impl Session {
             let (collecting, whole) = (cfg.start, from_start && cfg.start);
             enc.encode(&mut out, &Record::Coverage { time_ns: 0, collecting, whole });
         }
+        // A fork's child: the executable's allocator was patched before
+        // it, and its stream says so from its start.
+        if let Some(rec) = crate::platform::patch::remembered() {
+            enc.encode(&mut out, &rec);
+        }
         if cfg.sample_rate != 0 {
             enc.encode(&mut out, &Record::Sampling { time_ns: 0, rate: cfg.sample_rate });
         }
