@@ -66,8 +66,12 @@ pub fn executable(s: &crate::stream::Session) {
 fn patch_executable() -> Option<Record> {
     let exe = sys::readlink(c"/proc/self/exe")?;
     let (bias, phdrs) = executable_module()?;
-    let wanted = |n: &str| call_of(n).is_some();
-    let found = symbols::defined(c"/proc/self/exe", wanted)?;
+    // Looked up for every symbol of the executable (a large C++ one has
+    // hundreds of thousands): a set, not the tables' lists.
+    let names: std::collections::HashSet<&str> =
+        INTERPOSED.iter().filter(|(_, c)| patchable(*c)).chain(ENTRY_POINTS).map(|(n, _)| *n).collect();
+    let longest = names.iter().map(|n| n.len()).max().unwrap_or(0);
+    let found = symbols::defined(c"/proc/self/exe", longest, |n| names.contains(n))?;
     if found.is_empty() {
         return None;
     }
@@ -270,7 +274,7 @@ fn own_hooks() -> BTreeMap<String, u64> {
         }
         let Ok(path) = CString::new(path) else { return };
         let wanted = |n: &str| INTERPOSED.iter().any(|(m, c)| *m == n && patchable(*c));
-        for f in symbols::defined(&path, wanted).unwrap_or_default() {
+        for f in symbols::defined(&path, usize::MAX, wanted).unwrap_or_default() {
             out.insert(f.name, bias + f.vaddr);
         }
     });

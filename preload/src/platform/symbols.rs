@@ -23,17 +23,27 @@ pub struct Function {
 
 /// The functions `path` defines whose names `wanted` accepts, each
 /// (name, address) once; `None` when the file cannot be read or is not a
-/// 64-bit ELF object of this machine's byte order.
-pub fn defined(path: &CStr, wanted: impl Fn(&str) -> bool) -> Option<Vec<Function>> {
+/// 64-bit ELF object of this machine's byte order. Names longer than
+/// `longest` bytes are not asked about (a large C++ executable has
+/// hundreds of thousands of long ones: this runs in every traced
+/// process).
+pub fn defined(path: &CStr, longest: usize, wanted: impl Fn(&str) -> bool) -> Option<Vec<Function>> {
     let file = Mapped::open(path)?;
     let elf = ElfFile64::<object::Endianness>::parse(file.bytes()).ok()?;
     let mut out: Vec<Function> = Vec::new();
     for s in elf.dynamic_symbols().chain(elf.symbols()) {
-        if s.is_undefined() || s.kind() != SymbolKind::Text || s.address() == 0 {
+        // Before the name, whose string table a large program's constructor
+        // would otherwise read whole: an allocator's entry points are
+        // global (or weak) functions.
+        if s.is_undefined() || s.is_local() || s.kind() != SymbolKind::Text || s.address() == 0 {
             continue;
         }
-        let Ok(name) = s.name() else { continue };
-        let name = name.split('@').next().unwrap_or(name);
+        let Ok(bytes) = s.name_bytes() else { continue };
+        let bytes = bytes.split(|&b| b == b'@').next().unwrap_or(bytes);
+        if bytes.len() > longest {
+            continue;
+        }
+        let Ok(name) = std::str::from_utf8(bytes) else { continue };
         if !wanted(name) || out.iter().any(|f| f.name == name && f.vaddr == s.address()) {
             continue;
         }
