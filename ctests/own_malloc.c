@@ -14,7 +14,10 @@
                        thread's array of them dies with it; each 1 MiB
                        mapping holds 10), then exit 0 with "own_malloc: done"
    own_malloc SECONDS  four threads allocate and free 1 MiB blocks (each an
-                       mmap) until then, for `mtrace attach` */
+                       mmap) until then, for `mtrace attach`
+   own_malloc fork     a forked child allocates 10 blocks of 1,000 bytes
+                       (the line marked forked) and exits 0; then the
+                       parent's output as without an argument */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -22,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static pthread_mutex_t lock = PTHREAD_ERRORCHECK_MUTEX_INITIALIZER_NP;
@@ -110,9 +114,27 @@ static void *churn(void *arg) {
     return 0;
 }
 
+/* In a forked child: the executable's functions are patched already,
+   and the child's own stream must say so. */
+static void child(void) {
+    static void *volatile blocks[10];
+    for (int i = 0; i < 10; i++)
+        blocks[i] = malloc(1000); // @leak:forked
+    exit(0);
+}
+
 int main(int argc, char **argv) {
     pthread_t t[4];
-    if (argc > 1) {
+    if (argc > 1 && strcmp(argv[1], "fork") == 0) {
+        pid_t pid = fork();
+        if (pid == 0)
+            child();
+        int st;
+        waitpid(pid, &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            return 1;
+    }
+    if (argc > 1 && strcmp(argv[1], "fork") != 0) {
         for (int i = 0; i < 4; i++)
             pthread_create(&t[i], 0, churn, 0);
         sleep(atoi(argv[1]));

@@ -190,6 +190,24 @@ pub fn traces(dir: &Path) -> Vec<(PathBuf, Value)> {
         .collect()
 }
 
+/// The trace files in `dir` with their headers only (no report: a
+/// browser's dozens of traces take seconds each to report), by name.
+pub fn trace_headers(dir: &Path) -> Vec<(PathBuf, mtrace_format::Header)> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains(".mtrace"))
+        .collect();
+    v.sort();
+    v.into_iter()
+        .filter_map(|p| {
+            let f = std::io::BufReader::new(std::fs::File::open(&p).ok()?);
+            let h = mtrace_format::Reader::new(f).header().ok()?;
+            Some((p, h))
+        })
+        .collect()
+}
+
 /// Spawns `cmd` with its standard error piped, waits for its first line
 /// there, which must contain `expect`, and drains the rest (so that the
 /// process never blocks on it).
