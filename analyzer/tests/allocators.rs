@@ -76,6 +76,27 @@ fn an_allocator_in_the_executable_is_hooked_by_patching_and_never_deadlocked() {
 }
 
 #[test]
+fn a_thread_inside_the_allocator_while_it_is_patched_is_held() {
+    let dir = scratch("alloc-own-ctor-thread");
+    let prog = build("own_malloc.c", &dir.join("own_malloc"), &["-g", "-O0"]);
+    let lib = build_lib("ctor_thread.c", &dir.join("libctor_thread.so"));
+    let m = markers("own_malloc.c");
+    for run in 0..3 {
+        let env = [("LD_PRELOAD", lib.to_str().unwrap())];
+        let (r, out) = run_json_env(&dir, &env, &[], &prog, &[]);
+        assert_eq!(out.status.code(), Some(0), "run {run}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "own_malloc: done\n");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("ctor_thread: churned\n"));
+        // Blocks the thread made before the jumps are freed after them:
+        // no wrong free, and every block of the program's own found.
+        assert_eq!(r["errors"], serde_json::json!([]), "run {run}");
+        assert_eq!(r["notices"], serde_json::json!([]), "run {run}");
+        assert_eq!(r["allocators"][0]["seen"], true, "run {run}");
+        assert_eq!(lost_at(&r, "own_malloc.c", m["keep"]), (102_400_000, 1024), "run {run}");
+    }
+}
+
+#[test]
 fn a_forked_child_of_a_patched_executable_says_so_in_its_own_trace() {
     let dir = scratch("alloc-own-fork");
     let prog = build("own_malloc.c", &dir.join("own_malloc"), &["-g", "-O0"]);

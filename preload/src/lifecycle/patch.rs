@@ -45,14 +45,14 @@ struct Target {
 /// stream `s`. Nothing when the executable defines none (the common case:
 /// glibc's malloc, interposed by name).
 pub fn executable(s: &crate::stream::Session) {
-    let Some(rec) = patch_executable() else { return };
-    // Blocks its allocator made before now were not seen: their frees are
-    // no wrong frees.
-    s.write_now(|time_ns| Record::Coverage {
-        time_ns,
-        collecting: crate::record::recorder::collecting(),
-        whole: false,
-    });
+    // Blocks its allocator made before the jumps were not seen: their
+    // frees are no wrong frees. Said before the first hook can run (another
+    // thread may call it the moment its jump is written).
+    let not_whole = || {
+        let collecting = crate::record::recorder::collecting();
+        s.write_now(|time_ns| Record::Coverage { time_ns, collecting, whole: false });
+    };
+    let Some(rec) = patch_executable(not_whole) else { return };
     let stamped = rec.clone();
     s.write_now(move |time_ns| match stamped {
         Record::Patched { path, hooked, refused, .. } => Record::Patched { time_ns, path, hooked, refused },
@@ -61,9 +61,9 @@ pub fn executable(s: &crate::stream::Session) {
     patch::remember(rec);
 }
 
-/// Finds and patches; the record of it, or `None` when there was nothing
-/// to patch.
-fn patch_executable() -> Option<Record> {
+/// Finds and patches (`before_jumps` runs once there are jumps to write);
+/// the record of it, or `None` when there was nothing to patch.
+fn patch_executable(before_jumps: impl FnOnce()) -> Option<Record> {
     let exe = sys::readlink(c"/proc/self/exe")?;
     let (bias, phdrs) = executable_module()?;
     // Looked up for every symbol of the executable (a large C++ one has
@@ -130,6 +130,9 @@ fn patch_executable() -> Option<Record> {
         for n in &t.names {
             set_original(n, site.original as usize);
         }
+    }
+    if !sites.is_empty() {
+        before_jumps();
     }
     let written = write_all(&sites, &phdrs, bias);
     for ((_, t), r) in sites.iter().zip(written) {
