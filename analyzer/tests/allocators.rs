@@ -312,6 +312,29 @@ fn allocators_own_entry_points_are_followed() {
     }
 }
 
+#[test]
+fn under_ptrace_a_free_that_is_also_a_delete_is_no_mismatched_free() {
+    // libmimalloc and libtcmalloc define free and operator delete at one
+    // address: the breakpoint there stands for both names (1,000 false
+    // mismatched frees with mimalloc before).
+    let dir = scratch("alloc-api-ptrace");
+    let m = markers("allocator_api.c");
+    for (define, lib) in [("MIMALLOC", "mimalloc"), ("TCMALLOC", "tcmalloc")] {
+        let prog = allocator_api(&dir, define, lib);
+        let (r, out) = run_json(&dir, &["--ptrace"], &prog, &[]);
+        assert!(out.status.success(), "{lib}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(r["errors"], serde_json::json!([]), "{lib}");
+        // (stdout's buffer, which glibc's freeres frees under the preload,
+        // is not freed under ptrace: left out.)
+        let ours: Vec<Leak> = leaks_in(&r, "allocator_api.c").into_iter().filter(|l| l.bytes != 4096).collect();
+        assert_eq!(
+            ours,
+            vec![leak(100, 1, "malloc", "main", m["kept"]), leak(500, 1, "malloc", "main", m["grown"])],
+            "{lib}"
+        );
+    }
+}
+
 /// Builds ctests/allocator_api.c for allocator `define` (JEMALLOC,
 /// TCMALLOC) linked statically with the archive `lib`: its malloc family
 /// and own entry points are the executable's.

@@ -501,7 +501,7 @@ impl<R: Read> Reader<R> {
                 for _ in 0..n {
                     refused.push((self.string()?, self.string()?));
                 }
-                Record::Patched { time_ns, path, hooked, refused }
+                Record::Patched { time_ns, patch: Box::new(crate::Patch { path, hooked, refused }) }
             }
             tag::SAMPLING => Record::Sampling { time_ns: self.time()?, rate: self.varint()? },
             tag::WATERMARK => Record::Watermark { time_ns: self.varint()? << self.time_shift },

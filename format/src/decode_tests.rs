@@ -57,9 +57,11 @@ fn sample() -> (Vec<u8>, Vec<Record>) {
         Record::ScanEnd { time_ns: 2491 << 6 },
         Record::Patched {
             time_ns: 2492 << 6,
-            path: "/usr/bin/prog".into(),
-            hooked: vec!["malloc".into(), "tc_malloc".into()],
-            refused: vec![("_Znwm".into(), "a call among its first 5 bytes".into())],
+            patch: Box::new(crate::Patch {
+                path: "/usr/bin/prog".into(),
+                hooked: vec!["malloc".into(), "tc_malloc".into()],
+                refused: vec![("_Znwm".into(), "a call among its first 5 bytes".into())],
+            }),
         },
         // Absolute, and the current time is untouched: the End's delta
         // below is still from the ScanEnd's.

@@ -251,16 +251,16 @@ impl Encoder {
                 self.time(out, time_ns);
                 put_varint(out, rate);
             }
-            Record::Patched { time_ns, ref path, ref hooked, ref refused } => {
+            Record::Patched { time_ns, ref patch } => {
                 out.push(tag::PATCHED);
                 self.time(out, time_ns);
-                put_bytes(out, path.as_bytes());
-                put_varint(out, hooked.len() as u64);
-                for name in hooked {
+                put_bytes(out, patch.path.as_bytes());
+                put_varint(out, patch.hooked.len() as u64);
+                for name in &patch.hooked {
                     put_bytes(out, name.as_bytes());
                 }
-                put_varint(out, refused.len() as u64);
-                for (name, why) in refused {
+                put_varint(out, patch.refused.len() as u64);
+                for (name, why) in &patch.refused {
                     put_bytes(out, name.as_bytes());
                     put_bytes(out, why.as_bytes());
                 }

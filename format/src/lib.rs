@@ -25,7 +25,7 @@ mod varint;
 
 pub use decode::{ReadError, ReadErrorKind, Reader};
 pub use encode::{compressed_header, encode_compressed, encode_header, Encoder};
-pub use record::{region_kind, EndReason, Family, Header, Module, Record, Segment};
+pub use record::{region_kind, EndReason, Family, Header, Module, Patch, Record, Segment};
 pub use varint::{put_varint, put_varint_at, unzigzag, zigzag};
 
 /// First 8 bytes of every stream: `MTRACE`, a NUL, and 0x1a (the byte that

@@ -293,13 +293,23 @@ pub enum Record {
     /// blocks are never sampled. Readers weigh a block of `size` bytes
     /// sampled at `rate` by [`crate::sampling::weight`]. Since version 10.
     Sampling { time_ns: u64, rate: u64 },
-    /// Allocation functions of the module at `path` that the producer
-    /// hooked by patching their entry (an allocator defined in the
-    /// executable, which wins over the preload): `hooked` by name (one
-    /// function may have several), and those it had to leave alone, with
-    /// why (`refused`: (name, reason)). Their calls are in the stream from
-    /// `time_ns` on; blocks they allocated before are not. Since version 12.
-    Patched { time_ns: u64, path: String, hooked: Vec<String>, refused: Vec<(String, String)> },
+    /// Allocation functions of a module that the producer hooked by
+    /// patching their entry (an allocator defined in the executable, which
+    /// wins over the preload; see [`Patch`]). Their calls are in the stream
+    /// from `time_ns` on; blocks they allocated before are not. Boxed: rare,
+    /// and every record is as large as the largest. Since version 12.
+    Patched { time_ns: u64, patch: Box<Patch> },
+}
+
+/// What a producer hooked by patching in one module ([`Record::Patched`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Patch {
+    /// The module's path.
+    pub path: String,
+    /// The functions hooked, by name (one function may have several).
+    pub hooked: Vec<String>,
+    /// The functions left alone: (name, why, in a few words).
+    pub refused: Vec<(String, String)>,
 }
 
 impl Record {
@@ -384,4 +394,14 @@ pub(crate) mod tag {
     pub const WATERMARK: u8 = 21;
     pub const SAMPLING: u8 = 22;
     pub const PATCHED: u8 = 23;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_record_stays_small() {
+        // The analyzer queues records by the million while it orders
+        // threads' chunks: a rare record's lists are boxed.
+        assert!(std::mem::size_of::<super::Record>() <= 48, "{}", std::mem::size_of::<super::Record>());
+    }
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use mtrace_format::maps::Mapping;
-use mtrace_format::{Module, Segment};
+use mtrace_format::{Family, Module, Segment};
 use nix::unistd::Pid;
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable, RelocationTarget, SymbolKind};
 
@@ -130,8 +130,9 @@ fn load(path: &str, start: u64, end: u64, off: u64) -> Result<Option<Loaded>> {
         let Ok(name) = sym.name() else { continue };
         if let Some(call) = funcs::lookup(name) {
             let at = bias.wrapping_add(sym.address());
-            if !funcs.iter().any(|f| f.0 == at) {
-                funcs.push((at, call));
+            match funcs.iter_mut().find(|f| f.0 == at) {
+                Some(f) => f.1 = aliased(f.1, call),
+                None => funcs.push((at, call)),
             }
         }
     }
@@ -159,6 +160,18 @@ fn load(path: &str, start: u64, end: u64, off: u64) -> Result<Option<Loaded>> {
         text,
         api_slots,
     }))
+}
+
+/// What a breakpoint at a function with two names `first` and `other`
+/// (aliases at one address) means: where both are frees of different
+/// families (gperftools' and mimalloc's `free` is their `operator
+/// delete`), a free whose call does not say which the program meant
+/// (`Family::Shared`, never judged mismatched); else the first name's.
+fn aliased(first: Call, other: Call) -> Call {
+    match (first, other) {
+        (Call::Free { family: a }, Call::Free { family: b }) if a != b => Call::Free { family: Family::Shared },
+        _ => first,
+    }
 }
 
 /// ELF p_flags of `s` (PF_X 1, PF_W 2, PF_R 4).

@@ -196,7 +196,7 @@ impl<'w> Keeper<'w> {
                     heap_blocks: t.books.cur_blocks,
                 });
             }
-            Record::Patched { time_ns, path, hooked, refused } => {
+            Record::Patched { time_ns, patch } => {
                 t.books.settle();
                 *now = time_ns;
                 // Only the malloc family and the C++ operators: an
@@ -205,8 +205,8 @@ impl<'w> Keeper<'w> {
                 // base::UncheckedMalloc); a known allocator's API (tc_*,
                 // mallocx) is followed whole.
                 let interposed = |n: &String| INTERPOSED.iter().any(|(m, _)| m == n);
-                t.books.every_path_seen &= hooked.is_empty() || !hooked.iter().all(interposed);
-                t.patched.push(crate::trace::Patched { path, hooked, refused });
+                t.books.every_path_seen &= patch.hooked.is_empty() || !patch.hooked.iter().all(interposed);
+                t.patched.push(*patch);
             }
             Record::Marker { time_ns, seq, name } => {
                 // The books of this moment: every event before it entered.

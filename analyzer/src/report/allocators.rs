@@ -12,7 +12,7 @@
 //!   first), and so do an allocator's own prefixed entry points
 //!   (`_rjem_mallocx` of Rust's tikv-jemallocator, `mi_malloc`), which no
 //!   hook has the name of — unless the preload hooked them by patching
-//!   their entry, which its stream says ([`crate::trace::Patched`]);
+//!   their entry, which its stream says ([`mtrace_format::Patch`]);
 //! - the ptrace tracer puts breakpoints on the malloc family's symbols in
 //!   every module, the executable's included, and on allocators' own
 //!   entry points (jemalloc's under its prefixes too); a stripped static
@@ -142,7 +142,7 @@ pub fn classify(defined: &HashSet<String>, path: &str, is_exe: bool, preloaded: 
 /// `a` as the producer's patching of its module (`patched`) left it: seen
 /// when the producer hooked its entry points (the functions it had to
 /// leave alone are named by [`notices`]).
-fn with_patch(a: Allocator, patched: Option<&crate::trace::Patched>) -> Allocator {
+fn with_patch(a: Allocator, patched: Option<&mtrace_format::Patch>) -> Allocator {
     match patched {
         Some(p) if !p.hooked.is_empty() => {
             let mut names: Vec<&str> = p.hooked.iter().map(String::as_str).take(4).collect();

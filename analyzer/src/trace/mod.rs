@@ -123,19 +123,7 @@ pub struct Trace {
     pub attached: bool,
     /// Allocation functions the producer hooked by patching their entry
     /// ([`mtrace_format::Record::Patched`]), per module, in stream order.
-    pub patched: Vec<Patched>,
-}
-
-/// What a producer hooked by patching in one module (a
-/// [`mtrace_format::Record::Patched`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Patched {
-    /// The module's path.
-    pub path: String,
-    /// The functions hooked, by name.
-    pub hooked: Vec<String>,
-    /// The functions left alone: (name, why).
-    pub refused: Vec<(String, String)>,
+    pub patched: Vec<mtrace_format::Patch>,
 }
 
 /// Name of the marker the preload writes after an on-demand leak scan.

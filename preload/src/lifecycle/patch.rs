@@ -55,7 +55,7 @@ pub fn executable(s: &crate::stream::Session) {
     let Some(rec) = patch_executable(not_whole) else { return };
     let stamped = rec.clone();
     s.write_now(move |time_ns| match stamped {
-        Record::Patched { path, hooked, refused, .. } => Record::Patched { time_ns, path, hooked, refused },
+        Record::Patched { patch, .. } => Record::Patched { time_ns, patch },
         other => other,
     });
     patch::remember(rec);
@@ -98,7 +98,7 @@ fn patch_executable(before_jumps: impl FnOnce()) -> Option<Record> {
         for t in &targets {
             refuse_all(t, "no free memory near the executable for its trampolines", &mut refused);
         }
-        return Some(Record::Patched { time_ns: 0, path: exe, hooked, refused });
+        return Some(patched(exe, hooked, refused));
     };
     let own = own_hooks();
     let mut sites: Vec<(Site, &Target)> = Vec::new();
@@ -123,7 +123,7 @@ fn patch_executable(before_jumps: impl FnOnce()) -> Option<Record> {
         for (_, t) in &sites {
             refuse_all(t, "its trampolines could not be made executable", &mut refused);
         }
-        return Some(Record::Patched { time_ns: 0, path: exe, hooked, refused });
+        return Some(patched(exe, hooked, refused));
     }
     // The originals first: a hook may run as soon as its jump is written.
     for (site, t) in &sites {
@@ -143,7 +143,12 @@ fn patch_executable(before_jumps: impl FnOnce()) -> Option<Record> {
     }
     hooked.sort_by_key(|n| order(n));
     refused.sort_by_key(|(n, _)| order(n));
-    Some(Record::Patched { time_ns: 0, path: exe, hooked, refused })
+    Some(patched(exe, hooked, refused))
+}
+
+/// The record of what was patched in the module at `path`, at time 0.
+fn patched(path: String, hooked: Vec<String>, refused: Vec<(String, String)>) -> Record {
+    Record::Patched { time_ns: 0, patch: Box::new(mtrace_format::Patch { path, hooked, refused }) }
 }
 
 /// Writes the jumps of `sites` with no other thread running their code:
