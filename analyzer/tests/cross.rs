@@ -93,7 +93,7 @@ fn frames_in_a_powerpc_executable_symbolize() {
         Record::Thread { tid: 42, time_ns: 0 },
         Record::Modules { time_ns: 0, modules: vec![module] },
         Record::Stack { id: 1, frames: vec![bias + ret] },
-        Record::Alloc { time_ns: 1, family: Family::Malloc, addr: 0x2000_0000, size: 64, stack: 1 },
+        Record::Alloc { time_ns: 1, family: Family::Malloc, addr: 0x2000_0000, size: 64, stack: 1, align: 0 },
         Record::End { time_ns: 2, reason: EndReason::Exit },
     ];
     let trace = dir.join("ppc.mtrace");
@@ -121,7 +121,7 @@ fn the_scan_of_a_32_bit_big_endian_target_reads_its_words() {
     for w in [a as u32, c as u32 + 4, 0xdead_beef] {
         words.extend_from_slice(&w.to_be_bytes());
     }
-    let alloc = |time_ns, addr| Record::Alloc { time_ns, family: Family::Malloc, addr, size: 16, stack: 1 };
+    let alloc = |time_ns, addr| Record::Alloc { time_ns, family: Family::Malloc, addr, size: 16, stack: 1, align: 0 };
     let recs = [
         Record::Thread { tid: 7, time_ns: 1 },
         Record::Stack { id: 1, frames: vec![0x1000_0010] },

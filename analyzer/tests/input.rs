@@ -185,7 +185,7 @@ fn crafted(dir: &std::path::Path, name: &str, records: &[mtrace_format::Record])
 fn crafted_sizes_and_end_signals_neither_wrap_nor_panic() {
     use mtrace_format::{Family, Record};
     let dir = scratch("crafted");
-    let alloc = |addr, size| Record::Alloc { time_ns: 1, family: Family::Malloc, addr, size, stack: 0 };
+    let alloc = |addr, size| Record::Alloc { time_ns: 1, family: Family::Malloc, addr, size, stack: 0, align: 0 };
     let end = Record::End { time_ns: 2, reason: mtrace_format::EndReason::Exit };
     let huge = crafted(&dir, "huge.mtrace", &[alloc(0x10, 1 << 63), alloc(0x20, 1 << 63), alloc(0x30, u64::MAX), end]);
     let out = report(&huge, true);

@@ -310,3 +310,78 @@ fn the_scan_at_exit_leaves_a_damaged_heap_alone() {
     assert_eq!(r["summary"]["bad_frees"], 1);
     assert!(r["kinds"].is_object(), "the scan ran");
 }
+
+#[test]
+fn sized_and_aligned_deletes_told_another_size_or_alignment_are_mismatched_frees() {
+    let dir = scratch("wrong-delete-told");
+    let prog = dir.join("delete_mismatch");
+    let st = Command::new("g++")
+        .args(["-g", "-O0", "-fsized-deallocation", "-o"])
+        .arg(&prog)
+        .arg(ctests_dir().join("delete_mismatch.cpp"))
+        .status()
+        .expect("g++");
+    assert!(st.success());
+    let m = markers("delete_mismatch.cpp");
+    let (r, out) = run_json(&dir, &["-S"], &prog, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "delete_mismatch: done\n");
+    // (kind, call, the size or alignment the delete was told, the block's
+    // size and alignment, the allocating line), one each, in the order the
+    // program made them; the right ones none.
+    let got: Vec<(String, String, u64, u64, u64, u64, u64)> = r["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let told = e.get("told_size").or(e.get("told_align")).and_then(Value::as_u64).unwrap_or(u64::MAX);
+            let b = &e["block"];
+            (
+                e["kind"].as_str().unwrap().to_owned(),
+                e["call"].as_str().unwrap().to_owned(),
+                told,
+                b["size"].as_u64().unwrap(),
+                b["align"].as_u64().unwrap(),
+                e["count"].as_u64().unwrap(),
+                line_in(&serde_json::json!({"frames": e["alloc_frames"]}), "delete_mismatch.cpp").unwrap_or(0),
+            )
+        })
+        .collect();
+    let want = |kind: &str, call: &str, told: u64, size: u64, align: u64, marker: &str| {
+        (kind.to_owned(), call.to_owned(), told, size, align, 1, m[marker] as u64)
+    };
+    assert_eq!(
+        got,
+        vec![
+            want("size_mismatch", "delete", 33, 32, 0, "size_scalar"),
+            want("size_mismatch", "delete[]", 33, 32, 0, "size_array"),
+            want("size_mismatch", "delete", 4, 20, 0, "base"),
+            want("align_mismatch", "delete", 0, 64, 64, "aligned_new"),
+            want("align_mismatch", "delete", 64, 32, 0, "aligned_del"),
+            want("align_mismatch", "delete", 128, 64, 64, "other_align"),
+        ]
+    );
+    // With -S, where each was freed: the line after its allocation's but
+    // for the Base*, deleted two lines below.
+    for e in r["errors"].as_array().unwrap() {
+        assert!(line_in(&serde_json::json!({"frames": e["free_frames"]}), "delete_mismatch.cpp").is_some(), "{e}");
+    }
+    assert_eq!(r["summary"]["mismatched_frees"], 6);
+    assert_eq!(r["summary"]["bad_frees"], 0);
+    // The text, in valgrind 3.22's words.
+    let txt = dir.join("report.txt");
+    let st = Command::new(mtrace()).arg("run").arg("-o").arg(&txt).arg("--").arg(&prog).output().unwrap();
+    assert!(st.status.success());
+    let text = std::fs::read_to_string(&txt).unwrap();
+    assert!(
+        text.contains("\n#3: Mismatched new/delete size value: delete told 4 bytes of a block of 20, 1 time\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "\n#4: Mismatched new/delete alignment: delete told the default alignment of a block allocated with \
+             alignment 64, 1 time\n"
+        ),
+        "{text}"
+    );
+}

@@ -119,7 +119,7 @@ fn measure(path: &str, model: Model) -> Result<(u64, usize), Box<dyn std::error:
             Record::Alloc { .. } | Record::Free { .. } | Record::Realloc { .. } if matches!(model, Model::Delta) => {
                 real.encode(o, &rec)
             }
-            Record::Alloc { time_ns, family, addr, size, stack } => {
+            Record::Alloc { time_ns, family, addr, size, stack, .. } => {
                 o.push(2);
                 enc.time(o, time_ns);
                 o.push(family as u8);
@@ -127,7 +127,7 @@ fn measure(path: &str, model: Model) -> Result<(u64, usize), Box<dyn std::error:
                 put_varint(o, size);
                 put_varint(o, stack as u64);
             }
-            Record::Free { time_ns, family, addr, stack } => {
+            Record::Free { time_ns, family, addr, stack, .. } => {
                 o.push(3);
                 enc.time(o, time_ns);
                 o.push(family as u8);

@@ -21,7 +21,7 @@ fn sample() -> (Vec<u8>, Vec<Record>) {
     let recs = vec![
         Record::Thread { tid: 7, time_ns: 1000 << 6 },
         Record::Stack { id: 1, frames: vec![0x401000, 0x400ff0, 0x7fff_0000_1234] },
-        Record::Alloc { time_ns: 1500 << 6, family: Family::New, addr: 0x5555_0000, size: 24, stack: 1 },
+        Record::Alloc { time_ns: 1500 << 6, family: Family::New, addr: 0x5555_0000, size: 24, stack: 1, align: 0 },
         Record::Realloc {
             time_ns: 1400 << 6,
             free_time_ns: 1390 << 6,
@@ -30,9 +30,9 @@ fn sample() -> (Vec<u8>, Vec<Record>) {
             size: 48,
             stack: 1,
         },
-        Record::Free { time_ns: 2000 << 6, family: Family::Malloc, addr: 0x5555_1000, stack: 0 },
-        Record::Free { time_ns: 2010 << 6, family: Family::NewArray, addr: 0x5555_2000, stack: 1 },
-        Record::Free { time_ns: 2015 << 6, family: Family::Shared, addr: 0x5555_3000, stack: 0 },
+        Record::Free { time_ns: 2000 << 6, family: Family::Malloc, addr: 0x5555_1000, stack: 0, align: 0, size: 0 },
+        Record::Free { time_ns: 2010 << 6, family: Family::NewArray, addr: 0x5555_2000, stack: 1, align: 0, size: 0 },
+        Record::Free { time_ns: 2015 << 6, family: Family::Shared, addr: 0x5555_3000, stack: 0, align: 0, size: 0 },
         Record::Coverage { time_ns: 2020 << 6, collecting: true, whole: true },
         Record::Coverage { time_ns: 2030 << 6, collecting: false, whole: false },
         Record::Coverage { time_ns: 2040 << 6, collecting: true, whole: false },
@@ -230,7 +230,10 @@ fn times_read_back_in_whole_units() {
     encode_header(&mut out, &Header { pointer_size: 8, ..Header::default() });
     let mut e = Encoder::new();
     e.encode(&mut out, &Record::Thread { tid: 1, time_ns: 1000 });
-    e.encode(&mut out, &Record::Alloc { time_ns: 1077, family: Family::Malloc, addr: 0x10, size: 1, stack: 0 });
+    e.encode(
+        &mut out,
+        &Record::Alloc { time_ns: 1077, family: Family::Malloc, addr: 0x10, size: 1, stack: 0, align: 0 },
+    );
     let mut r = Reader::new(&out[..]);
     assert_eq!(r.header().unwrap().time_shift, crate::TIME_SHIFT);
     assert_eq!(r.next_record().unwrap(), Some(Record::Thread { tid: 1, time_ns: 960 }));
@@ -252,9 +255,9 @@ fn version_6_streams_still_read() {
     let h = r.header().unwrap();
     assert_eq!((h.version, h.time_shift), (6, 0));
     assert_eq!(r.next_record().unwrap(), Some(Record::Thread { tid: 9, time_ns: 100 }));
-    let alloc = Record::Alloc { time_ns: 101, family: Family::Malloc, addr: 0x110, size: 5, stack: 0 };
+    let alloc = Record::Alloc { time_ns: 101, family: Family::Malloc, addr: 0x110, size: 5, stack: 0, align: 0 };
     assert_eq!(r.next_record().unwrap(), Some(alloc));
-    let free = Record::Free { time_ns: 102, family: Family::Malloc, addr: 0x110, stack: 0 };
+    let free = Record::Free { time_ns: 102, family: Family::Malloc, addr: 0x110, stack: 0, align: 0, size: 0 };
     assert_eq!(r.next_record().unwrap(), Some(free));
 }
 
@@ -289,10 +292,17 @@ fn a_sparse_region_that_does_not_parse_is_corrupt_with_offset() {
 fn allocs_and_frees_of_extreme_values_read_back() {
     let recs = vec![
         Record::Thread { tid: 9, time_ns: 1 << 60 },
-        Record::Alloc { time_ns: u64::MAX << 6, family: Family::Pool, addr: u64::MAX, size: u64::MAX, stack: u32::MAX },
-        Record::Free { time_ns: 0, family: Family::New, addr: 1, stack: u32::MAX },
-        Record::Free { time_ns: 64, family: Family::Malloc, addr: 1 << 63, stack: 0 },
-        Record::Alloc { time_ns: 128, family: Family::Malloc, addr: 0, size: 0, stack: 0 },
+        Record::Alloc {
+            time_ns: u64::MAX << 6,
+            family: Family::Pool,
+            addr: u64::MAX,
+            size: u64::MAX,
+            stack: u32::MAX,
+            align: 0,
+        },
+        Record::Free { time_ns: 0, family: Family::New, addr: 1, stack: u32::MAX, align: 0, size: 0 },
+        Record::Free { time_ns: 64, family: Family::Malloc, addr: 1 << 63, stack: 0, align: 0, size: 0 },
+        Record::Alloc { time_ns: 128, family: Family::Malloc, addr: 0, size: 0, stack: 0, align: 0 },
     ];
     let mut s = Vec::new();
     encode_header(&mut s, &Header { version: VERSION, pointer_size: 8, ..Header::default() });

@@ -115,6 +115,50 @@ impl Encoder {
         append(out, &b, n);
     }
 
+    /// Appends a [`Record::Alloc`] of an aligned C++ `operator new`: tag 24,
+    /// the Alloc's fields and `align` (bytes).
+    #[allow(clippy::too_many_arguments)]
+    pub fn alloc_aligned(
+        &mut self,
+        out: &mut Vec<u8>,
+        time_ns: u64,
+        family: Family,
+        addr: u64,
+        size: u64,
+        stack: u32,
+        align: u64,
+    ) {
+        out.push(tag::ALLOC_ALIGNED);
+        self.time(out, time_ns);
+        out.push(family as u8);
+        self.addr(out, addr);
+        put_varint(out, size);
+        put_varint(out, stack as u64);
+        put_varint(out, align);
+    }
+
+    /// Appends a [`Record::Free`] of a sized or aligned deallocation: tag
+    /// 25, the Free's fields, its backtrace (0: none), `size` and `align`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn free_sized(
+        &mut self,
+        out: &mut Vec<u8>,
+        time_ns: u64,
+        family: Family,
+        addr: u64,
+        stack: u32,
+        size: u64,
+        align: u64,
+    ) {
+        out.push(tag::FREE_SIZED);
+        self.time(out, time_ns);
+        out.push(family as u8);
+        self.addr(out, addr);
+        put_varint(out, stack as u64);
+        put_varint(out, size);
+        put_varint(out, align);
+    }
+
     /// Appends a [`Record::Free`], as [`Encoder::alloc`] does an Alloc.
     #[inline]
     pub fn free(&mut self, out: &mut Vec<u8>, time_ns: u64, family: Family, addr: u64, stack: u32) {
@@ -158,8 +202,18 @@ impl Encoder {
                 put_varint(out, self.last_time);
             }
             Record::Stack { id, ref frames } => self.stack(out, id, frames),
-            Record::Alloc { time_ns, family, addr, size, stack } => self.alloc(out, time_ns, family, addr, size, stack),
-            Record::Free { time_ns, family, addr, stack } => self.free(out, time_ns, family, addr, stack),
+            Record::Alloc { time_ns, family, addr, size, stack, align: 0 } => {
+                self.alloc(out, time_ns, family, addr, size, stack)
+            }
+            Record::Alloc { time_ns, family, addr, size, stack, align } => {
+                self.alloc_aligned(out, time_ns, family, addr, size, stack, align)
+            }
+            Record::Free { time_ns, family, addr, stack, size: 0, align: 0 } => {
+                self.free(out, time_ns, family, addr, stack)
+            }
+            Record::Free { time_ns, family, addr, stack, size, align } => {
+                self.free_sized(out, time_ns, family, addr, stack, size, align)
+            }
             Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => {
                 out.push(tag::REALLOC);
                 self.time(out, time_ns);

@@ -212,16 +212,23 @@ pub enum Record {
     /// tracer's own frames removed. Ids are unique within a stream; the same
     /// frames may be defined under several ids.
     Stack { id: u32, frames: Vec<u64> },
-    /// A block of `size` requested bytes at `addr` from `family`.
-    Alloc { time_ns: u64, family: Family, addr: u64, size: u64, stack: u32 },
+    /// A block of `size` requested bytes at `addr` from `family`. `align`:
+    /// the alignment (bytes) an aligned C++ `operator new` was asked for;
+    /// 0 for every other allocation (written as tag 3 then, tag 24 with
+    /// it; since version 12).
+    Alloc { time_ns: u64, family: Family, addr: u64, size: u64, stack: u32, align: u64 },
     /// The block at `addr` was freed (an unknown `addr` was allocated before
     /// tracing, or is a wrong free). The time is taken before the real free,
     /// an `Alloc`'s after the real malloc, so times order the events of one
     /// address; the record is buffered before the real free runs too, so
     /// that a free glibc aborts on (a double free) is in the trace.
     /// `stack` is the free's backtrace (`mtrace run -S`), 0 for none:
-    /// written as tag 4 without it, tag 19 with it.
-    Free { time_ns: u64, family: Family, addr: u64, stack: u32 },
+    /// written as tag 4 without it, tag 19 with it. `size` and `align`:
+    /// what a sized or aligned deallocation was told of the block (C++'s
+    /// sized and aligned `operator delete`, C23's `free_sized` and
+    /// `free_aligned_sized`), bytes; 0 when it was not told (written as
+    /// tag 25 when either is not 0; since version 12).
+    Free { time_ns: u64, family: Family, addr: u64, stack: u32, size: u64, align: u64 },
     /// A successful realloc: block `old` is gone and block `new` of `size`
     /// bytes exists (glibc's realloc(NULL, n) is an `Alloc`, realloc(p, 0) a
     /// `Free`; a failed realloc writes nothing because `old` survives).
@@ -394,6 +401,10 @@ pub(crate) mod tag {
     pub const WATERMARK: u8 = 21;
     pub const SAMPLING: u8 = 22;
     pub const PATCHED: u8 = 23;
+    /// A [`super::Record::Alloc`] with its alignment.
+    pub const ALLOC_ALIGNED: u8 = 24;
+    /// A [`super::Record::Free`] with the size or alignment it was given.
+    pub const FREE_SIZED: u8 = 25;
 }
 
 #[cfg(test)]

@@ -206,7 +206,8 @@ pub fn entry(
             None => {
                 if args[0] != 0 && (!p.keeps_live() || p.live.remove(&args[0])) {
                     let stack = if s.check_frees { backtrace(p, t, at, ret, s.depth, frames) } else { 0 };
-                    p.stream.record(t, &Record::Free { time_ns: time, family, addr: args[0], stack });
+                    p.stream
+                        .record(t, &Record::Free { time_ns: time, family, addr: args[0], stack, align: 0, size: 0 });
                 }
                 // free() calls no other free; delete ends in free.
                 th.outer = outer(args[0], family == Family::Malloc, None);
@@ -291,8 +292,15 @@ fn sampled(p: &Process, rec: Record, picked: bool) -> Option<Record> {
         Record::Alloc { .. } | Record::Mmap { .. } | Record::Mremap { .. } if !picked => None,
         Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => match (recorded(p, old), picked) {
             (true, true) => Some(rec),
-            (false, true) => Some(Record::Alloc { time_ns, family: Family::Malloc, addr: new, size, stack }),
-            (true, false) => Some(Record::Free { time_ns: free_time_ns, family: Family::Malloc, addr: old, stack: 0 }),
+            (false, true) => Some(Record::Alloc { time_ns, family: Family::Malloc, addr: new, size, stack, align: 0 }),
+            (true, false) => Some(Record::Free {
+                time_ns: free_time_ns,
+                family: Family::Malloc,
+                addr: old,
+                stack: 0,
+                align: 0,
+                size: 0,
+            }),
             (false, false) => None,
         },
         Record::Free { addr, .. } if !recorded(p, addr) => None,
@@ -317,7 +325,8 @@ pub fn returned(p: &mut Process, th: &mut Thread, tid: Pid, r: &mut Regs, stack:
     let t = tid.as_raw() as u32;
     let res = r.result();
     let [a0, a1, a2, a3, a4] = q.args;
-    let alloc = |addr: u64, family: Family, size: u64| Record::Alloc { time_ns, family, addr, size, stack: q.stack };
+    let alloc =
+        |addr: u64, family: Family, size: u64| Record::Alloc { time_ns, family, addr, size, stack: q.stack, align: 0 };
     let rec = match q.call {
         Call::Alloc { family, size } => {
             let (family, size) = q.new.unwrap_or((family, q.args[size]));
@@ -339,7 +348,14 @@ pub fn returned(p: &mut Process, th: &mut Thread, tid: Pid, r: &mut Regs, stack:
             match Realloc::of(old, new, size) {
                 Realloc::Failed => None,
                 Realloc::Allocated => Some(alloc(new, Family::Malloc, size)),
-                Realloc::Freed => Some(Record::Free { time_ns: q.time, family: Family::Malloc, addr: old, stack: 0 }),
+                Realloc::Freed => Some(Record::Free {
+                    time_ns: q.time,
+                    family: Family::Malloc,
+                    addr: old,
+                    stack: 0,
+                    align: 0,
+                    size: 0,
+                }),
                 Realloc::Resized => {
                     Some(Record::Realloc { time_ns, free_time_ns: q.time, old, new, size, stack: q.stack })
                 }

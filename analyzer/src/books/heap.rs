@@ -126,7 +126,7 @@ impl Heap {
         let Some(s) = self.slots.at(found) else {
             // Kept, so that a second free of it is one.
             self.unmatched += 1;
-            let none = Block { size: 0, stack: NO_STACK, family: mtrace_format::Family::Malloc, time: 0 };
+            let none = Block { size: 0, stack: NO_STACK, family: mtrace_format::Family::Malloc, time: 0, align: 0 };
             let slot = Slot { block: none, seen: false, live: false, free_time: time, free_stack: stack };
             self.slots.insert(found, addr, slot);
             return Change { outcome: Outcome::Unknown, ..Change::default() };
@@ -186,7 +186,7 @@ mod tests {
     use mtrace_format::Family;
 
     fn blk(size: u64, time: u64) -> Block {
-        Block { size, stack: 0, family: Family::Malloc, time }
+        Block { size, stack: 0, family: Family::Malloc, time, align: 0 }
     }
 
     #[test]

@@ -30,6 +30,9 @@ pub struct Block {
     pub family: Family,
     /// Allocation time, ns since the trace started.
     pub time: u64,
+    /// The alignment an aligned `operator new` was asked for, as
+    /// [`wrong::align_code`] keeps it (0: none; in the struct's padding).
+    pub align: u8,
 }
 
 impl Block {
@@ -349,7 +352,10 @@ impl Books {
                 // The common case, a free of the block allocated there by
                 // its own family, is right at once.
                 let right = c.outcome == heap::Outcome::Ended
-                    && c.ended.as_ref().is_some_and(|b| !wrong::mismatched(b.family, d.family));
+                    && c.ended.as_ref().is_some_and(|b| {
+                        !wrong::mismatched(b.family, d.family)
+                            && ((d.size | d.align) == 0 && b.align == 0 || wrong::misdescribed(b, &d).is_none())
+                    });
                 if !right && d.family != Family::Pool {
                     self.judge(addr, time, d, &c);
                 }
@@ -390,9 +396,17 @@ impl Books {
     #[inline(never)]
     fn judge(&mut self, addr: u64, time: u64, d: Dealloc, c: &heap::Change) {
         let wrong = |kind, block, first_free| WrongFree { kind, call: d, addr, time, block, first_free };
-        if let Some(b) = c.ended.as_ref().filter(|b| wrong::mismatched(b.family, d.family)) {
-            let block = Concerned { addr, block: b.clone(), freed: false };
-            self.mismatches.add(wrong(WrongKind::Mismatched, Some(block), None));
+        if let Some(b) = c.ended.as_ref() {
+            // The family first; then, of the right family, what the free
+            // was told of the block (its size, its alignment).
+            let kind = match wrong::mismatched(b.family, d.family) {
+                true => Some(WrongKind::Mismatched),
+                false => wrong::misdescribed(b, &d),
+            };
+            if let Some(kind) = kind {
+                let block = Concerned { addr, block: b.clone(), freed: false };
+                self.mismatches.add(wrong(kind, Some(block), None));
+            }
         }
         let w = match c.outcome {
             heap::Outcome::Again { .. } if !self.every_path_seen => {
@@ -432,7 +446,7 @@ impl Books {
     /// puts each half at its own time), or never (the process ended inside
     /// the realloc: glibc aborted on `old`, no live block).
     pub fn realloc_free(&mut self, tid: u32, old: u64, free_time: u64, stack: Option<u32>) {
-        let d = Dealloc { family: Family::Malloc, stack, realloc: true };
+        let d = Dealloc { family: Family::Malloc, stack, realloc: true, size: 0, align: 0 };
         self.dealloc(tid, old, free_time, d);
     }
 

@@ -3,7 +3,7 @@
 use super::*;
 
 fn blk(size: u64, time: u64) -> Block {
-    Block { size, stack: 1, family: Family::Malloc, time }
+    Block { size, stack: 1, family: Family::Malloc, time, align: 0 }
 }
 
 #[test]
@@ -49,7 +49,7 @@ fn events_wait_for_the_skew_and_no_longer() {
 
 #[test]
 fn live_at_peak_is_the_state_when_the_total_last_rose() {
-    let at = |stack: u32, size: u64, time: u64| Block { size, stack, family: Family::Malloc, time };
+    let at = |stack: u32, size: u64, time: u64| Block { size, stack, family: Family::Malloc, time, align: 0 };
     let mut b = Books::default();
     b.alloc(0, 0x10, at(0, 100, 1));
     b.alloc(0, 0x20, at(1, 50, 2));
@@ -77,7 +77,7 @@ fn live_at_peak_is_the_state_when_the_total_last_rose() {
 
 #[test]
 fn internal_blocks_are_freed_but_neither_counted_nor_live() {
-    let internal = |size: u64, time: u64| Block { size, stack: 0, family: Family::Internal, time };
+    let internal = |size: u64, time: u64| Block { size, stack: 0, family: Family::Internal, time, align: 0 };
     let mut b = Books::default();
     // The program frees a block, glibc reuses its address inside a hook
     // (a thread's DTV), then the program frees that (pthread_join).
@@ -150,11 +150,11 @@ fn whole() -> Books {
 }
 
 fn of(family: Family, size: u64, stack: u32, time: u64) -> Block {
-    Block { size, stack, family, time }
+    Block { size, stack, family, time, align: 0 }
 }
 
 fn dealloc(family: Family, stack: u32) -> Dealloc {
-    Dealloc { family, stack: Some(stack), realloc: false }
+    Dealloc { family, stack: Some(stack), realloc: false, align: 0, size: 0 }
 }
 
 /// (kind, address, block start, count) of each group, the events entered.
@@ -276,7 +276,7 @@ fn many_mismatches_of_one_backtrace_are_one_entry() {
 #[test]
 fn pool_frees_and_munmaps_are_never_wrong() {
     let mut b = whole();
-    b.dealloc(0, 0x10, 1, Dealloc { family: Family::Pool, stack: None, realloc: false });
+    b.dealloc(0, 0x10, 1, Dealloc { family: Family::Pool, stack: None, realloc: false, align: 0, size: 0 });
     b.munmap(0x7000_0000, 4096, 0);
     b.settle();
     assert_eq!((b.wrong_free_counts(), b.unmatched_frees(), b.unknown_munmaps), ((0, 0), 1, 1));

@@ -8,9 +8,14 @@
 //!   reallocarray and the aligned family (posix_memalign, aligned_alloc,
 //!   memalign, valloc, pvalloc) go with free and realloc; `new` with
 //!   `delete`; `new[]` with `delete[]`. The aligned and nothrow variants of
-//!   `new` and `delete` are one family each, so memcheck 3.22's "Mismatched
-//!   new/delete size/alignment" (an aligned `new` freed by a plain
-//!   `delete`) is not reported.
+//!   `new` and `delete` are one family each.
+//! - **Size and alignment mismatches** (memcheck 3.22's "Mismatched
+//!   new/delete size value" and "… alignment", ASan's
+//!   new-delete-type-mismatch): of the right family, a sized deallocation
+//!   told a size that is not the block's (C++'s sized `delete`, C23's
+//!   `free_sized`), or an `operator delete` told another alignment than
+//!   its `new` was asked for (an aligned delete of a plain new's block, a
+//!   plain one of an aligned new's). Counted with the mismatched frees.
 //! - **Double free**: a free that follows a free of the same address with
 //!   no allocation in between (also the free half of a realloc).
 //! - **Invalid free**: a free of an address the stream never saw
@@ -38,6 +43,14 @@ pub enum WrongKind {
     DoubleFree,
     /// Not the start of a block the stream knows, while it knows them all.
     InvalidFree,
+    /// A sized deallocation (C++'s sized `operator delete`, C23's
+    /// `free_sized`) told a size that is not the block's (valgrind 3.22's
+    /// "Mismatched new/delete size value"; ASan's new-delete-type-mismatch).
+    SizeMismatch,
+    /// An aligned `operator delete` of a block from a plain `new`, a plain
+    /// one of an aligned `new`'s block, or one told another alignment
+    /// (valgrind 3.22's "Mismatched new/delete alignment").
+    AlignMismatch,
 }
 
 impl WrongKind {
@@ -46,7 +59,15 @@ impl WrongKind {
         match self {
             WrongKind::Mismatched => "Mismatched free() / delete / delete []",
             WrongKind::DoubleFree | WrongKind::InvalidFree => "Invalid free() / delete / delete[] / realloc()",
+            WrongKind::SizeMismatch => "Mismatched new/delete size value",
+            WrongKind::AlignMismatch => "Mismatched new/delete alignment",
         }
+    }
+
+    /// A mismatch of some kind (family, size or alignment), counted with
+    /// the mismatched frees; the others are double and invalid frees.
+    pub fn is_mismatch(self) -> bool {
+        matches!(self, WrongKind::Mismatched | WrongKind::SizeMismatch | WrongKind::AlignMismatch)
     }
 
     /// Short name, as in JSON.
@@ -55,6 +76,8 @@ impl WrongKind {
             WrongKind::Mismatched => "mismatched",
             WrongKind::DoubleFree => "double free",
             WrongKind::InvalidFree => "invalid free",
+            WrongKind::SizeMismatch => "size mismatch",
+            WrongKind::AlignMismatch => "alignment mismatch",
         }
     }
 }
@@ -69,23 +92,73 @@ pub struct Dealloc {
     pub stack: Option<u32>,
     /// The free half of a realloc.
     pub realloc: bool,
+    /// What a sized deallocation was told of the block's size, bytes (0:
+    /// not a sized one).
+    pub size: u64,
+    /// What an aligned `operator delete` was told of the block's alignment,
+    /// bytes (0: not an aligned one).
+    pub align: u64,
 }
 
 impl Dealloc {
     /// A `free()` without backtrace.
     pub fn free() -> Dealloc {
-        Dealloc { family: Family::Malloc, stack: None, realloc: false }
+        Dealloc { family: Family::Malloc, stack: None, realloc: false, size: 0, align: 0 }
     }
 
-    /// The function called, as memcheck names it.
+    /// A deallocation of `family` with backtrace `stack`, told nothing.
+    pub fn of(family: Family, stack: Option<u32>) -> Dealloc {
+        Dealloc { family, stack, realloc: false, size: 0, align: 0 }
+    }
+
+    /// The function called, as memcheck names it (C23's sized free as
+    /// `free_sized`).
     pub fn call_name(&self) -> &'static str {
         match (self.realloc, self.family) {
             (true, _) => "realloc",
             (false, Family::New) => "delete",
             (false, Family::NewArray) => "delete[]",
+            (false, Family::Malloc | Family::Aligned) if self.size != 0 => "free_sized",
             _ => "free",
         }
     }
+}
+
+/// An alignment (bytes, 0 for none) as a block keeps it: 0 for none, 1 +
+/// its base-2 logarithm for a power of two, 255 for any other value.
+pub fn align_code(align: u64) -> u8 {
+    match align {
+        0 => 0,
+        a if a.is_power_of_two() => 1 + a.trailing_zeros() as u8,
+        _ => 255,
+    }
+}
+
+/// An alignment kept by [`align_code`], in bytes (0: none; `u64::MAX`:
+/// not a power of two).
+pub fn align_of_code(code: u8) -> u64 {
+    match code {
+        0 => 0,
+        255 => u64::MAX,
+        c => 1 << (c - 1),
+    }
+}
+
+/// What is wrong with freeing block `b` by `d`, of the right family, in
+/// what `d` was told of it: a size that is not the block's (C++'s sized
+/// delete, C23's `free_sized`), or an alignment that is not the one its
+/// `operator new` was asked for (an aligned delete of a plain new's block
+/// or the reverse); `None` when nothing is (or `d` was told nothing).
+pub fn misdescribed(b: &Block, d: &Dealloc) -> Option<WrongKind> {
+    let judged = matches!(b.family, Family::Malloc | Family::Aligned | Family::New | Family::NewArray);
+    if !judged || d.realloc {
+        return None;
+    }
+    if d.size != 0 && d.size != b.size {
+        return Some(WrongKind::SizeMismatch);
+    }
+    let cxx = |f: Family| matches!(f, Family::New | Family::NewArray);
+    (cxx(b.family) && cxx(d.family) && align_code(d.align) != b.align).then_some(WrongKind::AlignMismatch)
 }
 
 /// Whether freeing a block of family `alloc` with `free` is a mismatch.
@@ -183,5 +256,26 @@ mod tests {
             assert!(mismatched(alloc, bad), "{alloc:?} freed by {bad:?}");
         }
         assert!(!mismatched(Internal, New) && !mismatched(Pool, Malloc));
+    }
+
+    #[test]
+    fn what_a_sized_or_aligned_delete_is_told_must_be_the_blocks() {
+        let b = |family, size, align| Block { size, stack: 0, family, time: 0, align: align_code(align) };
+        let d = |family, size, align| Dealloc { family, stack: None, realloc: false, size, align };
+        use Family::*;
+        assert_eq!(misdescribed(&b(New, 32, 0), &d(New, 32, 0)), None);
+        assert_eq!(misdescribed(&b(New, 32, 0), &d(New, 0, 0)), None);
+        assert_eq!(misdescribed(&b(New, 32, 0), &d(New, 33, 0)), Some(WrongKind::SizeMismatch));
+        assert_eq!(misdescribed(&b(NewArray, 64, 64), &d(NewArray, 64, 64)), None);
+        assert_eq!(misdescribed(&b(New, 64, 64), &d(New, 0, 0)), Some(WrongKind::AlignMismatch));
+        assert_eq!(misdescribed(&b(New, 64, 0), &d(New, 0, 16)), Some(WrongKind::AlignMismatch));
+        assert_eq!(misdescribed(&b(New, 64, 64), &d(New, 0, 128)), Some(WrongKind::AlignMismatch));
+        // C23's free_sized: the size only; realloc's free is told nothing.
+        assert_eq!(misdescribed(&b(Malloc, 10, 0), &d(Malloc, 11, 0)), Some(WrongKind::SizeMismatch));
+        assert_eq!(misdescribed(&b(Aligned, 10, 0), &d(Malloc, 10, 0)), None);
+        // Mappings, pools, internal blocks: never.
+        assert_eq!(misdescribed(&b(Mmap, 10, 0), &d(Malloc, 11, 0)), None);
+        assert_eq!((align_code(0), align_code(1), align_code(64), align_code(3)), (0, 1, 7, 255));
+        assert_eq!((align_of_code(7), align_of_code(0)), (64, 0));
     }
 }

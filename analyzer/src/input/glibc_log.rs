@@ -97,7 +97,7 @@ pub fn load_with_complaints(path: &Path, prog: Option<&Path>) -> Result<(Trace, 
                 let size = words.get(4).and_then(|w| hex(w)).unwrap_or(0);
                 let st = stack(&mut t);
                 t.stats.alloc(0, addr, size, st);
-                let b = Block { size, stack: st, family: Family::Malloc, time: n };
+                let b = Block { size, stack: st, family: Family::Malloc, time: n, align: 0 };
                 if !live.insert(addr) {
                     complaints.push(Complaint { text: format!("+ {addr:#018x} Alloc {n} duplicate") });
                 }

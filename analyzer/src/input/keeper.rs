@@ -49,10 +49,12 @@ impl<'w> Keeper<'w> {
     /// Enters record `rec` of thread `tid` into `t`.
     pub fn apply(&mut self, t: &mut Trace, tid: u32, rec: Record) -> Flow {
         match rec {
-            Record::Alloc { time_ns, family, addr, size, stack } => {
-                self.alloc(t, tid, time_ns, family, addr, size, stack)
+            Record::Alloc { time_ns, family, addr, size, stack, align } => {
+                self.alloc(t, tid, time_ns, family, addr, size, stack, align)
             }
-            Record::Free { time_ns, family, addr, stack } => self.free(t, tid, time_ns, family, addr, stack),
+            Record::Free { time_ns, family, addr, stack, size, align } => {
+                self.free(t, tid, time_ns, family, addr, stack, (size, align))
+            }
             _ => return self.apply_other(t, tid, rec),
         }
         Flow::Go
@@ -88,7 +90,7 @@ impl<'w> Keeper<'w> {
                 t.records -= 1;
                 *now = time_ns;
                 let stack = t.stacks.canon(stack);
-                t.books.alloc(tid, new, Block { size, stack, family: Family::Malloc, time: time_ns });
+                t.books.alloc(tid, new, Block { size, stack, family: Family::Malloc, time: time_ns, align: 0 });
                 t.stats.alloc(tid, new, size, stack);
             }
             Record::Realloc { time_ns, free_time_ns, old, new, size, stack } => {
@@ -99,7 +101,7 @@ impl<'w> Keeper<'w> {
                     old,
                     free_time_ns,
                     new,
-                    Block { size, stack, family: Family::Malloc, time: time_ns },
+                    Block { size, stack, family: Family::Malloc, time: time_ns, align: 0 },
                 );
                 t.stats.alloc(tid, new, size, stack);
             }
@@ -111,7 +113,7 @@ impl<'w> Keeper<'w> {
             Record::Mmap { time_ns, addr, len, stack, .. } => {
                 *now = time_ns;
                 let stack = t.stacks.canon(stack);
-                t.books.mmap(addr, Block { size: len, stack, family: Family::Mmap, time: time_ns });
+                t.books.mmap(addr, Block { size: len, stack, family: Family::Mmap, time: time_ns, align: 0 });
             }
             Record::Munmap { time_ns, addr, len } => {
                 *now = time_ns;
@@ -120,7 +122,12 @@ impl<'w> Keeper<'w> {
             Record::Mremap { time_ns, old, old_len, new, new_len, stack } => {
                 *now = time_ns;
                 let stack = t.stacks.canon(stack);
-                t.books.mremap(old, old_len, new, Block { size: new_len, stack, family: Family::Mmap, time: time_ns });
+                t.books.mremap(
+                    old,
+                    old_len,
+                    new,
+                    Block { size: new_len, stack, family: Family::Mmap, time: time_ns, align: 0 },
+                );
             }
             Record::Modules { time_ns, modules } => {
                 *now = time_ns;
@@ -164,11 +171,15 @@ impl<'w> Keeper<'w> {
                 *now = time_ns;
                 let canon = t.stacks.canon(stack);
                 let stack = t.stacks.for_pool(canon, pool);
-                t.books.alloc(tid, pool_key(pool, addr), Block { size, stack, family: Family::Pool, time: time_ns });
+                t.books.alloc(
+                    tid,
+                    pool_key(pool, addr),
+                    Block { size, stack, family: Family::Pool, time: time_ns, align: 0 },
+                );
             }
             Record::PoolFree { time_ns, pool, addr } => {
                 *now = time_ns;
-                let d = Dealloc { family: Family::Pool, stack: None, realloc: false };
+                let d = Dealloc { family: Family::Pool, stack: None, realloc: false, size: 0, align: 0 };
                 t.books.dealloc(tid, pool_key(pool, addr), time_ns, d);
             }
             Record::ScanRegion { kind: region_kind::STOPPED_BY_SIGNAL, bytes, .. } => {
@@ -234,27 +245,51 @@ impl<'w> Keeper<'w> {
         Flow::Go
     }
 
-    /// [`Keeper::apply`] of an Alloc record.
+    /// [`Keeper::apply`] of an Alloc record (`align`: an aligned
+    /// `operator new`'s alignment, bytes, or 0).
     #[allow(clippy::too_many_arguments)]
     #[inline]
-    pub fn alloc(&mut self, t: &mut Trace, tid: u32, time_ns: u64, family: Family, addr: u64, size: u64, stack: u32) {
+    pub fn alloc(
+        &mut self,
+        t: &mut Trace,
+        tid: u32,
+        time_ns: u64,
+        family: Family,
+        addr: u64,
+        size: u64,
+        stack: u32,
+        align: u64,
+    ) {
         t.records += 1;
         self.now = time_ns;
         let stack = t.stacks.canon(stack);
-        t.books.alloc(tid, addr, Block { size, stack, family, time: time_ns });
+        let align = crate::books::wrong::align_code(align);
+        t.books.alloc(tid, addr, Block { size, stack, family, time: time_ns, align });
         if family != Family::Internal {
             t.stats.alloc(tid, addr, size, stack);
         }
         t.last_time = t.last_time.max(time_ns);
     }
 
-    /// [`Keeper::apply`] of a Free record.
+    /// [`Keeper::apply`] of a Free record (`told`: the size and alignment
+    /// a sized or aligned deallocation was told, bytes, or 0).
+    #[allow(clippy::too_many_arguments)]
     #[inline]
-    pub fn free(&mut self, t: &mut Trace, tid: u32, time_ns: u64, family: Family, addr: u64, stack: u32) {
+    pub fn free(
+        &mut self,
+        t: &mut Trace,
+        tid: u32,
+        time_ns: u64,
+        family: Family,
+        addr: u64,
+        stack: u32,
+        told: (u64, u64),
+    ) {
         t.records += 1;
         self.now = time_ns;
         let stack = (stack != 0).then(|| t.stacks.canon(stack));
-        t.books.dealloc(tid, addr, time_ns, Dealloc { family, stack, realloc: false });
+        let (size, align) = told;
+        t.books.dealloc(tid, addr, time_ns, Dealloc { family, stack, realloc: false, size, align });
         t.stats.free(tid, addr);
         t.last_time = t.last_time.max(time_ns);
     }

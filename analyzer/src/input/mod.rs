@@ -126,12 +126,12 @@ pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Re
                 // stores that wrote the copy, which the CPU cannot forward
                 // (a fifth of this loop's time on python3's trace).
                 let flow = match item {
-                    Ok((tid, Record::Alloc { time_ns, family, addr, size, stack })) => {
-                        keeper.alloc(&mut t, *tid, *time_ns, *family, *addr, *size, *stack);
+                    Ok((tid, Record::Alloc { time_ns, family, addr, size, stack, align })) => {
+                        keeper.alloc(&mut t, *tid, *time_ns, *family, *addr, *size, *stack, *align);
                         Flow::Go
                     }
-                    Ok((tid, Record::Free { time_ns, family, addr, stack })) => {
-                        keeper.free(&mut t, *tid, *time_ns, *family, *addr, *stack);
+                    Ok((tid, Record::Free { time_ns, family, addr, stack, size, align })) => {
+                        keeper.free(&mut t, *tid, *time_ns, *family, *addr, *stack, (*size, *align));
                         Flow::Go
                     }
                     Ok((tid, rec)) => keeper.apply(&mut t, *tid, std::mem::replace(rec, PLACEHOLDER)),

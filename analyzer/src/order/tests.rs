@@ -18,9 +18,9 @@ struct Ev {
 fn record(i: usize, e: &Ev) -> Record {
     if e.alloc {
         // The size names the event, so that the live block says which.
-        Record::Alloc { time_ns: e.time, family: Family::Malloc, addr: 0x10, size: i as u64 + 1, stack: 0 }
+        Record::Alloc { time_ns: e.time, family: Family::Malloc, addr: 0x10, size: i as u64 + 1, stack: 0, align: 0 }
     } else {
-        Record::Free { time_ns: e.time, family: Family::Malloc, addr: 0x10, stack: 0 }
+        Record::Free { time_ns: e.time, family: Family::Malloc, addr: 0x10, stack: 0, align: 0, size: 0 }
     }
 }
 
@@ -32,7 +32,7 @@ fn replay(stream: &[(u32, Record)], version: u64) -> (Option<usize>, u64) {
     books.whole = false;
     let mut enter = |tid: u32, r: Record| match r {
         Record::Alloc { time_ns, addr, size, .. } => {
-            books.alloc(tid, addr, Block { size, stack: 0, family: Family::Malloc, time: time_ns })
+            books.alloc(tid, addr, Block { size, stack: 0, family: Family::Malloc, time: time_ns, align: 0 })
         }
         Record::Free { time_ns, addr, .. } => books.free(tid, addr, time_ns),
         Record::Watermark { time_ns } => books.advance(time_ns),
@@ -199,11 +199,11 @@ fn a_late_chunk_is_put_in_its_place() {
     // Thread 1 allocates at 100 and 300; thread 0 frees at 200 and 400;
     // thread 1's chunk comes last, after a watermark that only covers 50.
     let s = vec![
-        (0, Record::Free { time_ns: 200, family: Family::Malloc, addr: 0x10, stack: 0 }),
-        (0, Record::Free { time_ns: 400, family: Family::Malloc, addr: 0x10, stack: 0 }),
+        (0, Record::Free { time_ns: 200, family: Family::Malloc, addr: 0x10, stack: 0, align: 0, size: 0 }),
+        (0, Record::Free { time_ns: 400, family: Family::Malloc, addr: 0x10, stack: 0, align: 0, size: 0 }),
         (0, Record::Watermark { time_ns: 50 }),
-        (1, Record::Alloc { time_ns: 100, family: Family::Malloc, addr: 0x10, size: 1, stack: 0 }),
-        (1, Record::Alloc { time_ns: 300, family: Family::Malloc, addr: 0x10, size: 2, stack: 0 }),
+        (1, Record::Alloc { time_ns: 100, family: Family::Malloc, addr: 0x10, size: 1, stack: 0, align: 0 }),
+        (1, Record::Alloc { time_ns: 300, family: Family::Malloc, addr: 0x10, size: 2, stack: 0, align: 0 }),
         (0, Record::Watermark { time_ns: 1000 }),
     ];
     assert_eq!(replay(&s, VERSION_NOW), (None, 0));
@@ -217,12 +217,28 @@ fn a_realloc_is_two_events() {
     let mut m = Merge::new(VERSION_NOW);
     let mut out = Vec::new();
     let mut keep = |tid, r| out.push((tid, r));
-    m.push(1, Record::Alloc { time_ns: 50, family: Family::Malloc, addr: 0x20, size: 8, stack: 0 }, &mut keep);
-    m.push(0, Record::Alloc { time_ns: 60, family: Family::Malloc, addr: 0x10, size: 8, stack: 0 }, &mut keep);
+    m.push(
+        1,
+        Record::Alloc { time_ns: 50, family: Family::Malloc, addr: 0x20, size: 8, stack: 0, align: 0 },
+        &mut keep,
+    );
+    m.push(
+        0,
+        Record::Alloc { time_ns: 60, family: Family::Malloc, addr: 0x10, size: 8, stack: 0, align: 0 },
+        &mut keep,
+    );
     let realloc = Record::Realloc { time_ns: 500, free_time_ns: 100, old: 0x10, new: 0x20, size: 16, stack: 3 };
     m.push(0, realloc, &mut keep);
-    m.push(1, Record::Alloc { time_ns: 200, family: Family::Malloc, addr: 0x10, size: 4, stack: 0 }, &mut keep);
-    m.push(1, Record::Free { time_ns: 300, family: Family::Malloc, addr: 0x20, stack: 0 }, &mut keep);
+    m.push(
+        1,
+        Record::Alloc { time_ns: 200, family: Family::Malloc, addr: 0x10, size: 4, stack: 0, align: 0 },
+        &mut keep,
+    );
+    m.push(
+        1,
+        Record::Free { time_ns: 300, family: Family::Malloc, addr: 0x20, stack: 0, align: 0, size: 0 },
+        &mut keep,
+    );
     assert_eq!(m.queued(), 6);
     m.push(0, Record::Watermark { time_ns: 1000 }, &mut keep);
     let times: Vec<u64> = out.iter().filter_map(|(_, r)| r.time_ns()).collect();
@@ -238,13 +254,25 @@ fn definitions_go_right_before_their_threads_next_record() {
     let mut m = Merge::new(VERSION_NOW);
     let mut out = Vec::new();
     let mut keep = |tid, r| out.push((tid, r));
-    m.push(2, Record::Free { time_ns: 700, family: Family::Malloc, addr: 0x50, stack: 0 }, &mut keep);
+    m.push(
+        2,
+        Record::Free { time_ns: 700, family: Family::Malloc, addr: 0x50, stack: 0, align: 0, size: 0 },
+        &mut keep,
+    );
     m.push(2, Record::Stack { id: 9, frames: vec![1, 2] }, &mut keep);
     // Stamped before the thread's latest record: it goes first, with the
     // Stack defined for it.
-    m.push(2, Record::Alloc { time_ns: 600, family: Family::Malloc, addr: 0x10, size: 1, stack: 9 }, &mut keep);
+    m.push(
+        2,
+        Record::Alloc { time_ns: 600, family: Family::Malloc, addr: 0x10, size: 1, stack: 9, align: 0 },
+        &mut keep,
+    );
     m.push(1, Record::Thread { tid: 1, time_ns: 650 }, &mut keep);
-    m.push(1, Record::Free { time_ns: 650, family: Family::Malloc, addr: 0x30, stack: 0 }, &mut keep);
+    m.push(
+        1,
+        Record::Free { time_ns: 650, family: Family::Malloc, addr: 0x30, stack: 0, align: 0, size: 0 },
+        &mut keep,
+    );
     m.push(0, Record::PoolName { id: 1, name: "p".into() }, &mut keep);
     // Thread and PoolName records at once.
     assert_eq!(m.queued(), 4);
@@ -260,7 +288,11 @@ fn streams_without_watermarks_trail_the_latest_time() {
     let mut count = |_, _| n += 1;
     for k in 0..100u64 {
         let t = k * 1_000_000;
-        m.push(1, Record::Free { time_ns: t, family: Family::Malloc, addr: k, stack: 0 }, &mut count);
+        m.push(
+            1,
+            Record::Free { time_ns: t, family: Family::Malloc, addr: k, stack: 0, align: 0, size: 0 },
+            &mut count,
+        );
     }
     // 99 ms read: what is older than 99 − 50 ms is handed on.
     let left = m.queued();

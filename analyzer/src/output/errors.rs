@@ -15,6 +15,29 @@ fn what(e: &ErrorEntry) -> String {
         (WrongKind::Mismatched, None) => format!("{call} of a block from another family"),
         (WrongKind::DoubleFree, _) => format!("{call} of a block already freed (double free)"),
         (WrongKind::InvalidFree, _) => format!("{call} of an address that is no block's start (invalid free)"),
+        (WrongKind::SizeMismatch, b) => {
+            let told = thousands(e.told_size.unwrap_or(0));
+            match b {
+                Some(b) => format!("{call} told {told} bytes of a block of {}", thousands(b.size)),
+                None => format!("{call} told {told} bytes"),
+            }
+        }
+        (WrongKind::AlignMismatch, b) => {
+            let told = alignment(e.told_align.unwrap_or(0));
+            match b {
+                Some(b) => format!("{call} told {told} of a block allocated with {}", alignment(b.align)),
+                None => format!("{call} told {told}"),
+            }
+        }
+    }
+}
+
+/// An alignment as the text says it (bytes; 0: none asked for).
+fn alignment(a: u64) -> String {
+    match a {
+        0 => "the default alignment".to_owned(),
+        u64::MAX => "an alignment that is no power of two".to_owned(),
+        a => format!("alignment {}", thousands(a)),
     }
 }
 

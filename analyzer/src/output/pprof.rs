@@ -232,7 +232,7 @@ mod tests {
         t.stacks.define(2, vec![0x1000, 0x3000], 0);
         let (s1, s2) = (t.stacks.canon(1), t.stacks.canon(2));
         for (addr, size, stack) in [(0x10, 16, s1), (0x20, 32, s1), (0x30, 100, s2)] {
-            t.books.alloc(1, addr, Block { size, stack, family: Family::Malloc, time: 1 });
+            t.books.alloc(1, addr, Block { size, stack, family: Family::Malloc, time: 1, align: 0 });
         }
         t.books.free(1, 0x20, 2);
         t.books.settle();

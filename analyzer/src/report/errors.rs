@@ -12,7 +12,8 @@ use crate::trace::Trace;
 /// Wrong frees of one kind, call and backtraces.
 #[derive(Serialize, Debug)]
 pub struct ErrorEntry {
-    /// `mismatched`, `double_free` or `invalid_free`.
+    /// `mismatched`, `double_free`, `invalid_free`, `size_mismatch` or
+    /// `align_mismatch`.
     pub kind: WrongKind,
     /// The deallocating call: `free`, `delete`, `delete[]`, `realloc`.
     pub call: &'static str,
@@ -32,6 +33,13 @@ pub struct ErrorEntry {
     pub free_frames: Vec<Frame>,
     /// Double free: where the block was freed the time before (with `-S`).
     pub first_free_frames: Vec<Frame>,
+    /// The size a sized deallocation was told, bytes (`size_mismatch`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub told_size: Option<u64>,
+    /// The alignment an aligned `operator delete` was told, bytes; 0 for a
+    /// plain `delete` (`alignment_mismatch`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub told_align: Option<u64>,
 }
 
 /// The block a wrong free concerns.
@@ -47,6 +55,9 @@ pub struct BlockInfo {
     pub family: &'static str,
     /// It had been freed already.
     pub freed: bool,
+    /// The alignment its aligned `operator new` was asked for, bytes (0:
+    /// not an aligned one; `u64::MAX`: not a power of two).
+    pub align: u64,
 }
 
 /// The wrong frees of `t`, most frequent of the sort key's kind first with
@@ -55,8 +66,8 @@ pub struct BlockInfo {
 pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize>) -> Vec<ErrorEntry> {
     let mut found = t.books.wrong_frees();
     let first_kind = |k: WrongKind| match sort {
-        SortKey::Badfree => k == WrongKind::Mismatched,
-        SortKey::Mismatched => k != WrongKind::Mismatched,
+        SortKey::Badfree => k.is_mismatch(),
+        SortKey::Mismatched => !k.is_mismatch(),
         _ => false,
     };
     if matches!(sort, SortKey::Badfree | SortKey::Mismatched) {
@@ -77,18 +88,21 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, sort: SortKey, depth: Option<usize
                 offset: w.addr.wrapping_sub(c.addr),
                 family: c.block.family.name(),
                 freed: c.freed,
+                align: crate::books::wrong::align_of_code(c.block.align),
             }),
             alloc_frames: frames(w.block.as_ref().map(|c| c.block.stack)),
             free_frames: frames(w.call.stack),
             first_free_frames: frames(w.first_free),
+            told_size: (w.kind == WrongKind::SizeMismatch).then_some(w.call.size),
+            told_align: (w.kind == WrongKind::AlignMismatch).then_some(w.call.align),
         })
         .collect()
 }
 
 /// Counts per kind: (double and invalid, mismatched).
 pub fn counts(errors: &[ErrorEntry]) -> (u64, u64) {
-    errors.iter().fold((0, 0), |(bad, mis), e| match e.kind {
-        WrongKind::Mismatched => (bad, mis + e.count),
-        _ => (bad + e.count, mis),
+    errors.iter().fold((0, 0), |(bad, mis), e| match e.kind.is_mismatch() {
+        true => (bad, mis + e.count),
+        false => (bad + e.count, mis),
     })
 }

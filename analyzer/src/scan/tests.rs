@@ -8,7 +8,7 @@ fn region(addr: u64, words: &[u64], kind: u8) -> Region {
 fn run(blocks: &[(u64, u64)], regions: Vec<Region>) -> Vec<Kind> {
     let mut t = crate::trace::Trace::new(std::path::Path::new("x"), Default::default());
     for &(a, size) in blocks {
-        t.books.alloc(0, a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0 });
+        t.books.alloc(0, a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0, align: 0 });
     }
     t.books.settle();
     t.snapshot = Some(regions);
@@ -103,7 +103,7 @@ fn a_lost_list_is_one_definite_block_and_the_rest_indirect() {
     let blocks: Vec<(u64, u64)> = (0..n).map(|i| (b(i), 16)).collect();
     let mut t = crate::trace::Trace::new(std::path::Path::new("x"), Default::default());
     for &(a, size) in &blocks {
-        t.books.alloc(0, a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0 });
+        t.books.alloc(0, a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0, align: 0 });
     }
     t.books.settle();
     t.snapshot = Some(vec![region(HEAP, &words, region_kind::MAPPING)]);
@@ -131,7 +131,7 @@ fn heuristics_need_their_exact_layout() {
     let blocks = [(b(0), 48), (b(1), 48), (b(2), 48), (b(3), 45), (b(4), 45)];
     let mut t = crate::trace::Trace::new(std::path::Path::new("x"), Default::default());
     for &(a, size) in &blocks {
-        t.books.alloc(0, a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0 });
+        t.books.alloc(0, a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0, align: 0 });
     }
     t.books.settle();
     t.snapshot = Some(vec![roots, region(HEAP, &heap, region_kind::MAPPING)]);

@@ -12,7 +12,7 @@ use mtrace_format::functions::ENTRY_POINTS;
 use mtrace_format::Family;
 
 use super::alloc::traced_realloc;
-use super::{traced_free, traced_sampled};
+use super::{traced_free_told, traced_sampled};
 use crate::platform::real;
 use crate::record::recorder;
 
@@ -70,9 +70,13 @@ macro_rules! allocating {
     };
 }
 
-/// A deallocation entry point: its first argument is the block.
+/// A deallocation entry point: its first argument is the block; `told`,
+/// what it is told of the block (size, alignment; 0 for what it is not).
 macro_rules! freeing {
     ($hook:ident, $name:literal, $family:expr, ($p:ident $(, $a:ident: $t:ty)*)) => {
+        freeing!($hook, $name, $family, ($p $(, $a: $t)*), told((0, 0)));
+    };
+    ($hook:ident, $name:literal, $family:expr, ($p:ident $(, $a:ident: $t:ty)*), told($told:expr)) => {
         #[doc = concat!("`", $name, "`, recorded as a free of the ", stringify!($family), " family.")]
         ///
         /// # Safety
@@ -81,7 +85,7 @@ macro_rules! freeing {
         pub unsafe extern "C" fn $hook($p: *mut c_void $(, $a: $t)*) {
             const I: usize = at($name);
             type F = unsafe extern "C" fn(*mut c_void $(, $t)*);
-            traced_free($family, $p, false, || {
+            traced_free_told($family, $p, $told, false, || {
                 // SAFETY: F is the entry point's C signature.
                 if let Some(f) = unsafe { real::<F>(I) } {
                     // SAFETY: the real function, with the caller's arguments.
@@ -219,7 +223,8 @@ entry_points! {
     allocating!(mtrace_ep_mi_zalloc_aligned, "mi_zalloc_aligned", Family::Malloc, (size: usize, align: usize), size);
     resizing!(mtrace_ep_mi_realloc_aligned, "mi_realloc_aligned", (p, size, align: usize));
 
-    // C23 (glibc 2.41): the size and alignment the block was allocated with.
-    freeing!(mtrace_ep_free_sized, "free_sized", Family::Malloc, (p, size: usize));
-    freeing!(mtrace_ep_free_aligned_sized, "free_aligned_sized", Family::Malloc, (p, align: usize, size: usize));
+    // C23 (glibc 2.41): the size (and alignment) the block was allocated
+    // with; a size that is not the block's is a mismatched free.
+    freeing!(mtrace_ep_free_sized, "free_sized", Family::Malloc, (p, size: usize), told((size, 0)));
+    freeing!(mtrace_ep_free_aligned_sized, "free_aligned_sized", Family::Malloc, (p, align: usize, size: usize), told((size, 0)));
 }

@@ -135,6 +135,13 @@ fn free_recorded(p: *mut libc::c_void) -> bool {
 /// [`traced_as`] (`operator delete` calls `free`).
 #[inline(always)]
 fn traced_free(family: Family, p: *mut libc::c_void, forwarding: bool, call: impl FnOnce()) {
+    traced_free_told(family, p, (0, 0), forwarding, call)
+}
+
+/// [`traced_free`] of a sized or aligned deallocation, told `told` of the
+/// block: (size, alignment), bytes, 0 for what it was not told.
+#[inline(always)]
+fn traced_free_told(family: Family, p: *mut libc::c_void, told: (usize, usize), forwarding: bool, call: impl FnOnce()) {
     let (call, sampled) = if sample::rate() != 0 && !p.is_null() {
         // A block never sampled: out of the stream, inside the guard.
         match guard::quiet(forwarding, |_| !sampled::remove(p as u64), call, |c, _| c()).ran() {
@@ -168,7 +175,7 @@ fn traced_free(family: Family, p: *mut libc::c_void, forwarding: bool, call: imp
                 // Buffered before the real free runs: glibc aborts on the
                 // double and invalid frees it detects, and the report of
                 // that run must still show them.
-                recorder::free(Here::now(), g.slot(), family, p);
+                recorder::free_sized(Here::now(), g.slot(), family, p, told);
             }
             call();
             if forwarding {

@@ -71,7 +71,13 @@ fn patch_executable(before_jumps: impl FnOnce()) -> Option<Record> {
     let names: std::collections::HashSet<&str> =
         INTERPOSED.iter().filter(|(_, c)| patchable(*c)).chain(ENTRY_POINTS).map(|(n, _)| *n).collect();
     let longest = names.iter().map(|n| n.len()).max().unwrap_or(0);
-    let found = symbols::defined(c"/proc/self/exe", longest, |n| names.contains(n))?;
+    let mut found = symbols::defined(c"/proc/self/exe", longest, |n| names.contains(n))?;
+    // The C++ operators alone are a program's replacements of them, which
+    // forward to malloc (seen by name): patched only beside an allocator
+    // the executable defines (Chromium's, a static tcmalloc's).
+    if found.iter().all(|f| cxx_operator(&f.name)) {
+        found.clear();
+    }
     if found.is_empty() {
         return None;
     }
@@ -243,6 +249,11 @@ fn free_args(name: &str) -> Option<usize> {
     })
 }
 
+/// Whether `name` is one of the C++ operators new and delete.
+fn cxx_operator(name: &str) -> bool {
+    matches!(call_of(name), Some(Call::New { .. })) || name.starts_with("_Zd")
+}
+
 /// The call `name` stands for, when a patch may hook it.
 fn call_of(name: &str) -> Option<Call> {
     INTERPOSED.iter().filter(|(_, c)| patchable(*c)).chain(ENTRY_POINTS).find(|(n, _)| *n == name).map(|&(_, c)| c)
@@ -355,6 +366,9 @@ mod tests {
         n.sort_by_key(|n| order(n));
         assert_eq!(n, ["malloc", "tc_malloc"]);
         assert!(call_of("mmap").is_none());
+        // The C++ operators alone are no allocator of the executable's.
+        assert!(cxx_operator("_Znwm") && cxx_operator("_ZdlPvm") && cxx_operator("_ZnamSt11align_val_t"));
+        assert!(!cxx_operator("malloc") && !cxx_operator("tc_new") && !cxx_operator("_rjem_malloc"));
         assert!(call_of("_rjem_sdallocx").is_some());
     }
 }

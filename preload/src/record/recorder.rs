@@ -146,13 +146,21 @@ pub enum Caller {
 
 /// An allocation that returned `addr`; returns the hook's own block.
 pub fn alloc(at: Caller, family: Family, addr: *mut libc::c_void, size: usize) -> Own {
+    alloc_aligned(at, family, addr, size, 0)
+}
+
+/// [`alloc`] of an aligned `operator new` asked for `align` bytes of
+/// alignment (0: not an aligned one).
+#[inline(always)]
+pub fn alloc_aligned(at: Caller, family: Family, addr: *mut libc::c_void, size: usize, align: usize) -> Own {
     if addr.is_null() {
         return (0, 0);
     }
     match at {
         Caller::Hook(at, slot) => {
             if collecting() && in_sample(addr as u64) {
-                with_stack(at, slot, AllocEvent { family, addr: addr as u64, size: size as u64 })
+                let (addr, size, align) = (addr as u64, size as u64, align as u64);
+                with_stack(at, slot, AllocEvent { family, addr, size, align })
             }
         }
         Caller::Nested => keep_alloc(addr as u64, size as u64),
@@ -199,12 +207,15 @@ pub fn write_nested(own_alloc: u64, own_free: u64) {
                 addr,
                 size,
                 stack: 0,
+                align: 0,
             }),
             nested::Event::Free(addr, t) => thread::push(s, When::Marked(t), None, |time_ns, _| Record::Free {
                 time_ns,
                 family: Family::Malloc,
                 addr,
                 stack: 0,
+                align: 0,
+                size: 0,
             }),
         }
     });
@@ -220,13 +231,16 @@ pub fn now() -> u64 {
 /// Records a free before the real free runs (stamped as it is buffered),
 /// with its backtrace from the hook's frame `at` when the session checks
 /// frees (`MTRACE_CHECK_FREES`) and allocations are collected.
-pub fn free(at: Here, slot: Slot, family: Family, addr: *mut libc::c_void) {
-    free_as(Backtrace::From(at), slot, family, addr, None)
+/// A sized or aligned deallocation is told `told` of the block: (size,
+/// alignment), bytes, 0 for what it was not told ((0, 0) for a plain free).
+pub fn free_sized(at: Here, slot: Slot, family: Family, addr: *mut libc::c_void, told: (usize, usize)) {
+    free_as(Backtrace::From(at), slot, family, addr, None, told)
 }
 
-/// [`free`] with backtrace `bt` (when the session checks frees), stamped
-/// `t` (taken with [`now`] before the real call) or as it is buffered.
-fn free_as(bt: Backtrace, slot: Slot, family: Family, addr: *mut libc::c_void, t: Option<u64>) {
+/// [`free_sized`] with backtrace `bt` (when the session checks frees),
+/// stamped `t` (taken with [`now`] before the real call) or as it is
+/// buffered.
+fn free_as(bt: Backtrace, slot: Slot, family: Family, addr: *mut libc::c_void, t: Option<u64>, told: (usize, usize)) {
     if addr.is_null() {
         return;
     }
@@ -235,7 +249,7 @@ fn free_as(bt: Backtrace, slot: Slot, family: Family, addr: *mut libc::c_void, t
     let bt = if s.check_frees && collecting() { bt } else { Backtrace::None };
     let errno = sys::errno();
     let when = t.map_or_else(|| When::Early(s.now()), When::Marked);
-    thread::push_in(slot, s, when, bt, FreeEvent { family, addr });
+    thread::push_in(slot, s, when, bt, FreeEvent { family, addr, size: told.0 as u64, align: told.1 as u64 });
     sys::set_errno(errno);
 }
 
@@ -262,7 +276,7 @@ pub fn realloc(
             match at {
                 Caller::Hook(at, slot) => {
                     let bt = if known != 0 { Backtrace::Known(known) } else { Backtrace::From(at) };
-                    free_as(bt, slot, Family::Malloc, old, Some(t0));
+                    free_as(bt, slot, Family::Malloc, old, Some(t0), (0, 0));
                 }
                 Caller::Nested => nested_free(old, t0),
             }
@@ -292,14 +306,14 @@ fn realloc_in_hook(bt: Backtrace, slot: Slot, old: *mut libc::c_void, new: *mut 
         Realloc::Failed => {}
         Realloc::Allocated => {
             if collecting() && in_sample(new as u64) {
-                with_bt(bt, slot, AllocEvent { family: Family::Malloc, addr: new as u64, size: size as u64 })
+                with_bt(bt, slot, AllocEvent { family: Family::Malloc, addr: new as u64, size: size as u64, align: 0 })
             }
         }
         // Not collecting: the old block goes; the new one is not recorded.
-        Realloc::Freed | Realloc::Resized if !collecting() => free_as(bt, slot, Family::Malloc, old, Some(t0)),
-        Realloc::Freed => free_as(bt, slot, Family::Malloc, old, Some(t0)),
+        Realloc::Freed | Realloc::Resized if !collecting() => free_as(bt, slot, Family::Malloc, old, Some(t0), (0, 0)),
+        Realloc::Freed => free_as(bt, slot, Family::Malloc, old, Some(t0), (0, 0)),
         // The set had no room for the new block: it leaves the stream.
-        Realloc::Resized if !in_sample(new as u64) => free_as(bt, slot, Family::Malloc, old, Some(t0)),
+        Realloc::Resized if !in_sample(new as u64) => free_as(bt, slot, Family::Malloc, old, Some(t0), (0, 0)),
         Realloc::Resized => with_bt(bt, slot, |time_ns, stack| Record::Realloc {
             time_ns,
             free_time_ns: t0,

@@ -270,11 +270,13 @@ impl<F: FnOnce(u64, u32) -> Record> Event for F {
     }
 }
 
-/// A [`Record::Alloc`] of `size` bytes at `addr`.
+/// A [`Record::Alloc`] of `size` bytes at `addr` (`align`: an aligned
+/// `operator new`'s alignment, bytes; 0 for the others).
 pub struct AllocEvent {
     pub family: Family,
     pub addr: u64,
     pub size: u64,
+    pub align: u64,
 }
 
 impl Event for AllocEvent {
@@ -284,21 +286,32 @@ impl Event for AllocEvent {
     }
     #[inline(always)]
     fn write(self, enc: &mut Encoder, out: &mut Vec<u8>, time_ns: u64, stack: u32) {
-        enc.alloc(out, time_ns, self.family, self.addr, self.size, stack);
+        if self.align == 0 {
+            enc.alloc(out, time_ns, self.family, self.addr, self.size, stack);
+        } else {
+            enc.alloc_aligned(out, time_ns, self.family, self.addr, self.size, stack, self.align);
+        }
     }
 }
 
-/// A [`Record::Free`] of the block at `addr`.
+/// A [`Record::Free`] of the block at `addr` (`size`, `align`: what a
+/// sized or aligned deallocation was told of it, bytes; 0: nothing).
 pub struct FreeEvent {
     pub family: Family,
     pub addr: u64,
+    pub size: u64,
+    pub align: u64,
 }
 
 impl Event for FreeEvent {
     const REGISTERS: bool = true;
     #[inline(always)]
     fn write(self, enc: &mut Encoder, out: &mut Vec<u8>, time_ns: u64, stack: u32) {
-        enc.free(out, time_ns, self.family, self.addr, stack);
+        if self.size == 0 && self.align == 0 {
+            enc.free(out, time_ns, self.family, self.addr, stack);
+        } else {
+            enc.free_sized(out, time_ns, self.family, self.addr, stack, self.size, self.align);
+        }
     }
 }
 
