@@ -159,6 +159,31 @@ fn an_allocator_that_cannot_be_patched_is_named_unseen_with_why() {
     assert!(text.contains("\nOf the allocations mtrace saw: "), "{text}");
 }
 
+/// The first `n` bytes of function `name` of executable `exe` as its file
+/// has them, and as they are in process `pid` now (where `exe` is mapped).
+fn code_now_and_in_file(exe: &Path, name: &str, pid: u32, n: usize) -> (Vec<u8>, Vec<u8>) {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    let data = std::fs::read(exe).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let sym = file.symbols().find(|s| s.name() == Ok(name)).unwrap();
+    let section = file.section_by_index(sym.section_index().unwrap()).unwrap();
+    let off = (sym.address() - section.address() + section.file_range().unwrap().0) as usize;
+    let in_file = data[off..off + n].to_vec();
+    // The load bias: the mapping of the file at offset 0.
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let exe_s = exe.to_str().unwrap();
+    let base = maps
+        .lines()
+        .find(|l| l.ends_with(exe_s) && l.split_whitespace().nth(2) == Some("00000000"))
+        .map(|l| u64::from_str_radix(l.split('-').next().unwrap(), 16).unwrap())
+        .unwrap();
+    let mut now = vec![0u8; n];
+    use std::os::unix::fs::FileExt;
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    mem.read_exact_at(&mut now, base + sym.address()).unwrap();
+    (now, in_file)
+}
+
 #[test]
 fn attaches_to_threads_inside_an_allocator_that_maps_under_its_lock() {
     let dir = scratch("alloc-own-attach");
@@ -168,10 +193,19 @@ fn attaches_to_threads_inside_an_allocator_that_maps_under_its_lock() {
     // A thread's first hook after an attach is its mmap, inside the
     // program's malloc: a thread-local reached through __tls_get_addr, a
     // TLS destructor registered or a mutex that parks would call malloc.
+    // The executable's malloc family is patched while the attach holds
+    // the threads, and put back at the detach.
     for i in 0..12 {
         let r = attach_for(child.id(), "200ms", &dir.join(format!("report{i}.json")), &format!("attach {i}"));
         assert_eq!(r["summary"]["ended_by"], "detach", "attach {i}");
-        assert!(r["summary"]["allocations"].as_u64().unwrap() > 10, "attach {i}: {}", r["summary"]);
+        // Four threads allocate and free a block every 100 µs or so:
+        // hundreds in 200 ms (the mappings alone, before: a dozen).
+        assert!(r["summary"]["allocations"].as_u64().unwrap() > 200, "attach {i}: {}", r["summary"]);
+        assert!(r["summary"]["frees"].as_u64().unwrap() > 100, "attach {i}: {}", r["summary"]);
+        assert_eq!(r["allocators"][0]["seen"], true, "attach {i}: {}", r["allocators"]);
+        assert_eq!(r["errors"], serde_json::json!([]), "attach {i}");
+        let (now, in_file) = code_now_and_in_file(&prog, "malloc", child.id(), 8);
+        assert_eq!(now, in_file, "attach {i}: malloc's first bytes after the detach");
     }
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));

@@ -63,6 +63,9 @@ pub struct Tracee {
     tids: Vec<i32>,
     /// The thread the calls run on, and its registers as found.
     victim: Option<(i32, libc::user_regs_struct, Vec<u8>)>,
+    /// Threads [`Tracee::hold_others`] stopped, with the signal each
+    /// stopped for instead (delivered when they go on).
+    held: Vec<(i32, Option<Signal>)>,
 }
 
 /// Text ranges of libc and the loader, where a stopped thread may hold a lock.
@@ -94,7 +97,7 @@ impl Tracee {
     /// Seizes every thread of `pid`. Fails (touching nothing) when the
     /// first cannot be seized: no such process, or no permission.
     pub fn seize(pid: i32) -> Result<Tracee> {
-        let mut t = Tracee { pid, tids: Vec::new(), victim: None };
+        let mut t = Tracee { pid, tids: Vec::new(), victim: None, held: Vec::new() };
         for tid in tasks(pid)? {
             match ptrace::seize(Pid::from_raw(tid), ptrace::Options::empty()) {
                 Ok(()) => t.tids.push(tid),
@@ -194,6 +197,55 @@ impl Tracee {
                 WaitStatus::Stopped(_, sig) => ptrace::cont(p, Some(sig))?,
                 _ => ptrace::cont(p, None)?,
             }
+        }
+    }
+
+    /// Stops every thread but the chosen one, those started since the
+    /// seizure too, until [`Tracee::resume_others`]: for a call that
+    /// rewrites code they may run. Returns where each was (its instruction
+    /// pointer; the chosen thread's as found), `u64::MAX` for a thread that
+    /// did not stop (its place is unknown).
+    pub fn hold_others(&mut self) -> Result<Vec<u64>> {
+        let (victim, regs, _) = self.victim.as_ref().ok_or_else(|| anyhow!("no thread chosen"))?;
+        let (victim, mut ips) = (*victim, vec![regs.rip]);
+        // A thread is started only by a running one: once every thread
+        // listed is stopped, the list is whole.
+        loop {
+            let new: Vec<i32> = tasks(self.pid)?
+                .into_iter()
+                .filter(|t| {
+                    !self.tids.contains(t) && ptrace::seize(Pid::from_raw(*t), ptrace::Options::empty()).is_ok()
+                })
+                .collect();
+            for &tid in new.iter().chain(&self.tids).filter(|&&t| t != victim) {
+                if self.held.iter().any(|&(h, _)| h == tid) {
+                    continue;
+                }
+                let p = Pid::from_raw(tid);
+                let stop = ptrace::interrupt(p).ok().and_then(|()| wait_stop(tid, Duration::from_secs(2)).ok());
+                let sig = match stop {
+                    Some(WaitStatus::Stopped(_, s)) => Some(s),
+                    Some(_) => None,
+                    None => {
+                        ips.push(u64::MAX);
+                        continue;
+                    }
+                };
+                self.held.push((tid, sig));
+                ips.push(ptrace::getregs(p).map_or(u64::MAX, |r| r.rip));
+            }
+            let done = new.is_empty();
+            self.tids.extend(new);
+            if done {
+                return Ok(ips);
+            }
+        }
+    }
+
+    /// Lets the threads [`Tracee::hold_others`] stopped go on.
+    pub fn resume_others(&mut self) {
+        for (tid, sig) in self.held.drain(..) {
+            let _ = ptrace::cont(Pid::from_raw(tid), sig);
         }
     }
 

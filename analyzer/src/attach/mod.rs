@@ -242,12 +242,44 @@ fn inject_library(pid: i32, t: &mtrace_ptrace::inspect::Target, lib: &std::path:
     let mut data = settings.as_bytes().to_vec();
     data.push(0);
     let rc = tracee.call(init, &data, |p| vec![p])? as i32;
+    if rc == 0 {
+        patch_executable(&mut tracee, t, handle)?;
+    }
     tracee.release()?;
     match rc {
         0 => Ok(()),
         -2 => bail!("process {pid} is traced already (by another mtrace attach)"),
         _ => bail!("libmtrace.so could not start tracing in process {pid} (its stderr says why)"),
     }
+}
+
+/// An allocator the executable defines (Chromium's, a static tcmalloc, a
+/// Rust service's jemalloc) wins over the GOT entries `mtrace_attach_init`
+/// redirected: the library prepared to hook its functions by patching
+/// their entry; the jumps are written by `mtrace_attach_patch` while every
+/// other thread is held here, told where each one is (a function one of
+/// them is inside is left alone), and `mtrace_attach_patched` puts what was
+/// done into the stream once they run again. Nothing with a library that
+/// has no such functions.
+fn patch_executable(
+    tracee: &mut mtrace_ptrace::inject::Tracee,
+    t: &mtrace_ptrace::inspect::Target,
+    handle: u64,
+) -> Result<()> {
+    let patch = tracee.call(t.libc.dlsym, b"mtrace_attach_patch\0", |p| vec![handle, p])?;
+    let patched = tracee.call(t.libc.dlsym, b"mtrace_attach_patched\0", |p| vec![handle, p])?;
+    if patch == 0 || patched == 0 {
+        return Ok(());
+    }
+    let ips = tracee.hold_others();
+    let done = ips.and_then(|ips| {
+        let data: Vec<u8> = ips.iter().flat_map(|ip| ip.to_le_bytes()).collect();
+        tracee.call(patch, &data, |p| vec![p, ips.len() as u64])
+    });
+    tracee.resume_others();
+    done?;
+    tracee.call(patched, &[], |_| vec![])?;
+    Ok(())
 }
 
 /// The window's trace file, 0600: `--save FILE`, else `PID.mtrace` in

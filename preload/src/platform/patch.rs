@@ -102,6 +102,8 @@ pub unsafe fn displace(entry: u64, size: u64) -> Result<Displaced, String> {
 pub struct Site {
     /// The function's address.
     pub entry: u64,
+    /// Its first bytes as they were (`len` of them), for [`restore`].
+    pub saved: [u8; 16],
     /// How many of them the jump replaces (the displaced instructions').
     pub len: usize,
     /// The thunk the entry jumps to.
@@ -183,14 +185,20 @@ impl Trampolines {
         jump[..6].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
         jump[6..14].copy_from_slice(&hook.to_le_bytes());
         jump[14..].fill(0xcc);
+        if d.len > 16 {
+            return Err(format!("its first instructions take {} bytes", d.len));
+        }
+        let mut saved = [0u8; 16];
         // SAFETY: the mapping is writable and [thunk, thunk + SLOT) is this
-        // slot's alone.
+        // slot's alone; the displaced bytes lie inside the function
+        // (`displace` checked), readable code.
         unsafe {
             std::ptr::copy_nonoverlapping(jump.as_ptr(), thunk as *mut u8, THUNK);
             std::ptr::copy_nonoverlapping(code.as_ptr(), original as *mut u8, code.len());
+            std::ptr::copy_nonoverlapping(d.entry as *const u8, saved.as_mut_ptr(), d.len);
         }
         self.used += SLOT;
-        Ok(Site { entry: d.entry, len: d.len, thunk, original })
+        Ok(Site { entry: d.entry, saved, len: d.len, thunk, original })
     }
 
     /// Points `site`'s thunk at `hook` instead (before [`Trampolines::seal`]).
@@ -221,6 +229,12 @@ pub fn remembered() -> Option<mtrace_format::Record> {
     DONE.lock().clone()
 }
 
+/// The patches were taken back (`mtrace attach`'s detach): later streams
+/// have none to announce.
+pub fn forget() {
+    *DONE.lock() = None;
+}
+
 /// Writes each site's jump over its entry: `jmp rel32` to its thunk, the
 /// rest of the displaced bytes `int3`. `prot` gives the protection each
 /// code page has (restored after the write). Errors per site, in order.
@@ -231,6 +245,40 @@ pub fn remembered() -> Option<mtrace_format::Record> {
 /// written (they are held, or there are none); the sites come from
 /// [`Trampolines::add`] of a sealed mapping.
 pub unsafe fn write_jumps(sites: &[Site], prot: impl Fn(u64) -> Option<i32>) -> Vec<Result<(), String>> {
+    let jumps: Vec<(u64, [u8; 16], usize)> = sites
+        .iter()
+        .map(|s| {
+            let mut bytes = [0xccu8; 16];
+            bytes[0] = 0xe9;
+            let rel = s.thunk.wrapping_sub(s.entry + JUMP_LEN as u64) as i64;
+            bytes[1..5].copy_from_slice(&(rel as i32).to_le_bytes());
+            (s.entry, bytes, s.len)
+        })
+        .collect();
+    // SAFETY: per the contract; `rel` fits (the thunk is within NEAR).
+    unsafe { write_code(&jumps, prot) }
+}
+
+/// Puts each site's first bytes back as they were (`mtrace attach`'s
+/// detach): from then on the function runs as it did before it was
+/// patched. Errors per site, in order.
+///
+/// # Safety
+/// As [`write_jumps`]: no other thread runs code on a page being written
+/// (a thread inside a hook or a moved prologue goes on as before: both
+/// stay mapped).
+pub unsafe fn restore(sites: &[Site], prot: impl Fn(u64) -> Option<i32>) -> Vec<Result<(), String>> {
+    let old: Vec<(u64, [u8; 16], usize)> = sites.iter().map(|s| (s.entry, s.saved, s.len)).collect();
+    // SAFETY: per the contract.
+    unsafe { write_code(&old, prot) }
+}
+
+/// Writes `bytes[..len]` at each `addr` of code, its pages made writable
+/// for the write and given back the protection `prot` says.
+///
+/// # Safety
+/// As [`write_jumps`].
+unsafe fn write_code(writes: &[(u64, [u8; 16], usize)], prot: impl Fn(u64) -> Option<i32>) -> Vec<Result<(), String>> {
     const PAGE: u64 = 4096;
     // No signal handler of the program may run on a page made writable
     // and not executable.
@@ -242,11 +290,11 @@ pub unsafe fn write_jumps(sites: &[Site], prot: impl Fn(u64) -> Option<i32>) -> 
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
     }
-    let out = sites
+    let out = writes
         .iter()
-        .map(|s| {
-            let first = s.entry & !(PAGE - 1);
-            let last = (s.entry + s.len as u64 - 1) & !(PAGE - 1);
+        .map(|&(addr, bytes, len)| {
+            let first = addr & !(PAGE - 1);
+            let last = (addr + len as u64 - 1) & !(PAGE - 1);
             let span = (last - first + PAGE) as usize;
             let before = prot(first).ok_or("its page's protection is unknown")?;
             // SAFETY: the pages of the function, made writable for the
@@ -261,14 +309,10 @@ pub unsafe fn write_jumps(sites: &[Site], prot: impl Fn(u64) -> Option<i32>) -> 
             if !writable {
                 return Err(format!("mprotect: errno {}", super::sys::errno()));
             }
-            let mut bytes = [0xccu8; 16];
-            bytes[0] = 0xe9;
-            let rel = s.thunk.wrapping_sub(s.entry + JUMP_LEN as u64) as i64;
-            bytes[1..5].copy_from_slice(&(rel as i32).to_le_bytes());
-            // SAFETY: [entry, entry + len) is writable now and replaced as
-            // a whole; `rel` fits (the thunk is within NEAR).
+            // SAFETY: [addr, addr + len) is writable now and replaced as a
+            // whole.
             unsafe {
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), s.entry as *mut u8, s.len);
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, len);
                 libc::mprotect(first as *mut libc::c_void, span, before);
             }
             Ok(())

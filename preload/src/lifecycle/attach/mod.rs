@@ -231,6 +231,7 @@ pub fn undo() {
     if !ATTACHED.swap(false, Ordering::AcqRel) {
         return;
     }
+    crate::lifecycle::patch::undo();
     let mut st = STATE.lock();
     let mut relro: HashMap<u64, Option<Option<(u64, u64)>>> = HashMap::new();
     for s in std::mem::take(&mut st.slots).into_iter().rev() {
@@ -261,6 +262,10 @@ pub unsafe extern "C" fn mtrace_attach_init(settings: *const c_char) -> i32 {
     let text = unsafe { CStr::from_ptr(settings) }.to_string_lossy().into_owned();
     crate::platform::config::set_overrides(&text);
     crate::platform::real::resolve_from_default();
+    // Before anything resolves the malloc family: an allocator in the
+    // executable gets its trampolines, its hooks their originals (the
+    // jumps come with mtrace_attach_patch, the other threads held).
+    crate::lifecycle::patch::prepare_attached();
     if !crate::stream::start_attached() {
         return -1;
     }
