@@ -420,6 +420,20 @@ fn allocators_linked_statically_are_hooked_by_patching() {
         assert!(how.starts_with(&format!("hooked by patching its entry points ({functions} functions: ")), "{how}");
         assert_eq!(r["notices"], serde_json::json!([]), "{lib}");
     }
+    // Reported where the executable is not (a trace taken on a target):
+    // the stream's record of what was patched still names the allocator.
+    let kept = dir.join("kept");
+    let _ = std::fs::remove_dir_all(&kept);
+    std::fs::create_dir_all(&kept).unwrap();
+    let gone = dir.join("api_gone");
+    std::fs::copy(dir.join("api_static_TCMALLOC"), &gone).unwrap();
+    let (_, out) = run_json(&dir, &["--keep-traces", "--trace-dir", kept.to_str().unwrap()], &gone, &[]);
+    assert!(out.status.success());
+    std::fs::remove_file(&gone).unwrap();
+    let (trace, _) = trace_headers(&kept).pop().unwrap();
+    let r = report_json(&trace);
+    assert_eq!(r["allocators"][0]["name"], "tcmalloc", "{}", r["allocators"]);
+    assert_eq!(r["allocators"][0]["seen"], true);
 }
 
 #[test]

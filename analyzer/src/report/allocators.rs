@@ -77,8 +77,10 @@ pub struct Survey {
 }
 
 /// The allocators of `t`'s modules, found through the binaries `sym`
-/// locates; modules whose file is not found are left out. libc (glibc's
-/// malloc), the loader and mtrace's own library are not listed.
+/// locates; modules whose file is not found are left out, but for one the
+/// producer patched (its record names the functions: a trace from a
+/// target whose binaries this host lacks). libc (glibc's malloc), the
+/// loader and mtrace's own library are not listed.
 pub fn survey(t: &Trace, sym: &Symbolizer) -> Survey {
     let preloaded = t.modules.iter().any(|m| file_name(&m.module.path).starts_with("libmtrace"));
     let mut done = HashSet::new();
@@ -97,12 +99,21 @@ pub fn survey(t: &Trace, sym: &Symbolizer) -> Survey {
         {
             continue;
         }
-        let Some(file) = sym.binary(path, &m.module.build_id) else { continue };
-        let Some(defined) = defined_names(&file) else { continue };
-        let is_exe = *path == t.header.exe;
-        out.exe_read |= is_exe;
-        out.malloc_defined |= defined.contains("malloc");
         let patched = t.patched.iter().find(|p| p.path == *path);
+        let is_exe = *path == t.header.exe;
+        let defined = match sym.binary(path, &m.module.build_id).and_then(|f| defined_names(&f)) {
+            Some(d) => {
+                out.exe_read |= is_exe;
+                d
+            }
+            None => match patched {
+                Some(p) => {
+                    p.hooked.iter().chain(p.refused.iter().map(|(n, _)| n)).filter(|n| relevant(n)).cloned().collect()
+                }
+                None => continue,
+            },
+        };
+        out.malloc_defined |= defined.contains("malloc");
         if let Some(a) = classify(&defined, path, is_exe, preloaded).map(|a| with_patch(a, patched)) {
             out.allocators.push(a);
         }
