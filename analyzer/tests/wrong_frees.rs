@@ -368,9 +368,13 @@ fn sized_and_aligned_deletes_told_another_size_or_alignment_are_mismatched_frees
     }
     assert_eq!(r["summary"]["mismatched_frees"], 6);
     assert_eq!(r["summary"]["bad_frees"], 0);
+    // Without -S, the sizes are not in the trace: the alignments only.
+    let (r, _) = run_json(&dir, &[], &prog, &[]);
+    let kinds: Vec<&str> = r["errors"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["align_mismatch"; 3]);
     // The text, in valgrind 3.22's words.
     let txt = dir.join("report.txt");
-    let st = Command::new(mtrace()).arg("run").arg("-o").arg(&txt).arg("--").arg(&prog).output().unwrap();
+    let st = Command::new(mtrace()).args(["run", "-S", "-o"]).arg(&txt).arg("--").arg(&prog).output().unwrap();
     assert!(st.status.success());
     let text = std::fs::read_to_string(&txt).unwrap();
     assert!(

@@ -140,6 +140,7 @@ impl Encoder {
     /// Appends a [`Record::Free`] of a sized or aligned deallocation: tag
     /// 25, the Free's fields, its backtrace (0: none), `size` and `align`.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub fn free_sized(
         &mut self,
         out: &mut Vec<u8>,
@@ -150,13 +151,16 @@ impl Encoder {
         size: u64,
         align: u64,
     ) {
-        out.push(tag::FREE_SIZED);
-        self.time(out, time_ns);
-        out.push(family as u8);
-        self.addr(out, addr);
-        put_varint(out, stack as u64);
-        put_varint(out, size);
-        put_varint(out, align);
+        let mut b = [0u8; 1 + 10 + 1 + 10 + 5 + 10 + 10 + 1];
+        b[0] = tag::FREE_SIZED;
+        let mut n = 1 + self.time_at(&mut b, 1, time_ns);
+        b[n] = family as u8;
+        n += 1;
+        n += self.addr_at(&mut b, n, addr);
+        n += put_varint_at(&mut b, n, stack as u64);
+        n += put_varint_at(&mut b, n, size);
+        n += put_varint_at(&mut b, n, align);
+        append(out, &b, n);
     }
 
     /// Appends a [`Record::Free`], as [`Encoder::alloc`] does an Alloc.

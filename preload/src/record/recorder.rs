@@ -247,6 +247,14 @@ fn free_as(bt: Backtrace, slot: Slot, family: Family, addr: *mut libc::c_void, t
     let addr = addr as u64;
     let Some(s) = stream::get() else { return };
     let bt = if s.check_frees && collecting() { bt } else { Backtrace::None };
+    // The size a sized delete was told, with the frees' checks only (-S):
+    // C++14 code deletes with sizes, and a size per free would cost every
+    // C++ program's trace. An alignment (rare) always.
+    let told = if s.check_frees { told } else { (0, told.1) };
+    // The size a sized delete was told, with the frees' checks only (-S):
+    // C++14 code deletes with sizes, and a size per free would cost every
+    // C++ program's trace. An alignment (rare) always.
+    let told = if s.check_frees { told } else { (0, told.1) };
     let errno = sys::errno();
     let when = t.map_or_else(|| When::Early(s.now()), When::Marked);
     thread::push_in(slot, s, when, bt, FreeEvent { family, addr, size: told.0 as u64, align: told.1 as u64 });
