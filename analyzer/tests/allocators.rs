@@ -319,6 +319,28 @@ fn allocator_api(dir: &Path, define: &str, lib: &str) -> std::path::PathBuf {
     out
 }
 
+/// Runs ctests/allocator_api.c built as `prog` (for allocator `lib`) and
+/// checks what every build of it gives: its output, its two blocks kept
+/// (`m`: its markers), 4,000 frees or more, no wrong free. The report.
+fn api_as_expected(
+    dir: &Path,
+    prog: &Path,
+    m: &std::collections::HashMap<String, u32>,
+    lib: &str,
+) -> serde_json::Value {
+    let (r, out) = run_json(dir, &[], prog, &[]);
+    assert!(out.status.success(), "{lib}: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "allocator_api: done\n");
+    assert_eq!(
+        leaks_in(&r, "allocator_api.c"),
+        vec![leak(100, 1, "malloc", "main", m["kept"]), leak(500, 1, "malloc", "main", m["grown"])],
+        "{lib}"
+    );
+    assert_eq!(r["errors"], serde_json::json!([]), "{lib}");
+    assert!(r["summary"]["frees"].as_u64().unwrap() >= 4000, "{lib}: {}", r["summary"]);
+    r
+}
+
 #[test]
 fn allocators_own_entry_points_are_followed() {
     let dir = scratch("alloc-api");
@@ -329,18 +351,9 @@ fn allocators_own_entry_points_are_followed() {
         ("TCMALLOC", "tcmalloc", "tcmalloc"),
     ] {
         let prog = allocator_api(&dir, define, lib);
-        let (r, out) = run_json(&dir, &[], &prog, &[]);
-        assert!(out.status.success(), "{lib}: {}", String::from_utf8_lossy(&out.stderr));
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "allocator_api: done\n");
         // 4,000 blocks freed through sdallocx/dallocx, mi_free_size/mi_free,
         // tc_free_sized/tc_free (and free): none left, none wrong.
-        assert_eq!(
-            leaks_in(&r, "allocator_api.c"),
-            vec![leak(100, 1, "malloc", "main", m["kept"]), leak(500, 1, "malloc", "main", m["grown"])],
-            "{lib}"
-        );
-        assert_eq!(r["errors"], serde_json::json!([]), "{lib}");
-        assert!(r["summary"]["frees"].as_u64().unwrap() >= 4000, "{lib}: {}", r["summary"]);
+        let r = api_as_expected(&dir, &prog, &m, lib);
         assert_eq!(r["allocators"][0]["name"], name, "{lib}");
         assert_eq!(r["notices"], serde_json::json!([]), "{lib}");
     }
@@ -404,16 +417,7 @@ fn allocators_linked_statically_are_hooked_by_patching() {
         ("TCMALLOC", "libtcmalloc_minimal.a", "tcmalloc", 43),
     ] {
         let prog = allocator_api_static(&dir, define, lib);
-        let (r, out) = run_json(&dir, &[], &prog, &[]);
-        assert!(out.status.success(), "{lib}: {}", String::from_utf8_lossy(&out.stderr));
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "allocator_api: done\n");
-        assert_eq!(
-            leaks_in(&r, "allocator_api.c"),
-            vec![leak(100, 1, "malloc", "main", m["kept"]), leak(500, 1, "malloc", "main", m["grown"])],
-            "{lib}"
-        );
-        assert_eq!(r["errors"], serde_json::json!([]), "{lib}");
-        assert!(r["summary"]["frees"].as_u64().unwrap() >= 4000, "{lib}: {}", r["summary"]);
+        let r = api_as_expected(&dir, &prog, &m, lib);
         let a = &r["allocators"][0];
         assert_eq!((a["name"].as_str(), a["seen"].as_bool()), (Some(name), Some(true)), "{lib}: {a}");
         let how = a["how"].as_str().unwrap();

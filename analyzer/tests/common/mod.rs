@@ -174,15 +174,21 @@ pub fn leaks_in(report: &Value, src: &str) -> Vec<Leak> {
     v
 }
 
-/// The trace files in `dir`, reported: (pid, report), oldest first by name suffix.
-pub fn traces(dir: &Path) -> Vec<(PathBuf, Value)> {
+/// The trace files in `dir`, by name.
+fn trace_files(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.to_string_lossy().contains(".mtrace"))
         .collect();
     v.sort();
-    v.into_iter()
+    v
+}
+
+/// The trace files in `dir`, reported: (pid, report), oldest first by name suffix.
+pub fn traces(dir: &Path) -> Vec<(PathBuf, Value)> {
+    trace_files(dir)
+        .into_iter()
         .map(|p| {
             let r = report_json(&p);
             (p, r)
@@ -193,13 +199,8 @@ pub fn traces(dir: &Path) -> Vec<(PathBuf, Value)> {
 /// The trace files in `dir` with their headers only (no report: a
 /// browser's dozens of traces take seconds each to report), by name.
 pub fn trace_headers(dir: &Path) -> Vec<(PathBuf, mtrace_format::Header)> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.to_string_lossy().contains(".mtrace"))
-        .collect();
-    v.sort();
-    v.into_iter()
+    trace_files(dir)
+        .into_iter()
         .filter_map(|p| {
             let f = std::io::BufReader::new(std::fs::File::open(&p).ok()?);
             let h = mtrace_format::Reader::new(f).header().ok()?;
