@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use mtrace_format::recording::Recording;
 use mtrace_format::settings;
 
+use crate::pipeline::Reporting;
 use crate::recording::{self, find_lib, RecordingArgs};
 use crate::scan::Kind;
 use crate::ReportOpts;
@@ -25,6 +26,11 @@ pub struct RunArgs {
     /// Keep the trace files (in --trace-dir, or the temporary folder).
     #[arg(long)]
     keep_traces: bool,
+    /// After the program's report, report each other process it ran (its
+    /// children, their children…) in full, in the order of the process
+    /// tree the report starts with (text only).
+    #[arg(long)]
+    children: bool,
     /// Scan memory at exit and classify leaks as memcheck does
     /// (MTRACE_SCAN=1): the default; the report lists definitely,
     /// indirectly and possibly lost blocks (--show-reachable: all).
@@ -183,13 +189,8 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
             (pid, Some(status)) => (pid, status),
             (pid, None) => {
                 eprintln!("mtrace: detached from process {pid}: it runs on, untraced");
-                let _ = crate::pipeline::report_processes(
-                    &dir,
-                    pid,
-                    &a.opts,
-                    a.keep_traces || a.trace_dir.is_some(),
-                    &mut *out,
-                )?;
+                let how = Reporting { kept: a.keep_traces || a.trace_dir.is_some(), children: a.children };
+                let _ = crate::pipeline::report_processes(&dir, pid, &a.opts, how, &mut *out)?;
                 out.flush()?;
                 return Ok(ExitCode::SUCCESS);
             }
@@ -204,7 +205,8 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     };
 
     let show_paths = a.keep_traces || a.trace_dir.is_some();
-    let r = crate::pipeline::report_processes(&dir, pid, &a.opts, show_paths, &mut *out)?;
+    let how = Reporting { kept: show_paths, children: a.children };
+    let r = crate::pipeline::report_processes(&dir, pid, &a.opts, how, &mut *out)?;
     // From the kind totals (after suppressions): the entry list leaves out
     // reachable blocks unless --show-reachable.
     let leak_error =

@@ -59,7 +59,7 @@ fn an_allocator_in_the_executable_is_hooked_by_patching_and_never_deadlocked() {
         "{text}"
     );
     assert!(!text.contains("WARNING"), "{text}");
-    // Run by a shell: its line among the other processes is a plain one.
+    // Run by a shell: its line in the process tree is a plain one.
     let st = Command::new(mtrace())
         .arg("run")
         .arg("-o")
@@ -70,8 +70,8 @@ fn an_allocator_in_the_executable_is_hooked_by_patching_and_never_deadlocked() {
         .unwrap();
     assert_eq!(st.status.code(), Some(0), "{}", String::from_utf8_lossy(&st.stderr));
     let text = std::fs::read_to_string(&txt).unwrap();
-    let line = text.lines().find(|l| l.starts_with("  pid ") && l.contains(exe)).unwrap_or_else(|| panic!("{text}"));
-    assert!(line.contains(": 102,4"), "{line}");
+    let line = text.lines().find(|l| l.contains("─ ") && l.contains(exe)).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains(" 102,4"), "{line}");
     assert!(!line.contains("not every allocator"), "{line}");
 }
 

@@ -94,7 +94,7 @@ fn frames_in_a_powerpc_executable_symbolize() {
         Record::Modules { time_ns: 0, modules: vec![module] },
         Record::Stack { id: 1, frames: vec![bias + ret] },
         Record::Alloc { time_ns: 1, family: Family::Malloc, addr: 0x2000_0000, size: 64, stack: 1, align: 0 },
-        Record::End { time_ns: 2, reason: EndReason::Exit },
+        Record::End { time_ns: 2, reason: EndReason::Exit(Some(0)) },
     ];
     let trace = dir.join("ppc.mtrace");
     std::fs::write(&trace, stream(&h, &recs)).unwrap();
@@ -130,7 +130,7 @@ fn the_scan_of_a_32_bit_big_endian_target_reads_its_words() {
         alloc(30, c),
         Record::ScanRegion { time_ns: 40, kind: mtrace_format::region_kind::STACK, addr: 0x7ff0_0000, bytes: words },
         Record::ScanEnd { time_ns: 40 },
-        Record::End { time_ns: 50, reason: EndReason::Exit },
+        Record::End { time_ns: 50, reason: EndReason::Exit(Some(0)) },
     ];
     let foreign = dir.join("scan.mtrace");
     std::fs::write(&foreign, stream(&h, &recs)).unwrap();

@@ -186,7 +186,7 @@ fn crafted_sizes_and_end_signals_neither_wrap_nor_panic() {
     use mtrace_format::{Family, Record};
     let dir = scratch("crafted");
     let alloc = |addr, size| Record::Alloc { time_ns: 1, family: Family::Malloc, addr, size, stack: 0, align: 0 };
-    let end = Record::End { time_ns: 2, reason: mtrace_format::EndReason::Exit };
+    let end = Record::End { time_ns: 2, reason: mtrace_format::EndReason::Exit(Some(0)) };
     let huge = crafted(&dir, "huge.mtrace", &[alloc(0x10, 1 << 63), alloc(0x20, 1 << 63), alloc(0x30, u64::MAX), end]);
     let out = report(&huge, true);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));

@@ -141,11 +141,13 @@ fn the_command_line_keeps_every_argument_quoted_as_a_shell_would() {
     assert_eq!(line, r#"  command:          /bin/echo '' 'a b' 'it'\''s' plain"#);
 }
 
-/// The "Other processes traced" lines of a text report.
-fn other_processes(text: &str) -> Vec<&str> {
-    text.split("\nOther processes traced (")
-        .nth(1)
-        .map_or(vec![], |s| s.lines().skip(1).filter(|l| l.starts_with("  ")).collect())
+/// The lines of the process tree a text report starts with (one per
+/// process, the program's first).
+fn tree_lines(text: &str) -> Vec<&str> {
+    match text.strip_prefix("Processes traced (") {
+        Some(s) => s.lines().skip(1).take_while(|l| !l.is_empty()).collect(),
+        None => vec![],
+    }
 }
 
 #[test]
@@ -157,11 +159,12 @@ fn a_fork_then_exec_is_one_process_and_a_wrapper_leads_to_the_program() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(&txt).unwrap();
     // The child: the fork's copy of the program, then true; one line (it
-    // was two, the first a stub of 0 bytes).
-    let others = other_processes(&text);
-    assert_eq!(others.len(), 1, "{text}");
-    let chain = format!(" {} → /usr/bin/true: ", prog.display());
-    assert!(others[0].starts_with("  pid ") && others[0].contains(&chain), "{text}");
+    // was two, the first a stub of 0 bytes), under the program's.
+    let tree = tree_lines(&text);
+    assert_eq!(tree.len(), 2, "{text}");
+    assert!(tree[0].starts_with("* "), "{text}");
+    let chain = format!(" ({} → /usr/bin/true): exit 0; ", prog.display());
+    assert!(tree[1].starts_with("  └─ ") && tree[1].contains(&chain), "{text}");
     // A wrapper that execs the program: its earlier image leads to the
     // report above; a command it ran is its own line.
     let out = Command::new(mtrace())
@@ -173,9 +176,9 @@ fn a_fork_then_exec_is_one_process_and_a_wrapper_leads_to_the_program() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(&txt).unwrap();
-    assert!(text.starts_with("mtrace report for /usr/bin/cat "), "{text}");
-    let others = other_processes(&text);
-    assert_eq!(others.len(), 2, "{text}");
-    assert!(others.iter().any(|l| l.ends_with("sh → the program reported above")), "{text}");
-    assert!(others.iter().any(|l| l.contains(" /usr/bin/ls: ")), "{text}");
+    assert!(text.contains("\n\nmtrace report for /usr/bin/cat "), "{text}");
+    let tree = tree_lines(&text);
+    assert_eq!(tree.len(), 2, "{text}");
+    assert!(tree[0].starts_with("* ") && tree[0].contains(" (/usr/bin/dash → /usr/bin/cat): exit 0; "), "{text}");
+    assert!(tree[1].starts_with("  └─ ") && tree[1].contains(" ls /: exit 0; "), "{text}");
 }

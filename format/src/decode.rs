@@ -529,6 +529,8 @@ impl<R: Read> Reader<R> {
                 }
                 Record::Patched { time_ns, patch: Box::new(crate::Patch { path, hooked, refused }) }
             }
+            tag::EXEC => Record::Exec { time_ns: self.time()?, path: self.string()? },
+            tag::SPAWNED => Record::Spawned { time_ns: self.time()?, pid: self.u32("pid")?, path: self.string()? },
             tag::SAMPLING => Record::Sampling { time_ns: self.time()?, rate: self.varint()? },
             tag::WATERMARK => Record::Watermark { time_ns: self.varint()? << self.time_shift },
             tag::SAMPLE => Record::Sample { time_ns: self.time()?, rss: self.varint()? },

@@ -66,6 +66,8 @@ fn sample() -> (Vec<u8>, Vec<Record>) {
         // Absolute, and the current time is untouched: the End's delta
         // below is still from the ScanEnd's.
         Record::Watermark { time_ns: 2400 << 6 },
+        Record::Exec { time_ns: 2493 << 6, path: "sh".into() },
+        Record::Spawned { time_ns: 2494 << 6, pid: 4321, path: "/bin/busybox".into() },
         Record::End { time_ns: 2500 << 6, reason: EndReason::Signal(11) },
     ];
     let mut out = Vec::new();

@@ -323,6 +323,17 @@ impl Encoder {
                     put_bytes(out, why.as_bytes());
                 }
             }
+            Record::Exec { time_ns, ref path } => {
+                out.push(tag::EXEC);
+                self.time(out, time_ns);
+                put_bytes(out, path.as_bytes());
+            }
+            Record::Spawned { time_ns, pid, ref path } => {
+                out.push(tag::SPAWNED);
+                self.time(out, time_ns);
+                put_varint(out, pid as u64);
+                put_bytes(out, path.as_bytes());
+            }
             Record::Watermark { time_ns } => {
                 out.push(tag::WATERMARK);
                 put_varint(out, time_ns >> TIME_SHIFT);

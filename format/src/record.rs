@@ -67,10 +67,12 @@ impl Family {
 /// before it is known to be in the stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EndReason {
-    /// `exit()` or a return from `main` (the library's destructor ran).
-    Exit,
-    /// `_exit()` or `_Exit()` called by the program.
-    UnderscoreExit,
+    /// `exit()` or a return from `main` (the library's destructor ran),
+    /// with the exit status when the producer knew it (since version 12).
+    Exit(Option<u8>),
+    /// `_exit()` or `_Exit()` called by the program, with its status (since
+    /// version 12).
+    UnderscoreExit(Option<u8>),
     /// `abort()`.
     Abort,
     /// A fatal signal with this number.
@@ -85,8 +87,9 @@ pub enum EndReason {
 impl EndReason {
     pub(crate) fn to_pair(self) -> (u64, u64) {
         match self {
-            EndReason::Exit => (0, 0),
-            EndReason::UnderscoreExit => (1, 0),
+            // The status plus one; 0: not known.
+            EndReason::Exit(s) => (0, s.map_or(0, |s| s as u64 + 1)),
+            EndReason::UnderscoreExit(s) => (1, s.map_or(0, |s| s as u64 + 1)),
             EndReason::Abort => (2, 0),
             EndReason::Signal(n) => (3, n as u64),
             EndReason::Exec => (4, 0),
@@ -96,14 +99,24 @@ impl EndReason {
 
     pub(crate) fn from_pair(code: u64, arg: u64) -> Option<EndReason> {
         Some(match code {
-            0 => EndReason::Exit,
-            1 => EndReason::UnderscoreExit,
+            0 => EndReason::Exit(status(arg)?),
+            1 => EndReason::UnderscoreExit(status(arg)?),
             2 => EndReason::Abort,
             3 => EndReason::Signal(u32::try_from(arg).ok().filter(|&n| n < 128)?),
             4 => EndReason::Exec,
             5 => EndReason::Detach,
             _ => return None,
         })
+    }
+}
+
+/// An exit status as an End record's argument holds it: 0 for none known,
+/// else the status plus one; `None` (corrupt) above 256.
+fn status(arg: u64) -> Option<Option<u8>> {
+    match arg {
+        0 => Some(None),
+        1..=256 => Some(Some((arg - 1) as u8)),
+        _ => None,
     }
 }
 
@@ -306,6 +319,18 @@ pub enum Record {
     /// from `time_ns` on; blocks they allocated before are not. Boxed: rare,
     /// and every record is as large as the largest. Since version 12.
     Patched { time_ns: u64, patch: Box<Patch> },
+    /// The process is about to replace its image: `exec*()` was called
+    /// with `path` (a name that `execvp` looks up in `PATH`, as given), just
+    /// before the End record of reason exec. A new image of the same pid
+    /// writes a stream of its own, unless it cannot be traced (a static or
+    /// setuid program, another architecture): then none follows. Since
+    /// version 12.
+    Exec { time_ns: u64, path: String },
+    /// Child process `pid` was started to run `path`, where the producer's
+    /// own tracing may not follow it (`posix_spawn`, whose child execs past
+    /// the hooks; an exec in a `vfork` child): its own stream follows where
+    /// it could be traced, else this is all of it. Since version 12.
+    Spawned { time_ns: u64, pid: u32, path: String },
 }
 
 /// What a producer hooked by patching in one module ([`Record::Patched`]).
@@ -340,7 +365,9 @@ impl Record {
             | Record::Coverage { time_ns, .. }
             | Record::Watermark { time_ns }
             | Record::Sampling { time_ns, .. }
-            | Record::Patched { time_ns, .. } => time_ns,
+            | Record::Patched { time_ns, .. }
+            | Record::Exec { time_ns, .. }
+            | Record::Spawned { time_ns, .. } => time_ns,
             Record::Thread { .. } | Record::Stack { .. } | Record::PoolName { .. } => return None,
         })
     }
@@ -405,10 +432,23 @@ pub(crate) mod tag {
     pub const ALLOC_ALIGNED: u8 = 24;
     /// A [`super::Record::Free`] with the size or alignment it was given.
     pub const FREE_SIZED: u8 = 25;
+    pub const EXEC: u8 = 26;
+    pub const SPAWNED: u8 = 27;
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_exit_status_round_trips_and_none_is_old_traces_zero() {
+        use super::EndReason::*;
+        for r in [Exit(None), Exit(Some(0)), Exit(Some(255)), UnderscoreExit(Some(3)), Signal(9), Exec, Detach, Abort] {
+            let (c, a) = r.to_pair();
+            assert_eq!(super::EndReason::from_pair(c, a), Some(r));
+        }
+        assert_eq!(super::EndReason::from_pair(0, 0), Some(Exit(None)));
+        assert_eq!(super::EndReason::from_pair(0, 258), None);
+    }
+
     #[test]
     fn a_record_stays_small() {
         // The analyzer queues records by the million while it orders

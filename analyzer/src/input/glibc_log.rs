@@ -70,7 +70,7 @@ pub fn load_with_complaints(path: &Path, prog: Option<&Path>) -> Result<(Trace, 
         let line = line.with_context(|| format!("{}: read error at line {n}", path.display()))?;
         let words: Vec<&str> = line.split_whitespace().collect();
         if line.starts_with("= End") {
-            t.end = Some(mtrace_format::EndReason::Exit);
+            t.end = Some(mtrace_format::EndReason::Exit(None));
         }
         if words.first() != Some(&"@") || words.len() < 4 {
             continue;

@@ -207,6 +207,14 @@ impl<'w> Keeper<'w> {
                     heap_blocks: t.books.cur_blocks,
                 });
             }
+            Record::Exec { time_ns, path } => {
+                *now = time_ns;
+                t.exec = Some(path);
+            }
+            Record::Spawned { time_ns, pid, path } => {
+                *now = time_ns;
+                t.spawned.push((time_ns, pid, path));
+            }
             Record::Patched { time_ns, patch } => {
                 t.books.settle();
                 *now = time_ns;

@@ -11,6 +11,7 @@ pub mod flame;
 pub mod glibc;
 pub mod html;
 pub mod pprof;
+pub mod processes;
 pub mod text;
 pub mod words;
 

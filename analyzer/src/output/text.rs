@@ -25,6 +25,9 @@ fn write_timeline(r: &Report, w: &mut dyn Write) -> io::Result<()> {
 
 /// Writes the text report to `w`.
 pub fn write_text(r: &Report, w: &mut dyn Write) -> io::Result<()> {
+    if let Some(tree) = &r.processes {
+        super::processes::write_tree(tree, w)?;
+    }
     write_summary(r, w)?;
     super::errors::write_text(&r.errors, r.text_callers, w)?;
     write_timeline(r, w)?;
@@ -169,7 +172,11 @@ fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
             w,
             "  WARNING: the trace has no end record (the process was killed?); the report covers what was written"
         )?,
-        (None, Some(how)) => writeln!(w, "  ended by:         {how}")?,
+        (None, Some(how)) => match (s.exit_status, &s.exec) {
+            (Some(status), _) => writeln!(w, "  ended by:         {how}, status {status}")?,
+            (None, Some(path)) => writeln!(w, "  ended by:         {how} of {path}")?,
+            (None, None) => writeln!(w, "  ended by:         {how}")?,
+        },
     }
     for a in r.allocators.iter().filter(|a| a.seen) {
         writeln!(w, "  allocator:        {} in {} ({})", a.label(), a.module, a.how)?;

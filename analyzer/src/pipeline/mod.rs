@@ -19,7 +19,7 @@ use crate::symbolize::{SearchPaths, Symbolizer};
 use crate::trace::{MarkerSel, Trace, Window};
 
 mod processes;
-pub use processes::report_processes;
+pub use processes::{report_processes, Reporting};
 
 /// Options shared by `report` and `run`.
 #[derive(Args, Clone)]
@@ -242,6 +242,17 @@ impl ReportOpts {
     /// no form asked for needed it (only `--folded`/`--flamegraph`): it is
     /// not built then, nor is the scan run.
     pub fn report(&self, trace: &Path, out: Option<&mut dyn Write>) -> anyhow::Result<Option<Report>> {
+        self.report_with(trace, out, |_, _, _| {})
+    }
+
+    /// [`ReportOpts::report`], with `add` given the trace and the report
+    /// built before it is written (the process tree goes in so).
+    pub fn report_with(
+        &self,
+        trace: &Path,
+        out: Option<&mut dyn Write>,
+        add: impl FnOnce(&Trace, &mut Symbolizer, &mut Report),
+    ) -> anyhow::Result<Option<Report>> {
         let (t, mut sym) = self.load(trace)?;
         let needed = out.is_some() || self.files().iter().any(|(f, _)| f.needs_report());
         let (classes, marking_s) = match needed || self.pprof.is_some() {
@@ -254,6 +265,9 @@ impl ReportOpts {
         };
         if let Some(s) = r.as_mut().and_then(|r| r.scan.as_mut()) {
             s.marking_s = marking_s;
+        }
+        if let Some(r) = r.as_mut() {
+            add(&t, &mut sym, r);
         }
         let mut src = output::Sources { trace: &t, report: r.as_mut(), classes: classes.as_ref() };
         self.write(&mut src, &mut sym, out)?;

@@ -1,6 +1,8 @@
 //! The report of a run that traced several processes (a shell script, a
-//! build): one trace per process in a folder, the program's reported in
-//! full and the others a line each.
+//! build): one trace per image in a folder. The report starts with the
+//! process tree (report/processes.rs: each process once, under its parent,
+//! with how it ended and what it left), then the program's process in
+//! full, then, with `--children`, each other process in full.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -8,100 +10,128 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 
 use super::ReportOpts;
-use crate::output::words::{plural, thousands};
+use crate::report::processes::{self, ImageFacts, ProcessNode};
 use crate::report::{allocators, Report};
+use crate::symbolize::Symbolizer;
+use crate::trace::Trace;
+
+/// How [`report_processes`] reports.
+#[derive(Clone, Copy, Default)]
+pub struct Reporting {
+    /// The traces are kept (their folder is named at the end), so no hint
+    /// is given about keeping them.
+    pub kept: bool,
+    /// After the program's report, each other process's in full
+    /// (`--children`; text only).
+    pub children: bool,
+}
 
 /// Writes the report of process `pid`'s trace in `dir` (its last image,
-/// after any exec), then one line per other process traced there (with
-/// its trace's path when `show_paths`). Returns the report, if `pid` wrote
-/// a trace.
+/// after any exec), preceded by the tree of every process traced there
+/// when there was more than one. Returns the report, if `pid` wrote a
+/// trace.
 pub fn report_processes(
     dir: &Path,
     pid: u32,
     opts: &ReportOpts,
-    show_paths: bool,
+    how: Reporting,
     out: &mut dyn Write,
 ) -> Result<Option<Report>> {
     let traces = traces_in(dir)?;
     let main = traces.iter().filter(|i| i.pid == pid).max_by_key(|i| i.start).map(|i| i.path.clone());
+    if traces.iter().all(|i| i.pid == pid) {
+        return report_one(main.as_deref(), pid, opts, out);
+    }
+    // The other images' facts (each trace read whole), the program's
+    // last image's from its report's reading below.
+    let sym = opts.symbolizer();
+    let others: Vec<ImageFacts> = traces
+        .iter()
+        .filter(|i| Some(&i.path) != main.as_ref())
+        .take(FACTS_READ)
+        .filter_map(|i| crate::input::load(&i.path).ok().map(|t| facts(&t, &i.path, &sym)))
+        .collect();
     let r = match &main {
-        Some(path) => opts.report(path, Some(&mut *out))?,
+        Some(path) => opts.report_with(path, Some(&mut *out), |t, sym, r| {
+            let mut all = others.clone();
+            all.push(facts(t, path, sym));
+            r.processes = Some(processes::tree(all, pid));
+        })?,
         None => {
+            let tree = processes::tree(others.clone(), pid);
+            if opts.json {
+                serde_json::to_writer_pretty(&mut *out, &serde_json::json!({ "processes": tree }))?;
+                writeln!(out)?;
+            } else {
+                crate::output::processes::write_tree(&tree, out)?;
+            }
             writeln!(out, "mtrace: no trace was written for pid {pid} (static executable, or preloading failed)")?;
             None
         }
     };
-    let others = processes(&traces, main.as_ref());
-    if !others.is_empty() && !opts.json {
-        let sym = opts.symbolizer();
-        writeln!(out, "\nOther processes traced ({}):", others.len())?;
-        for (p, images) in others.iter().take(OTHERS_SHOWN) {
-            // The process as it ended: its last image's blocks (an exec
-            // ends the image before it, and its heap with it).
-            let path = &images.last().expect("one image at least").path;
-            if *p == pid {
-                // The program's process before its last exec (a wrapper
-                // script), reported above as what it became.
-                writeln!(out, "  pid {p} {} → the program reported above", exec_chain(images))?;
-                continue;
-            }
-            let line = match crate::input::load(path) {
-                Ok(t) => {
-                    let rate = t.books.sample_rate;
-                    let (bytes, blocks) = t.books.live_blocks().fold((0, 0), |acc, (_, b)| {
-                        let (size, n) = b.estimate(rate);
-                        (acc.0 + size, acc.1 + n)
-                    });
-                    // Not the whole answer where mtrace was blind to an allocator.
-                    let blind = !allocators::notices(&t, &allocators::survey(&t, &sym)).is_empty();
-                    format!(
-                        "pid {p} {}: {} bytes in {} not freed{}",
-                        exec_chain(images),
-                        thousands(bytes),
-                        plural(blocks, "block", "blocks"),
-                        if blind { " (of what mtrace saw; not every allocator: its report says which)" } else { "" }
-                    )
-                }
-                Err(e) => format!("pid {p}: {e:#}"),
-            };
-            let kept = if show_paths { format!(" ({})", path.display()) } else { String::new() };
-            writeln!(out, "  {line}{kept}")?;
+    if opts.json {
+        return Ok(r);
+    }
+    let tree = r.as_ref().and_then(|r| r.processes.clone()).unwrap_or_default();
+    let mut rest = Vec::new();
+    flatten(&tree, &mut rest);
+    if how.children {
+        for p in rest.iter().filter(|p| !p.reported) {
+            let Some(last) = p.images.last() else { continue };
+            writeln!(out, "\n{}", "=".repeat(72))?;
+            opts.report(&last.trace, Some(&mut *out))?;
         }
-        if others.len() > OTHERS_SHOWN {
-            let more = others.len() - OTHERS_SHOWN;
-            match show_paths {
-                true => writeln!(out, "  … {more} more, their traces in {}", dir.display())?,
-                false => writeln!(out, "  … {more} more (--keep-traces keeps every trace for mtrace report)")?,
-            }
-        }
+    } else if !how.kept && rest.iter().any(|p| !p.reported && p.not_freed_blocks > 0) {
+        writeln!(
+            out,
+            "\nOther processes left blocks not freed: --children reports each in full, \
+             --keep-traces keeps their traces for mtrace report"
+        )?;
     }
     Ok(r)
 }
 
-/// Other processes listed after the report: the rest are counted (python3
-/// started through pyenv's shims is 78 shell processes before it).
-const OTHERS_SHOWN: usize = 10;
-
-/// The processes of `traces` (oldest first) but the image reported in
-/// full (`main`), each with the traces of its images in order: a child
-/// that forked and then exec'd is one process, not a stub of 0 bytes and
-/// the program it became (`git gc` listed 16 entries for its 8 processes).
-fn processes<'a>(traces: &'a [Image], main: Option<&PathBuf>) -> Vec<(u32, Vec<&'a Image>)> {
-    let mut v: Vec<(u32, Vec<&Image>)> = Vec::new();
-    for i in traces.iter().filter(|i| Some(&i.path) != main) {
-        match v.iter_mut().find(|(p, _)| *p == i.pid) {
-            Some((_, images)) => images.push(i),
-            None => v.push((i.pid, vec![i])),
+/// The report of the one process traced (no tree), or why there is none.
+fn report_one(main: Option<&Path>, pid: u32, opts: &ReportOpts, out: &mut dyn Write) -> Result<Option<Report>> {
+    match main {
+        Some(path) => opts.report(path, Some(out)),
+        None => {
+            writeln!(out, "mtrace: no trace was written for pid {pid} (static executable, or preloading failed)")?;
+            Ok(None)
         }
     }
-    v
 }
 
-/// The executables a process ran, in order: `/usr/bin/dash → /usr/bin/uname`.
-fn exec_chain(images: &[&Image]) -> String {
-    let mut names: Vec<&str> = images.iter().map(|i| i.exe.as_str()).collect();
-    names.dedup();
-    names.join(" → ")
+/// Every node of `tree`, depth first.
+fn flatten<'a>(tree: &'a [ProcessNode], out: &mut Vec<&'a ProcessNode>) {
+    for p in tree {
+        out.push(p);
+        flatten(&p.children, out);
+    }
+}
+
+/// Traces read whole for the tree at the most (pyenv's python3 is 78
+/// shell processes before the interpreter): the rest are left out of it.
+const FACTS_READ: usize = 500;
+
+/// What trace `t` (at `path`) says of its image, for the tree.
+fn facts(t: &Trace, path: &Path, sym: &Symbolizer) -> ImageFacts {
+    let rate = t.books.sample_rate;
+    let not_freed = t.books.live_blocks().fold((0, 0), |acc, (_, b)| {
+        let (size, n) = b.estimate(rate);
+        (acc.0 + size, acc.1 + n)
+    });
+    ImageFacts {
+        header: t.header.clone(),
+        path: path.to_owned(),
+        end: t.end,
+        exec: t.exec.clone(),
+        spawned: t.spawned.clone(),
+        allocations: t.books.allocations,
+        not_freed,
+        // Not the whole answer where mtrace was blind to an allocator.
+        blind: !allocators::notices(t, &allocators::survey(t, sym)).is_empty(),
+    }
 }
 
 /// One trace in the folder: a process's image from a start or an exec,
@@ -111,7 +141,6 @@ struct Image {
     /// `start_monotonic_ns` of the header.
     start: u64,
     path: PathBuf,
-    exe: String,
 }
 
 /// The traces in `dir`, oldest first.
@@ -122,7 +151,7 @@ fn traces_in(dir: &Path) -> Result<Vec<Image>> {
         let Ok(f) = std::fs::File::open(&path) else { continue };
         let mut r = mtrace_format::Reader::new(f);
         if let Ok(h) = r.header() {
-            v.push(Image { pid: h.pid, start: h.start_monotonic_ns, path, exe: h.exe });
+            v.push(Image { pid: h.pid, start: h.start_monotonic_ns, path });
         }
     }
     v.sort_by_key(|i| i.start);

@@ -103,7 +103,8 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
     let pid = main.as_deref().and_then(header_pid);
     match pid {
         Some(pid) => {
-            crate::pipeline::report_processes(dir.path(), pid, &a.opts, false, &mut *out)?;
+            let how = crate::pipeline::Reporting::default();
+            crate::pipeline::report_processes(dir.path(), pid, &a.opts, how, &mut *out)?;
         }
         None => writeln!(out, "mtrace: the program sent no trace (static executable, or preloading failed)")?,
     }

@@ -6,6 +6,7 @@ pub mod allocators;
 pub mod diff;
 pub mod errors;
 pub mod intervals;
+pub mod processes;
 pub mod sections;
 pub mod suppress;
 
@@ -100,6 +101,12 @@ pub struct Summary {
     pub error: Option<String>,
     /// How the process ended: exit, _exit, abort, signal N, exec, detach.
     pub ended_by: Option<String>,
+    /// The exit status of an exit or _exit, where the producer knew it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_status: Option<u8>,
+    /// What the process asked `exec` to run, where it ended by an exec.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exec: Option<String>,
     /// Traced from an attach (`mtrace attach`): blocks from before it are unknown.
     pub attached: bool,
     /// Frees of blocks allocated before tracing started (not wrong frees).
@@ -200,6 +207,10 @@ pub struct Report {
     /// With `--intervals`: unfreed allocations per time window.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub intervals: Option<intervals::Intervals>,
+    /// After a run that traced several processes: the process tree, this
+    /// report's process marked `reported` (processes.rs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processes: Option<Vec<processes::ProcessNode>>,
     /// The text shows `sections` (`--sections`; JSON always has them).
     #[serde(skip)]
     pub text_sections: bool,
@@ -247,15 +258,7 @@ fn signed(v: u64) -> i64 {
 }
 
 fn end_text(r: mtrace_format::EndReason) -> String {
-    use mtrace_format::EndReason::*;
-    match r {
-        Exit => "exit".into(),
-        UnderscoreExit => "_exit".into(),
-        Abort => "abort".into(),
-        Signal(n) => format!("signal {n}"),
-        Exec => "exec".into(),
-        Detach => "detach".into(),
-    }
+    processes::end_text(r)
 }
 
 /// The symbolized frames of canonical backtrace `stack`, at most `depth`
@@ -460,6 +463,11 @@ pub fn build_view(
             truncated: t.error.is_some() || (t.end.is_none() && !t.reached_until),
             error: t.error.as_ref().map(|e| format!("{}: {e}", t.path.display())),
             ended_by: t.end.map(end_text),
+            exit_status: match t.end {
+                Some(mtrace_format::EndReason::Exit(s) | mtrace_format::EndReason::UnderscoreExit(s)) => s,
+                _ => None,
+            },
+            exec: t.exec.clone().filter(|_| t.end == Some(mtrace_format::EndReason::Exec)),
             attached: t.attached,
             unmatched_frees: t.books.unmatched_frees(),
             bad_frees,
@@ -476,6 +484,7 @@ pub fn build_view(
         timeline: None,
         sections: None,
         intervals: None,
+        processes: None,
         text_sections: false,
         text_callers: 0,
         show_reachable,

@@ -124,6 +124,14 @@ pub struct Trace {
     /// Allocation functions the producer hooked by patching their entry
     /// ([`mtrace_format::Record::Patched`]), per module, in stream order.
     pub patched: Vec<mtrace_format::Patch>,
+    /// What the process asked `exec` to run last
+    /// ([`mtrace_format::Record::Exec`]): where an End of reason exec
+    /// follows, the image after this one.
+    pub exec: Option<String>,
+    /// Children started where the producer's tracing may not follow them
+    /// ([`mtrace_format::Record::Spawned`]): (when, ns since the start;
+    /// pid; what they were to run).
+    pub spawned: Vec<(u64, u32, String)>,
 }
 
 /// Name of the marker the preload writes after an on-demand leak scan.
@@ -157,6 +165,8 @@ impl Trace {
             snapshot_stopped_by_signal: None,
             attached: false,
             patched: Vec::new(),
+            exec: None,
+            spawned: Vec::new(),
         }
     }
 }

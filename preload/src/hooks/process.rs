@@ -21,6 +21,8 @@ static EXECV: NextFn = NextFn::new(c"execv");
 static EXECVP: NextFn = NextFn::new(c"execvp");
 static EXECVPE: NextFn = NextFn::new(c"execvpe");
 static FEXECVE: NextFn = NextFn::new(c"fexecve");
+static POSIX_SPAWN: NextFn = NextFn::new(c"posix_spawn");
+static POSIX_SPAWNP: NextFn = NextFn::new(c"posix_spawnp");
 static DLCLOSE: NextFn = NextFn::new(c"dlclose");
 static PTHREAD_CREATE: NextFn = NextFn::new(c"pthread_create");
 
@@ -49,13 +51,13 @@ fn real_exit(status: i32) -> ! {
 
 #[no_mangle]
 pub extern "C" fn _exit(status: i32) -> ! {
-    flush(EndReason::UnderscoreExit);
+    flush(EndReason::UnderscoreExit(Some(status as u8)));
     real_exit(status)
 }
 
 #[no_mangle]
 pub extern "C" fn _Exit(status: i32) -> ! {
-    flush(EndReason::UnderscoreExit);
+    flush(EndReason::UnderscoreExit(Some(status as u8)));
     real_exit(status)
 }
 
@@ -91,10 +93,24 @@ pub extern "C" fn abort() -> ! {
     }
 }
 
-/// Flushes, runs `call` (an exec), and if it returns (the exec failed)
-/// resumes tracing. After vfork the child shares the parent's memory and
-/// has another pid: it must not touch the parent's session.
-fn around_exec(call: impl FnOnce() -> i32) -> i32 {
+/// Flushes, runs `call` (an exec of `path`, as the program gave it: null
+/// for `fexecve`), and if it returns (the exec failed) resumes tracing.
+/// After vfork the child shares the parent's memory and has another pid:
+/// it must not touch the parent's session.
+fn around_exec(path: *const c_char, call: impl FnOnce() -> i32) -> i32 {
+    // SAFETY: exec's contract: a NUL-terminated path (null: fexecve).
+    let named = (!path.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(path) }.to_bytes());
+    match stream::current() {
+        Some(s) if s.pid == sys::getpid() => {
+            let path =
+                named.map_or_else(|| "(a descriptor: fexecve)".into(), |p| String::from_utf8_lossy(p).into_owned());
+            s.exec_of(path);
+        }
+        // A vfork child: the parent's memory, not its session. Kept in a
+        // slot its parent's next round writes (no lock, no allocation).
+        Some(_) => stream::spawned::note(sys::getpid(), named.unwrap_or(b"(a descriptor: fexecve)")),
+        None => {}
+    }
     flush(EndReason::Exec);
     let rc = call();
     let errno = sys::errno();
@@ -115,7 +131,7 @@ type Argv = *const *const c_char;
 pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> i32 {
     type F = unsafe extern "C" fn(*const c_char, Argv, Argv) -> i32;
     // SAFETY: F is execve's signature; arguments per contract.
-    around_exec(|| match unsafe { next::<F>(&EXECVE) } {
+    around_exec(path, || match unsafe { next::<F>(&EXECVE) } {
         // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(path, argv, envp) },
         None => -1,
@@ -128,7 +144,7 @@ pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> 
 pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) -> i32 {
     type F = unsafe extern "C" fn(*const c_char, Argv, Argv) -> i32;
     // SAFETY: as execve.
-    around_exec(|| match unsafe { next::<F>(&EXECVPE) } {
+    around_exec(file, || match unsafe { next::<F>(&EXECVPE) } {
         // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(file, argv, envp) },
         None => -1,
@@ -141,7 +157,7 @@ pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) ->
 pub unsafe extern "C" fn execv(path: *const c_char, argv: Argv) -> i32 {
     type F = unsafe extern "C" fn(*const c_char, Argv) -> i32;
     // SAFETY: F is execv's signature.
-    around_exec(|| match unsafe { next::<F>(&EXECV) } {
+    around_exec(path, || match unsafe { next::<F>(&EXECV) } {
         // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(path, argv) },
         None => -1,
@@ -154,7 +170,7 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: Argv) -> i32 {
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: Argv) -> i32 {
     type F = unsafe extern "C" fn(*const c_char, Argv) -> i32;
     // SAFETY: F is execvp's signature.
-    around_exec(|| match unsafe { next::<F>(&EXECVP) } {
+    around_exec(file, || match unsafe { next::<F>(&EXECVP) } {
         // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(file, argv) },
         None => -1,
@@ -167,11 +183,80 @@ pub unsafe extern "C" fn execvp(file: *const c_char, argv: Argv) -> i32 {
 pub unsafe extern "C" fn fexecve(fd: i32, argv: Argv, envp: Argv) -> i32 {
     type F = unsafe extern "C" fn(i32, Argv, Argv) -> i32;
     // SAFETY: F is fexecve's signature.
-    around_exec(|| match unsafe { next::<F>(&FEXECVE) } {
+    around_exec(std::ptr::null(), || match unsafe { next::<F>(&FEXECVE) } {
         // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(fd, argv, envp) },
         None => -1,
     })
+}
+
+type Spawn = unsafe extern "C" fn(
+    *mut libc::pid_t,
+    *const c_char,
+    *const c_void,
+    *const c_void,
+    *const *mut c_char,
+    *const *mut c_char,
+) -> i32;
+
+/// `posix_spawn` or `posix_spawnp` (`f`) of `path`: glibc's child execs by
+/// the system call, past the exec hooks; the child is noted for the
+/// process's stream (stream/spawned.rs), its own trace following where it
+/// can be traced.
+///
+/// # Safety
+/// The C contract of posix_spawn.
+unsafe fn spawned(
+    f: &NextFn,
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const c_void,
+    attr: *const c_void,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> i32 {
+    // SAFETY: Spawn is posix_spawn's (and posix_spawnp's) signature.
+    let rc = match unsafe { next::<Spawn>(f) } {
+        // SAFETY: the real function, with the arguments of the caller's C contract.
+        Some(real) => unsafe { real(pid, path, actions, attr, argv, envp) },
+        None => libc::ENOSYS,
+    };
+    if rc == 0 && !pid.is_null() && !path.is_null() && stream::current().is_some_and(|s| s.pid == sys::getpid()) {
+        // SAFETY: on success the child's pid was written; path is the
+        // caller's NUL-terminated string.
+        unsafe { stream::spawned::note(*pid as u32, std::ffi::CStr::from_ptr(path).to_bytes()) };
+    }
+    rc
+}
+
+/// # Safety
+/// The C contract of posix_spawn.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const c_void,
+    attr: *const c_void,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> i32 {
+    // SAFETY: forwarded under the caller's contract.
+    unsafe { spawned(&POSIX_SPAWN, pid, path, actions, attr, argv, envp) }
+}
+
+/// # Safety
+/// The C contract of posix_spawnp.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const c_char,
+    actions: *const c_void,
+    attr: *const c_void,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> i32 {
+    // SAFETY: forwarded under the caller's contract.
+    unsafe { spawned(&POSIX_SPAWNP, pid, file, actions, attr, argv, envp) }
 }
 
 /// # Safety

@@ -70,20 +70,21 @@ static AT_THE_END: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool
 /// for [`the_end`], after all of them, where it could be registered.
 pub extern "C" fn fini() {
     if !AT_THE_END.load(std::sync::atomic::Ordering::Acquire) {
-        end_of_exit();
+        end_of_exit(None);
     }
 }
 
 /// The last of `exit`'s handlers: after the program's atexit handlers and
 /// every library's destructor (libstdc++'s, libpython's), as memcheck's
-/// end comes after them.
-extern "C" fn the_end(_: *mut libc::c_void) {
-    end_of_exit();
+/// end comes after them; told the exit status.
+extern "C" fn the_end(status: i32, _: *mut libc::c_void) {
+    end_of_exit(Some(status as u8));
 }
 
-/// The end of a process that exits: glibc's freeres, the leak scan, the
-/// trace's end; later events are written synchronously.
-fn end_of_exit() {
+/// The end of a process that exits (with `status`, where known): glibc's
+/// freeres, the leak scan, the trace's end; later events are written
+/// synchronously.
+fn end_of_exit(status: Option<u8>) {
     // What glibc keeps for the process's lifetime is not the program's
     // leak: it frees it, outside any hook so that its frees are recorded
     // (docs/SCAN.md). It also empties the environment (setenv.c's
@@ -105,7 +106,7 @@ fn end_of_exit() {
             snapshot::take(s, snapshot::By::program_calling(real::libc_exit()));
         }
     }
-    recorder::final_flush(EndReason::Exit, false);
+    recorder::final_flush(EndReason::Exit(status), false);
 }
 
 /// Whether the calling thread is the program's only one (the writer

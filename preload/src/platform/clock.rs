@@ -76,6 +76,12 @@ impl Clock {
         }
     }
 
+    /// The session time of CLOCK_MONOTONIC's `mono_ns` (ns): for a moment
+    /// taken where the clock could not be (a vfork child's exec).
+    pub fn of_monotonic(&self, mono_ns: u64) -> u64 {
+        mono_ns.saturating_sub(self.start_mono)
+    }
+
     /// Refits the line to CLOCK_MONOTONIC (the writer thread, every round).
     pub fn refit(&self) {
         if let Some(l) = &self.tsc {

@@ -168,7 +168,7 @@ fn arena_base() -> usize {
 static EXIT: NextFn = NextFn::new(c"exit");
 static FREERES: NextFn = NextFn::new(c"__libc_freeres");
 static THREAD_ATEXIT: NextFn = NextFn::new(c"__cxa_thread_atexit_impl");
-static CXA_ATEXIT: NextFn = NextFn::new(c"__cxa_atexit");
+static ON_EXIT: NextFn = NextFn::new(c"on_exit");
 
 extern "C" {
     /// This library's handle (crtbegin's), for `__cxa_thread_atexit_impl`.
@@ -208,20 +208,22 @@ pub fn pthread_create(thread: &mut libc::pthread_t, main: ThreadMain, arg: *mut 
     }
 }
 
-/// Has `f(NULL)` called by `exit` after the exit handlers registered
-/// before this call ran: registered from the library's constructor, that
-/// is after the destructors of every library and the program (glibc
-/// registers the loader's `_dl_fini`, which runs them, later, in
-/// `__libc_start_main`; exit handlers run in reverse order). With no
+/// Has `f(status, NULL)` called by `exit` after the exit handlers
+/// registered before this call ran: registered from the library's
+/// constructor, that is after the destructors of every library and the
+/// program (glibc registers the loader's `_dl_fini`, which runs them,
+/// later, in `__libc_start_main`; exit handlers run in reverse order).
+/// With glibc's `on_exit`, which passes the exit status (into one list
+/// with `atexit`'s and `__cxa_atexit`'s handlers) and has no
 /// `__dso_handle`, so that this library's own destructor
 /// (`__cxa_finalize`) does not run it early. False where libc has none.
-pub fn at_the_end_of_exit(f: extern "C" fn(*mut c_void)) -> bool {
-    type F = unsafe extern "C" fn(extern "C" fn(*mut c_void), *mut c_void, *const u8) -> i32;
-    // SAFETY: F is __cxa_atexit's signature; a null DSO handle registers
-    // for the process, as atexit in a program does.
-    match unsafe { next::<F>(&CXA_ATEXIT) } {
-        // SAFETY: `f` takes the (null) argument it is registered with.
-        Some(g) => unsafe { g(f, std::ptr::null_mut(), std::ptr::null()) == 0 },
+pub fn at_the_end_of_exit(f: extern "C" fn(i32, *mut c_void)) -> bool {
+    type F = unsafe extern "C" fn(extern "C" fn(i32, *mut c_void), *mut c_void) -> i32;
+    // SAFETY: F is on_exit's signature.
+    match unsafe { next::<F>(&ON_EXIT) } {
+        // SAFETY: `f` takes the status and the (null) argument it is
+        // registered with.
+        Some(g) => unsafe { g(f, std::ptr::null_mut()) == 0 },
         None => false,
     }
 }

@@ -47,6 +47,12 @@ impl Session {
                 });
             }
         }
+        if !in_signal {
+            let spawned = self.spawned_records();
+            if !spawned.is_empty() {
+                self.write_unordered(&spawned);
+            }
+        }
         if !self.ended.swap(true, Ordering::SeqCst) {
             if let Some(mut e) = lock(&self.end_buf, in_signal) {
                 e.clear();
@@ -62,10 +68,21 @@ impl Session {
                 if let Some(rss) = sys::rss_bytes() {
                     enc.encode(&mut e, &Record::Sample { time_ns: now, rss });
                 }
+                if reason == EndReason::Exec {
+                    if let Some(path) = EXEC_PATH.lock().take() {
+                        enc.encode(&mut e, &Record::Exec { time_ns: now, path });
+                    }
+                }
                 enc.encode(&mut e, &Record::End { time_ns: now, reason });
                 self.out.write(&e);
             }
         }
+    }
+
+    /// The program is about to `exec` `path` (as it gave it): the End
+    /// record of the exec says so ([`Record::Exec`]).
+    pub fn exec_of(&self, path: String) {
+        *EXEC_PATH.lock() = Some(path);
     }
 
     /// Undoes [`Session::final_flush`] after an exec that failed.
@@ -74,6 +91,9 @@ impl Session {
         self.finished.store(false, Ordering::SeqCst);
     }
 }
+
+/// What the program asked `exec` to run, for the End record of the exec.
+static EXEC_PATH: parking_lot::Mutex<Option<String>> = parking_lot::Mutex::new(None);
 
 /// `m` locked; in a signal handler (`in_signal`) `None` once it has been
 /// held for about 2 s.

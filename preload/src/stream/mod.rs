@@ -16,6 +16,7 @@ pub mod order;
 mod output;
 pub mod reports;
 mod solo;
+pub mod spawned;
 mod writer;
 mod zstd;
 

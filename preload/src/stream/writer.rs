@@ -238,6 +238,11 @@ impl Session {
                 }
             }
         }
+        let spawned = self.spawned_records();
+        if !spawned.is_empty() {
+            let _f = crate::platform::spin::lock_unparked(&self.file);
+            self.write_unordered(&spawned);
+        }
         let collected_until = self.written_until.load(Ordering::Relaxed);
         if r.round.is_multiple_of(REAP_EVERY) {
             (crate::UP.reap)();
@@ -254,6 +259,22 @@ impl Session {
         self.reporter.reap();
         r.late = self.written_until.load(Ordering::Relaxed) > collected_until;
         true
+    }
+
+    /// The records of the programs started since the last call that the
+    /// hooks may not follow (spawned.rs), encoded; empty for none. The
+    /// caller writes them under the file lock.
+    pub(super) fn spawned_records(&self) -> Vec<u8> {
+        let mut buf = Vec::new();
+        let mut enc = Encoder::new();
+        super::spawned::take(|at, pid, path| {
+            if buf.is_empty() {
+                enc.encode(&mut buf, &Record::Thread { tid: sys::gettid(), time_ns: self.now() });
+            }
+            let time_ns = self.clock.of_monotonic(at);
+            enc.encode(&mut buf, &Record::Spawned { time_ns, pid, path });
+        });
+        buf
     }
 
     /// Writes the resident set size (the heap is known to the analyzer).

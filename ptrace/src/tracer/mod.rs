@@ -289,7 +289,7 @@ impl Tracer {
             }
             match st {
                 WaitStatus::Exited(tid, code) => {
-                    self.gone(tid, EndReason::Exit);
+                    self.gone(tid, EndReason::Exit(Some(code as u8)));
                     if tid == self.main {
                         outcome = Some(Outcome::Exited(code));
                     }
@@ -424,6 +424,12 @@ impl Tracer {
         }
         let ppid = match self.procs.remove(&pid) {
             Some(mut old) => {
+                // The image it became (the exec is done: its executable).
+                if let Ok(path) = std::fs::read_link(format!("/proc/{}/exe", pid.as_raw())) {
+                    let time_ns = old.stream.now();
+                    let path = path.to_string_lossy().into_owned();
+                    old.stream.record(tid.as_raw() as u32, &mtrace_format::Record::Exec { time_ns, path });
+                }
                 old.stream.end(tid.as_raw() as u32, EndReason::Exec);
                 parent_of(pid)
             }
@@ -561,7 +567,7 @@ impl Tracer {
                     Ok(WaitStatus::PtraceEvent(_, _, ev)) => self.event(t, ev),
                     Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) | Err(_) => {
                         waiting.swap_remove(i);
-                        self.gone(t, EndReason::Exit);
+                        self.gone(t, EndReason::Exit(None));
                     }
                     Ok(_) => resume(t, None),
                 }

@@ -99,6 +99,8 @@ const OTHER_HOOKS: &[&str] = &[
     "execle",
     "execlp",
     "fexecve",
+    "posix_spawn",
+    "posix_spawnp",
     "dlclose",
     "close",
     "dup2",
