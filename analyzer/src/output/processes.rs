@@ -75,7 +75,7 @@ fn line(p: &ProcessNode) -> String {
             if blind { " (of what mtrace saw: not every allocator)" } else { "" }
         ),
     };
-    format!("{} {cmd}{chain}: {ended}; {} calls, {left}", p.pid, thousands(p.allocations))
+    format!("{} {cmd}{chain}: {ended}; {}, {left}", p.pid, plural(p.allocations, "call", "calls"))
 }
 
 /// `s` cut to [`CMDLINE_SHOWN`] characters, with an ellipsis.
