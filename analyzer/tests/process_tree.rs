@@ -205,6 +205,27 @@ fn a_shell_pipeline_a_static_program_and_a_killed_child() {
     assert!(text.contains("static_prog: not traced: "), "{text}");
     let summary = lines.iter().position(|l| l.starts_with("mtrace report for ")).unwrap();
     assert!(summary > 5, "{text}");
+    // seq left blocks (its stdout buffer): said, with the way to see them.
+    assert!(text.contains("\nOther processes left blocks not freed: --children reports each in full"), "{text}");
+    // --children: each other process's report after the program's, in
+    // the tree's order; none for the static program (no trace).
+    let out = Command::new(mtrace())
+        .current_dir(&dir)
+        .args(["run", "--no-scan", "--children", "-o"])
+        .arg(&txt)
+        .args(["--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&txt).unwrap();
+    let reports: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("mtrace report for ")).collect();
+    let programs: Vec<&str> = reports.iter().map(|r| r.split(" (pid").next().unwrap()).collect();
+    assert_eq!(
+        programs,
+        ["/usr/bin/dash", "/usr/bin/seq", "/usr/bin/sort", "/usr/bin/head", "/usr/bin/dash"],
+        "{text}"
+    );
+    assert!(!text.contains("Other processes left blocks"), "{text}");
 }
 
 #[test]
