@@ -62,6 +62,39 @@ fn leaks_made_while_attached_to_a_program_waiting_in_read() {
     assert_eq!(s["ended_by"], "detach", "{s}");
 }
 
+#[test]
+fn a_process_with_one_thread_keeps_one_while_attached() {
+    // No writer thread of the tracer's: a zygote, or a process about to
+    // unshare a user namespace, must stay single-threaded. It answers at
+    // its allocation calls, and the attach makes it write what it
+    // buffered (and detaches it) by calls made in it, as the attach was.
+    let dir = scratch("attach-one-thread");
+    let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+    let m = markers("attach_target.c");
+    let mut t = AttachTarget::start(&prog);
+    let pid = t.child.id();
+    let threads = || std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count();
+    assert_eq!(threads(), 1);
+    let report = dir.join("report.json");
+    let mut a = attach(pid, &report, &[]);
+    t.ask("leak 100");
+    for _ in 0..10 {
+        assert_eq!(threads(), 1);
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    // Idle in read now: the detach is a call made in it.
+    sigterm(&a);
+    wait_ok(&mut a);
+    assert_eq!(threads(), 1);
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(r["summary"]["ended_by"], "detach");
+    assert_eq!(leaks_in(&r, "attach_target.c"), vec![leak(100, 1, "malloc", "keep", m["window"])]);
+    // It goes on untraced.
+    assert_eq!(t.ask("leak 10"), "ok leak 10\n");
+    t.ask("quit");
+    t.child.wait().unwrap();
+}
+
 /// Attaches and detaches `cycles` times while `prog` runs; checks every
 /// report and that the program ends normally.
 fn cycles(prog: &Path, cycles: usize, max_live: u64) {

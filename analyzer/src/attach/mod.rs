@@ -86,6 +86,10 @@ fn catch_stop_signals() {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the process has to end its stream after `detach`.
 const DETACH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a `detach` sent on the socket may go unanswered before the
+/// process is detached by a call made in it (a process with one thread
+/// answers at its next allocation call).
+const ANSWER_WAIT: Duration = Duration::from_millis(300);
 
 /// `mtrace attach`. Exit status 0 after a report; 2, with one line on
 /// stderr, when it could not attach (the process untouched) or report.
@@ -122,18 +126,36 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     let mut control = stream.try_clone()?;
     let copier = std::thread::spawn(move || copy_stream(stream, file));
     if a.interactive {
-        let mut live = Session { control: control.try_clone()?, trace: trace.clone(), copier: &copier };
+        let mut live = Session {
+            control: control.try_clone()?,
+            trace: trace.clone(),
+            copier: &copier,
+            pid: a.pid,
+            lib: Some(&lib),
+        };
         let _ = crate::console::run(&mut live, &a.opts)?;
         // Leaving the console ends the attach (quit detaches).
         STOP.store(true, Ordering::Relaxed);
     }
-    watch(&a, &trace, &copier);
+    watch(&a, &trace, &copier, Some(&lib));
     if !copier.is_finished() {
         // The process is still there: detach, and wait for its End record.
         let detach = Command::Detach.line();
         let cmds = if a.scan { Command::Scan.line() + &detach } else { detach };
         let _ = control.write_all(cmds.as_bytes());
         let until = Instant::now() + DETACH_TIMEOUT;
+        let answered = Instant::now() + ANSWER_WAIT;
+        while !copier.is_finished() && Instant::now() < answered {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if !copier.is_finished() {
+            // A process with one thread (no writer thread of the tracer's)
+            // answers at its next allocation call: an idle one is detached
+            // by a call made in it, as the attach was.
+            if let Err(e) = detach_by_call(a.pid, &lib, a.scan) {
+                eprintln!("mtrace: {e:#}; waiting for process {} to answer the detach", a.pid);
+            }
+        }
         while !copier.is_finished() && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -159,7 +181,12 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
 /// the process ends, a signal asks to detach, or `--duration` is over;
 /// every `--interval`, prints the view of what stays live (and writes a
 /// pprof profile into `--pprof-dir`).
-fn watch(a: &AttachArgs, trace: &std::path::Path, copier: &std::thread::JoinHandle<Result<u64>>) {
+fn watch(
+    a: &AttachArgs,
+    trace: &std::path::Path,
+    copier: &std::thread::JoinHandle<Result<u64>>,
+    lib: Option<&std::path::Path>,
+) {
     let deadline = a.duration.map(|ns| Instant::now() + Duration::from_nanos(ns));
     let mut next_view = a.interval.map(|ns| (Instant::now() + Duration::from_nanos(ns), ns));
     let mut sym = a.opts.symbolizer();
@@ -167,6 +194,11 @@ fn watch(a: &AttachArgs, trace: &std::path::Path, copier: &std::thread::JoinHand
     while !copier.is_finished() && !STOP.load(Ordering::Relaxed) && deadline.is_none_or(|d| Instant::now() < d) {
         std::thread::sleep(Duration::from_millis(20));
         if let Some((at, every)) = next_view.filter(|(at, _)| Instant::now() >= *at) {
+            // What an idle process with one thread buffered, written now.
+            if let Some(lib) = lib.filter(|_| solo(a.pid)) {
+                round_in(a.pid, lib);
+                std::thread::sleep(Duration::from_millis(30));
+            }
             let older = a.opts.older_than.unwrap_or(every);
             if let Err(e) = interval::print(trace, &mut sym, older, &mut std::io::stdout().lock()) {
                 eprintln!("mtrace: {e:#}");
@@ -187,12 +219,29 @@ struct Session<'a> {
     control: UnixStream,
     trace: PathBuf,
     copier: &'a std::thread::JoinHandle<Result<u64>>,
+    /// The process, and the library in it (none under `--ptrace`): a
+    /// process with one thread is made to read its commands now
+    /// (`round_in`).
+    pid: i32,
+    lib: Option<&'a std::path::Path>,
 }
 
 impl crate::console::Live for Session<'_> {
     fn send(&mut self, cmd: &Command) -> Result<()> {
         self.control.write_all(cmd.line().as_bytes())?;
+        // Carried out now by a process with one thread, though it idles.
+        if let Some(lib) = self.lib {
+            round_in(self.pid, lib);
+        }
         Ok(())
+    }
+
+    fn refresh(&mut self) {
+        if let Some(lib) = self.lib.filter(|_| solo(self.pid) && !self.copier.is_finished()) {
+            round_in(self.pid, lib);
+            // The copier and the live books take what the round wrote.
+            std::thread::sleep(Duration::from_millis(30));
+        }
     }
 
     fn trace(&self) -> PathBuf {
@@ -251,6 +300,63 @@ fn inject_library(pid: i32, t: &mtrace_ptrace::inspect::Target, lib: &std::path:
         -2 => bail!("process {pid} is traced already (by another mtrace attach)"),
         _ => bail!("libmtrace.so could not start tracing in process {pid} (its stderr says why)"),
     }
+}
+
+/// Detaches process `pid`, whose tracing runs on its own thread (it has
+/// one: no writer thread was added), by making that thread call
+/// libmtrace.so's `mtrace_attach_detach` (the leak scan first with
+/// `scan`).
+fn detach_by_call(pid: i32, lib: &std::path::Path, scan: bool) -> Result<()> {
+    call_in(pid, lib, b"mtrace_attach_detach\0", u64::from(scan))
+}
+
+/// Whether process `pid` has one thread: its tracing then has no writer
+/// thread, and it reads commands and writes what it buffered only at its
+/// allocation calls (docs/PROCESSES.md).
+fn solo(pid: i32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|d| d.count() == 1)
+}
+
+/// In a process with one thread: a round of its tracing now
+/// (`mtrace_attach_round`), so that a command sent is carried out and what
+/// it buffered reaches the stream though it idles. Nothing where it has
+/// more threads (the writer thread's rounds come every 5 ms).
+fn round_in(pid: i32, lib: &std::path::Path) {
+    if solo(pid) {
+        if let Err(e) = call_in(pid, lib, b"mtrace_attach_round\0", 0) {
+            eprintln!("mtrace: {e:#}");
+        }
+    }
+}
+
+/// Makes process `pid` call libmtrace.so's function `func` (a
+/// NUL-terminated name) with `arg`, on a thread chosen as for the attach:
+/// stopped in a system call that holds no lock, or in the program's own
+/// code (not in libc, the loader, or the tracer's library, whose locks
+/// its functions take).
+fn call_in(pid: i32, lib: &std::path::Path, func: &[u8], arg: u64) -> Result<()> {
+    let mut t = mtrace_ptrace::inspect::inspect(pid)?;
+    let name = lib.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    for m in maps.lines().filter_map(mtrace_format::maps::Mapping::parse) {
+        if m.exec && m.path.ends_with(&name) {
+            t.busy.push((m.start, m.end));
+        }
+    }
+    let mut tracee = mtrace_ptrace::inject::Tracee::seize(pid)?;
+    tracee.choose(&t.busy)?;
+    let mut path = lib.as_os_str().as_encoded_bytes().to_vec();
+    path.push(0);
+    let flags = (libc::RTLD_NOW | libc::RTLD_NOLOAD) as u64;
+    let handle = tracee.call(t.libc.dlopen, &path, |p| vec![p, flags])?;
+    let f = match handle {
+        0 => 0,
+        h => tracee.call(t.libc.dlsym, func, |p| vec![h, p])?,
+    };
+    if f != 0 {
+        tracee.call(f, &[], |_| vec![arg])?;
+    }
+    tracee.release()
 }
 
 /// An allocator the executable defines (Chromium's, a static tcmalloc, a

@@ -100,11 +100,11 @@ fn live(a: AttachArgs) -> Result<ExitCode> {
     let mut control = stream.try_clone()?;
     let copier = std::thread::spawn(move || copy_stream(stream, file));
     if a.interactive {
-        let mut live = Session { control: control.try_clone()?, trace: trace.clone(), copier: &copier };
+        let mut live = Session { control: control.try_clone()?, trace: trace.clone(), copier: &copier, pid, lib: None };
         let _ = crate::console::run(&mut live, &a.opts)?;
         STOP.store(true, Ordering::Relaxed);
     } else {
-        watch(&a, &trace, &copier);
+        watch(&a, &trace, &copier, None);
     }
     if !copier.is_finished() {
         let _ = control.write_all(Command::Detach.line().as_bytes());

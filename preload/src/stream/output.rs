@@ -140,6 +140,13 @@ impl Output {
     /// Closes the stream for good (after the End record of a detach).
     pub fn close(&self) {
         if !self.lost.swap(true, Ordering::AcqRel) {
+            // A socket's unread commands (a `detach` a solo process had not
+            // read yet) would make the close a reset, and the reader would
+            // see its stream break off after the End record: read first.
+            let mut rest = [0u8; 512];
+            // SAFETY: our own descriptor and a buffer of ours; a file's
+            // recv fails (ENOTSOCK) and reads nothing.
+            while unsafe { libc::recv(self.fd(), rest.as_mut_ptr().cast(), rest.len(), libc::MSG_DONTWAIT) } > 0 {}
             // SAFETY: our own descriptor; nothing writes to it any more.
             unsafe { libc::close(self.fd()) };
         }

@@ -74,12 +74,25 @@ impl Session {
         }
     }
 
+    /// A round now, the buffer being filled written too: `mtrace attach`'s
+    /// call into an idle process with one thread (for its console and its
+    /// views, which would otherwise wait for the program's next event).
+    pub fn solo_round_now(&self) {
+        self.solo_round_with(self.now(), None, false, 0);
+    }
+
     /// The writer's round, by the program's thread in its hook, with the
     /// writer thread's intervals (full buffers each round, the one being
     /// filled every 50 ms).
     #[cold]
     #[inline(never)]
     fn solo_round(&self, now: u64, block: Option<(u64, u64)>, restamped: bool) {
+        self.solo_round_with(now, block, restamped, QUIET_COLLECT_MS * 1_000_000);
+    }
+
+    /// [`Session::solo_round`], the buffer being filled written when
+    /// `quiet_ns` passed since the last collection.
+    fn solo_round_with(&self, now: u64, block: Option<(u64, u64)>, restamped: bool, quiet_ns: u64) {
         if !self.is_solo() {
             self.next_round.store(u64::MAX, Ordering::Relaxed);
             return;
@@ -100,7 +113,7 @@ impl Session {
         // being filled is written every 50 ms, as by the writer thread:
         // written every round, its small zstd blocks cost cxx_work 11%
         // more instructions than the writer thread's work (callgrind).
-        if !self.round(&mut r, QUIET_COLLECT_MS * 1_000_000, 1) {
+        if !self.round(&mut r, quiet_ns, 1) {
             self.solo.store(false, Ordering::Release);
             self.next_round.store(u64::MAX, Ordering::Relaxed);
         }

@@ -246,6 +246,41 @@ pub fn undo() {
     st.done.clear();
 }
 
+/// Called by `mtrace attach` in a process whose tracing has no writer
+/// thread (one thread: it answers commands at its next allocation call)
+/// when the `detach` it sent was not answered: the leak scan first when
+/// `scan` is not 0, then the detach, on the calling thread (the program's
+/// own, stopped outside the tracer, libc and the loader). Returns 0, or 1
+/// when there was nothing to do (no solo session: its writer answers).
+#[no_mangle]
+pub extern "C" fn mtrace_attach_detach(scan: i32) -> i32 {
+    let _g = crate::record::guard::Guard::enter();
+    let Some(s) = crate::stream::current().filter(|s| attached() && s.is_solo() && !s.is_finished()) else {
+        return 1;
+    };
+    if scan != 0 {
+        crate::lifecycle::commands::carry_out(s, mtrace_format::protocol::Command::Scan);
+    }
+    crate::lifecycle::commands::carry_out(s, mtrace_format::protocol::Command::Detach);
+    0
+}
+
+/// Called by `mtrace attach` in a process whose tracing has no writer
+/// thread, when its console or its views need what the program buffered
+/// (an idle program with one thread makes no round of its own): a round
+/// now on the calling thread (the program's, stopped outside the tracer,
+/// libc and the loader), its commands read and carried out, its buffer
+/// written. Returns 0, or 1 when there was nothing to do.
+#[no_mangle]
+pub extern "C" fn mtrace_attach_round() -> i32 {
+    let _g = crate::record::guard::Guard::enter();
+    let Some(s) = crate::stream::current().filter(|s| attached() && s.is_solo() && !s.is_finished()) else {
+        return 1;
+    };
+    s.solo_round_now();
+    0
+}
+
 /// Starts tracing with `settings` (`NAME=value` lines, as the `MTRACE_*`
 /// environment variables; `MTRACE_OUTPUT` the attacher's socket) and
 /// redirects the process's calls to the hooks. Called by `mtrace attach`
@@ -275,9 +310,13 @@ pub unsafe extern "C" fn mtrace_attach_init(settings: *const c_char) -> i32 {
     if let Some(s) = crate::stream::current() {
         s.marker(0, mtrace_format::protocol::marker::ATTACH);
     }
-    // A writer thread even in a process with one thread: it answers the
-    // detach while the program idles (solo rounds wait for its events).
-    crate::stream::leave_solo();
+    // A writer thread only where the process has more than one thread: one
+    // with a single thread keeps it (docs/PROCESSES.md); it answers the
+    // console at its events, and an idle one is detached by a call
+    // `mtrace attach` makes in it (mtrace_attach_detach).
+    if sys::numbered_entries(c"/proc/self/task").len() > 1 {
+        crate::stream::leave_solo();
+    }
     crate::lifecycle::fork::install_once();
     ATTACHED.store(true, Ordering::Release);
     redirect_new();
