@@ -10,7 +10,7 @@ use mtrace_format::{EndReason, Family, Record};
 
 use crate::platform::static_tls::FastLocal;
 use crate::record::guard::Slot;
-use crate::record::thread::{AllocEvent, Backtrace, Event, FreeEvent, When};
+use crate::record::thread::{AllocAlignedEvent, AllocEvent, Backtrace, Event, FreeEvent, FreeToldEvent, When};
 use crate::record::{sample, sampled};
 use crate::unwind::Here;
 use crate::{platform::sys, record::nested, record::thread, stream};
@@ -159,8 +159,11 @@ pub fn alloc_aligned(at: Caller, family: Family, addr: *mut libc::c_void, size: 
     match at {
         Caller::Hook(at, slot) => {
             if collecting() && in_sample(addr as u64) {
-                let (addr, size, align) = (addr as u64, size as u64, align as u64);
-                with_stack(at, slot, AllocEvent { family, addr, size, align })
+                let alloc = AllocEvent { family, addr: addr as u64, size: size as u64 };
+                match align {
+                    0 => with_stack(at, slot, alloc),
+                    a => with_stack(at, slot, AllocAlignedEvent { alloc, align: a as u64 }),
+                }
             }
         }
         Caller::Nested => keep_alloc(addr as u64, size as u64),
@@ -257,7 +260,13 @@ fn free_as(bt: Backtrace, slot: Slot, family: Family, addr: *mut libc::c_void, t
     let told = if s.check_frees { told } else { (0, told.1) };
     let errno = sys::errno();
     let when = t.map_or_else(|| When::Early(s.now()), When::Marked);
-    thread::push_in(slot, s, when, bt, FreeEvent { family, addr, size: told.0 as u64, align: told.1 as u64 });
+    let free = FreeEvent { family, addr };
+    match told {
+        (0, 0) => thread::push_in(slot, s, when, bt, free),
+        (size, align) => {
+            thread::push_in(slot, s, when, bt, FreeToldEvent { free, size: size as u64, align: align as u64 })
+        }
+    }
     sys::set_errno(errno);
 }
 
@@ -314,7 +323,7 @@ fn realloc_in_hook(bt: Backtrace, slot: Slot, old: *mut libc::c_void, new: *mut 
         Realloc::Failed => {}
         Realloc::Allocated => {
             if collecting() && in_sample(new as u64) {
-                with_bt(bt, slot, AllocEvent { family: Family::Malloc, addr: new as u64, size: size as u64, align: 0 })
+                with_bt(bt, slot, AllocEvent { family: Family::Malloc, addr: new as u64, size: size as u64 })
             }
         }
         // Not collecting: the old block goes; the new one is not recorded.

@@ -270,13 +270,31 @@ impl<F: FnOnce(u64, u32) -> Record> Event for F {
     }
 }
 
-/// A [`Record::Alloc`] of `size` bytes at `addr` (`align`: an aligned
-/// `operator new`'s alignment, bytes; 0 for the others).
+/// A [`Record::Alloc`] of `size` bytes at `addr`.
 pub struct AllocEvent {
     pub family: Family,
     pub addr: u64,
     pub size: u64,
+}
+
+/// A [`Record::Alloc`] of an aligned `operator new`, asked for `align`
+/// bytes of alignment: an event of its own, so that every other
+/// allocation's stays as small (it is moved into the buffer's closure).
+pub struct AllocAlignedEvent {
+    pub alloc: AllocEvent,
     pub align: u64,
+}
+
+impl Event for AllocAlignedEvent {
+    const REGISTERS: bool = true;
+    fn block(&self) -> Option<(u64, u64)> {
+        self.alloc.block()
+    }
+    #[inline(always)]
+    fn write(self, enc: &mut Encoder, out: &mut Vec<u8>, time_ns: u64, stack: u32) {
+        let a = self.alloc;
+        enc.alloc_aligned(out, time_ns, a.family, a.addr, a.size, stack, self.align);
+    }
 }
 
 impl Event for AllocEvent {
@@ -286,32 +304,39 @@ impl Event for AllocEvent {
     }
     #[inline(always)]
     fn write(self, enc: &mut Encoder, out: &mut Vec<u8>, time_ns: u64, stack: u32) {
-        if self.align == 0 {
-            enc.alloc(out, time_ns, self.family, self.addr, self.size, stack);
-        } else {
-            enc.alloc_aligned(out, time_ns, self.family, self.addr, self.size, stack, self.align);
-        }
+        enc.alloc(out, time_ns, self.family, self.addr, self.size, stack);
     }
 }
 
-/// A [`Record::Free`] of the block at `addr` (`size`, `align`: what a
-/// sized or aligned deallocation was told of it, bytes; 0: nothing).
+/// A [`Record::Free`] of the block at `addr`.
 pub struct FreeEvent {
     pub family: Family,
     pub addr: u64,
+}
+
+/// A [`Record::Free`] by a sized or aligned deallocation, told `size` and
+/// `align` of the block (bytes; 0: not told): an event of its own, as
+/// [`AllocAlignedEvent`] is.
+pub struct FreeToldEvent {
+    pub free: FreeEvent,
     pub size: u64,
     pub align: u64,
+}
+
+impl Event for FreeToldEvent {
+    const REGISTERS: bool = true;
+    #[inline(always)]
+    fn write(self, enc: &mut Encoder, out: &mut Vec<u8>, time_ns: u64, stack: u32) {
+        let f = self.free;
+        enc.free_sized(out, time_ns, f.family, f.addr, stack, self.size, self.align);
+    }
 }
 
 impl Event for FreeEvent {
     const REGISTERS: bool = true;
     #[inline(always)]
     fn write(self, enc: &mut Encoder, out: &mut Vec<u8>, time_ns: u64, stack: u32) {
-        if self.size == 0 && self.align == 0 {
-            enc.free(out, time_ns, self.family, self.addr, stack);
-        } else {
-            enc.free_sized(out, time_ns, self.family, self.addr, stack, self.size, self.align);
-        }
+        enc.free(out, time_ns, self.family, self.addr, stack);
     }
 }
 
