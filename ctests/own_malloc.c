@@ -14,12 +14,14 @@
                        thread's array of them dies with it; each 1 MiB
                        mapping holds 10), then exit 0 with "own_malloc: done"
    own_malloc SECONDS  four threads allocate and free 1 MiB blocks (each an
-                       mmap) until then, for `mtrace attach`
+                       mmap) until then or until standard input ends, for
+                       `mtrace attach`
    own_malloc fork     a forked child allocates 10 blocks of 1,000 bytes
                        (the line marked forked) and exits 0; then the
                        parent's output as without an argument */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,7 +139,13 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "fork") != 0) {
         for (int i = 0; i < 4; i++)
             pthread_create(&t[i], 0, churn, 0);
-        sleep(atoi(argv[1]));
+        /* Until the time is up or standard input ends (a test's pipe). */
+        struct pollfd in = {.fd = 0, .events = POLLIN};
+        if (poll(&in, 1, atoi(argv[1]) * 1000) > 0) {
+            char c;
+            while (read(0, &c, 1) > 0) {
+            }
+        }
         stop = 1;
         for (int i = 0; i < 4; i++)
             pthread_join(t[i], 0);

@@ -188,7 +188,16 @@ fn code_now_and_in_file(exe: &Path, name: &str, pid: u32, n: usize) -> (Vec<u8>,
 fn attaches_to_threads_inside_an_allocator_that_maps_under_its_lock() {
     let dir = scratch("alloc-own-attach");
     let prog = build("own_malloc.c", &dir.join("own_malloc"), &["-g", "-O0"]);
-    let child = Command::new(&prog).arg("8").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // Until its standard input closes (60 s at the most): the attaches
+    // may take long on a loaded machine.
+    let mut child = Command::new(&prog)
+        .arg("60")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take();
     std::thread::sleep(Duration::from_millis(300));
     // A thread's first hook after an attach is its mmap, inside the
     // program's malloc: a thread-local reached through __tls_get_addr, a
@@ -207,6 +216,7 @@ fn attaches_to_threads_inside_an_allocator_that_maps_under_its_lock() {
         let (now, in_file) = code_now_and_in_file(&prog, "malloc", child.id(), 8);
         assert_eq!(now, in_file, "attach {i}: malloc's first bytes after the detach");
     }
+    drop(stdin);
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "own_malloc: done\n");
