@@ -156,6 +156,22 @@ fn run_both(dir: &Path, cwd: &Path, args: &[&str]) -> (Value, BTreeMap<u32, Proc
     (r.clone(), strace_tree(&st, "t", root))
 }
 
+/// The text report of `mtrace run --no-scan [extra] -o txt -- sh -c
+/// script` in `dir`; the script exits 3.
+fn text_report(dir: &Path, txt: &Path, script: &str, extra: &[&str]) -> String {
+    let out = Command::new(mtrace())
+        .current_dir(dir)
+        .args(["run", "--no-scan"])
+        .args(extra)
+        .arg("-o")
+        .arg(txt)
+        .args(["--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::read_to_string(txt).unwrap()
+}
+
 /// The two trees, with what strace cannot know of an exec mtrace could
 /// not trace (how it ended: unseen) set from strace's.
 fn compare(r: &Value, strace: &BTreeMap<u32, Proc>) {
@@ -188,15 +204,7 @@ fn a_shell_pipeline_a_static_program_and_a_killed_child() {
     assert!(why["why"].as_str().unwrap().ends_with("a static executable (mtrace run --ptrace traces it)"), "{why}");
     // The text: the tree first, the program's marked, then its report.
     let txt = dir.join("report.txt");
-    let out = Command::new(mtrace())
-        .current_dir(&dir)
-        .args(["run", "--no-scan", "-o"])
-        .arg(&txt)
-        .args(["--", "sh", "-c", &script])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = std::fs::read_to_string(&txt).unwrap();
+    let text = text_report(&dir, &txt, &script, &[]);
     let lines: Vec<&str> = text.lines().collect();
     assert!(lines[0].starts_with("Processes traced ("), "{text}");
     // (dash ends by _exit.)
@@ -209,15 +217,7 @@ fn a_shell_pipeline_a_static_program_and_a_killed_child() {
     assert!(text.contains("\nOther processes left blocks not freed: --children reports each in full"), "{text}");
     // --children: each other process's report after the program's, in
     // the tree's order; none for the static program (no trace).
-    let out = Command::new(mtrace())
-        .current_dir(&dir)
-        .args(["run", "--no-scan", "--children", "-o"])
-        .arg(&txt)
-        .args(["--", "sh", "-c", &script])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = std::fs::read_to_string(&txt).unwrap();
+    let text = text_report(&dir, &txt, &script, &["--children"]);
     let reports: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("mtrace report for ")).collect();
     let programs: Vec<&str> = reports.iter().map(|r| r.split(" (pid").next().unwrap()).collect();
     assert_eq!(
