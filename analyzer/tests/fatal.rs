@@ -80,7 +80,15 @@ fn two_threads_that_die_at_once_leave_one_complete_trace() {
             assert!(["signal 6", "signal 11", "abort"].contains(&ended), "{what}");
             assert_eq!(s["allocations"], allocations, "{what}");
             let [definite, indirect, possible, reachable] = kinds(&r);
-            assert_eq!((definite, indirect, possible.1, reachable), ((200, 1), (0, 0), 2, (100, 1)), "{what}");
+            assert_eq!((definite, indirect), ((200, 1), (0, 0)), "{what}");
+            // The two threads' DTVs are possibly lost (pointed into by
+            // their TCBs), or reachable when a stopped thread's register
+            // or stack held one's start at the scan's moment (1 run in
+            // ~10 on a loaded machine): the kept block and two DTVs.
+            let dtv = possible.0 / possible.1.max(1);
+            assert_eq!(possible.1 + reachable.1, 3, "{what}");
+            assert_eq!(reachable.0, 100 + dtv * (reachable.1 - 1), "{what}");
+            assert!(possible.1 >= 1, "{what}");
             assert!(leaks_in(&r, "fatal.c").contains(&leak(200, 1, "malloc", "leak", m["lost"])), "{what}");
             if mode == "double2" {
                 let e = &r["errors"][0];
