@@ -2,6 +2,7 @@
 
 mod attach;
 mod console;
+mod mistakes;
 mod recording;
 mod relay;
 mod run;
@@ -11,7 +12,7 @@ pub use pipeline::ReportOpts;
 use mtrace_analyzer::{books, input, output, pipeline, report, scan, symbolize, trace};
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
@@ -163,6 +164,17 @@ fn glibc_compat(args: &[String]) -> Option<ExitCode> {
     if args.len() < 2 || args.len() > 3 || known.contains(&args[1].as_str()) || args[1].starts_with('-') {
         return None;
     }
+    // The glibc form only when its log is one (its first line); otherwise
+    // what the user probably meant, or clap's own error.
+    let last = Path::new(args.last()?);
+    if !input::glibc_log::is_log(last) {
+        let line = mistakes::not_a_log(args)?;
+        if args.len() == 3 && !last.exists() {
+            eprintln!("mtrace: {}: no such file (glibc's form: mtrace PROG LOG)", last.display());
+        }
+        eprintln!("mtrace: {line}");
+        return Some(ExitCode::from(2));
+    }
     let (prog, log) = match args {
         [_, log] => (None, PathBuf::from(log)),
         [_, prog, log] => (Some(PathBuf::from(prog)), PathBuf::from(log)),
@@ -183,7 +195,24 @@ fn main() -> ExitCode {
     if let Some(code) = glibc_compat(&args) {
         return code;
     }
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // valgrind's and heaptrack's spellings: say what mtrace calls them.
+            if e.kind() == clap::error::ErrorKind::UnknownArgument {
+                if let Some(clap::error::ContextValue::String(arg)) = e.get(clap::error::ContextKind::InvalidArg) {
+                    // clap names the option without its `=value`.
+                    let eq = format!("{arg}=");
+                    let typed = args.iter().find(|a| *a == arg || a.starts_with(&eq)).unwrap_or(arg);
+                    if let Some(hint) = mistakes::valgrind_option(typed) {
+                        eprintln!("mtrace: {arg}: {hint}");
+                    }
+                }
+            }
+            return ExitCode::from(e.exit_code() as u8);
+        }
+    };
     let res = match cli.cmd {
         Cmd::Report(a) => output::open(a.output.as_deref()).and_then(|mut out| {
             // Into a pipe that closed (`| head`): end quietly, as Unix tools do.

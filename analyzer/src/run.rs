@@ -17,7 +17,8 @@ use crate::ReportOpts;
 
 #[derive(clap::Args)]
 pub struct RunArgs {
-    /// Write the report to FILE instead of standard error.
+    /// Write the report to FILE instead of standard error (needed with
+    /// --json: the program shares standard output and error).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
     /// Folder for the trace files (default: a temporary folder, removed at the end).
@@ -70,7 +71,7 @@ pub struct RunArgs {
     #[command(flatten)]
     opts: ReportOpts,
     /// The program and its arguments.
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROG")]
+    #[arg(required = true, trailing_var_arg = true, value_name = "PROG")]
     command: Vec<String>,
 }
 
@@ -142,6 +143,16 @@ fn run_interactive(a: RunArgs) -> Result<ExitCode> {
 }
 
 pub fn run(a: RunArgs) -> Result<ExitCode> {
+    a.opts.check_inputs()?;
+    // The text goes to standard error after the program's own lines; a
+    // JSON document there would not parse (valgrind's --xml needs a file
+    // or descriptor of its own too).
+    if a.opts.json && a.output.is_none() {
+        bail!(
+            "--json needs -o FILE: the program writes to the same standard output and error \
+             (-o /dev/fd/3 3>&1 >/dev/null gives it to a pipe)"
+        );
+    }
     if a.interactive {
         return run_interactive(a);
     }

@@ -49,17 +49,32 @@ pub const SIGNALS: [(&str, i32); 6] = [
     ("WINCH", libc::SIGWINCH),
 ];
 
+/// Signals no setting may name: KILL and STOP cannot be caught, and the
+/// faults' and abort's are the program's death (mtrace scans on the way
+/// out, docs/SCAN.md), TRAP the breakpoints' of `--ptrace`.
+const NOT_SETTABLE: [i32; 8] = [
+    libc::SIGKILL,
+    libc::SIGSTOP,
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGILL,
+    libc::SIGFPE,
+    libc::SIGABRT,
+    libc::SIGTRAP,
+];
+
 /// A signal setting's value: `Some(Some(n))` for a signal (a name of
-/// [`SIGNALS`], or a number from 1 to below SIGRTMAX), `Some(None)` for
-/// `off`, `None` for anything else. The preload, the ptrace tracer and
-/// `mtrace run` (which passes these signals on) read them alike.
+/// [`SIGNALS`], or a number from 1 to below SIGRTMAX but those of
+/// [`NOT_SETTABLE`]), `Some(None)` for `off`, `None` for anything else.
+/// The preload, the ptrace tracer and `mtrace run` (which passes these
+/// signals on) read them alike.
 pub fn parse_signal(v: &str) -> Option<Option<i32>> {
     let v = v.trim();
     if v.eq_ignore_ascii_case("off") {
         return Some(None);
     }
     if let Ok(n) = v.parse::<i32>() {
-        return (1..libc::SIGRTMAX()).contains(&n).then_some(Some(n));
+        return ((1..libc::SIGRTMAX()).contains(&n) && !NOT_SETTABLE.contains(&n)).then_some(Some(n));
     }
     let name = v.strip_prefix("SIG").unwrap_or(v);
     SIGNALS.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|&(_, s)| Some(s))
@@ -333,6 +348,7 @@ macro_rules! recording {
                         }
                     }
                 )*
+                r.untangle(&mut warn);
                 r
             }
 
@@ -394,7 +410,7 @@ recording! {
         "off: glibc's __libc_freeres() is not called at exit";
     /// The signal that scans for leaks now and writes a report; `None`: off.
     scan_signal: Option<i32> = None,
-        SCAN_SIGNAL c"MTRACE_SCAN_SIGNAL" "SIG" "", signal, "a signal (USR1, USR2, a number, or off)",
+        SCAN_SIGNAL c"MTRACE_SCAN_SIGNAL" "SIG" "", signal, "a signal mtrace can take (USR1, USR2, a number but KILL, STOP, SEGV, BUS, ILL, FPE, ABRT and TRAP; or off)",
         "signal that scans for leaks now and writes a .memlog (default off)";
     /// Mean bytes between sampled allocations (docs/SAMPLING.md); 0
     /// records every allocation.
@@ -415,7 +431,7 @@ recording! {
         "off: programs this one execs run untraced";
     /// The signal that writes an incremental report; `None`: off.
     report_signal: Option<i32> = Some(libc::SIGUSR1),
-        REPORT_SIGNAL c"MTRACE_REPORT_SIGNAL" "SIG" "", signal, "a signal (USR1, USR2, a number, or off)",
+        REPORT_SIGNAL c"MTRACE_REPORT_SIGNAL" "SIG" "", signal, "a signal mtrace can take (USR1, USR2, a number but KILL, STOP, SEGV, BUS, ILL, FPE, ABRT and TRAP; or off)",
         "signal that writes an incremental report (default USR1; off)";
     /// Where the .memlog reports go; `None`: the working directory at the
     /// time of the report.
@@ -438,6 +454,21 @@ recording! {
 }
 
 impl Recording {
+    /// Settings that are each valid but not together, the later one
+    /// warned about and set to its default: a scan signal that is the
+    /// report signal too (one signal cannot ask for both) is off.
+    fn untangle(&mut self, warn: &mut impl FnMut(&str)) {
+        if self.scan_signal.is_some() && self.scan_signal == self.report_signal {
+            warn(&format!(
+                "{}={} is {}'s signal too; using off",
+                SCAN_SIGNAL.name(),
+                self.scan_signal.render(),
+                REPORT_SIGNAL.name()
+            ));
+            self.scan_signal = None;
+        }
+    }
+
     /// The recording this process's environment says, each invalid value
     /// warned about on stderr (`mtrace: ...`).
     pub fn from_env() -> Recording {
@@ -480,9 +511,20 @@ mod tests {
             [
                 "MTRACE_DEPTH=\"lots\" is not a frame count from 1 to 256; using 64",
                 "MTRACE_START=\"maybe\" is not on (1) or off (0); using on",
-                "MTRACE_REPORT_SIGNAL=\"SIGNOPE\" is not a signal (USR1, USR2, a number, or off); using USR1",
+                "MTRACE_REPORT_SIGNAL=\"SIGNOPE\" is not a signal mtrace can take (USR1, USR2, a number but KILL, STOP, SEGV, BUS, ILL, FPE, ABRT and TRAP; or off); using USR1",
             ]
         );
+        // KILL cannot be caught; SEGV is the program's death.
+        for v in ["9", "11", "19"] {
+            let (r, w) = from(&[("MTRACE_REPORT_SIGNAL", v)]);
+            assert_eq!((r.report_signal, w.len()), (Some(libc::SIGUSR1), 1), "{v}");
+        }
+        // One signal cannot both report and scan.
+        let (r, w) = from(&[("MTRACE_SCAN_SIGNAL", "USR1")]);
+        assert_eq!((r.scan_signal, r.report_signal), (None, Some(libc::SIGUSR1)));
+        assert_eq!(w, ["MTRACE_SCAN_SIGNAL=USR1 is MTRACE_REPORT_SIGNAL's signal too; using off"]);
+        let (r, w) = from(&[("MTRACE_SCAN_SIGNAL", "USR1"), ("MTRACE_REPORT_SIGNAL", "USR2")]);
+        assert_eq!((r.scan_signal, r.report_signal, w.len()), (Some(libc::SIGUSR1), Some(libc::SIGUSR2), 0));
         assert_eq!(from(&[("MTRACE_DEPTH", "0")]).1.len(), 1);
         assert_eq!(from(&[("MTRACE_DEPTH", "257")]).1.len(), 1);
     }

@@ -30,7 +30,9 @@ fn root() -> Result<PathBuf> {
     if !Path::new(dir).join("uprobe_events").exists() {
         bail!("the kernel has no uprobe events (CONFIG_UPROBE_EVENTS)");
     }
-    eprintln!("mtrace: mounted tracefs at {dir} for uprobes");
+    // Left mounted: another tracer (ours or perf's) may be using it by
+    // the time this one ends; the user is told how to undo it.
+    eprintln!("mtrace: mounted tracefs at {dir} for uprobes; it stays mounted (umount {dir} undoes it)");
     Ok(dir.into())
 }
 

@@ -94,6 +94,7 @@ const ANSWER_WAIT: Duration = Duration::from_millis(300);
 /// `mtrace attach`. Exit status 0 after a report; 2, with one line on
 /// stderr, when it could not attach (the process untouched) or report.
 pub fn attach(a: AttachArgs) -> Result<ExitCode> {
+    a.opts.check_inputs()?;
     if a.rec.ptrace {
         return ptrace::attach(a);
     }

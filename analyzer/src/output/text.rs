@@ -44,6 +44,15 @@ fn write_intervals(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         secs(x.duration_ns),
         x.windows
     )?;
+    if let Some(asked) = x.asked_ns {
+        writeln!(
+            w,
+            "(intervals of {} would be more than {}: widened to {})",
+            secs(asked),
+            thousands(crate::report::intervals::MAX_WINDOWS),
+            secs(x.duration_ns)
+        )?;
+    }
     for (i, g) in x.stacks.iter().enumerate() {
         writeln!(
             w,

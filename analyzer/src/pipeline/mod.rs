@@ -79,8 +79,9 @@ pub struct ReportOpts {
     #[arg(long, value_name = "SET", default_value = "all", value_parser = scan::Heuristics::parse)]
     pub leak_check_heuristics: scan::Heuristics,
     /// Also show, per time window of DURATION, the allocations still live at
-    /// the end, backtraces that leak in every window first.
-    #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
+    /// the end, backtraces that leak in every window first (at most 1,000
+    /// windows: a shorter DURATION is widened).
+    #[arg(long, value_name = "DURATION", value_parser = report::parse_window)]
     pub intervals: Option<u64>,
     /// Also write the report as one self-contained HTML page to FILE: memory
     /// over time, flamegraphs, what a time range left live, the tables
@@ -111,6 +112,16 @@ pub struct ReportOpts {
 }
 
 impl ReportOpts {
+    /// Reads the input files the report will need (`--suppressions`), so
+    /// that a missing or malformed one is refused before a program runs
+    /// rather than after. Errors: the file's first problem.
+    pub fn check_inputs(&self) -> anyhow::Result<()> {
+        if let Some(f) = &self.suppressions {
+            report::suppress::read(f)?;
+        }
+        Ok(())
+    }
+
     /// A symbolizer searching `--sysroot` and `--binpath`.
     pub fn symbolizer(&self) -> Symbolizer {
         Symbolizer::new(SearchPaths { sysroot: self.sysroot.clone(), binpath: self.binpath.clone() })

@@ -67,6 +67,7 @@ pub const LEFT: u8 = 75;
 pub static LEFT_RUNNING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 pub fn client(a: ClientArgs) -> Result<ExitCode> {
+    a.opts.check_inputs()?;
     let token = super::token(&a.token_file)?;
     let addr = super::address(a.addr.as_deref())?;
     let mut conn = super::connect(&addr)?;

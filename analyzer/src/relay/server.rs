@@ -59,7 +59,7 @@ pub struct ServerArgs {
     #[arg(long, hide = true)]
     quiet: bool,
     /// The program and its arguments.
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROG")]
+    #[arg(required = true, trailing_var_arg = true, value_name = "PROG")]
     command: Vec<String>,
 }
 

@@ -14,6 +14,11 @@ use crate::trace::Trace;
 /// Backtraces shown.
 pub const TOP: usize = 5;
 
+/// The most windows a run is cut into: a shorter window than the run
+/// allows is widened (each backtrace holds a row of windows; `1ns` on a
+/// one-second run asked for 10^9 of them and ran out of memory).
+pub const MAX_WINDOWS: u64 = 1000;
+
 /// One time window of `--intervals`.
 #[derive(Serialize, Debug, Clone, Copy, Default)]
 pub struct Window {
@@ -45,15 +50,21 @@ pub struct Grower {
 pub struct Intervals {
     /// A window's length, ns.
     pub duration_ns: u64,
-    /// How many windows.
+    /// How many windows (at most [`MAX_WINDOWS`]).
     pub windows: u64,
+    /// The window asked for, ns, when it was widened to keep to
+    /// [`MAX_WINDOWS`]; None when `duration_ns` is the one asked for.
+    pub asked_ns: Option<u64>,
     /// The backtraces, at most [`TOP`].
     pub stacks: Vec<Grower>,
 }
 
-/// The intervals of `t` in windows of `duration_ns` (ns); `depth` recorded frames per backtrace.
+/// The intervals of `t` in windows of `duration_ns` (ns), widened to at
+/// most [`MAX_WINDOWS`]; `depth` recorded frames per backtrace.
 pub fn build(t: &Trace, sym: &mut Symbolizer, duration_ns: u64, depth: Option<usize>) -> Intervals {
-    let d = duration_ns.max(1);
+    let asked = duration_ns.max(1);
+    let d = asked.max((t.last_time / MAX_WINDOWS).saturating_add(1));
+    let asked_ns = (d != asked).then_some(asked);
     let windows = t.last_time / d + 1;
     let mut per: HashMap<u32, Vec<Window>> = HashMap::default();
     for (_, b) in t.books.live_blocks() {
@@ -89,5 +100,5 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, duration_ns: u64, depth: Option<us
             }
         })
         .collect();
-    Intervals { duration_ns: d, windows, stacks }
+    Intervals { duration_ns: d, windows, asked_ns, stacks }
 }

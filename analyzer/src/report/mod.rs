@@ -243,6 +243,15 @@ pub fn parse_duration(s: &str) -> Result<u64, String> {
     Ok((v * scale) as u64)
 }
 
+/// [`parse_duration`] of a window's length, which must be longer than 0
+/// (`--intervals`).
+pub fn parse_window(s: &str) -> Result<u64, String> {
+    match parse_duration(s)? {
+        0 => Err(format!("{s:?}: a window must be longer than 0 (like 500ms, 10s, 2m)")),
+        ns => Ok(ns),
+    }
+}
+
 /// At most `rows` points of `all`, evenly spaced, the last one included.
 pub fn thin(all: &[crate::trace::TimePoint], rows: usize) -> Vec<crate::trace::TimePoint> {
     if all.len() <= rows {

@@ -22,7 +22,8 @@ pub struct Rule {
     pub bytes: i64,
 }
 
-/// Reads a suppressions file.
+/// Reads a suppressions file. Errors: it cannot be read, or a line is not
+/// `leak:PATTERN` (valgrind's format is named as such).
 pub fn read(path: &std::path::Path) -> Result<Vec<Rule>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
     let mut rules = Vec::new();
@@ -32,6 +33,14 @@ pub fn read(path: &std::path::Path) -> Result<Vec<Rule>> {
             continue;
         }
         let Some(p) = line.strip_prefix("leak:") else {
+            if line == "{" || line.starts_with("Memcheck:") || line.starts_with("fun:") {
+                bail!(
+                    "{}:{}: valgrind's suppression format; mtrace reads LeakSanitizer's: a line \
+                     leak:PATTERN per entry, e.g. leak:FUNCTION for a fun:FUNCTION frame",
+                    path.display(),
+                    n + 1
+                );
+            }
             bail!("{}:{}: not a leak:PATTERN suppression: {line:?}", path.display(), n + 1);
         };
         rules.push(Rule { pattern: p.trim().to_owned(), entries: 0, blocks: 0, bytes: 0 });

@@ -1,0 +1,226 @@
+//! The command line as a newcomer types it (issue 42): valgrind's and
+//! glibc's habits, mistakes and bad input are answered at once, before a
+//! program runs, with what mtrace calls the thing.
+
+mod common;
+use common::*;
+
+use std::process::{Command, Output};
+
+fn mtrace_with(args: &[&str]) -> Output {
+    Command::new(mtrace()).args(args).output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A file that says it ran, to check a refused command ran nothing.
+fn witness(dir: &std::path::Path) -> (std::path::PathBuf, String) {
+    let f = dir.join("ran");
+    let _ = std::fs::remove_file(&f);
+    let script = format!("echo > {}", f.display());
+    (f, script)
+}
+
+#[test]
+fn unknown_options_are_refused_not_run() {
+    let dir = scratch("cli-options");
+    let (ran, script) = witness(&dir);
+    for (args, hint) in [
+        (vec!["--bogus"], None),
+        (vec!["--jsn"], Some("a similar argument exists: '--json'")),
+        (vec!["--leak-check=full"], Some("mtrace: --leak-check: mtrace checks for leaks by default")),
+        (vec!["--leak-check=no"], Some("--no-scan")),
+        (vec!["--show-leak-kinds=all"], Some("--show-reachable adds the still reachable ones")),
+        (vec!["--track-origins=yes"], Some("not applicable")),
+        (vec!["-s"], None),
+    ] {
+        let mut all = vec!["run"];
+        all.extend(&args);
+        all.extend(["--", "sh", "-c", &script]);
+        let o = mtrace_with(&all);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.starts_with(&format!("error: unexpected argument '{}'", args[0].split('=').next().unwrap())),
+            "{err}"
+        );
+        if let Some(h) = hint {
+            assert!(err.contains(h), "{args:?}: {err}");
+        }
+        assert!(!ran.exists(), "{args:?} ran the program");
+    }
+    // The program's own options after its name are its own.
+    let o = Command::new(mtrace())
+        .args(["run", "--no-scan", "-o", "/dev/null", "/bin/echo", "-n", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!((o.status.code(), String::from_utf8_lossy(&o.stdout).as_ref()), (Some(0), "--json"));
+}
+
+#[test]
+fn the_glibc_form_is_taken_only_for_a_glibc_log() {
+    let dir = scratch("cli-glibc");
+    let prog = build("grow.c", &dir.join("grow"), &["-g", "-O0"]);
+    let p = prog.to_str().unwrap();
+    // `mtrace ./leaks`: a program, to be traced.
+    let o = mtrace_with(&[p]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(stderr(&o), format!("mtrace: {p} is a program: to trace it, mtrace run -- {p}\n"));
+    let o = mtrace_with(&[p, "an arg"]);
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "mtrace: an arg: no such file (glibc's form: mtrace PROG LOG)\n\
+             mtrace: {p} is a program: to trace it, mtrace run -- {p} 'an arg'\n"
+        )
+    );
+    // A trace of mtrace's, to be reported.
+    let out = Command::new(mtrace())
+        .args(["run", "--no-scan", "--keep-traces", "--trace-dir"])
+        .arg(&dir)
+        .args(["-o", "/dev/null", "--"])
+        .arg(&prog)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (trace, _) = traces(&dir).pop().unwrap();
+    let t = trace.to_str().unwrap();
+    let o = mtrace_with(&[t]);
+    assert_eq!(
+        (o.status.code(), stderr(&o)),
+        (Some(2), format!("mtrace: {t} is an mtrace trace: to read it, mtrace report {t}\n"))
+    );
+    // A mistyped subcommand: clap's suggestion.
+    let o = mtrace_with(&["repot", t]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("unrecognized subcommand 'repot'") && stderr(&o).contains("'report'"),
+        "{}",
+        stderr(&o)
+    );
+    // Any other file: both ways out.
+    let other = dir.join("notes.txt");
+    std::fs::write(&other, "hello\n").unwrap();
+    let o = mtrace_with(&[other.to_str().unwrap()]);
+    assert!(
+        stderr(&o).contains("neither glibc's malloc trace log") && stderr(&o).contains("mtrace run -- PROG"),
+        "{}",
+        stderr(&o)
+    );
+    // A real log is still read (input.rs checks the table).
+    let log = dir.join("trace.log");
+    std::fs::write(&log, "= Start\n= End\n").unwrap();
+    let o = mtrace_with(&[log.to_str().unwrap()]);
+    assert_eq!((o.status.code(), String::from_utf8_lossy(&o.stdout).as_ref()), (Some(0), "No memory leaks.\n"));
+}
+
+#[test]
+fn intervals_are_bounded() {
+    let dir = scratch("cli-intervals");
+    let prog = build("grow.c", &dir.join("grow"), &["-g", "-O0"]);
+    let out = Command::new(mtrace())
+        .args(["run", "--no-scan", "--keep-traces", "--trace-dir"])
+        .arg(&dir)
+        .args(["-o", "/dev/null", "--"])
+        .arg(&prog)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (trace, r) = traces(&dir).pop().unwrap();
+    let t = trace.to_str().unwrap();
+    let o = mtrace_with(&["report", "--intervals", "0s", t]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("a window must be longer than 0"), "{}", stderr(&o));
+    // 1 ns on a run of milliseconds: 1,000 windows, said so.
+    let o = mtrace_with(&["report", "--json", "--intervals", "1ns", t]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let x = &j["intervals"];
+    let run_ns = r["summary"]["duration_ns"].as_u64().unwrap();
+    assert!(run_ns > 1000, "{run_ns}");
+    assert_eq!(x["asked_ns"], 1);
+    assert!(x["windows"].as_u64().unwrap() <= 1000 && x["windows"].as_u64().unwrap() >= 500, "{x}");
+    let o = mtrace_with(&["report", "--intervals", "1ns", t]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("(intervals of 0.000 s would be more than 1,000: widened to "), "{text}");
+    // A window the run allows is kept.
+    let o = mtrace_with(&["report", "--json", "--intervals", "10s", t]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (j["intervals"]["asked_ns"].clone(), j["intervals"]["windows"].clone()),
+        (serde_json::Value::Null, 1.into())
+    );
+}
+
+#[test]
+fn bad_suppressions_are_refused_before_the_program_runs() {
+    let dir = scratch("cli-suppressions");
+    let (ran, script) = witness(&dir);
+    let valgrinds = dir.join("vg.supp");
+    std::fs::write(&valgrinds, "{\n   mine\n   Memcheck:Leak\n   fun:malloc\n}\n").unwrap();
+    let missing = dir.join("missing.supp");
+    for (file, says) in [
+        (&valgrinds, format!("{}:1: valgrind's suppression format; mtrace reads LeakSanitizer's", valgrinds.display())),
+        (&missing, format!("{}: cannot read", missing.display())),
+    ] {
+        for sub in [&["run"][..], &["run", "-i"]] {
+            let o = Command::new(mtrace())
+                .args(sub)
+                .arg("--suppressions")
+                .arg(file)
+                .args(["--", "sh", "-c", &script])
+                .output()
+                .unwrap();
+            assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+            assert!(stderr(&o).starts_with(&format!("mtrace: {says}")), "{}", stderr(&o));
+            assert!(!ran.exists(), "{sub:?} ran the program");
+        }
+    }
+}
+
+#[test]
+fn json_of_a_run_needs_a_file_of_its_own() {
+    let dir = scratch("cli-json");
+    let (ran, script) = witness(&dir);
+    let o = mtrace_with(&["run", "--json", "--", "sh", "-c", &script]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).starts_with("mtrace: --json needs -o FILE"), "{}", stderr(&o));
+    assert!(!ran.exists());
+    // The way the message gives: the JSON alone in the pipe, whatever the
+    // program writes to both streams.
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{} run --no-scan --json -o /dev/fd/3 -- sh -c 'echo out; echo err >&2' 3>&1 >/dev/null 2>/dev/null",
+            mtrace().display()
+        ))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("only JSON on the pipe");
+    assert_eq!((j["summary"]["truncated"].as_bool(), j["summary"]["error"].is_null()), (Some(false), true), "{j}");
+}
+
+#[test]
+fn signal_settings_refuse_what_cannot_work() {
+    let dir = scratch("cli-signals");
+    let run = |env: (&str, &str)| {
+        Command::new(mtrace())
+            .current_dir(&dir)
+            .env(env.0, env.1)
+            .args(["run", "--no-scan", "-o", "/dev/null", "--", "/bin/true"])
+            .output()
+            .unwrap()
+    };
+    let o = run(("MTRACE_REPORT_SIGNAL", "9"));
+    assert!(o.status.success());
+    assert_eq!(
+        stderr(&o),
+        "mtrace: MTRACE_REPORT_SIGNAL=\"9\" is not a signal mtrace can take (USR1, USR2, a number but KILL, STOP, \
+         SEGV, BUS, ILL, FPE, ABRT and TRAP; or off); using USR1\n"
+    );
+    let o = run(("MTRACE_SCAN_SIGNAL", "USR1"));
+    assert!(o.status.success());
+    assert_eq!(stderr(&o), "mtrace: MTRACE_SCAN_SIGNAL=USR1 is MTRACE_REPORT_SIGNAL's signal too; using off\n");
+}
