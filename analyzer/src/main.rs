@@ -92,8 +92,13 @@ fn write_manpages(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
     }
     for (name, c) in pages {
         let path = dir.join(format!("{name}.1"));
-        let mut f = std::fs::File::create(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        clap_mangen::Man::new(c).render(&mut f)?;
+        let mut page = Vec::new();
+        clap_mangen::Man::new(c).render(&mut page)?;
+        // clap_mangen heads the after-help "EXTRA"; ours is the
+        // environment (mtrace_format::settings::help), the section man(7)
+        // calls ENVIRONMENT.
+        let page = String::from_utf8_lossy(&page).replace("\n.SH EXTRA\n", "\n.SH ENVIRONMENT\n");
+        std::fs::write(&path, page).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         println!("{}", path.display());
     }
     Ok(ExitCode::SUCCESS)

@@ -46,7 +46,7 @@ fn a_32_bit_big_endian_stream_reads_as_the_native_one() {
 #[test]
 fn frames_in_a_powerpc_executable_symbolize() {
     let Ok(out) = Command::new("powerpc-linux-gnu-gcc").arg("--version").output() else {
-        eprintln!("skipped: no powerpc-linux-gnu-gcc (Debian's gcc-powerpc-linux-gnu)");
+        cannot_run("no powerpc-linux-gnu-gcc (Debian's gcc-powerpc-linux-gnu)");
         return;
     };
     assert!(out.status.success());

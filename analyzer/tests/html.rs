@@ -91,7 +91,7 @@ fn the_page_draws_in_a_browser_and_a_range_shows_what_it_left() {
     let (dir, page, trace) = page("html-browser");
     let profile = dir.join("chromium");
     let Some((plain, log)) = dom(&page, "", &profile) else {
-        eprintln!("chromium is not installed: skipped (.ci/run installs it)");
+        cannot_run("chromium is not installed");
         return;
     };
     // No script error: the page's own check, and chromium's console.

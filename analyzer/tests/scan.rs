@@ -255,7 +255,7 @@ fn pointers_among_noise_are_found_in_sparse_pieces() {
         ("from_bss", "reachable", 32),
         ("lost", "definite", 48),
     ];
-    let installed = std::process::Command::new("valgrind").arg("--version").output().is_ok();
+    let installed = has("valgrind");
     let theirs = installed.then(|| valgrind(&dir, &prog, &[]));
     assert_lines(&r, "scan_sparse.c", &expected, theirs.as_deref());
     let via = &r["kinds"]["reachable_via_heuristic"]["length64"];
@@ -442,7 +442,7 @@ fn the_exit_scans_roots_are_the_frames_live_at_exit() {
                 assert_eq!(at(m["tree_root"]), [e("definite", 64, 1)], "{opt} {args:?}");
                 assert_eq!(at(m["tree_child"]), [e("indirect", 16, 1), e("indirect", 16, 1)], "{opt} {args:?}");
             }
-            if std::process::Command::new("valgrind").arg("--version").output().is_ok() {
+            if has("valgrind") {
                 let text = valgrind(&dir, &prog, args);
                 for (kind, what) in [("definite", "definitely lost:"), ("indirect", "indirectly lost:")] {
                     let n = want.iter().find(|w| w.0 == kind).unwrap().1;
@@ -489,7 +489,7 @@ fn memchecks_heuristics_make_interior_pointers_reachable() {
         "{text}"
     );
     // valgrind's own numbers, where it is installed.
-    if std::process::Command::new("valgrind").arg("--version").output().is_ok() {
+    if has("valgrind") {
         let v = valgrind(&dir, &prog, &[]);
         for (h, (bytes, blocks)) in want {
             let line = format!("{h:<19}: {bytes} bytes in {blocks} blocks");
@@ -523,7 +523,7 @@ fn the_programs_mmaps_are_roots_where_the_kernel_merged_them_with_mallocs() {
         assert_eq!(by_line[&m["kept"]], ("reachable".to_owned(), 40, 1));
         assert_eq!(by_line[&m["lost"]], ("definite".to_owned(), 56, 1));
     }
-    if std::process::Command::new("valgrind").arg("--version").output().is_ok() {
+    if has("valgrind") {
         let v = valgrind(&dir, &prog, &[]);
         assert!(v.contains("definitely lost: 56 bytes in 1 blocks"), "{v}");
         assert!(v.contains("still reachable: 1,048,616 bytes in 2 blocks"), "{v}");

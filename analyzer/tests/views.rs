@@ -102,6 +102,10 @@ fn manual_pages_and_completions_come_from_the_cli() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let diff = std::fs::read_to_string(dir.join("mtrace-diff.1")).unwrap();
     assert!(diff.contains(".TH mtrace-diff 1") && diff.contains("mtrace diff"), "{diff}");
+    // The environment under its man(7) name.
+    let run = std::fs::read_to_string(dir.join("mtrace-run.1")).unwrap();
+    let env = run.find("\n.SH ENVIRONMENT\n").expect("an ENVIRONMENT section");
+    assert!(run[env..].contains("MTRACE_REPORT_SIGNAL") && !run.contains(".SH EXTRA"), "{run}");
     let top = std::fs::read_to_string(dir.join("mtrace.1")).unwrap();
     assert!(top.contains("mtrace\\-report(1)"), "{top}");
     let out = Command::new(mtrace()).args(["completions", "bash"]).output().unwrap();

@@ -19,6 +19,26 @@ pub fn lib() -> PathBuf {
     p
 }
 
+/// A check that cannot run on this machine: under CI (`CI` set, as
+/// .ci/run sets it) a failure, since a check must never pass by skipping
+/// there; elsewhere a line saying it skipped and what provides it.
+pub fn cannot_run(why: &str) {
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{why}: under CI every check runs (scripts/deps installs what they need)"
+    );
+    eprintln!("skipped: {why} (scripts/deps installs it)");
+}
+
+/// Whether `tool --version` runs here; [`cannot_run`] when it does not.
+pub fn has(tool: &str) -> bool {
+    let ok = Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success());
+    if !ok {
+        cannot_run(&format!("{tool} is not installed"));
+    }
+    ok
+}
+
 pub fn ctests_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../ctests").canonicalize().unwrap()
 }
