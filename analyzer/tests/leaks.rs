@@ -293,6 +293,55 @@ fn sort_keys_order_the_entries() {
     assert_eq!(firsts("average"), (900, 1));
 }
 
+#[test]
+fn sort_stacks_is_every_backtrace_by_allocation_calls() {
+    let dir = scratch("sort-stacks");
+    let prog = build("sort_stacks.c", &dir.join("sort_stacks"), &["-g", "-O0"]);
+    let m = markers("sort_stacks.c");
+    // (calls, blocks left, kind, line), with the scan and without, the
+    // reachable blocks shown or not: the same three, by calls.
+    for extra in [&["--scan"][..], &["--scan", "--show-reachable"], &["--no-scan"]] {
+        let mut args = vec!["--sort", "stacks"];
+        args.extend(extra);
+        let (r, _) = run_json(&dir, &args, &prog, &[]);
+        let got: Vec<(u64, u64, Option<&str>, Option<u64>)> = r["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| line_in(e, "sort_stacks.c").is_some())
+            .map(|e| {
+                (
+                    e["total_allocations"].as_u64().unwrap(),
+                    e["blocks"].as_u64().unwrap(),
+                    e["kind"].as_str(),
+                    line_in(e, "sort_stacks.c"),
+                )
+            })
+            .collect();
+        let scan = extra[0] == "--scan";
+        let kind = |k| scan.then_some(k);
+        let want = vec![
+            (3000, 0, None, Some(m["churn"] as u64)),
+            (30, 30, kind("reachable"), Some(m["kept"] as u64)),
+            (1, 1, kind("definite"), Some(m["lost"] as u64)),
+        ];
+        assert_eq!(got, want, "{extra:?}");
+    }
+    let out = std::process::Command::new(mtrace())
+        .args(["run", "--sort", "stacks", "-o"])
+        .arg(dir.join("r.txt"))
+        .arg("--")
+        .arg(&prog)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = std::fs::read_to_string(dir.join("r.txt")).unwrap();
+    let entries: Vec<&str> = text.lines().filter(|l| l.starts_with('#')).collect();
+    assert!(text.contains("\nEvery backtrace that allocated, by allocation calls ("), "{text}");
+    assert_eq!(entries[0], "#1: every block freed (malloc), 3,000 allocations from this backtrace", "{text}");
+    assert!(entries[1].starts_with("#2: 240 bytes in 30 blocks are still reachable"), "{text}");
+}
+
 /// Builds realloc.c, traces it, and returns (binary, trace).
 fn traced_realloc(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
     let prog = build("realloc.c", &dir.join("realloc"), &["-g", "-O0"]);

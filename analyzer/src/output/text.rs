@@ -228,6 +228,9 @@ fn write_heading(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         return writeln!(w, "\n{what}");
     }
     let n = plural(r.stacks.len() as u64, "backtrace", "backtraces");
+    if r.every_backtrace {
+        return writeln!(w, "\nEvery backtrace that allocated, by allocation calls ({n}{}):", estimated(r));
+    }
     if r.kinds.is_some() && !delta && r.summary.until_marker.is_none() {
         return if r.show_reachable {
             writeln!(w, "\nNot freed, as the scan classified them, by backtrace ({n}{}):", estimated(r))
@@ -357,6 +360,13 @@ fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
                 e.family,
                 plural(e.total_allocations, "allocation", "allocations")
             )?;
+            frames(&e.frames, r.text_callers, w)?;
+            continue;
+        }
+        if e.blocks == 0 && !delta {
+            // `--sort stacks`: a backtrace whose blocks were all freed.
+            let calls = plural(e.total_allocations, "allocation", "allocations");
+            writeln!(w, "\n#{}: every block freed ({}), {calls} from this backtrace", i + 1, e.family)?;
             frames(&e.frames, r.text_callers, w)?;
             continue;
         }

@@ -222,6 +222,10 @@ pub struct Report {
     /// report (`--show-reachable`).
     #[serde(skip)]
     pub show_reachable: bool,
+    /// The entries are every backtrace that allocated, by allocation calls
+    /// (`--sort stacks`), not only those that left blocks.
+    #[serde(skip)]
+    pub every_backtrace: bool,
 }
 
 /// Parses a duration for `--older-than`: `500ms`, `10s`, `2m`, `1h`, or
@@ -346,7 +350,8 @@ pub fn build_view(
             if *k == Kind::Definite {
                 owner_group.insert(addr, b.stack);
             }
-            if *k == Kind::Reachable && !show_reachable {
+            // (`stacks` lists every backtrace, each as it stands.)
+            if *k == Kind::Reachable && !show_reachable && sort != SortKey::Stacks {
                 continue;
             }
         }
@@ -393,7 +398,8 @@ pub fn build_view(
         groups.retain(|_, g| g.bytes != 0 || g.blocks != 0);
     }
     // `stacks`: also the backtraces with nothing live.
-    if sort == SortKey::Stacks && view.keep.is_none() {
+    let every_backtrace = sort == SortKey::Stacks && view.keep.is_none();
+    if every_backtrace {
         let used: rustc_hash::FxHashSet<u32> = groups.keys().map(|k| k.0).collect();
         for s in 0..t.stacks.frames.len() as u32 {
             if !used.contains(&s) && t.books.totals_of(s).allocations > 0 {
@@ -413,9 +419,21 @@ pub fn build_view(
         SortKey::BytesLeaked => signed(g.lost.bytes),
         SortKey::Leaks => signed(g.lost.blocks),
     };
-    // Kinds in memcheck's order (definite first), then by the sort key.
+    // Kinds in memcheck's order (definite first), then by the sort key;
+    // every backtrace (`stacks`) by its key alone, whatever it left.
+    let by_kind = |a: &((u32, Option<Kind>), Group, u64), b: &((u32, Option<Kind>), Group, u64)| {
+        if every_backtrace {
+            std::cmp::Ordering::Equal
+        } else {
+            a.0 .1.cmp(&b.0 .1)
+        }
+    };
     entries.sort_by(|a, b| {
-        a.0 .1.cmp(&b.0 .1).then(key(b).cmp(&key(a))).then(b.1.bytes.cmp(&a.1.bytes)).then(a.0 .0.cmp(&b.0 .0))
+        by_kind(a, b)
+            .then(key(b).cmp(&key(a)))
+            .then(a.0 .1.cmp(&b.0 .1))
+            .then(b.1.bytes.cmp(&a.1.bytes))
+            .then(a.0 .0.cmp(&b.0 .0))
     });
     // Not freed: every live block (also the reachable ones an entry list
     // without --show-reachable leaves out); in a window, the net change.
@@ -497,6 +515,7 @@ pub fn build_view(
         text_sections: false,
         text_callers: 0,
         show_reachable,
+        every_backtrace,
         suppressed: None,
         scan: kinds.and(crate::scan::info(t)),
         kinds,
