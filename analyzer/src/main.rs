@@ -117,7 +117,22 @@ fn diff(a: DiffArgs) -> anyhow::Result<ExitCode> {
         output::diff::write_text(&d, a.limit, &mut *out)?;
     }
     out.flush()?;
-    Ok(ExitCode::SUCCESS)
+    // As `report` does: a trace read only in part is said, and exits 1
+    // (the comparison above covers what could be read).
+    let mut whole = true;
+    for (path, t) in [(&a.old, &old), (&a.new, &new)] {
+        if let Some(e) = &t.error {
+            eprintln!("mtrace: {}: {e}; compared what was read before it", path.display());
+            whole = false;
+        } else if t.end.is_none() {
+            eprintln!(
+                "mtrace: {}: the trace has no end record (the process was killed, or is still running)",
+                path.display()
+            );
+            whole = false;
+        }
+    }
+    Ok(if whole { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
 #[derive(Args)]

@@ -91,6 +91,17 @@ fn diff_of_two_runs_by_backtrace() {
     assert!(text.contains("  not freed:        -160 bytes in -5 blocks\n"), "{text}");
     assert!(text.contains("#1: not freed -160 bytes in -5 blocks, peak -160 bytes, 0 allocation calls\n"), "{text}");
     assert!(text.contains(&format!("main ({}:{})", ctests_dir().join("diff_leak.c").display(), m["loop"])), "{text}");
+    // A trace cut short (killed, or copied in part) is said, exit 1.
+    let bytes = std::fs::read(&new).unwrap();
+    let cut = dir.join("cut.mtrace");
+    std::fs::write(&cut, &bytes[..bytes.len() - 3]).unwrap();
+    let out = Command::new(mtrace()).arg("diff").arg(&old).arg(&cut).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with(&format!("mtrace: {}: ", cut.display())) && err.contains("compared what was read"),
+        "{err}"
+    );
 }
 
 #[test]
