@@ -11,6 +11,7 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use super::{Live, Verb};
 use crate::books::{Block, LiveTotals};
 use crate::input::live::{LiveBooks, State};
+use crate::output::words::{plural, thousands};
 use crate::report::{SortKey, View};
 use crate::scan::{Classified, Kind};
 use crate::trace::{Trace, SCAN_MARKER};
@@ -355,13 +356,18 @@ impl<'a> Console<'a> {
                 let rate = crate::output::words::size_unit(k.sample_rate);
                 writeln!(out, "  sampled: one allocation per {rate} on average; the counts are estimates")?;
             }
-            writeln!(out, "  allocation calls: {}, frees: {}", k.allocations, k.frees)?;
-            writeln!(out, "  in use: {} bytes in {} blocks (average {} bytes)", k.cur_bytes, k.cur_blocks, avg)?;
-            writeln!(out, "  frees of blocks from before tracing: {}", k.unmatched_frees())?;
+            let (n, bytes) = (thousands, |v| plural(v, "byte", "bytes"));
+            writeln!(out, "  allocation calls: {}, frees: {}", n(k.allocations), n(k.frees))?;
+            let blocks = plural(k.cur_blocks, "block", "blocks");
+            writeln!(out, "  in use: {} in {blocks} (average {})", bytes(k.cur_bytes), bytes(avg))?;
+            writeln!(out, "  frees of blocks from before tracing: {}", n(k.unmatched_frees()))?;
             let (bad, mismatched) = k.wrong_free_counts();
             writeln!(out, "  wrong frees: {bad} double or invalid, {mismatched} mismatched")?;
             match scan {
-                Some((blocks, bytes)) => writeln!(out, "  lost at the last scan: {bytes} bytes in {blocks} blocks")?,
+                Some((blocks, lost)) => {
+                    let blocks = plural(blocks as u64, "block", "blocks");
+                    writeln!(out, "  lost at the last scan: {} in {blocks}", bytes(lost))?
+                }
                 None => writeln!(out, "  lost at the last scan: no scan yet")?,
             }
             Ok(())
