@@ -8,6 +8,7 @@ use common::*;
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
 
 use prost::Message;
 
@@ -62,4 +63,50 @@ fn a_heap_profile_with_the_leak_kinds_as_labels() {
     assert_eq!(std::path::Path::new(s(map.filename)), prog.canonicalize().unwrap());
     assert!(map.memory_start <= loc.address && loc.address < map.memory_limit, "{map:?} {loc:?}");
     assert!(!s(map.build_id).is_empty());
+}
+
+/// The profile as pprof itself reads it (`go tool pprof`, Debian's
+/// golang-go): the `kind` tag's totals are the report's kinds, and
+/// `-list` puts each leak's bytes on its source line.
+#[test]
+fn go_tool_pprof_reads_the_profile() {
+    if Command::new("go").arg("version").output().map_or(true, |o| !o.status.success()) {
+        cannot_run("go is not installed (golang-go)");
+        return;
+    }
+    let dir = scratch("pprof-go");
+    let prog = build("scan.c", &dir.join("scan"), &["-g", "-O0"]);
+    let m = markers("scan.c");
+    let file = dir.join("scan.pb.gz");
+    let (r, out) = run_json(&dir, &["--scan", "--pprof", file.to_str().unwrap()], &prog, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let pprof = |args: &[&str]| {
+        let out = Command::new("go")
+            .args(["tool", "pprof"])
+            .args(args)
+            .arg(&prog)
+            .arg(&file)
+            // Its cache and settings under the test's folder.
+            .env("HOME", &dir)
+            .env("PPROF_TMPDIR", &dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // "       185.0B (38.54%): definite"
+    let tags = pprof(&["-tags"]);
+    for kind in ["definite", "indirect", "possible", "reachable"] {
+        let bytes = r["kinds"][kind]["bytes"].as_u64().unwrap();
+        let line =
+            tags.lines().find(|l| l.trim_end().ends_with(&format!(": {kind}"))).unwrap_or_else(|| panic!("{tags}"));
+        assert!(line.trim_start().starts_with(&format!("{bytes}.0B ")), "{kind}: {line}");
+    }
+    // "      113B       113B     22:    void *c = malloc(113); …"
+    let list = pprof(&["-list=^make$", "-sample_index=inuse_space"]);
+    for (name, bytes) in [("unaligned", 113), ("possible", 112), ("reachable", 111), ("tree_root", 24)] {
+        let want = [format!("{bytes}B"), format!("{bytes}B"), format!("{}:", m[name])];
+        let found = list.lines().any(|l| l.split_whitespace().take(3).eq(want.iter().map(String::as_str)));
+        assert!(found, "{name}: {want:?} in {list}");
+    }
 }
