@@ -94,6 +94,9 @@ fn go_tool_pprof_reads_the_profile() {
         assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).unwrap()
     };
+    // The profile's main mapping is the program (not libc.so.6).
+    let top = pprof(&["-top"]);
+    assert!(top.starts_with("File: scan\n"), "{top}");
     // "       185.0B (38.54%): definite"
     let tags = pprof(&["-tags"]);
     for kind in ["definite", "indirect", "possible", "reachable"] {
