@@ -23,6 +23,19 @@ fn witness(dir: &std::path::Path) -> (std::path::PathBuf, String) {
     (f, script)
 }
 
+/// The trace of `prog` run in `dir` (kept there), and its JSON report.
+fn trace_of(dir: &std::path::Path, prog: &std::path::Path) -> (std::path::PathBuf, serde_json::Value) {
+    let out = Command::new(mtrace())
+        .args(["run", "--no-scan", "--keep-traces", "--trace-dir"])
+        .arg(dir)
+        .args(["-o", "/dev/null", "--"])
+        .arg(prog)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    traces(dir).pop().unwrap()
+}
+
 #[test]
 fn unknown_options_are_refused_not_run() {
     let dir = scratch("cli-options");
@@ -77,15 +90,7 @@ fn the_glibc_form_is_taken_only_for_a_glibc_log() {
         )
     );
     // A trace of mtrace's, to be reported.
-    let out = Command::new(mtrace())
-        .args(["run", "--no-scan", "--keep-traces", "--trace-dir"])
-        .arg(&dir)
-        .args(["-o", "/dev/null", "--"])
-        .arg(&prog)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    let (trace, _) = traces(&dir).pop().unwrap();
+    let (trace, _) = trace_of(&dir, &prog);
     let t = trace.to_str().unwrap();
     let o = mtrace_with(&[t]);
     assert_eq!(
@@ -120,15 +125,7 @@ fn the_glibc_form_is_taken_only_for_a_glibc_log() {
 fn intervals_are_bounded() {
     let dir = scratch("cli-intervals");
     let prog = build("grow.c", &dir.join("grow"), &["-g", "-O0"]);
-    let out = Command::new(mtrace())
-        .args(["run", "--no-scan", "--keep-traces", "--trace-dir"])
-        .arg(&dir)
-        .args(["-o", "/dev/null", "--"])
-        .arg(&prog)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    let (trace, r) = traces(&dir).pop().unwrap();
+    let (trace, r) = trace_of(&dir, &prog);
     let t = trace.to_str().unwrap();
     let o = mtrace_with(&["report", "--intervals", "0s", t]);
     assert_eq!(o.status.code(), Some(2));
