@@ -116,6 +116,25 @@ fn mmap_partial_munmap_and_mremap() {
     assert_eq!(r["summary"]["allocations"], 4);
     assert_eq!(r["summary"]["frees"], 2);
     assert_eq!(r["summary"]["leaked_bytes"], 7 * 4096);
+    // With the scan: the mappings are no kind, and the leak summary says
+    // where the rest of "not freed" is (3 mappings, 7 pages).
+    let (r, _) = run_json(&dir, &["--scan"], &prog, &[]);
+    let k = &r["kinds"];
+    assert_eq!((k["mappings"]["bytes"].as_u64(), k["mappings"]["blocks"].as_u64()), (Some(7 * 4096), Some(3)), "{k}");
+    assert_eq!(k["definite"]["blocks"], 0, "{k}");
+    let out = std::process::Command::new(mtrace())
+        .args(["run", "-o"])
+        .arg(dir.join("r.txt"))
+        .arg("--")
+        .arg(&prog)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = std::fs::read_to_string(dir.join("r.txt")).unwrap();
+    assert!(
+        text.contains("\n  not classified: 28,672 bytes in 3 mappings the program made (mmap; roots of the scan, "),
+        "{text}"
+    );
 }
 
 #[test]

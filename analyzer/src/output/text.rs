@@ -314,6 +314,14 @@ fn write_leak_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     ] {
         writeln!(w, "  {what}: {} in {}", plural(t.bytes, "byte", "bytes"), plural(t.blocks, "block", "blocks"))?;
     }
+    if k.mappings.blocks > 0 {
+        // The rest of "not freed": no kind of memcheck's.
+        let (b, n) = (plural(k.mappings.bytes, "byte", "bytes"), plural(k.mappings.blocks, "mapping", "mappings"));
+        writeln!(
+            w,
+            "  not classified: {b} in {n} the program made (mmap; roots of the scan, --show-reachable lists them)"
+        )?;
+    }
     let via = &k.reachable_via_heuristic;
     if crate::scan::Heuristic::ALL.iter().any(|&h| via.get(h).blocks > 0) {
         writeln!(w, "    of which reachable via heuristic:")?;

@@ -358,8 +358,14 @@ pub fn build_view(
         // The program's own mappings are roots to the scan, not blocks it
         // classifies: listed with the reachable ones (memcheck and LSan
         // do not track mmap at all).
-        if classes.is_some() && kind.is_none() && b.family == mtrace_format::Family::Mmap && !show_reachable {
-            continue;
+        if classes.is_some() && kind.is_none() && b.family == mtrace_format::Family::Mmap {
+            if let Some(all) = kinds.as_mut() {
+                all.mappings.bytes = all.mappings.bytes.saturating_add(size);
+                all.mappings.blocks += n;
+            }
+            if !show_reachable {
+                continue;
+            }
         }
         let g = groups.entry((b.stack, kind)).or_insert(Group {
             bytes: 0,

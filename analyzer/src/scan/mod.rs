@@ -73,6 +73,10 @@ pub struct Kinds {
     /// Of the still reachable: those only a heuristic's interior pointer
     /// reaches, per heuristic (heuristics.rs).
     pub reachable_via_heuristic: heuristics::ViaHeuristic,
+    /// Not a kind: the program's own mappings (mmap) live at the scan,
+    /// roots to it rather than blocks it classifies (memcheck and LSan do
+    /// not track mmap), in "not freed" beside the four kinds.
+    pub mappings: Total,
 }
 
 impl Kinds {
