@@ -90,6 +90,53 @@ impl RecordingArgs {
     }
 }
 
+/// What happens at the program's exit, shared by `run` and `server` (so
+/// that `run`, `run -i` and `server`/`client` give the same leak summary).
+#[derive(clap::Args, Clone)]
+pub struct AtExitArgs {
+    /// No leak scan at exit (MTRACE_SCAN=0): the report lists every block
+    /// not freed, by backtrace (as `mtrace report` of a trace without a
+    /// scan).
+    #[arg(long)]
+    pub no_scan: bool,
+    /// Call glibc's `__libc_freeres()` at exit (MTRACE_FREERES; valgrind's
+    /// option of the same name): glibc frees what it keeps for the
+    /// process's lifetime (stdio buffers, the loader's tables, the stacks
+    /// of exited threads and their DTVs), which is then no leak. `no` for
+    /// a program that breaks with it.
+    #[arg(long, value_name = "yes|no", default_value = "yes", value_parser = yes_no, action = clap::ArgAction::Set)]
+    pub run_libc_freeres: bool,
+}
+
+impl AtExitArgs {
+    /// Sets the exit scan (on unless `--no-scan`) and freeres in `r`.
+    pub fn apply(&self, r: &mut Recording) {
+        r.scan = !self.no_scan;
+        r.freeres &= self.run_libc_freeres;
+    }
+
+    /// These options as `mtrace server` takes them (`run -i`).
+    pub fn server_args(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if self.no_scan {
+            v.push("--no-scan");
+        }
+        if !self.run_libc_freeres {
+            v.extend(["--run-libc-freeres", "no"]);
+        }
+        v
+    }
+}
+
+/// `yes` or `no` (valgrind's spelling of its boolean options).
+fn yes_no(v: &str) -> Result<bool, String> {
+    match v {
+        "yes" => Ok(true),
+        "no" => Ok(false),
+        _ => Err(format!("{v:?} is neither yes nor no")),
+    }
+}
+
 /// The settings of `r` that differ from their defaults and that only the
 /// preload carries out (`NAME=value` each): the ptrace tracer records from
 /// the start, follows every fork and exec, unwinds with framehop on its

@@ -11,7 +11,7 @@ use mtrace_format::recording::Recording;
 use mtrace_format::settings;
 
 use crate::pipeline::Reporting;
-use crate::recording::{self, find_lib, RecordingArgs};
+use crate::recording::{self, find_lib, AtExitArgs, RecordingArgs};
 use crate::scan::Kind;
 use crate::ReportOpts;
 
@@ -35,24 +35,14 @@ pub struct RunArgs {
     /// Scan memory at exit and classify leaks as memcheck does
     /// (MTRACE_SCAN=1): the default; the report lists definitely,
     /// indirectly and possibly lost blocks (--show-reachable: all).
-    #[arg(long, hide = true)]
+    #[arg(long, hide = true, conflicts_with = "no_scan")]
     scan: bool,
-    /// No leak scan at exit (MTRACE_SCAN=0): the report lists every block
-    /// not freed, by backtrace (as `mtrace report` of a trace without a
-    /// scan).
-    #[arg(long, conflicts_with_all = ["scan", "error_exitcode"])]
-    no_scan: bool,
-    /// Call glibc's `__libc_freeres()` at exit (MTRACE_FREERES; valgrind's
-    /// option of the same name): glibc frees what it keeps for the
-    /// process's lifetime (stdio buffers, the loader's tables, the stacks
-    /// of exited threads and their DTVs), which is then no leak. `no` for
-    /// a program that breaks with it.
-    #[arg(long, value_name = "yes|no", default_value = "yes", value_parser = yes_no, action = clap::ArgAction::Set)]
-    run_libc_freeres: bool,
+    #[command(flatten)]
+    at_exit: AtExitArgs,
     /// Exit with N when the scan finds blocks of the kinds in
     /// --errors-for-leak-kinds (after suppressions), or when there were
     /// wrong frees (unless --ignore-wrong-frees).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", conflicts_with = "no_scan")]
     error_exitcode: Option<u8>,
     /// Wrong frees do not count for --error-exitcode (they are still reported).
     #[arg(long)]
@@ -123,7 +113,7 @@ fn run_interactive(a: RunArgs) -> Result<ExitCode> {
     if let Some(d) = a.opts.depth {
         server.args(["-d", &d.to_string()]);
     }
-    server.args(a.rec.server_args());
+    server.args(a.rec.server_args()).args(a.at_exit.server_args());
     let mut server = server.arg("--").args(&a.command).stdin(std::process::Stdio::null()).spawn()?;
     // The server is listening once its socket exists.
     let path = dir.path().join("s.sock");
@@ -183,8 +173,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         _ => lib.display().to_string(),
     };
     rec.output = Some(dir.join("%e.%p.mtrace").display().to_string());
-    rec.scan = !a.no_scan;
-    rec.freeres &= a.run_libc_freeres;
+    a.at_exit.apply(&mut rec);
     let mut cmd = Command::new(&a.command[0]);
     cmd.args(&a.command[1..]).env("LD_PRELOAD", preload);
     recording::hand_to(&mut cmd, &rec);
@@ -294,13 +283,4 @@ fn parse_kinds(s: &str) -> Result<Vec<Kind>> {
         }
     }
     Ok(v)
-}
-
-/// `yes` or `no`, as valgrind spells its switches.
-fn yes_no(v: &str) -> Result<bool, String> {
-    match v {
-        "yes" => Ok(true),
-        "no" => Ok(false),
-        _ => Err(format!("{v:?} is neither yes nor no")),
-    }
 }

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// `mtrace server --listen ADDR extra… -- prog`, once it listens.
+/// `mtrace server --listen ADDR extra… -- prog`, once it listens. The
+/// server scans at exit as `run` does; a test comparing every block not
+/// freed gives `--no-scan`.
 fn server(addr: &str, extra: &[&str], prog: &Path, stdin: bool) -> Child {
     spawn_until(
         Command::new(mtrace())
@@ -76,7 +78,7 @@ fn a_late_client_misses_nothing() {
     let prog = build("fork.c", &dir.join("fork"), &["-g", "-O0"]);
     let m = markers("fork.c");
     let addr = format!("unix:{}", dir.join("s.sock").display());
-    let mut s = server(&addr, &[], &prog, false);
+    let mut s = server(&addr, &["--no-scan"], &prog, false);
     // The program (parent and forked child) is over before the client comes.
     std::thread::sleep(Duration::from_millis(500));
     let (r, out) = client(&addr, &dir, &[]);
@@ -140,7 +142,7 @@ fn a_second_client_after_the_first_left() {
     let dir = scratch("relay-second");
     let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
     let addr = format!("unix:{}", dir.join("s.sock").display());
-    let mut t = Target::start(&addr, &prog, &[]);
+    let mut t = Target::start(&addr, &prog, &["--no-scan"]);
     assert_eq!(t.line(), "ready\n");
     let mut first = Command::new(mtrace()).args(["client", &addr, "-o", "/dev/null"]).spawn().unwrap();
     assert_eq!(t.ask("leak 10"), "ok leak 10\n");
@@ -420,7 +422,7 @@ fn quit_leaves_at_once_and_the_program_runs_on_for_the_next_client() {
     let dir = scratch("relay-quit");
     let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
     let addr = format!("unix:{}", dir.join("s.sock").display());
-    let mut t = Target::start(&addr, &prog, &[]);
+    let mut t = Target::start(&addr, &prog, &["--no-scan"]);
     assert_eq!(t.line(), "ready\n");
     assert_eq!(t.ask("leak 10"), "ok leak 10\n");
     let cmd = format!("{} client {addr} -i -o /dev/null", mtrace().display());
@@ -470,7 +472,7 @@ fn the_spool_stays_under_its_bound_and_the_program_waits_for_a_client() {
     let spool = dir.join("spool");
     let mut s = spawn_until(
         Command::new(mtrace())
-            .args(["server", "--listen", &addr, "--spool-max", "1M", "--spool"])
+            .args(["server", "--listen", &addr, "--no-scan", "--spool-max", "1M", "--spool"])
             .arg(&spool)
             .args(["--"])
             .arg(&prog)
@@ -582,4 +584,51 @@ fn the_preload_streams_to_an_address_in_the_shared_syntax() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().filter(|l| l.starts_with("mtrace: ")).count(), 1, "{err}");
     assert!(err.contains("the port is a number from 0 to 65535"), "{err}");
+}
+
+/// memcheck's four kinds of a report, (bytes, blocks) each.
+fn kinds(r: &serde_json::Value) -> [(Option<u64>, Option<u64>); 4] {
+    ["definite", "indirect", "possible", "reachable"]
+        .map(|k| (r["kinds"][k]["bytes"].as_u64(), r["kinds"][k]["blocks"].as_u64()))
+}
+
+/// `mtrace run -i --json -o REPORT extra… -- prog` whose console is told `wait`.
+fn run_i_json(dir: &Path, extra: &[&str], prog: &Path) -> serde_json::Value {
+    let report = dir.join("run-i.json");
+    let mut c = Command::new(mtrace())
+        .args(["run", "-i", "--json", "-o"])
+        .arg(&report)
+        .args(extra)
+        .arg("--")
+        .arg(prog)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(c.stdin.take().unwrap(), "wait").unwrap();
+    let out = c.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap()
+}
+
+#[test]
+fn run_run_i_and_server_client_give_the_same_leak_summary() {
+    // The exit scan runs in the target; its snapshot travels in the stream
+    // to whichever analyzer keeps the books (issue 42, item 11).
+    let dir = scratch("relay-kinds");
+    let prog = build("scan.c", &dir.join("scan"), &["-g", "-O0"]);
+    let (plain, _) = run_json(&dir, &["--scan"], &prog, &[]);
+    let want = kinds(&plain);
+    assert_eq!(want[..3], [(Some(185), Some(4)), (Some(72), Some(3)), (Some(112), Some(1))], "{}", plain["kinds"]);
+    assert_eq!(kinds(&run_i_json(&dir, &[], &prog)), want);
+    let sock = format!("unix:{}", dir.join("s.sock").display());
+    let mut s = server(&sock, &["--wait"], &prog, false);
+    let (r, out) = client(&sock, &dir, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(kinds(&r), want);
+    assert!(s.wait().unwrap().success());
+    // --no-scan reaches the target through run -i's server: no kinds.
+    let r = run_i_json(&dir, &["--no-scan"], &prog);
+    assert!(r["kinds"].is_null(), "{}", r["kinds"]);
+    assert_eq!(r["summary"]["leaked_bytes"].as_u64(), Some(185 + 72 + 112 + want[3].0.unwrap()), "{}", r["summary"]);
 }

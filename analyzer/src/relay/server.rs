@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::{read_line, write_frame, ALL, COMMAND, DATA, END, EXIT};
-use crate::recording::{find_lib, hand_to, RecordingArgs};
+use crate::recording::{find_lib, hand_to, AtExitArgs, RecordingArgs};
 use anyhow::{bail, Context, Result};
 use mtrace_format::address::{Address, Socket};
 
@@ -55,6 +55,8 @@ pub struct ServerArgs {
     depth: Option<usize>,
     #[command(flatten)]
     rec: RecordingArgs,
+    #[command(flatten)]
+    at_exit: AtExitArgs,
     /// No messages of the server's own (`mtrace run -i` uses a server).
     #[arg(long, hide = true)]
     quiet: bool,
@@ -159,6 +161,9 @@ impl Listener {
 
 pub fn server(a: ServerArgs) -> Result<ExitCode> {
     let mut rec = a.rec.recording(a.depth)?;
+    // The scan runs in the target and its snapshot travels in the stream:
+    // the client's report has the leak kinds as `run`'s has.
+    a.at_exit.apply(&mut rec);
     let lib = if a.rec.ptrace { PathBuf::new() } else { find_lib()? };
     if a.spool_max < MIN_SPOOL {
         bail!("--spool-max {}: at least 1M (the bound must hold a few frames)", a.spool_max);
