@@ -105,6 +105,59 @@ fn diff_of_two_runs_by_backtrace() {
 }
 
 #[test]
+fn a_program_rebuilt_since_its_trace_is_said_and_found_with_binpath() {
+    // The trace keeps each module's build ID, not its symbols (issue 42,
+    // item 7): another build at the path is not used, and the report and
+    // diff say why the frames are module+offset.
+    let dir = scratch("rebuilt");
+    let prog = dir.join("diff_leak");
+    let m = markers("diff_leak.c");
+    let trace_of = |name: &str, args: &[&str]| {
+        let tdir = dir.join(name);
+        let _ = std::fs::remove_dir_all(&tdir);
+        run_json(&dir, &["--trace-dir", tdir.to_str().unwrap()], &prog, args);
+        traces(&tdir).pop().unwrap().0
+    };
+    build("diff_leak.c", &prog, &["-g", "-O0"]);
+    let old = trace_of("old", &[]);
+    std::fs::create_dir_all(dir.join("kept")).unwrap();
+    std::fs::copy(&prog, dir.join("kept/diff_leak")).unwrap();
+    build("diff_leak.c", &prog, &["-g", "-O1"]);
+    let new = trace_of("new", &["5"]);
+    let warning = format!(
+        "  WARNING: {} is not the build that was traced (its build ID differs: rebuilt or updated since?): \
+         its frames are left as module+offset; --binpath DIR or --sysroot DIR finds the traced one\n",
+        prog.display()
+    );
+    let out = Command::new(mtrace()).arg("report").arg(&old).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&warning) && text.contains(": ??? (diff_leak+0x"), "{text}");
+    let out = Command::new(mtrace()).arg("report").arg(&new).output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("WARNING"));
+    let out = Command::new(mtrace()).arg("diff").arg(&old).arg(&new).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("\n  WARNING: old: {}", &warning[11..])), "{text}");
+    // With the traced build in --binpath: symbolized, and the backtraces pair.
+    let out = Command::new(mtrace())
+        .arg("diff")
+        .arg(&old)
+        .arg(&new)
+        .arg("--binpath")
+        .arg(dir.join("kept"))
+        .arg("--json")
+        .output()
+        .unwrap();
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(d["notices"], serde_json::json!([]), "{d:#}");
+    let s = d["stacks"].as_array().unwrap();
+    assert_eq!(s.len(), 1, "{d:#}");
+    assert_eq!(
+        (s[0]["leaked_bytes"].as_i64(), s[0]["frames"][0]["line"].as_u64()),
+        (Some(160), Some(u64::from(m["loop"])))
+    );
+}
+
+#[test]
 fn manual_pages_and_completions_come_from_the_cli() {
     let dir = scratch("manpages");
     let _ = std::fs::remove_dir_all(&dir);

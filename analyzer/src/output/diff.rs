@@ -30,6 +30,9 @@ pub fn write_text(d: &Diff, limit: usize, w: &mut dyn Write) -> io::Result<()> {
     )?;
     writeln!(w, "  peak:             {}", change(d.peak_bytes, "byte", "bytes"))?;
     writeln!(w, "  allocation calls: {}", change(d.calls, "call", "calls"))?;
+    for n in &d.notices {
+        writeln!(w, "  WARNING: {n}")?;
+    }
     if d.stacks.is_empty() {
         writeln!(w, "\nNo backtrace changed.")?;
         return Ok(());

@@ -51,6 +51,10 @@ pub struct Diff {
     /// Backtraces whose costs changed, largest change in bytes not freed
     /// first, then in peak bytes, then in calls.
     pub stacks: Vec<Change>,
+    /// What makes the comparison less than it seems, one line each: a
+    /// module of either trace found only in another build (its frames stay
+    /// module+offset, and pair with none of the other trace's).
+    pub notices: Vec<String>,
 }
 
 fn signed(v: u64) -> i64 {
@@ -97,7 +101,16 @@ fn costs(t: &Trace, sym: &mut Symbolizer, depth: Option<usize>) -> HashMap<Strin
 /// Compares `old` with `new`, each symbolized with its own symbolizer.
 pub fn diff(old: &Trace, new: &Trace, sym: &mut Symbolizer, depth: Option<usize>) -> Diff {
     let a = costs(old, sym, depth);
+    let old_builds = sym.other_builds();
     let mut b = costs(new, sym, depth);
+    let mut notices: Vec<String> =
+        old_builds.iter().map(|o| format!("old: {}", crate::report::other_build_notice(o))).collect();
+    notices.extend(
+        sym.other_builds()
+            .iter()
+            .filter(|o| !old_builds.contains(o))
+            .map(|o| format!("new: {}", crate::report::other_build_notice(o))),
+    );
     let mut stacks = Vec::new();
     let mut keys: Vec<&String> = a.keys().collect();
     keys.extend(b.keys().filter(|k| !a.contains_key(*k)));
@@ -133,5 +146,6 @@ pub fn diff(old: &Trace, new: &Trace, sym: &mut Symbolizer, depth: Option<usize>
         peak_bytes: n.2 - o.2,
         calls: n.3 - o.3,
         stacks,
+        notices,
     }
 }

@@ -474,7 +474,8 @@ pub fn build_view(
     let errors = errors::build(t, sym, sort, depth);
     let (bad_frees, mismatched_frees) = errors::counts(&errors);
     let found = allocators::survey(t, sym);
-    let notices = allocators::notices(t, &found);
+    let mut notices = allocators::notices(t, &found);
+    notices.extend(sym.other_builds().iter().map(other_build_notice));
     let h = &t.header;
     Report {
         trace: t.path.display().to_string(),
@@ -526,6 +527,19 @@ pub fn build_view(
         scan: kinds.and(crate::scan::info(t)),
         kinds,
     }
+}
+
+/// One notice per module whose frames stay unsymbolized because the file
+/// found is another build than the one traced (build IDs differ): without
+/// it, `??? (prog+0x1167)` would not say why. `which` is one of
+/// [`Symbolizer::other_builds`]'s entries.
+pub fn other_build_notice(which: &crate::symbolize::OtherBuild) -> String {
+    let (module, _, found) = which;
+    let at = if std::path::Path::new(module) == found { String::new() } else { format!(" (at {})", found.display()) };
+    format!(
+        "{module}{at} is not the build that was traced (its build ID differs: rebuilt or updated since?): \
+         its frames are left as module+offset; --binpath DIR or --sysroot DIR finds the traced one"
+    )
 }
 
 #[cfg(test)]

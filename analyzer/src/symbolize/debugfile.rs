@@ -52,11 +52,12 @@ pub fn has_dwarf(p: &Path) -> bool {
 }
 
 impl SearchPaths {
-    /// The binary of a module: the first candidate path that exists and,
-    /// when the trace has a build-id, carries the same one.
-    pub fn binary(&self, path: &str, build_id: &[u8]) -> Option<PathBuf> {
+    /// Where the binary of module `path` may be, in the order searched:
+    /// under `--sysroot`, in each `--binpath` folder, at its path (none
+    /// for a path that is not absolute).
+    fn candidates(&self, path: &str) -> Vec<PathBuf> {
         if path.is_empty() || !path.starts_with('/') {
-            return None;
+            return Vec::new();
         }
         let mut candidates = Vec::new();
         if let Some(root) = &self.sysroot {
@@ -67,8 +68,24 @@ impl SearchPaths {
         }
         candidates.push(PathBuf::from(path));
         candidates
+    }
+
+    /// The binary of a module: the first candidate path that exists and,
+    /// when the trace has a build-id, carries the same one.
+    pub fn binary(&self, path: &str, build_id: &[u8]) -> Option<PathBuf> {
+        self.candidates(path)
             .into_iter()
             .find(|c| c.is_file() && (build_id.is_empty() || build_id_of(c).as_deref() == Some(build_id)))
+    }
+
+    /// Where [`Self::binary`] finds nothing for a module with a build-id:
+    /// the first candidate that exists all the same, another build of it
+    /// (the program rebuilt, or the library updated, since the trace).
+    pub fn other_build(&self, path: &str, build_id: &[u8]) -> Option<PathBuf> {
+        if build_id.is_empty() {
+            return None;
+        }
+        self.candidates(path).into_iter().find(|c| c.is_file())
     }
 
     /// A separate debug file for a module, if one is installed.

@@ -47,7 +47,16 @@ struct Loaded {
     /// demangling is far slower than this map (cc1plus's report asks for
     /// 230,000 frames at some 50,000 addresses).
     found: HashMap<u64, Vec<Frame>>,
+    /// No binary of the traced build found, but this file at a place
+    /// searched: another build (the program rebuilt since the trace).
+    other_build: Option<std::path::PathBuf>,
+    /// A frame was asked for in this module.
+    used: bool,
 }
+
+/// A module traced in one build and found in another: its path, the
+/// traced build ID, the file found ([`Symbolizer::other_builds`]).
+pub type OtherBuild = (String, Vec<u8>, std::path::PathBuf);
 
 /// Resolves addresses, caching one parsed object per module.
 pub struct Symbolizer {
@@ -78,10 +87,28 @@ impl Symbolizer {
             let open = |p: &Path| addr2line::Loader::new(p).ok();
             Loaded {
                 dwarf: dwarf_path.as_deref().and_then(open),
+                other_build: if bin.is_none() { paths.other_build(path, build_id) } else { None },
                 binary: bin.as_deref().and_then(open),
                 found: HashMap::new(),
+                used: false,
             }
         })
+    }
+
+    /// The modules some frame was asked for whose binary was not found in
+    /// the build the trace names (by its NT_GNU_BUILD_ID) while another
+    /// build of it was: (the module's path and build ID, the file found),
+    /// sorted. Their frames are module+offset only: symbols of another
+    /// build would be wrong ones.
+    pub fn other_builds(&self) -> Vec<OtherBuild> {
+        let mut v: Vec<_> = self
+            .cache
+            .iter()
+            .filter(|(_, l)| l.used)
+            .filter_map(|((path, id), l)| Some((path.clone(), id.clone(), l.other_build.clone()?)))
+            .collect();
+        v.sort();
+        v
     }
 
     /// Opens (and decompresses) the debug info of `modules` ahead of use,
@@ -121,6 +148,7 @@ impl Symbolizer {
         // A return address points after the call; the call is one byte before.
         let probe = offset.wrapping_sub(1);
         let loaded = self.loaded(&m.path, &m.build_id);
+        loaded.used = true;
         if let Some(found) = loaded.found.get(&probe) {
             return found.iter().map(|f| Frame { address: addr, ..f.clone() }).collect();
         }
