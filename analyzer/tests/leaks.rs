@@ -150,6 +150,17 @@ fn realloc_chain_failure_and_zero() {
     assert_eq!((s["allocations"].as_u64(), s["frees"].as_u64()), (Some(5), Some(1)));
     assert_eq!(s["bytes_allocated"], 10 + 20 + 30 + 40 + 50);
     assert_eq!(s["peak_bytes"], 30 + 40 + 50);
+    // 5 calls = 1 free + 2 blocks reallocs replaced + 2 not freed; the
+    // failed realloc and realloc(p, 0) replace none (issue 42, item 10).
+    assert_eq!((s["realloc_frees"].as_u64(), s["leaked_blocks"].as_u64()), (Some(2), Some(2)));
+    let out = std::process::Command::new(mtrace()).args(["run", "--no-scan", "--"]).arg(&prog).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains(
+            "\n  allocation calls: 5 (150 bytes in total)\n  frees:            1 (and 2 blocks replaced by realloc)\n"
+        ),
+        "{text}"
+    );
 }
 
 #[test]

@@ -103,6 +103,10 @@ pub struct Books {
     /// Deallocation calls (free family, delete, munmap); realloc's implied
     /// free is not counted, nor the free of an internal block.
     pub frees: u64,
+    /// Blocks a realloc freed (moved or resized: the old half of each
+    /// successful realloc of a live block). With `frees` and the blocks
+    /// not freed they account for the allocation calls.
+    pub realloc_frees: u64,
     /// Bytes requested by all allocation calls.
     pub bytes_allocated: u64,
     /// Bytes live now (heap blocks and mappings).
@@ -168,6 +172,7 @@ impl Default for Books {
             peak_id: 0,
             allocations: 0,
             frees: 0,
+            realloc_frees: 0,
             bytes_allocated: 0,
             cur_bytes: 0,
             cur_blocks: 0,
@@ -348,6 +353,8 @@ impl Books {
                 let internal = c.ended.as_ref().is_some_and(|b| b.family == Family::Internal);
                 if !internal && !d.realloc {
                     self.frees += c.ended.as_ref().map_or(1, |b| b.estimate(self.sample_rate).1);
+                } else if !internal {
+                    self.realloc_frees += c.ended.as_ref().map_or(0, |b| b.estimate(self.sample_rate).1);
                 }
                 // The common case, a free of the block allocated there by
                 // its own family, is right at once.

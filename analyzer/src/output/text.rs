@@ -143,7 +143,17 @@ fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         thousands(s.allocations),
         plural(s.bytes_allocated, "byte", "bytes")
     )?;
-    writeln!(w, "  frees:            {}", thousands(s.frees))?;
+    // A realloc is an allocation call whose freeing of the old block is no
+    // free call: said, or calls minus frees would not be what is not freed.
+    match s.realloc_frees {
+        0 => writeln!(w, "  frees:            {}", thousands(s.frees))?,
+        n => writeln!(
+            w,
+            "  frees:            {} (and {} replaced by realloc)",
+            thousands(s.frees),
+            plural(n, "block", "blocks")
+        )?,
+    }
     writeln!(
         w,
         "  peak:             {} in {} at {}",

@@ -79,6 +79,10 @@ pub struct Summary {
     pub allocations: u64,
     /// Deallocation calls: free family, delete, munmap.
     pub frees: u64,
+    /// Blocks reallocs freed (moved or resized), not counted in `frees`:
+    /// allocation calls = frees + realloc_frees + blocks not freed, where
+    /// the trace has every block ([`crate::books::Books::realloc_frees`]).
+    pub realloc_frees: u64,
     /// Bytes requested by all allocation calls.
     pub bytes_allocated: u64,
     /// Most bytes live at once (heap blocks and mappings).
@@ -486,6 +490,7 @@ pub fn build_view(
         summary: Summary {
             allocations: t.books.allocations,
             frees: t.books.frees,
+            realloc_frees: t.books.realloc_frees,
             bytes_allocated: t.books.bytes_allocated,
             peak_bytes: t.books.peak_bytes,
             peak_blocks: t.books.peak_blocks,
