@@ -219,10 +219,28 @@ fn a_shell_pipeline_a_static_program_and_a_killed_child() {
     // the tree's order; none for the static program (no trace).
     let text = text_report(&dir, &txt, &script, &["--children"]);
     let reports: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("mtrace report for ")).collect();
-    let programs: Vec<&str> = reports.iter().map(|r| r.split(" (pid").next().unwrap()).collect();
+    // "sh (/usr/bin/dash, pid 7)": the name run, then the executable.
+    let (mut programs, pids): (Vec<&str>, Vec<&str>) = reports
+        .iter()
+        .map(|r| {
+            let (head, pid) = r.split_once("pid ").unwrap();
+            (head.trim_end_matches(", ").trim_end_matches(" (").rsplit(" (").next().unwrap(), pid.trim_end_matches(')'))
+        })
+        .unzip();
+    // The tree's order (seq and sort of the pipeline start in either order).
+    let tree: Vec<&str> = text
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .filter(|l| !l.contains("not traced"))
+        .map(|l| l.trim_start_matches(['*', '│', '├', '└', '─', ' ']).split(' ').next().unwrap())
+        .collect();
+    assert_eq!(pids, tree, "{text}");
+    assert!(reports[0].starts_with("sh (/usr/bin/dash, pid "), "{text}");
+    programs[1..4].sort();
     assert_eq!(
         programs,
-        ["/usr/bin/dash", "/usr/bin/seq", "/usr/bin/sort", "/usr/bin/head", "/usr/bin/dash"],
+        ["/usr/bin/dash", "/usr/bin/head", "/usr/bin/seq", "/usr/bin/sort", "/usr/bin/dash"],
         "{text}"
     );
     assert!(!text.contains("Other processes left blocks"), "{text}");

@@ -122,7 +122,10 @@ fn write_older_than(r: &Report, w: &mut dyn Write) -> io::Result<()> {
 
 fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     let s = &r.summary;
-    writeln!(w, "mtrace report for {} (pid {})", r.program, r.pid)?;
+    match r.ran_as() {
+        Some(ran) => writeln!(w, "mtrace report for {ran} ({}, pid {})", r.program, r.pid)?,
+        None => writeln!(w, "mtrace report for {} (pid {})", r.program, r.pid)?,
+    }
     writeln!(w, "  command:          {}", shell_words::join(&r.cmdline))?;
     writeln!(w, "  trace:            {}", r.trace)?;
     writeln!(w, "  duration:         {}", secs(s.duration_ns))?;

@@ -534,6 +534,18 @@ pub fn build_view(
     }
 }
 
+impl Report {
+    /// The program as the user ran it, where its name is not the
+    /// executable's: `argv[0]` of a symlink (`redis-server`, a link to
+    /// `redis-check-rdb`; `python3` to `python3.11`), a busybox applet, a
+    /// login shell's `-bash`. `None` when the names agree.
+    pub fn ran_as(&self) -> Option<&str> {
+        let arg0 = self.cmdline.first().filter(|a| !a.is_empty())?;
+        let name = |p: &str| p.rsplit('/').next().unwrap_or(p).to_owned();
+        (name(arg0) != name(&self.program)).then_some(arg0.as_str())
+    }
+}
+
 /// One notice per module whose frames stay unsymbolized because the file
 /// found is another build than the one traced (build IDs differ): without
 /// it, `??? (prog+0x1167)` would not say why. `which` is one of

@@ -61,7 +61,12 @@ function frameLines(frames) {
 // ---- summary ----
 function summary(app) {
   const s = R.summary;
-  app.append(el('h1', { text: `mtrace report for ${R.program} (pid ${R.pid})` }));
+  // As the text report: the name the user ran where it is not the executable's.
+  const base = p => p.split('/').pop();
+  const arg0 = R.cmdline[0] || '';
+  const title = arg0 && base(arg0) !== base(R.program)
+    ? `${arg0} (${R.program}, pid ${R.pid})` : `${R.program} (pid ${R.pid})`;
+  app.append(el('h1', { text: `mtrace report for ${title}` }));
   const rows = [
     ['command', R.cmdline.join(' ')],
     ['trace', R.trace],
