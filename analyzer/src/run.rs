@@ -189,7 +189,8 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
             (pid, Some(status)) => (pid, status),
             (pid, None) => {
                 eprintln!("mtrace: detached from process {pid}: it runs on, untraced");
-                let how = Reporting { kept: a.keep_traces || a.trace_dir.is_some(), children: a.children };
+                let how =
+                    Reporting { kept: a.keep_traces || a.trace_dir.is_some(), children: a.children, main_trace: None };
                 let _ = crate::pipeline::report_processes(&dir, pid, &a.opts, how, &mut *out)?;
                 out.flush()?;
                 return Ok(ExitCode::SUCCESS);
@@ -205,20 +206,21 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     };
 
     let show_paths = a.keep_traces || a.trace_dir.is_some();
-    let how = Reporting { kept: show_paths, children: a.children };
+    let how = Reporting { kept: show_paths, children: a.children, main_trace: None };
     let r = crate::pipeline::report_processes(&dir, pid, &a.opts, how, &mut *out)?;
     // From the kind totals (after suppressions): the entry list leaves out
     // reachable blocks unless --show-reachable.
     let leak_error =
         r.as_ref().and_then(|r| r.kinds).is_some_and(|k| error_kinds.iter().any(|&kind| k.get(kind).blocks > 0));
     let free_error = !a.ignore_wrong_frees && r.is_some_and(|r| !r.errors.is_empty());
+    out.flush()?;
     if a.keep_traces && a.trace_dir.is_none() {
-        writeln!(out, "\ntraces kept in {}", dir.display())?;
+        // For the user at the terminal, not into the -o report.
+        eprintln!("mtrace: traces kept in {}", dir.display());
         if let Some(t) = temp {
             let _ = t.keep();
         }
     }
-    out.flush()?;
     if let (Some(code), true) = (a.error_exitcode, leak_error || free_error) {
         return Ok(ExitCode::from(code));
     }

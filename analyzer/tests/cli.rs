@@ -221,3 +221,25 @@ fn signal_settings_refuse_what_cannot_work() {
     assert!(o.status.success());
     assert_eq!(stderr(&o), "mtrace: MTRACE_SCAN_SIGNAL=USR1 is MTRACE_REPORT_SIGNAL's signal too; using off\n");
 }
+
+#[test]
+fn kept_traces_are_named_on_the_terminal_not_in_the_report() {
+    // --keep-traces without --trace-dir keeps the temporary folder: its
+    // name goes to the terminal (stderr), the -o report is the report
+    // alone (issue 42, item 10).
+    let dir = scratch("cli-kept");
+    let report = dir.join("r.txt");
+    let out = Command::new(mtrace())
+        .args(["run", "--no-scan", "--keep-traces", "-o"])
+        .arg(&report)
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    let kept = err.lines().find_map(|l| l.strip_prefix("mtrace: traces kept in ")).unwrap_or_else(|| panic!("{err}"));
+    let text = std::fs::read_to_string(&report).unwrap();
+    assert!(!text.contains("kept in"), "{text}");
+    assert!(text.contains(&format!("\n  trace:            {kept}/true.")), "{text}");
+    std::fs::remove_dir_all(kept).unwrap();
+}

@@ -68,8 +68,14 @@ fn client_reports_equal_run_over_unix_and_tcp() {
         assert!(out.status.success(), "{addr}: {}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(leaks_in(&r, "families.c"), want, "{addr}");
         assert_eq!(leaks_in(&report_json(&saved), "families.c"), want, "{addr}");
+        // The report names the saved trace, not the deleted received one.
+        assert_eq!(r["trace"].as_str(), saved.to_str(), "{addr}");
         assert!(s.wait().unwrap().success());
     }
+    let mut s = server(&sock, &["--wait"], &prog, false);
+    let (r, _) = client(&sock, &dir, &[]);
+    assert_eq!(r["trace"], "received, not kept (--save FILE keeps it)");
+    assert!(s.wait().unwrap().success());
 }
 
 #[test]

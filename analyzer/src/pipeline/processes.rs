@@ -16,8 +16,12 @@ use crate::symbolize::Symbolizer;
 use crate::trace::Trace;
 
 /// How [`report_processes`] reports.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 pub struct Reporting {
+    /// What the program's report names as its trace instead of the file
+    /// read (`client`: the received stream's temporary file is deleted,
+    /// so the file it was saved to, or that it was not kept).
+    pub main_trace: Option<String>,
     /// The traces are kept (their folder is named at the end), so no hint
     /// is given about keeping them.
     pub kept: bool,
@@ -39,8 +43,13 @@ pub fn report_processes(
 ) -> Result<Option<Report>> {
     let traces = traces_in(dir)?;
     let main = traces.iter().filter(|i| i.pid == pid).max_by_key(|i| i.start).map(|i| i.path.clone());
+    let name = |r: &mut Report| {
+        if let Some(n) = &how.main_trace {
+            r.trace = n.clone();
+        }
+    };
     if traces.iter().all(|i| i.pid == pid) {
-        return report_one(main.as_deref(), pid, opts, out);
+        return report_one(main.as_deref(), pid, opts, name, out);
     }
     // The other images' facts (each trace read whole), the program's
     // last image's from its report's reading below.
@@ -56,6 +65,7 @@ pub fn report_processes(
             let mut all = others.clone();
             all.push(facts(t, path, sym));
             r.processes = Some(processes::tree(all, pid));
+            name(r);
         })?,
         None => {
             let tree = processes::tree(others.clone(), pid);
@@ -92,9 +102,15 @@ pub fn report_processes(
 }
 
 /// The report of the one process traced (no tree), or why there is none.
-fn report_one(main: Option<&Path>, pid: u32, opts: &ReportOpts, out: &mut dyn Write) -> Result<Option<Report>> {
+fn report_one(
+    main: Option<&Path>,
+    pid: u32,
+    opts: &ReportOpts,
+    name: impl FnOnce(&mut Report),
+    out: &mut dyn Write,
+) -> Result<Option<Report>> {
     match main {
-        Some(path) => opts.report(path, Some(out)),
+        Some(path) => opts.report_with(path, Some(out), |_, _, r| name(r)),
         None => {
             writeln!(out, "mtrace: no trace was written for pid {pid} (static executable, or preloading failed)")?;
             Ok(None)

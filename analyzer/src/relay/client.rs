@@ -98,18 +98,8 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
         res?;
         bail!("{addr}: the connection ended before the program did");
     };
-    let mut out = crate::output::open(a.output.as_deref())?;
-    // The program's process is the first to connect; its pid is in its header.
-    let main = s.files.get(&1).map(|(p, _)| p.clone());
-    let pid = main.as_deref().and_then(header_pid);
-    match pid {
-        Some(pid) => {
-            let how = crate::pipeline::Reporting::default();
-            crate::pipeline::report_processes(dir.path(), pid, &a.opts, how, &mut *out)?;
-        }
-        None => writeln!(out, "mtrace: the program sent no trace (static executable, or preloading failed)")?,
-    }
-    out.flush()?;
+    // Saved before the report, which names the saved file as its trace
+    // (the received one is deleted with its temporary folder).
     if let Some(save) = &a.save {
         for (id, (path, _)) in &s.files {
             let to = match (id, header_pid(path)) {
@@ -120,6 +110,22 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
             std::fs::copy(path, &to).with_context(|| format!("{}: cannot save", to.display()))?;
         }
     }
+    let mut out = crate::output::open(a.output.as_deref())?;
+    // The program's process is the first to connect; its pid is in its header.
+    let main = s.files.get(&1).map(|(p, _)| p.clone());
+    let pid = main.as_deref().and_then(header_pid);
+    match pid {
+        Some(pid) => {
+            let main_trace = Some(match &a.save {
+                Some(f) => f.display().to_string(),
+                None => "received, not kept (--save FILE keeps it)".to_owned(),
+            });
+            let how = crate::pipeline::Reporting { main_trace, ..Default::default() };
+            crate::pipeline::report_processes(dir.path(), pid, &a.opts, how, &mut *out)?;
+        }
+        None => writeln!(out, "mtrace: the program sent no trace (static executable, or preloading failed)")?,
+    }
+    out.flush()?;
     Ok(ExitCode::from(code as u8))
 }
 
