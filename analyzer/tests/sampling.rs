@@ -29,6 +29,17 @@ fn sites(r: &Value) -> HashMap<String, (f64, f64)> {
     leaks_in(r, "sampled.c").into_iter().map(|l| (l.function, (l.bytes as f64, l.blocks as f64))).collect()
 }
 
+/// The standard error of the bytes of the entry whose innermost frame in
+/// sampled.c is `function`.
+fn stderr_of(r: &Value, function: &str) -> f64 {
+    let e = r["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["frames"].as_array().unwrap().iter().any(|f| f["function"] == function));
+    e.and_then(|e| e.get("stderr")).map_or(0.0, |s| s[0].as_f64().unwrap())
+}
+
 fn sampled_run(dir: &std::path::Path, prog: &std::path::Path, seed: u32, args: &[&str]) -> Value {
     let seed = seed.to_string();
     let (r, out) = run_json_env(dir, &[("MTRACE_SAMPLE_SEED", &seed)], &["--sample-rate", RATE], prog, args);
@@ -46,12 +57,19 @@ fn estimates_per_call_site_are_unbiased_and_close() {
     let sizes = [1024.0, 4096.0, 16384.0, 49152.0];
     let mut sums: HashMap<&str, (f64, f64)> = HashMap::new();
     let (mut tenfold, mut allocated) = (0.0, 0.0);
+    // Estimates within two of their standard errors of the truth.
+    let mut within_two = 0;
     let runs = 20;
     for seed in 1..=runs {
         let r = sampled_run(&dir, &prog, seed, &[]);
         let s = sites(&r);
         for (name, size) in names.iter().zip(sizes) {
             let (bytes, blocks) = s[*name];
+            // The report's error bar: about sqrt(rate/12 MiB) = 7.2% of
+            // the estimate (docs/SAMPLING.md), from the sample itself.
+            let se = stderr_of(&r, name);
+            assert!((0.05..0.10).contains(&(se / bytes)), "seed {seed}: {name} ± {se} of {bytes}");
+            within_two += usize::from((bytes - HELD).abs() <= 2.0 * se);
             let e = bytes / HELD - 1.0;
             assert!(e.abs() < 0.25, "seed {seed}: {name} estimated {bytes} bytes, {:+.1}%", e * 100.0);
             let n = blocks / (HELD / size) - 1.0;
@@ -62,12 +80,18 @@ fn estimates_per_call_site_are_unbiased_and_close() {
         }
         // Blocks of at least the rate are always recorded: exact.
         assert_eq!(s["site_big"], (HELD, 12.0), "seed {seed}");
+        assert_eq!(stderr_of(&r, "site_big"), 0.0, "seed {seed}");
+        let total = r["summary"]["leaked_stderr"][0].as_f64().unwrap();
+        assert!(total > 0.0, "seed {seed}: {}", r["summary"]);
         tenfold += s["site_tenfold"].0;
         let all = r["summary"]["bytes_allocated"].as_u64().unwrap() as f64;
         let e = all / (CHURN + SITES) as f64 - 1.0;
         assert!(e.abs() < 0.05, "seed {seed}: {all} bytes allocated, {:+.1}%", e * 100.0);
         allocated += all;
     }
+    // A normal estimate is within two standard errors 95% of the time:
+    // 76 of 80; at least 70 allows for the error bar's own noise.
+    assert!(within_two >= 70, "{within_two} of 80 estimates within two standard errors");
     let n = runs as f64;
     for (name, size) in names.iter().zip(sizes) {
         let (bytes, blocks) = sums[name];

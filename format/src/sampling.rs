@@ -83,6 +83,21 @@ pub fn estimate(size: u64, rate: u64, key: u64) -> (u64, u64) {
     ((size as f64 * w).round() as u64, blocks)
 }
 
+/// The variance one recorded allocation of `size` bytes adds to the
+/// estimates [`estimate`] sums, sampled at `rate` (0: not sampled, 0):
+/// (bytes², blocks²). With `p` its [`probability`] and `w = 1/p`, these
+/// are `(size·w)²·(1 − p)` and `w²·(1 − p)`: Horvitz–Thompson's unbiased
+/// estimate of the variance of a sum under independent (Poisson)
+/// sampling, which a sum's terms add to; the square root of the sum is
+/// the estimate's standard error. An allocation of at least `rate` bytes
+/// (always recorded) adds 0.
+pub fn variance(size: u64, rate: u64) -> (f64, f64) {
+    let p = probability(size, rate);
+    let w = 1.0 / p;
+    let bytes = size as f64 * w;
+    (bytes * bytes * (1.0 - p), w * w * (1.0 - p))
+}
+
 /// A byte count with an optional unit: `4096`, `512K`, `2M`, `1G` (also
 /// `KiB`, `MiB`, `GiB`, any case; powers of 1024). `None` for anything
 /// else or a value beyond 2^62 bytes.
@@ -148,6 +163,22 @@ mod tests {
         assert!((weight(256 << 10, 512 << 10) - 2.5415).abs() < 1e-3);
         // Small blocks: about rate/size.
         assert!((weight(16, 512 << 10) - 32768.5).abs() < 1.0);
+    }
+
+    #[test]
+    fn variances() {
+        // Recorded always: exact.
+        assert_eq!(variance(1 << 20, 512 << 10), (0.0, 0.0));
+        assert_eq!(variance(100, 0), (0.0, 0.0));
+        // 1 KiB at 64K: p = 1 − e^(−1/64), w = 64.5; a site of n such
+        // samples has a relative standard error of about sqrt(1/n).
+        let (b, n) = variance(1024, 65536);
+        let p = probability(1024, 65536);
+        assert!((n - (1.0 - p) / (p * p)).abs() < 1e-6);
+        assert!((b - n * 1024.0 * 1024.0).abs() < 1e-3);
+        let samples = 192.0;
+        let rel = (samples * b).sqrt() / (samples * 1024.0 * weight(1024, 65536));
+        assert!((rel - (1.0f64 / samples).sqrt()).abs() < 0.001, "{rel}");
     }
 
     #[test]

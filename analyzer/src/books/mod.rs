@@ -47,6 +47,16 @@ impl Block {
         }
         mtrace_format::sampling::estimate(self.size, rate, self.size ^ self.time.rotate_left(17))
     }
+
+    /// The variance this block adds to a sum of [`Block::estimate`]s:
+    /// (bytes², blocks²), by `mtrace_format::sampling::variance`; 0 where
+    /// the block is exact (not sampled, a mapping, a pool block).
+    pub fn variance(&self, rate: u64) -> (f64, f64) {
+        if rate == 0 || matches!(self.family, Family::Mmap | Family::Pool) {
+            return (0.0, 0.0);
+        }
+        mtrace_format::sampling::variance(self.size, rate)
+    }
 }
 
 /// Totals of one backtrace over the whole run.

@@ -172,9 +172,10 @@ fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     let what = if delta { "  live change:      " } else { "  not freed:        " };
     writeln!(
         w,
-        "{what}{} in {}",
+        "{what}{} in {}{}",
         count(s.leaked_bytes, "byte", "bytes", delta),
-        count(s.leaked_blocks, "block", "blocks", delta)
+        count(s.leaked_blocks, "block", "blocks", delta),
+        s.leaked_stderr.map_or_else(String::new, |e| format!(" ({})", error_bar(e)))
     )?;
     if s.bad_frees + s.mismatched_frees > 0 {
         let (bad, mis) = (thousands(s.bad_frees), thousands(s.mismatched_frees));
@@ -347,6 +348,20 @@ fn write_leak_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     Ok(())
 }
 
+/// A sampled estimate's standard error: "± 12,345 bytes, ± 3 blocks: one
+/// standard error".
+fn error_bar([bytes, blocks]: [u64; 2]) -> String {
+    format!("± {}, ± {}: one standard error", plural(bytes, "byte", "bytes"), plural(blocks, "block", "blocks"))
+}
+
+/// Under a sampled entry's headline: how far its estimate may be off.
+fn write_error_bar(e: &crate::report::LeakEntry, w: &mut dyn Write) -> io::Result<()> {
+    match e.stderr {
+        Some(bar) if bar != [0, 0] => writeln!(w, "    estimate {}", error_bar(bar)),
+        _ => Ok(()),
+    }
+}
+
 fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     // With a scan, its verdict comes first, then the leaks it found.
     if r.kinds.is_some() {
@@ -381,6 +396,7 @@ fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
                 e.family,
                 plural(e.total_allocations, "allocation", "allocations")
             )?;
+            write_error_bar(e, w)?;
             frames(&e.frames, r.text_callers, w)?;
             continue;
         }
@@ -401,6 +417,7 @@ fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
             e.family,
             plural(e.total_allocations, "allocation", "allocations"),
         )?;
+        write_error_bar(e, w)?;
         if let Some(l) = e.lost {
             let (b, n) = (plural(l.bytes, "byte", "bytes"), plural(l.blocks, "block", "blocks"));
             writeln!(w, "    of which lost at the last scan: {b} in {n}")?;

@@ -96,6 +96,10 @@ pub struct Summary {
     pub leaked_bytes: i64,
     /// Blocks still allocated (or their change).
     pub leaked_blocks: i64,
+    /// In a sampled trace (not a window's change): one standard error of
+    /// `leaked_bytes` and of `leaked_blocks`, `[bytes, blocks]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leaked_stderr: Option<[u64; 2]>,
     /// Time of the last event, ns since the start.
     pub duration_ns: u64,
     /// The trace is incomplete: it breaks off inside a record, or the
@@ -159,8 +163,18 @@ pub struct LeakEntry {
     /// and blocks found definitely or indirectly lost.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lost: Option<crate::scan::Total>,
+    /// In a sampled trace: one standard error of `bytes` and of `blocks`
+    /// ([`mtrace_format::sampling::variance`]), `[bytes, blocks]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<[u64; 2]>,
     /// The backtrace, symbolized, innermost first.
     pub frames: Vec<Frame>,
+}
+
+/// One standard error from a summed variance `(bytes², blocks²)`:
+/// `[bytes, blocks]`, rounded.
+fn stderr((b, n): (f64, f64)) -> [u64; 2] {
+    [b.sqrt().round() as u64, n.sqrt().round() as u64]
 }
 
 /// Rows of `--timeline` at most: longer runs are shown at even steps.
@@ -303,6 +317,8 @@ struct Group {
     /// Latest allocation, ns.
     latest: u64,
     lost: crate::scan::Total,
+    /// Summed variance of the estimates (bytes², blocks²; sampled traces).
+    var: (f64, f64),
 }
 
 /// [`build`], with what `view` adds.
@@ -322,6 +338,7 @@ pub fn build_view(
     let mut owned: HashMap<u64, u64> = HashMap::default();
     let mut owner_group: HashMap<u64, u32> = HashMap::default();
     let mut live_total = (0i64, 0i64);
+    let mut live_var = (0.0f64, 0.0f64);
     for (addr, b) in t.books.live_blocks() {
         if view.keep.is_some_and(|k| !k(addr, b)) {
             continue;
@@ -330,6 +347,9 @@ pub fn build_view(
         let (size, n) = b.estimate(t.books.sample_rate);
         live_total.0 = live_total.0.saturating_add(signed(size));
         live_total.1 += n as i64;
+        let var = b.variance(t.books.sample_rate);
+        live_var.0 += var.0;
+        live_var.1 += var.1;
         let class = classes.as_ref().and_then(|c| c.get(&addr));
         let kind = class.map(|c| c.kind);
         let lost = match (kind, view.lost_before) {
@@ -377,10 +397,13 @@ pub fn build_view(
             family: b.family,
             latest: 0,
             lost: Default::default(),
+            var: (0.0, 0.0),
         });
         g.bytes = g.bytes.saturating_add(signed(size));
         g.blocks += n as i64;
         g.latest = g.latest.max(b.time);
+        g.var.0 += var.0;
+        g.var.1 += var.1;
         if lost {
             g.lost.bytes = g.lost.bytes.saturating_add(size);
             g.lost.blocks += n;
@@ -401,6 +424,7 @@ pub fn build_view(
                 family: l.family,
                 latest: 0,
                 lost: Default::default(),
+                var: (0.0, 0.0),
             });
             g.bytes = g.bytes.saturating_sub(signed(l.bytes));
             g.blocks = g.blocks.saturating_sub(signed(l.blocks));
@@ -414,7 +438,10 @@ pub fn build_view(
         for s in 0..t.stacks.frames.len() as u32 {
             if !used.contains(&s) && t.books.totals_of(s).allocations > 0 {
                 let family = mtrace_format::Family::Malloc;
-                groups.insert((s, None), Group { bytes: 0, blocks: 0, family, latest: 0, lost: Default::default() });
+                groups.insert(
+                    (s, None),
+                    Group { bytes: 0, blocks: 0, family, latest: 0, lost: Default::default(), var: (0.0, 0.0) },
+                );
             }
         }
     }
@@ -453,6 +480,8 @@ pub fn build_view(
         live_total
     };
     let show_lost = matches!(sort, SortKey::BytesLeaked | SortKey::Leaks);
+    // A window's change is a difference of two estimates: no error given.
+    let sampled = t.books.sample_rate != 0 && t.baseline.is_none();
     let stacks = entries
         .into_iter()
         .map(|((s, kind), g, total)| {
@@ -471,6 +500,7 @@ pub fn build_view(
                 kind,
                 indirect_bytes,
                 lost,
+                stderr: sampled.then(|| stderr(g.var)),
                 frames,
             }
         })
@@ -497,6 +527,7 @@ pub fn build_view(
             peak_time_ns: t.books.peak_time,
             leaked_bytes,
             leaked_blocks,
+            leaked_stderr: sampled.then(|| stderr(live_var)),
             duration_ns: t.last_time,
             // Reading stopped at --until-marker: no End record is expected.
             truncated: t.error.is_some() || (t.end.is_none() && !t.reached_until),
