@@ -141,6 +141,18 @@ fn intervals_are_bounded() {
     let o = mtrace_with(&["report", "--intervals", "1ns", t]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("(intervals of 0.000 s would be more than 1,000: widened to "), "{text}");
+    // Rates with thousands separators (issue 42, item 10).
+    let bps = x["stacks"][0]["bytes_per_s"].as_f64().unwrap().round() as u64;
+    assert!(bps >= 1000, "{x}");
+    let digits = bps.to_string();
+    let mut grouped = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(c);
+    }
+    assert!(text.contains(&format!(" intervals, {grouped} bytes/s, ")), "{grouped}: {text}");
     // A window the run allows is kept.
     let o = mtrace_with(&["report", "--json", "--intervals", "10s", t]);
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();

@@ -56,12 +56,12 @@ fn write_intervals(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     for (i, g) in x.stacks.iter().enumerate() {
         writeln!(
             w,
-            "#{}: live memory left in {} of {} intervals, {:.0} bytes/s, {:.1} allocations/s",
+            "#{}: live memory left in {} of {} intervals, {} bytes/s, {} allocations/s",
             i + 1,
             g.windows_with_growth,
             x.windows,
-            g.bytes_per_s,
-            g.allocations_per_s
+            thousands(g.bytes_per_s.max(0.0).round() as u64),
+            rate(g.allocations_per_s)
         )?;
         let cells: Vec<String> = g.per_window.iter().map(|p| thousands(p.bytes)).collect();
         writeln!(w, "    bytes per interval: {}", cells.join(" "))?;
@@ -346,6 +346,15 @@ fn write_leak_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A rate with one decimal below 100 and thousands separators: "2.5",
+/// "12,345".
+fn rate(v: f64) -> String {
+    match v {
+        v if v < 100.0 => format!("{v:.1}"),
+        v => thousands(v.round() as u64),
+    }
 }
 
 /// A sampled estimate's standard error: "± 12,345 bytes, ± 3 blocks: one
