@@ -140,3 +140,63 @@ fn the_page_draws_in_a_browser_and_a_range_shows_what_it_left() {
         .unwrap();
     assert!(out.status.success() && std::fs::metadata(&shot).is_ok_and(|m| m.len() > 10_000), "{out:?}");
 }
+
+/// `mtrace run --html` of `prog` into `dir/name.html`, and its DOM in chromium.
+fn page_of(dir: &Path, name: &str, prog: &[&str], profile: &Path) -> Option<String> {
+    let page = dir.join(format!("{name}.html"));
+    let out = Command::new(mtrace())
+        .args(["run", "-o", "/dev/null", "--html"])
+        .arg(&page)
+        .arg("--")
+        .args(prog)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (d, log) = dom(&page, "", profile)?;
+    assert!(!log.contains("CONSOLE"), "{log}");
+    assert_eq!(attr(&d, "status", "data-ok").as_deref(), Some("1"), "{d}");
+    Some(d)
+}
+
+#[test]
+fn a_short_run_and_one_without_leaks_read_right() {
+    // What a person saw on the page (issue 42, item 12).
+    let dir = scratch("html-short");
+    let profile = dir.join("chromium");
+    let prog = build("scan.c", &dir.join("scan"), &["-g", "-O0"]);
+    let Some(d) = page_of(&dir, "short", &[prog.to_str().unwrap(), "a b", ""], &profile) else {
+        cannot_run("chromium is not installed");
+        return;
+    };
+    // The time axis of a run of a few ms: distinct labels in ms, rising,
+    // the first at the axis's start.
+    let labels: Vec<(f64, String)> = d
+        .split("<text ")
+        .skip(1)
+        .filter(|t| t.contains("y=\"254\""))
+        .map(|t| {
+            let x: f64 = t.split("x=\"").nth(1).unwrap().split('"').next().unwrap().parse().unwrap();
+            (x, t.split('>').nth(1).unwrap().split('<').next().unwrap().to_owned())
+        })
+        .collect();
+    assert!(labels.len() >= 3 && labels.iter().all(|(_, l)| l.ends_with(" ms")), "{labels:?}");
+    assert!(labels.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 != w[1].1), "{labels:?}");
+    assert_eq!(labels[0].1.trim_end_matches(" ms").parse::<f64>().unwrap(), 0.0, "{labels:?}");
+    // The live heap runs to the end of the axis (x = 1000 - 8), at what
+    // was not freed (9 blocks: a line above 0 bytes is not asked).
+    let heap = d.split("<polyline class=\"heap\" points=\"").nth(1).unwrap().split('"').next().unwrap();
+    assert!(heap.split(' ').next_back().unwrap().starts_with("992.0,"), "{heap}");
+    // Words as the text report's: "1 block", the exit status, the command
+    // quoted, a table header over the size bars, the page's own note.
+    assert!(d.contains("112 bytes in 1 block<") && !d.contains(" 1 blocks"), "{d}");
+    assert!(d.contains(">exit, status 0<"), "{d}");
+    assert!(d.contains(&format!(">{} 'a b' ''<", prog.display())), "{d}");
+    assert!(d.contains(">calls, against the most</th>"), "{d}");
+    assert!(d.contains(">Page drawn in ") && !d.contains(">drawn<"), "{d}");
+    // No temporary allocation: said, not an empty table.
+    let temp = d.split("id=\"temporary\"").nth(1).unwrap().split("</section>").next().unwrap();
+    assert!(temp.contains(">None.<") && !temp.contains("<table"), "{temp}");
+    // A program that leaves nothing: a sentence, not "Leaks (0)" over an empty table.
+    let d = page_of(&dir, "none", &["/bin/true"], &profile).unwrap();
+    assert!(d.contains("id=\"no-leaks\"") && !d.contains("id=\"leak-table\""), "{d}");
+}

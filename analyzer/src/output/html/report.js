@@ -45,6 +45,25 @@ function bytes(n) {
   return i === 0 ? num(v) + ' bytes' : v.toFixed(1) + ' ' + units[i];
 }
 const secs = (ns) => (ns / 1e9).toFixed(3) + ' s';
+// An argument as a shell would need it (as the text report's command:
+// line): empty or with special characters, in single quotes.
+const shellWord = (a) => (/^[A-Za-z0-9_@%+=:,.\/-]+$/.test(a) ? a : `'${a.replace(/'/g, "'\\''")}'`);
+// "1 block", "2 blocks", as the text report says them.
+const plural = (n, one, many) => `${num(n)} ${Number(n) === 1 ? one : many}`;
+// Time-axis labels: a step of 1, 2 or 5 times a power of ten, in the unit
+// the run's length reads best in, with the decimals the step needs (a
+// 2 ms run reads "0 ms 0.5 ms 1 ms …", not "0.000 s 0.000 s 0.001 s").
+function timeTicks(endNs) {
+  const [unit, div] = endNs >= 1e9 ? ['s', 1e9] : endNs >= 1e6 ? ['ms', 1e6] : ['µs', 1e3];
+  const end = endNs / div;
+  const raw = end / 5;
+  const p = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 5, 10].map((m) => m * p).find((v) => v >= raw);
+  const decimals = Math.max(0, -Math.floor(Math.log10(step) + 1e-9));
+  const out = [];
+  for (let v = 0; v <= end + step * 1e-9; v += step) out.push([v * div, `${v.toFixed(decimals)} ${unit}`]);
+  return out;
+}
 const amount = (v, unit) => (unit === 'bytes' ? bytes(v) : num(v) + ' ' + unit);
 const frameName = (i) => D.names[D.frames[i][0]];
 const frameLoc = (i) => D.locs[D.frames[i][1]];
@@ -68,22 +87,29 @@ function summary(app) {
     ? `${arg0} (${R.program}, pid ${R.pid})` : `${R.program} (pid ${R.pid})`;
   app.append(el('h1', { text: `mtrace report for ${title}` }));
   const rows = [
-    ['command', R.cmdline.join(' ')],
+    ['command', R.cmdline.map(shellWord).join(' ')],
     ['trace', R.trace],
     ['duration', secs(s.duration_ns)],
     ['allocation calls', `${num(s.allocations)} (${bytes(s.bytes_allocated)} in total)`],
-    ['frees', num(s.frees)],
-    ['peak', `${bytes(s.peak_bytes)} in ${num(s.peak_blocks)} blocks at ${secs(s.peak_time_ns)}`],
-    ['not freed', `${bytes(s.leaked_bytes)} in ${num(s.leaked_blocks)} blocks`],
-    ['ended by', s.ended_by || 'no end record (the process was killed?)'],
+    ['frees', num(s.frees) + (s.realloc_frees ? ` (and ${plural(s.realloc_frees, 'block', 'blocks')} replaced by realloc)` : '')],
+    ['peak', `${bytes(s.peak_bytes)} in ${plural(s.peak_blocks, 'block', 'blocks')} at ${secs(s.peak_time_ns)}`],
+    ['not freed', `${bytes(s.leaked_bytes)} in ${plural(s.leaked_blocks, 'block', 'blocks')}` +
+      (s.leaked_stderr ? ` (± ${bytes(s.leaked_stderr[0])}, ± ${plural(s.leaked_stderr[1], 'block', 'blocks')}: one standard error)` : '')],
+    ['ended by', s.ended_by ? s.ended_by + (s.exit_status != null ? `, status ${s.exit_status}` : s.exec ? ` of ${s.exec}` : '')
+      : 'no end record (the process was killed?)'],
   ];
+  if (s.sample_rate) rows.splice(3, 0, ['sampled', `one allocation per ${bytes(s.sample_rate)} allocated, on average: every byte and block count is an estimate`]);
   if (R.kinds) {
     for (const k of ['definite', 'indirect', 'possible', 'reachable']) {
       const t = R.kinds[k];
       const name = { definite: 'definitely lost', indirect: 'indirectly lost', possible: 'possibly lost', reachable: 'still reachable' }[k];
-      rows.push([name, `${bytes(t.bytes)} in ${num(t.blocks)} blocks`]);
+      rows.push([name, `${bytes(t.bytes)} in ${plural(t.blocks, 'block', 'blocks')}`]);
     }
+    const m = R.kinds.mappings;
+    if (m && m.blocks) rows.push(['not classified', `${bytes(m.bytes)} in ${plural(m.blocks, 'mapping', 'mappings')} the program made (mmap; roots of the scan)`]);
   }
+  for (const a of R.allocators.filter((x) => x.seen)) rows.push(['allocator', `${a.name === 'malloc' ? "the program's own malloc" : a.name} in ${a.module} (${a.how})`]);
+  for (const n of R.notices) rows.push(['warning', n]);
   if (s.bad_frees + s.mismatched_frees > 0) rows.push(['wrong frees', `${num(s.bad_frees)} double or invalid, ${num(s.mismatched_frees)} mismatched`]);
   if (s.unmatched_frees > 0) rows.push(['frees of blocks from before tracing', num(s.unmatched_frees)]);
   if (s.error) rows.push(['warning', s.error]);
@@ -232,7 +258,13 @@ function chart(app, onRange) {
   sec.append(el('h2', { text: 'Memory over time' }));
   const W = 1000, H = 260, L = 60, B = 22, T = 10;
   const end = Math.max(D.duration_ns, 1);
-  const pts = D.timeline;
+  // The samples stop before the last frees (at exit): the heap's last
+  // point is what was not freed at the end, RSS held at its last sample.
+  const pts = D.timeline.slice();
+  const last = pts[pts.length - 1];
+  if (last && last[0] < D.duration_ns && R.summary.since_marker == null) {
+    pts.push([D.duration_ns, last[1], Math.max(0, R.summary.leaked_bytes)]);
+  }
   const top = Math.max(1, ...pts.map((p) => Math.max(p[1], p[2])), R.summary.peak_bytes);
   const x = (t) => L + ((W - L - 8) * t) / end;
   const y = (b) => H - B - ((H - B - T) * b) / top;
@@ -244,11 +276,14 @@ function chart(app, onRange) {
     t.textContent = bytes(b);
     s.append(t);
   }
-  for (let i = 0; i <= 5; i++) {
-    const t = svg('text', { x: x((end * i) / 5) - 10, y: H - 6 });
-    t.textContent = secs((end * i) / 5);
+  const ticks = timeTicks(end);
+  ticks.forEach(([at, label], i) => {
+    // The last label ends at its tick, so that it is not cut at the edge.
+    const anchor = i === 0 ? 'start' : x(at) > W - 40 ? 'end' : 'middle';
+    const t = svg('text', { x: x(at), y: H - 6, 'text-anchor': anchor });
+    t.textContent = label;
     s.append(t);
-  }
+  });
   const line = (k) => pts.map((p) => `${x(p[0]).toFixed(1)},${y(p[k]).toFixed(1)}`).join(' ');
   if (pts.length) {
     const area = `${x(pts[0][0])},${y(0)} ${line(2)} ${x(pts[pts.length - 1][0])},${y(0)}`;
@@ -342,6 +377,16 @@ function leaks(app) {
   const title = scanned ? 'Leaks, by backtrace' : 'Not freed, by backtrace';
   sec.append(el('h2', { text: `${title} (${num(D.leaks_total)})` }));
   if (D.leaks.length < D.leaks_total) sec.append(el('p', { class: 'muted', text: `The first ${num(D.leaks.length)} are shown; the JSON report has all.` }));
+  if (!D.leaks_total) {
+    // Said as the text report says it, rather than an empty table.
+    const s = R.summary;
+    const why = s.leaked_blocks === 0 ? 'No block was left: every block mtrace saw allocated was freed.'
+      : scanned ? 'No leaks: every block not freed is still reachable, or a mapping the program made; the flamegraph "Not freed at the end" shows them (mtrace report --show-reachable lists them).'
+      : 'Nothing to list.';
+    sec.append(el('p', { class: 'muted', id: 'no-leaks', text: why }));
+    app.append(sec);
+    return;
+  }
   const cols = [
     ['bytes', (e) => e.bytes, true],
     ['blocks', (e) => e.blocks, true],
@@ -408,6 +453,11 @@ function sections(app) {
   const entries = (id, title, list, what, withBytes = true) => {
     const sec = el('section', { id });
     sec.append(el('h2', { text: title }));
+    if (!list.length) {
+      sec.append(el('p', { class: 'muted', text: 'None.' }));
+      app.append(sec);
+      return;
+    }
     const t = el('table');
     t.append(el('tr', {}, el('th', { class: 'num', text: what }), withBytes ? el('th', { class: 'num', text: 'bytes' }) : null, el('th', { text: 'where' })));
     for (const e of list) {
@@ -425,7 +475,7 @@ function sections(app) {
   sec.append(el('h2', { text: 'Allocation sizes' }));
   const t = el('table');
   const most = Math.max(1, ...x.histogram.map((b) => b.calls));
-  t.append(el('tr', {}, el('th', { text: 'size' }), el('th', { class: 'num', text: 'calls' }), el('th', { class: 'num', text: 'bytes' }), el('th', {})));
+  t.append(el('tr', {}, el('th', { text: 'size' }), el('th', { class: 'num', text: 'calls' }), el('th', { class: 'num', text: 'bytes' }), el('th', { text: 'calls, against the most' })));
   for (const b of x.histogram) {
     const bar = el('span', { class: 'bar' });
     bar.style.width = (200 * b.calls) / most + 'px';
@@ -478,7 +528,7 @@ function main() {
   status.dataset.leakRows = String(document.querySelectorAll('#leak-table tr').length - 1);
   // From the start of the page's load to drawn, ms.
   status.dataset.ms = String(Math.round(performance.now()));
-  status.textContent = ok ? 'drawn' : 'not everything could be drawn';
+  status.textContent = ok ? `Page drawn in ${num(Math.round(performance.now()))} ms.` : 'Not everything could be drawn (see the errors above).';
   app.append(status);
 }
 
