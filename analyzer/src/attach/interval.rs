@@ -1,7 +1,9 @@
 //! `mtrace attach --interval D`: memleax's and bcc memleak's view while
 //! the process runs. Every D, the backtraces whose blocks have stayed live
 //! longer than `--older-than` (default D), most bytes first: a leak that
-//! grows shows up there interval after interval.
+//! grows shows up there interval after interval. The views read books
+//! that follow the stream as it comes (`crate::input::live`): an interval
+//! costs what came in it, never a reading of the trace from its start.
 
 use std::io::Write;
 use std::path::Path;
@@ -11,34 +13,26 @@ use rustc_hash::FxHashMap as HashMap;
 
 use crate::output::words::{frame_line, plural};
 use crate::symbolize::Symbolizer;
+use crate::trace::Trace;
 
 /// Backtraces listed per interval.
 const TOP: usize = 10;
 /// Frames shown per backtrace.
 const FRAMES: usize = 4;
 
-/// Writes the pprof heap profile of the trace saved so far at `trace` to
-/// `dir`, as `PROG.PID.SEQ.pb.gz`; returns its path.
-pub fn pprof(
-    trace: &Path,
-    sym: &mut Symbolizer,
-    depth: Option<usize>,
-    dir: &Path,
-    seq: u64,
-) -> Result<std::path::PathBuf> {
-    let t = crate::input::load(trace)?;
+/// Writes the pprof heap profile of the books `t` so far to `dir`, as
+/// `PROG.PID.SEQ.pb.gz`; returns its path.
+pub fn pprof(t: &Trace, sym: &mut Symbolizer, depth: Option<usize>, dir: &Path, seq: u64) -> Result<std::path::PathBuf> {
     let prog = Path::new(&t.header.exe).file_name().map_or("program".into(), |n| n.to_string_lossy());
     let path = dir.join(format!("{prog}.{}.{seq}.pb.gz", t.header.pid));
     let mut w = crate::output::open(Some(&path))?;
-    crate::output::pprof::write(&t, None, sym, depth, &mut w)?;
+    crate::output::pprof::write(t, None, sym, depth, &mut w)?;
     w.flush()?;
     Ok(path)
 }
 
-/// Writes one interval's view of the trace saved so far at `trace` (its
-/// last record may be cut short: what was read is used) to `out`.
-pub fn print(trace: &Path, sym: &mut Symbolizer, older_than_ns: u64, out: &mut dyn Write) -> Result<()> {
-    let t = crate::input::load(trace)?;
+/// Writes one interval's view of the books `t` so far to `out`.
+pub fn print(t: &Trace, sym: &mut Symbolizer, older_than_ns: u64, out: &mut dyn Write) -> Result<()> {
     let cutoff = t.last_time.saturating_sub(older_than_ns);
     let mut by_stack: HashMap<u32, (u64, u64)> = HashMap::default();
     for (_, b) in t.books.live_blocks().filter(|(_, b)| b.time < cutoff) {
@@ -65,7 +59,7 @@ pub fn print(trace: &Path, sym: &mut Symbolizer, older_than_ns: u64, out: &mut d
     )?;
     for (i, &(s, bytes, blocks)) in rows.iter().take(TOP).enumerate() {
         writeln!(out, "  #{}: {} in {}", i + 1, plural(bytes, "byte", "bytes"), plural(blocks, "block", "blocks"))?;
-        let frames = crate::report::stack_frames(&t, sym, s, None);
+        let frames = crate::report::stack_frames(t, sym, s, None);
         for (j, f) in frames.iter().take(FRAMES).enumerate() {
             writeln!(out, "  {}", frame_line(f, j == 0))?;
         }

@@ -192,6 +192,8 @@ fn watch(
     let mut next_view = a.interval.map(|ns| (Instant::now() + Duration::from_nanos(ns), ns));
     let mut sym = a.opts.symbolizer();
     let mut seq = 0;
+    // One follower for every view: the books grow with the stream.
+    let live = a.interval.map(|_| crate::input::live::LiveBooks::follow(trace));
     while !copier.is_finished() && !STOP.load(Ordering::Relaxed) && deadline.is_none_or(|d| Instant::now() < d) {
         std::thread::sleep(Duration::from_millis(20));
         if let Some((at, every)) = next_view.filter(|(at, _)| Instant::now() >= *at) {
@@ -201,14 +203,17 @@ fn watch(
                 std::thread::sleep(Duration::from_millis(30));
             }
             let older = a.opts.older_than.unwrap_or(every);
-            if let Err(e) = interval::print(trace, &mut sym, older, &mut std::io::stdout().lock()) {
-                eprintln!("mtrace: {e:#}");
-            }
-            if let Some(dir) = &a.pprof_dir {
-                seq += 1;
-                if let Err(e) = interval::pprof(trace, &mut sym, a.opts.depth, dir, seq) {
-                    eprintln!("mtrace: {e:#}");
+            let view = |st: &mut crate::input::live::State| -> Result<()> {
+                let t = st.trace.as_ref().expect("with() has the header");
+                interval::print(t, &mut sym, older, &mut std::io::stdout().lock())?;
+                if let Some(dir) = &a.pprof_dir {
+                    seq += 1;
+                    interval::pprof(t, &mut sym, a.opts.depth, dir, seq)?;
                 }
+                Ok(())
+            };
+            if let Some(Err(e) | Ok(Err(e))) = live.as_ref().map(|l| l.with(view)) {
+                eprintln!("mtrace: {e:#}");
             }
             next_view = Some((at + Duration::from_nanos(every), every));
         }
