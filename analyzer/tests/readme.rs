@@ -93,7 +93,8 @@ fn mask(line: &str) -> String {
         let pid =
             head.ends_with("pid ") || head.trim_start_matches(' ').trim_start_matches("─ ").is_empty() || head == "* ";
         // A process's leftovers in the tree vary with the shell's timing.
-        let left = line.contains(" calls, ") && (after.starts_with(" bytes in ") || after.starts_with(" blocks not freed"));
+        let left =
+            line.contains(" calls, ") && (after.starts_with(" bytes in ") || after.starts_with(" blocks not freed"));
         let counted = after.starts_with(" calls") || after.starts_with(" bytes read") || left;
         out.push_str(head);
         out.push_str(if hex || pid || counted { "…" } else { word });

@@ -99,6 +99,21 @@ fn signal_reports_show_growth_and_frees() {
         .unwrap();
     let text = String::from_utf8(out.stdout).unwrap();
     assert_eq!(entries(&text), entries(&logs[1]));
+    // And by time (--from/--to, issue 43): from report point 1's time to
+    // report point 2's, the same change.
+    let listed = Command::new(mtrace()).args(["report", "--markers", "--json"]).arg(&trace).output().unwrap();
+    let points: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let at =
+        |seq: u64| points.as_array().unwrap().iter().find(|p| p["seq"] == seq).unwrap()["time_ns"].as_u64().unwrap();
+    let (from, to) = (format!("{}ns", at(1)), format!("{}ns", at(2)));
+    let out = Command::new(mtrace()).args(["report", "--from", &from, "--to", &to]).arg(&trace).output().unwrap();
+    let by_time = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(entries(&by_time), entries(&logs[1]), "{by_time}");
+    assert!(by_time.contains("\n  live change:      +680 bytes in +5 blocks\n"), "{by_time}");
+    // A --from after the last event is refused, naming both times.
+    let out = Command::new(mtrace()).args(["report", "--from", "1h"]).arg(&trace).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--from 3600.000 s is after the trace's last event ("), "{err}");
     let listed = Command::new(mtrace()).args(["report", "--markers"]).arg(&trace).output().unwrap();
     let listed = String::from_utf8(listed.stdout).unwrap();
     assert_eq!(listed.lines().filter(|l| l.ends_with("signal")).count(), 3, "{listed}");

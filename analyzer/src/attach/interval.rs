@@ -22,7 +22,13 @@ const FRAMES: usize = 4;
 
 /// Writes the pprof heap profile of the books `t` so far to `dir`, as
 /// `PROG.PID.SEQ.pb.gz`; returns its path.
-pub fn pprof(t: &Trace, sym: &mut Symbolizer, depth: Option<usize>, dir: &Path, seq: u64) -> Result<std::path::PathBuf> {
+pub fn pprof(
+    t: &Trace,
+    sym: &mut Symbolizer,
+    depth: Option<usize>,
+    dir: &Path,
+    seq: u64,
+) -> Result<std::path::PathBuf> {
     let prog = Path::new(&t.header.exe).file_name().map_or("program".into(), |n| n.to_string_lossy());
     let path = dir.join(format!("{prog}.{}.{seq}.pb.gz", t.header.pid));
     let mut w = crate::output::open(Some(&path))?;

@@ -38,12 +38,38 @@ pub struct Keeper<'w> {
     regions: Vec<crate::trace::Region>,
     /// That snapshot's threads were stopped by signal, for this reason.
     stopped_by_signal: Option<String>,
+    /// An event at or after this time (ns) crosses an edge of the window's
+    /// time range ([`Keeper::cross`]); `u64::MAX`: none left.
+    edge: u64,
 }
 
 impl<'w> Keeper<'w> {
     /// A keeper of the records inside window `w`.
     pub fn new(w: &'w Window) -> Keeper<'w> {
-        Keeper { w, now: 0, regions: Vec::new(), stopped_by_signal: None }
+        let edge = w.from_ns.or(w.to_ns.map(|t| t.saturating_add(1))).unwrap_or(u64::MAX);
+        Keeper { w, now: 0, regions: Vec::new(), stopped_by_signal: None, edge }
+    }
+
+    /// An event at `time` (ns) reached [`Keeper::edge`]: at `--from`, the
+    /// live blocks before it become the baseline (as at a `--since-marker`);
+    /// past `--to`, reading stops before it (as at an `--until-marker`).
+    #[cold]
+    #[inline(never)]
+    fn cross(&mut self, t: &mut Trace, time: u64) -> Flow {
+        if self.w.from_ns.is_some_and(|f| time >= f) && t.baseline.is_none() {
+            t.books.settle();
+            t.baseline = Some(t.books.live_by_stack());
+        }
+        if let Some(to) = self.w.to_ns {
+            if time > to {
+                t.last_time = t.last_time.max(self.now);
+                t.reached_until = true;
+                self.edge = u64::MAX;
+                return Flow::Until;
+            }
+        }
+        self.edge = self.w.to_ns.map_or(u64::MAX, |t| t.saturating_add(1));
+        Flow::Go
     }
 
     /// Enters record `rec` of thread `tid` into `t`.
@@ -55,13 +81,18 @@ impl<'w> Keeper<'w> {
             Record::Free { time_ns, family, addr, stack, size, align } => {
                 self.free(t, tid, time_ns, family, addr, stack, (size, align))
             }
-            _ => return self.apply_other(t, tid, rec),
+            _ => self.apply_other(t, tid, rec),
         }
-        Flow::Go
     }
 
     /// [`Keeper::apply`] of a record that is neither an Alloc nor a Free.
     fn apply_other(&mut self, t: &mut Trace, tid: u32, rec: Record) -> Flow {
+        // (A watermark's time is no event's.)
+        if let Some(time) = rec.time_ns().filter(|&at| at >= self.edge && !matches!(rec, Record::Watermark { .. })) {
+            if self.cross(t, time) == Flow::Until {
+                return Flow::Until;
+            }
+        }
         t.records += 1;
         let now = &mut self.now;
         match rec {
@@ -267,7 +298,10 @@ impl<'w> Keeper<'w> {
         size: u64,
         stack: u32,
         align: u64,
-    ) {
+    ) -> Flow {
+        if time_ns >= self.edge && self.cross(t, time_ns) == Flow::Until {
+            return Flow::Until;
+        }
         t.records += 1;
         self.now = time_ns;
         let stack = t.stacks.canon(stack);
@@ -277,6 +311,7 @@ impl<'w> Keeper<'w> {
             t.stats.alloc(tid, addr, size, stack);
         }
         t.last_time = t.last_time.max(time_ns);
+        Flow::Go
     }
 
     /// [`Keeper::apply`] of a Free record (`told`: the size and alignment
@@ -292,7 +327,10 @@ impl<'w> Keeper<'w> {
         addr: u64,
         stack: u32,
         told: (u64, u64),
-    ) {
+    ) -> Flow {
+        if time_ns >= self.edge && self.cross(t, time_ns) == Flow::Until {
+            return Flow::Until;
+        }
         t.records += 1;
         self.now = time_ns;
         let stack = (stack != 0).then(|| t.stacks.canon(stack));
@@ -300,6 +338,7 @@ impl<'w> Keeper<'w> {
         t.books.dealloc(tid, addr, time_ns, Dealloc { family, stack, realloc: false, size, align });
         t.stats.free(tid, addr);
         t.last_time = t.last_time.max(time_ns);
+        Flow::Go
     }
 
     /// After the last record: drops an on-demand snapshot the window read
@@ -321,6 +360,14 @@ impl<'w> Keeper<'w> {
         }
         if let Some(m) = &self.w.until {
             anyhow::ensure!(t.reached_until, "{path}: no marker {:?} in the trace", m.0);
+        }
+        if let Some(f) = self.w.from_ns {
+            anyhow::ensure!(
+                t.baseline.is_some(),
+                "{path}: --from {:.3} s is after the trace's last event ({:.3} s)",
+                f as f64 / 1e9,
+                t.last_time as f64 / 1e9
+            );
         }
         Ok(())
     }

@@ -219,7 +219,7 @@ fn follow(path: &Path, sh: &Arc<Shared>) {
     let Ok(header) = r.header() else { return };
     let mut merge = crate::order::Merge::new(header.version);
     sh.lock().trace = Some(Trace::new(path, header));
-    static EVERYTHING: Window = Window { since: None, until: None, lifetimes: false };
+    static EVERYTHING: Window = Window { since: None, until: None, from_ns: None, to_ns: None, lifetimes: false };
     let mut keeper = Keeper::new(&EVERYTHING);
     let mut ready = Vec::new();
     loop {

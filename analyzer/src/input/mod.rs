@@ -127,12 +127,10 @@ pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Re
                 // (a fifth of this loop's time on python3's trace).
                 let flow = match item {
                     Ok((tid, Record::Alloc { time_ns, family, addr, size, stack, align })) => {
-                        keeper.alloc(&mut t, *tid, *time_ns, *family, *addr, *size, *stack, *align);
-                        Flow::Go
+                        keeper.alloc(&mut t, *tid, *time_ns, *family, *addr, *size, *stack, *align)
                     }
                     Ok((tid, Record::Free { time_ns, family, addr, stack, size, align })) => {
-                        keeper.free(&mut t, *tid, *time_ns, *family, *addr, *stack, (*size, *align));
-                        Flow::Go
+                        keeper.free(&mut t, *tid, *time_ns, *family, *addr, *stack, (*size, *align))
                     }
                     Ok((tid, rec)) => keeper.apply(&mut t, *tid, std::mem::replace(rec, PLACEHOLDER)),
                     Err(_) => {

@@ -164,10 +164,13 @@ fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         plural(s.peak_blocks, "block", "blocks"),
         secs(s.peak_time_ns)
     )?;
-    let delta = s.since_marker.is_some();
-    if let Some(m) = &s.since_marker {
-        let until = s.until_marker.as_deref().map_or_else(|| "the end".to_owned(), |u| format!("marker {u}"));
-        writeln!(w, "  change:           since marker {m} until {until}")?;
+    let delta = s.is_change();
+    let since = s.since_marker.as_ref().map(|m| format!("marker {m}")).or(s.from_ns.map(secs));
+    if let Some(since) = since {
+        let until = s.until_marker.as_ref().map(|u| format!("marker {u}")).or(s.to_ns.map(secs));
+        writeln!(w, "  change:           since {since} until {}", until.as_deref().unwrap_or("the end"))?;
+    } else if let Some(to) = s.to_ns {
+        writeln!(w, "  read:             until {}", secs(to))?;
     }
     let what = if delta { "  live change:      " } else { "  not freed:        " };
     writeln!(
@@ -190,7 +193,7 @@ fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     match (&s.error, &s.ended_by) {
         (Some(e), _) => writeln!(w, "  WARNING: {e}; the report covers what was read before it")?,
         // Stopped at --until-marker, before any end.
-        (None, None) if s.until_marker.is_some() => {}
+        (None, None) if s.until_marker.is_some() || s.to_ns.is_some() => {}
         (None, None) => writeln!(
             w,
             "  WARNING: the trace has no end record (the process was killed?); the report covers what was written"
@@ -217,7 +220,7 @@ pub fn write_entries_only(r: &Report, w: &mut dyn Write) -> io::Result<()> {
 
 /// The line before the entries: what they are, or that there are none.
 fn write_heading(r: &Report, w: &mut dyn Write) -> io::Result<()> {
-    let delta = r.summary.since_marker.is_some();
+    let delta = r.summary.is_change();
     if r.stacks.is_empty() {
         let reachable = r.kinds.as_ref().map_or(0, |k| k.reachable.blocks as i64);
         let lost = r.kinds.as_ref().map_or(0, |k| k.definite.blocks + k.indirect.blocks + k.possible.blocks);
@@ -381,7 +384,7 @@ fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         write_heading(r, w)?;
         write_suppressed(r, w)?;
     }
-    let delta = r.summary.since_marker.is_some();
+    let delta = r.summary.is_change();
     for (i, e) in r.stacks.iter().enumerate() {
         if let Some(kind) = e.kind {
             let bytes = match (kind, e.indirect_bytes) {

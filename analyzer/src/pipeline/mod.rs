@@ -52,6 +52,15 @@ pub struct ReportOpts {
     /// Stop at this marker (a report number, or a marker's name).
     #[arg(long, value_name = "MARKER")]
     pub until_marker: Option<String>,
+    /// Report the change in live blocks since TIME after the trace's start
+    /// (seconds, or with a unit: 90, 1.5m, 250ms), as --since-marker does
+    /// at a marker.
+    #[arg(long, value_name = "TIME", value_parser = report::parse_duration, conflicts_with = "since_marker")]
+    pub from: Option<u64>,
+    /// Stop reading at TIME after the trace's start (as --from), as
+    /// --until-marker does at a marker.
+    #[arg(long, value_name = "TIME", value_parser = report::parse_duration, conflicts_with = "until_marker")]
+    pub to: Option<u64>,
     /// Also show RSS and live heap over time (sampled every 10 ms).
     #[arg(long)]
     pub timeline: bool,
@@ -133,6 +142,8 @@ impl ReportOpts {
         Window {
             since: self.since_marker.clone().map(MarkerSel),
             until: self.until_marker.clone().map(MarkerSel),
+            from_ns: self.from,
+            to_ns: self.to,
             lifetimes: self.html.is_some(),
         }
     }
@@ -204,6 +215,7 @@ impl ReportOpts {
         }
         r.summary.since_marker = self.since_marker.clone();
         r.summary.until_marker = self.until_marker.clone();
+        (r.summary.from_ns, r.summary.to_ns) = (self.from, self.to);
         r.text_sections = self.sections;
         r.text_callers = self.num_callers;
         if self.timeline {
@@ -213,7 +225,7 @@ impl ReportOpts {
             r.intervals = Some(report::intervals::build(t, sym, d, self.depth));
         }
         // Whole-run sections, not for a window (and so not in .memlog reports).
-        if self.since_marker.is_none() && self.until_marker.is_none() {
+        if self.since_marker.is_none() && self.until_marker.is_none() && self.from.is_none() && self.to.is_none() {
             let at_peak = t.books.live_at_peak();
             let inp = report::sections::Inputs { at_peak: &at_peak, older_than_ns: self.older_than, depth: self.depth };
             r.sections = Some(report::sections::build(t, sym, &inp));

@@ -130,6 +130,13 @@ pub struct Summary {
     pub since_marker: Option<String>,
     /// ... up to this one (else to the end of the trace).
     pub until_marker: Option<String>,
+    /// The report is the change since this time (`--from`, ns since the
+    /// start) ...
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_ns: Option<u64>,
+    /// ... up to this time (`--to`, ns).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to_ns: Option<u64>,
     /// The trace was sampled (`--sample-rate`): one allocation recorded
     /// per this many bytes allocated, on average. Every byte and block
     /// count of the report is then an unbiased estimate
@@ -545,6 +552,8 @@ pub fn build_view(
             unknown_munmaps: t.books.unknown_munmaps,
             since_marker: None,
             until_marker: None,
+            from_ns: None,
+            to_ns: None,
             sample_rate: (t.books.sample_rate != 0).then_some(t.books.sample_rate),
         },
         errors,
@@ -562,6 +571,14 @@ pub fn build_view(
         suppressed: None,
         scan: kinds.and(crate::scan::info(t)),
         kinds,
+    }
+}
+
+impl Summary {
+    /// The report is a change since a point (`--since-marker`, `--from`),
+    /// not the state at the end.
+    pub fn is_change(&self) -> bool {
+        self.since_marker.is_some() || self.from_ns.is_some()
     }
 }
 

@@ -49,6 +49,11 @@ pub struct Window {
     pub since: Option<MarkerSel>,
     /// Stop reading at this marker.
     pub until: Option<MarkerSel>,
+    /// Report the change since this time (ns since the start): the live
+    /// blocks before the first event at or after it are the baseline.
+    pub from_ns: Option<u64>,
+    /// Stop reading before the first event after this time (ns).
+    pub to_ns: Option<u64>,
     /// Also keep when each backtrace's blocks lived ([`crate::books::lifetimes`]).
     pub lifetimes: bool,
 }
