@@ -59,17 +59,20 @@ fn folded_stacks_and_flamegraphs_of_each_cost() {
     assert!(text.contains("Memory not freed") && text.contains("leak_pvalloc"), "{text}");
 }
 
+/// The trace of `prog args` kept in `dir/name`.
+fn kept_trace(dir: &std::path::Path, name: &str, prog: &std::path::Path, args: &[&str]) -> std::path::PathBuf {
+    let tdir = dir.join(name);
+    let _ = std::fs::remove_dir_all(&tdir);
+    run_json(dir, &["--trace-dir", tdir.to_str().unwrap()], prog, args);
+    traces(&tdir).pop().unwrap().0
+}
+
 #[test]
 fn diff_of_two_runs_by_backtrace() {
     let dir = scratch("diff");
     let prog = build("diff_leak.c", &dir.join("diff_leak"), &["-g", "-O0"]);
     let m = markers("diff_leak.c");
-    let trace_of = |name: &str, args: &[&str]| {
-        let tdir = dir.join(name);
-        let _ = std::fs::remove_dir_all(&tdir);
-        run_json(&dir, &["--trace-dir", tdir.to_str().unwrap()], &prog, args);
-        traces(&tdir).pop().unwrap().0
-    };
+    let trace_of = |name: &str, args: &[&str]| kept_trace(&dir, name, &prog, args);
     let (old, new) = (trace_of("old", &[]), trace_of("new", &["5"]));
     let out = Command::new(mtrace()).arg("diff").arg(&old).arg(&new).arg("--json").output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -112,12 +115,7 @@ fn a_program_rebuilt_since_its_trace_is_said_and_found_with_binpath() {
     let dir = scratch("rebuilt");
     let prog = dir.join("diff_leak");
     let m = markers("diff_leak.c");
-    let trace_of = |name: &str, args: &[&str]| {
-        let tdir = dir.join(name);
-        let _ = std::fs::remove_dir_all(&tdir);
-        run_json(&dir, &["--trace-dir", tdir.to_str().unwrap()], &prog, args);
-        traces(&tdir).pop().unwrap().0
-    };
+    let trace_of = |name: &str, args: &[&str]| kept_trace(&dir, name, &prog, args);
     build("diff_leak.c", &prog, &["-g", "-O0"]);
     let old = trace_of("old", &[]);
     std::fs::create_dir_all(dir.join("kept")).unwrap();
