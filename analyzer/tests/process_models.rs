@@ -33,8 +33,10 @@ fn a_process_with_one_thread_has_no_thread_of_ours_until_it_starts_one() {
     assert_eq!(traced, format!("threads: 1\n{}\nthreads: 3\n", lines[1]), "natively:\n{natively}");
     let m = markers("one_thread.c");
     let kinds = |k: &str| (r["kinds"][k]["bytes"].as_u64().unwrap(), r["kinds"][k]["blocks"].as_u64().unwrap());
-    assert_eq!(kinds("definite"), (16, 1));
-    assert_eq!(kinds("reachable"), ((101..200).sum::<u64>(), 99));
+    // (Failed once in CI with definite (0, 0), not reproduced in 200
+    // runs here: the whole report says where the thread's block went.)
+    assert_eq!(kinds("definite"), (16, 1), "{r:#}");
+    assert_eq!(kinds("reachable"), ((101..200).sum::<u64>(), 99), "{r:#}");
     assert_eq!(leaks_in(&r, "one_thread.c"), vec![leak(16, 1, "malloc", "run", m["thread"])]);
     assert_eq!(r["summary"]["allocations"], 105, "{}", r["summary"]);
 }
