@@ -11,7 +11,7 @@
 //! lookup itself. Here the bucket is a computable position
 //! ([`Table::prefetch_index`]), and once the index's line is in the cache
 //! the slot's lines can be fetched too ([`Table::prefetch_slot`]). Growing
-//! the index moves 16-byte entries; the slab grows by `realloc`, which for
+//! the index writes 8-byte entries; the slab grows by `realloc`, which for
 //! a large block is `mremap` (no copy).
 
 use super::hint::prefetch;
