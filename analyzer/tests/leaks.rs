@@ -4,21 +4,6 @@
 mod common;
 use common::*;
 
-/// The text report of `mtrace run extra… -o dir/r.txt -- prog`.
-fn run_text(dir: &std::path::Path, extra: &[&str], prog: &std::path::Path) -> String {
-    let out = std::process::Command::new(mtrace())
-        .arg("run")
-        .args(extra)
-        .arg("-o")
-        .arg(dir.join("r.txt"))
-        .arg("--")
-        .arg(prog)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    std::fs::read_to_string(dir.join("r.txt")).unwrap()
-}
-
 #[test]
 fn every_c_allocation_function() {
     let dir = scratch("families");
@@ -137,7 +122,7 @@ fn mmap_partial_munmap_and_mremap() {
     let k = &r["kinds"];
     assert_eq!((k["mappings"]["bytes"].as_u64(), k["mappings"]["blocks"].as_u64()), (Some(7 * 4096), Some(3)), "{k}");
     assert_eq!(k["definite"]["blocks"], 0, "{k}");
-    let text = run_text(&dir, &[], &prog);
+    let text = run_text(&dir, &[], &prog, &[]);
     assert!(
         text.contains("\n  not classified: 28,672 bytes in 3 mappings the program made (mmap; roots of the scan, "),
         "{text}"
@@ -364,7 +349,7 @@ fn sort_stacks_is_every_backtrace_by_allocation_calls() {
         ];
         assert_eq!(got, want, "{extra:?}");
     }
-    let text = run_text(&dir, &["--sort", "stacks"], &prog);
+    let text = run_text(&dir, &["--sort", "stacks"], &prog, &[]);
     let entries: Vec<&str> = text.lines().filter(|l| l.starts_with('#')).collect();
     assert!(text.contains("\nEvery backtrace that allocated, by allocation calls ("), "{text}");
     assert_eq!(entries[0], "#1: every block freed (malloc), 3,000 allocations from this backtrace", "{text}");

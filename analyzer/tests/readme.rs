@@ -241,10 +241,7 @@ fn a_plain_preload_then_report() {
 /// A kept trace of phases.c (markers one, two, three, end) in `dir`.
 fn phases_trace(dir: &Path) -> PathBuf {
     let prog = build("phases.c", &dir.join("phases"), &["-g", "-O0"]);
-    let t = dir.join("t");
-    let _ = std::fs::remove_dir_all(&t);
-    run_json(dir, &["--trace-dir", t.to_str().unwrap()], &prog, &[]);
-    traces(&t).pop().unwrap().0
+    kept_trace(dir, "t", &prog, &[])
 }
 
 #[test]
@@ -290,10 +287,7 @@ fn flamegraphs_pprof_and_markers() {
     // "later"). The third line names a marker of the reader's program
     // ("warm"): steady.c's "first".
     let prog = build("steady.c", &dir.join("steady"), &["-g", "-O0"]);
-    let t = dir.join("steady-t");
-    let _ = std::fs::remove_dir_all(&t);
-    run_json(&dir, &["--trace-dir", t.to_str().unwrap()], &prog, &["api"]);
-    let trace = traces(&t).pop().unwrap().0;
+    let trace = kept_trace(&dir, "steady-t", &prog, &["api"]);
     let with_trace = |l: &str| l.replace("TRACE", trace.to_str().unwrap());
     let text = &block(&all, "mtrace report --markers TRACE").text;
     let lines: Vec<&str> = text.lines().collect();

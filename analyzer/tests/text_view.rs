@@ -5,26 +5,12 @@
 mod common;
 use common::*;
 
-use std::process::Command;
-
 /// `mtrace run extra -- prog args`: its text report.
 fn text(extra: &[&str], prog: &str, args: &[&str]) -> String {
     static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = scratch(&format!("text-view-{n}"));
-    let report = dir.join("report.txt");
-    let out = Command::new(mtrace())
-        .current_dir(&dir)
-        .args(["run", "-o"])
-        .arg(&report)
-        .args(extra)
-        .arg("--")
-        .arg(prog)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    std::fs::read_to_string(&report).unwrap()
+    run_text(&dir, extra, std::path::Path::new(prog), args)
 }
 
 /// The entries' headlines ("#N: …").

@@ -59,14 +59,6 @@ fn folded_stacks_and_flamegraphs_of_each_cost() {
     assert!(text.contains("Memory not freed") && text.contains("leak_pvalloc"), "{text}");
 }
 
-/// The trace of `prog args` kept in `dir/name`.
-fn kept_trace(dir: &std::path::Path, name: &str, prog: &std::path::Path, args: &[&str]) -> std::path::PathBuf {
-    let tdir = dir.join(name);
-    let _ = std::fs::remove_dir_all(&tdir);
-    run_json(dir, &["--trace-dir", tdir.to_str().unwrap()], prog, args);
-    traces(&tdir).pop().unwrap().0
-}
-
 #[test]
 fn diff_of_two_runs_by_backtrace() {
     let dir = scratch("diff");

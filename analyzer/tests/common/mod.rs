@@ -98,6 +98,33 @@ pub fn run_json(dir: &Path, extra: &[&str], prog: &Path, args: &[&str]) -> (Valu
     run_json_env(dir, &[], extra, prog, args)
 }
 
+/// The trace of `mtrace run -- prog args` kept in `dir/name` (emptied first).
+pub fn kept_trace(dir: &Path, name: &str, prog: &Path, args: &[&str]) -> PathBuf {
+    let tdir = dir.join(name);
+    let _ = std::fs::remove_dir_all(&tdir);
+    run_json(dir, &["--trace-dir", tdir.to_str().unwrap()], prog, args);
+    traces(&tdir).pop().unwrap().0
+}
+
+/// The text report of `mtrace run extra… -o dir/report.txt -- prog args`
+/// run in `dir`, which must succeed.
+pub fn run_text(dir: &Path, extra: &[&str], prog: &Path, args: &[&str]) -> String {
+    let report = dir.join("report.txt");
+    let out = Command::new(mtrace())
+        .current_dir(dir)
+        .arg("run")
+        .args(extra)
+        .arg("-o")
+        .arg(&report)
+        .arg("--")
+        .arg(prog)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::read_to_string(&report).unwrap()
+}
+
 /// [`run_json`] with extra environment variables for mtrace and the program.
 /// Without `--scan` or `--error-exitcode` in `extra`, the run has no leak
 /// scan (`--no-scan`): the report lists every block not freed.
