@@ -13,6 +13,7 @@
 //! console) live in the binary.
 
 pub mod books;
+pub mod bounded;
 pub mod input;
 pub mod order;
 pub mod output;

@@ -9,7 +9,7 @@ mod run;
 
 pub use pipeline::ReportOpts;
 
-use mtrace_analyzer::{books, input, output, pipeline, report, scan, symbolize, trace};
+use mtrace_analyzer::{books, bounded, input, output, pipeline, report, scan, symbolize, trace};
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

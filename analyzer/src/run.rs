@@ -27,6 +27,12 @@ pub struct RunArgs {
     /// Keep the trace files (in --trace-dir, or the temporary folder).
     #[arg(long)]
     keep_traces: bool,
+    /// Keep each process's trace within SIZE bytes (K, M, G suffixes:
+    /// powers of 1024; at least 1M): mtrace writes it with checkpoints
+    /// and drops its oldest part, so a run of any length still reports
+    /// every block live at its end (docs/FORMAT.md, "Checkpoint").
+    #[arg(long, value_name = "SIZE", value_parser = crate::relay::server::parse_size, conflicts_with = "interactive")]
+    max_trace_size: Option<u64>,
     /// After the program's report, report each other process it ran (its
     /// children, their children…) in full, in the order of the process
     /// tree the report starts with (text only).
@@ -173,6 +179,15 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         _ => lib.display().to_string(),
     };
     rec.output = Some(dir.join("%e.%p.mtrace").display().to_string());
+    let keepers = match a.max_trace_size {
+        Some(max) if max < crate::bounded::MIN_BOUND => bail!("--max-trace-size {max}: at least 1M"),
+        Some(max) => {
+            let (k, addr) = crate::bounded::Keepers::start(&dir, max)?;
+            rec.output = Some(addr);
+            Some(k)
+        }
+        None => None,
+    };
     a.at_exit.apply(&mut rec);
     let mut cmd = Command::new(&a.command[0]);
     cmd.args(&a.command[1..]).env("LD_PRELOAD", preload);
@@ -205,6 +220,19 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         (child.id(), status)
     };
 
+    if let Some(k) = keepers {
+        // A process that outlives the program keeps its stream open: it
+        // is reported as far as it got.
+        for kept in k.finish(std::time::Duration::from_secs(5)) {
+            match kept {
+                Ok(k) if k.error.is_some() => {
+                    eprintln!("mtrace: {}: {}", k.path.display(), k.error.unwrap_or_default())
+                }
+                Ok(_) => {}
+                Err(e) => eprintln!("mtrace: {e:#}"),
+            }
+        }
+    }
     let show_paths = a.keep_traces || a.trace_dir.is_some();
     let how = Reporting { kept: show_paths, children: a.children, main_trace: None };
     let r = crate::pipeline::report_processes(&dir, pid, &a.opts, how, &mut *out)?;

@@ -13,6 +13,8 @@ use crate::{MAGIC, VERSION};
 const MAX_STRING: u64 = 1 << 20;
 const MAX_FRAMES: u64 = 4096;
 const MAX_LIST: u64 = 1 << 20;
+/// Most backtraces a checkpoint's end may list.
+const MAX_STACK_SUMS: u64 = 1 << 26;
 /// Largest compressed block, either size: [`crate::MAX_BLOCK_RAW`] (zstd's
 /// compressed bound of that is a little more; an incompressible block is
 /// stored as it is, not in a block).
@@ -532,6 +534,30 @@ impl<R: Read> Reader<R> {
             tag::EXEC => Record::Exec { time_ns: self.time()?, path: self.string()? },
             tag::SPAWNED => Record::Spawned { time_ns: self.time()?, pid: self.u32("pid")?, path: self.string()? },
             tag::SAMPLING => Record::Sampling { time_ns: self.time()?, rate: self.varint()? },
+            tag::CHECKPOINT => {
+                let time_ns = self.varint()? << self.time_shift;
+                let n = self.len(MAX_LIST, "checkpoint totals")?;
+                let mut totals = Vec::with_capacity(n.min(256));
+                for _ in 0..n {
+                    totals.push((self.string()?, self.varint()?));
+                }
+                Record::Checkpoint { time_ns, totals }
+            }
+            tag::CHECKPOINT_END => {
+                let time_ns = self.varint()? << self.time_shift;
+                let n = self.len(MAX_STACK_SUMS, "checkpoint backtrace totals")?;
+                let mut stacks = Vec::with_capacity(n.min(4096));
+                for _ in 0..n {
+                    stacks.push(crate::StackSum {
+                        id: self.u32("stack id")?,
+                        allocations: self.varint()?,
+                        bytes: self.varint()?,
+                        peak_bytes: self.varint()?,
+                        peak_blocks: self.varint()?,
+                    });
+                }
+                Record::CheckpointEnd { time_ns, stacks }
+            }
             tag::WATERMARK => Record::Watermark { time_ns: self.varint()? << self.time_shift },
             tag::SAMPLE => Record::Sample { time_ns: self.time()?, rss: self.varint()? },
             tag::MARKER => Record::Marker { time_ns: self.time()?, seq: self.varint()?, name: self.string()? },

@@ -68,6 +68,15 @@ fn sample() -> (Vec<u8>, Vec<Record>) {
         Record::Watermark { time_ns: 2400 << 6 },
         Record::Exec { time_ns: 2493 << 6, path: "sh".into() },
         Record::Spawned { time_ns: 2494 << 6, pid: 4321, path: "/bin/busybox".into() },
+        // Absolute times, like the watermark's.
+        Record::Checkpoint {
+            time_ns: 2495 << 6,
+            totals: vec![("allocations".into(), 9), ("peak_bytes".into(), 1 << 40)],
+        },
+        Record::CheckpointEnd {
+            time_ns: 2495 << 6,
+            stacks: vec![crate::StackSum { id: 1, allocations: 3, bytes: 72, peak_bytes: 48, peak_blocks: 1 }],
+        },
         Record::End { time_ns: 2500 << 6, reason: EndReason::Signal(11) },
     ];
     let mut out = Vec::new();

@@ -334,6 +334,25 @@ impl Encoder {
                 put_varint(out, pid as u64);
                 put_bytes(out, path.as_bytes());
             }
+            Record::Checkpoint { time_ns, ref totals } => {
+                out.push(tag::CHECKPOINT);
+                put_varint(out, time_ns >> TIME_SHIFT);
+                put_varint(out, totals.len() as u64);
+                for (name, v) in totals {
+                    put_bytes(out, name.as_bytes());
+                    put_varint(out, *v);
+                }
+            }
+            Record::CheckpointEnd { time_ns, ref stacks } => {
+                out.push(tag::CHECKPOINT_END);
+                put_varint(out, time_ns >> TIME_SHIFT);
+                put_varint(out, stacks.len() as u64);
+                for s in stacks {
+                    for v in [s.id as u64, s.allocations, s.bytes, s.peak_bytes, s.peak_blocks] {
+                        put_varint(out, v);
+                    }
+                }
+            }
             Record::Watermark { time_ns } => {
                 out.push(tag::WATERMARK);
                 put_varint(out, time_ns >> TIME_SHIFT);

@@ -25,7 +25,7 @@ mod varint;
 
 pub use decode::{ReadError, ReadErrorKind, Reader};
 pub use encode::{compressed_header, encode_compressed, encode_header, Encoder};
-pub use record::{region_kind, EndReason, Family, Header, Module, Patch, Record, Segment};
+pub use record::{region_kind, EndReason, Family, Header, Module, Patch, Record, Segment, StackSum};
 pub use varint::{put_varint, put_varint_at, unzigzag, zigzag};
 
 /// First 8 bytes of every stream: `MTRACE`, a NUL, and 0x1a (the byte that
@@ -33,7 +33,7 @@ pub use varint::{put_varint, put_varint_at, unzigzag, zigzag};
 pub const MAGIC: [u8; 8] = *b"MTRACE\0\x1a";
 
 /// Format version written in the header. Readers reject newer versions.
-pub const VERSION: u64 = 12;
+pub const VERSION: u64 = 13;
 
 /// Writers of this version record times in units of 2^TIME_SHIFT ns (64
 /// ns; the header says which unit a stream uses). Finer than anything a

@@ -331,6 +331,36 @@ pub enum Record {
     /// the hooks; an exec in a `vfork` child): its own stream follows where
     /// it could be traced, else this is all of it. Since version 12.
     Spawned { time_ns: u64, pid: u32, path: String },
+    /// A checkpoint begins: the records up to the next
+    /// [`Record::CheckpointEnd`] restate the books at `time_ns` (absolute,
+    /// like a watermark's: it belongs to no thread) — every module, backtrace,
+    /// pool name and setting seen, then every block live then as an Alloc,
+    /// Mmap or PoolAlloc record at its own allocation time. `totals`: the
+    /// books' counters then, by name (`allocations`, `frees`, `peak_bytes`
+    /// …: docs/FORMAT.md). Written by a consumer that bounds its trace
+    /// (`mtrace run --max-trace-size`), so that a trace cut before it still
+    /// reads whole from it. A reader that read the stream from its start
+    /// skips the section; one that starts at it loads the books from it.
+    /// Since version 13.
+    Checkpoint { time_ns: u64, totals: Vec<(String, u64)> },
+    /// The end of a checkpoint's section: what each backtrace allocated
+    /// over the run up to it, and held live at the peak. Since version 13.
+    CheckpointEnd { time_ns: u64, stacks: Vec<StackSum> },
+}
+
+/// One backtrace's books at a checkpoint ([`Record::CheckpointEnd`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackSum {
+    /// Its stream id (one of those defined in the checkpoint).
+    pub id: u32,
+    /// Allocation calls from it since the start.
+    pub allocations: u64,
+    /// Bytes they requested.
+    pub bytes: u64,
+    /// Bytes it held live at the books' peak.
+    pub peak_bytes: u64,
+    /// Blocks it held live at the peak.
+    pub peak_blocks: u64,
 }
 
 /// What a producer hooked by patching in one module ([`Record::Patched`]).
@@ -368,7 +398,11 @@ impl Record {
             | Record::Patched { time_ns, .. }
             | Record::Exec { time_ns, .. }
             | Record::Spawned { time_ns, .. } => time_ns,
-            Record::Thread { .. } | Record::Stack { .. } | Record::PoolName { .. } => return None,
+            Record::Thread { .. }
+            | Record::Stack { .. }
+            | Record::PoolName { .. }
+            | Record::Checkpoint { .. }
+            | Record::CheckpointEnd { .. } => return None,
         })
     }
 }
@@ -434,6 +468,8 @@ pub(crate) mod tag {
     pub const FREE_SIZED: u8 = 25;
     pub const EXEC: u8 = 26;
     pub const SPAWNED: u8 = 27;
+    pub const CHECKPOINT: u8 = 28;
+    pub const CHECKPOINT_END: u8 = 29;
 }
 
 #[cfg(test)]

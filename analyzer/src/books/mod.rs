@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 
+mod checkpoint;
 mod heap;
 pub mod lifetimes;
 mod ties;
@@ -156,6 +157,9 @@ pub struct Books {
     /// Second frees of an address not called double frees, because
     /// [`Books::every_path_seen`] did not hold.
     pub frees_again: u64,
+    /// Wrong frees (double and invalid, mismatched) in the part of a
+    /// bounded trace its oldest checkpoint replaced: counted, not listed.
+    dropped_wrong: (u64, u64),
     /// When blocks were allocated and freed, per backtrace, if kept (the
     /// HTML report's time ranges).
     pub lifetimes: Option<Box<lifetimes::Lifetimes>>,
@@ -196,6 +200,7 @@ impl Default for Books {
             unknown_munmaps: 0,
             every_path_seen: true,
             frees_again: 0,
+            dropped_wrong: (0, 0),
             lifetimes: None,
             clock: 0,
             sample_rate: 0,

@@ -41,13 +41,65 @@ pub struct Keeper<'w> {
     /// An event at or after this time (ns) crosses an edge of the window's
     /// time range ([`Keeper::cross`]); `u64::MAX`: none left.
     edge: u64,
+    /// Inside the checkpoint a bounded trace starts with
+    /// ([`super::Route::Restore`]): its blocks are live ones, not
+    /// allocation calls, and the window's edges wait for its end.
+    restoring: bool,
 }
 
 impl<'w> Keeper<'w> {
     /// A keeper of the records inside window `w`.
     pub fn new(w: &'w Window) -> Keeper<'w> {
-        let edge = w.from_ns.or(w.to_ns.map(|t| t.saturating_add(1))).unwrap_or(u64::MAX);
-        Keeper { w, now: 0, regions: Vec::new(), stopped_by_signal: None, edge }
+        Keeper { w, now: 0, regions: Vec::new(), stopped_by_signal: None, edge: Self::first_edge(w), restoring: false }
+    }
+
+    /// The first time at which an event crosses an edge of window `w`.
+    fn first_edge(w: &Window) -> u64 {
+        w.from_ns.or(w.to_ns.map(|t| t.saturating_add(1))).unwrap_or(u64::MAX)
+    }
+
+    /// [`Keeper::apply_other`] of a record inside the checkpoint a bounded
+    /// trace starts with, where it differs: `None` when it does not.
+    #[cold]
+    fn restore(&mut self, t: &mut Trace, rec: Record) -> Option<Record> {
+        match rec {
+            Record::Alloc { time_ns, family, addr, size, stack, align } => {
+                let (stack, align) = (t.stacks.canon(stack), crate::books::wrong::align_code(align));
+                t.books.restore_block(addr, Block { size, stack, family, time: time_ns, align }, false);
+            }
+            Record::Mmap { time_ns, addr, len, stack, .. } => {
+                let stack = t.stacks.canon(stack);
+                t.books.restore_block(
+                    addr,
+                    Block { size: len, stack, family: Family::Mmap, time: time_ns, align: 0 },
+                    true,
+                );
+            }
+            Record::PoolAlloc { time_ns, pool, addr, size, stack } => {
+                let canon = t.stacks.canon(stack);
+                let stack = t.stacks.for_pool(canon, pool);
+                let b = Block { size, stack, family: Family::Pool, time: time_ns, align: 0 };
+                t.books.restore_block(pool_key(pool, addr), b, false);
+            }
+            // History: listed, never a window's edge.
+            Record::Marker { time_ns, seq, name } => {
+                t.attached |= seq == 0 && name == ATTACH_MARKER;
+                t.markers.push(MarkerSeen { seq, name, time_ns });
+            }
+            Record::CheckpointEnd { time_ns, stacks } => {
+                for s in stacks {
+                    let c = t.stacks.canon(s.id);
+                    let totals = crate::books::StackTotals { allocations: s.allocations, bytes: s.bytes };
+                    t.books.restore_stack(c, totals, (s.peak_bytes, s.peak_blocks));
+                }
+                self.restoring = false;
+                self.edge = Self::first_edge(self.w);
+                self.now = time_ns;
+                t.last_time = t.last_time.max(time_ns);
+            }
+            rec => return Some(rec),
+        }
+        None
     }
 
     /// An event at `time` (ns) reached [`Keeper::edge`]: at `--from`, the
@@ -94,8 +146,30 @@ impl<'w> Keeper<'w> {
             }
         }
         t.records += 1;
+        let rec = match self.restoring {
+            true => match self.restore(t, rec) {
+                Some(rec) => rec,
+                None => return Flow::Go,
+            },
+            false => rec,
+        };
         let now = &mut self.now;
         match rec {
+            Record::Checkpoint { time_ns, totals } => {
+                // Only one a stream starts with comes here (super::Sections).
+                for (name, v) in totals {
+                    if name == "records" {
+                        t.records = v;
+                    }
+                    t.books.restore_counter(&name, v);
+                }
+                *now = time_ns;
+                t.kept_from = Some(time_ns);
+                self.restoring = true;
+                self.edge = u64::MAX;
+            }
+            // One without its start (super::Sections skips it).
+            Record::CheckpointEnd { .. } => {}
             // Handed on ahead of the queued records (crate::order): its
             // time is not the books' now.
             Record::Thread { .. } => {}
@@ -299,6 +373,11 @@ impl<'w> Keeper<'w> {
         stack: u32,
         align: u64,
     ) -> Flow {
+        if self.restoring {
+            let rec = Record::Alloc { time_ns, family, addr, size, stack, align };
+            let _ = self.restore(t, rec);
+            return Flow::Go;
+        }
         if time_ns >= self.edge && self.cross(t, time_ns) == Flow::Until {
             return Flow::Until;
         }
@@ -360,6 +439,14 @@ impl<'w> Keeper<'w> {
         }
         if let Some(m) = &self.w.until {
             anyhow::ensure!(t.reached_until, "{path}: no marker {:?} in the trace", m.0);
+        }
+        if let (Some(f), Some(kept)) = (self.w.from_ns, t.kept_from) {
+            anyhow::ensure!(
+                f >= kept,
+                "{path}: --from {:.3} s is before the trace's start: it was kept from {:.3} s on (--max-trace-size)",
+                f as f64 / 1e9,
+                kept as f64 / 1e9
+            );
         }
         if let Some(f) = self.w.from_ns {
             anyhow::ensure!(

@@ -218,6 +218,7 @@ fn follow(path: &Path, sh: &Arc<Shared>) {
     let mut r = Reader::new(Follow { file, delivered: 0, shared: sh.clone() });
     let Ok(header) = r.header() else { return };
     let mut merge = crate::order::Merge::new(header.version);
+    let mut sections = super::Sections::default();
     sh.lock().trace = Some(Trace::new(path, header));
     static EVERYTHING: Window = Window { since: None, until: None, from_ns: None, to_ns: None, lifetimes: false };
     let mut keeper = Keeper::new(&EVERYTHING);
@@ -237,7 +238,11 @@ fn follow(path: &Path, sh: &Arc<Shared>) {
             }
         };
         if let Some(rec) = rec {
-            merge.push(r.tid(), rec, &mut |tid, rec| ready.push((tid, rec)));
+            match sections.route(&rec) {
+                super::Route::Merge => merge.push(r.tid(), rec, &mut |tid, rec| ready.push((tid, rec))),
+                super::Route::Restore => ready.push((r.tid(), rec)),
+                super::Route::Skip => {}
+            }
         }
         // After the End only frees in late destructors may come: the
         // books take everything now.

@@ -13,7 +13,9 @@ use crate::trace::{Trace, Window};
 pub mod glibc_log;
 mod keeper;
 pub mod live;
+mod sections;
 pub use keeper::{Flow, Keeper};
+pub use sections::{Route, Sections};
 
 /// The module list a trace starts with (empty when it cannot be read).
 pub fn first_modules(path: &Path) -> Vec<Module> {
@@ -42,6 +44,7 @@ const BATCH: usize = 4096;
 /// the error, then the error.
 fn decode_batches<R: std::io::Read>(mut r: Reader<R>, version: u64, tx: std::sync::mpsc::SyncSender<Vec<Decoded>>) {
     let mut merge = crate::order::Merge::new(version);
+    let mut sections = Sections::default();
     let mut batch = Vec::with_capacity(BATCH);
     // Full batches go at once, also in the middle of a watermark's
     // release; `gone`: the receiver is (a report that ended at a marker).
@@ -54,7 +57,11 @@ fn decode_batches<R: std::io::Read>(mut r: Reader<R>, version: u64, tx: std::syn
     };
     loop {
         match r.next_record() {
-            Ok(Some(rec)) => merge.push(r.tid(), rec, &mut |tid, rec| out(Ok((tid, rec)))),
+            Ok(Some(rec)) => match sections.route(&rec) {
+                Route::Merge => merge.push(r.tid(), rec, &mut |tid, rec| out(Ok((tid, rec)))),
+                Route::Restore => out(Ok((r.tid(), rec))),
+                Route::Skip => {}
+            },
             Ok(None) => break,
             Err(e) => {
                 merge.finish(&mut |tid, rec| out(Ok((tid, rec))));

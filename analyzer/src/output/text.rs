@@ -182,7 +182,16 @@ fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     )?;
     if s.bad_frees + s.mismatched_frees > 0 {
         let (bad, mis) = (thousands(s.bad_frees), thousands(s.mismatched_frees));
-        writeln!(w, "  wrong frees:      {bad} double or invalid, {mis} mismatched (below)")?;
+        let below = if s.kept_from_ns.is_some() { "those after the trace's start below" } else { "below" };
+        writeln!(w, "  wrong frees:      {bad} double or invalid, {mis} mismatched ({below})")?;
+    }
+    if let Some(from) = s.kept_from_ns {
+        writeln!(
+            w,
+            "  trace kept from:  {} (--max-trace-size dropped the events before; the totals, the peak and every \
+             block not freed are the whole run's)",
+            secs(from)
+        )?;
     }
     if s.unmatched_frees > 0 {
         writeln!(w, "  frees of blocks allocated before tracing: {}", thousands(s.unmatched_frees))?;

@@ -89,7 +89,7 @@ const MIN_SPOOL: u64 = 1 << 20;
 
 /// Parses `--spool-max`: bytes, or a number with K, M or G (powers of
 /// 1024; `mtrace_format::sampling::parse_bytes`), not 0.
-fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, String> {
     mtrace_format::sampling::parse_bytes(s)
         .filter(|&n| n > 0)
         .ok_or_else(|| format!("{s:?} is not a size (like 4096, 64K, 256M, 1G)"))

@@ -117,6 +117,13 @@ pub struct Summary {
     pub exec: Option<String>,
     /// Traced from an attach (`mtrace attach`): blocks from before it are unknown.
     pub attached: bool,
+    /// A bounded trace (`mtrace run --max-trace-size`) read from its
+    /// oldest checkpoint, of this time (ns since the start): the events
+    /// before it were dropped. Every block live at the end, the totals and
+    /// the peak are the whole run's; wrong frees before it are counted in
+    /// `bad_frees` and `mismatched_frees`, not listed in `errors`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_from_ns: Option<u64>,
     /// Frees of blocks allocated before tracing started (not wrong frees).
     pub unmatched_frees: u64,
     /// Double and invalid frees (the entries of `errors`).
@@ -514,6 +521,8 @@ pub fn build_view(
         .collect();
     let errors = errors::build(t, sym, sort, depth);
     let (bad_frees, mismatched_frees) = errors::counts(&errors);
+    let dropped = t.books.dropped_wrong_frees();
+    let (bad_frees, mismatched_frees) = (bad_frees + dropped.0, mismatched_frees + dropped.1);
     let found = allocators::survey(t, sym);
     let mut notices = allocators::notices(t, &found);
     notices.extend(sym.other_builds().iter().map(other_build_notice));
@@ -546,6 +555,7 @@ pub fn build_view(
             },
             exec: t.exec.clone().filter(|_| t.end == Some(mtrace_format::EndReason::Exec)),
             attached: t.attached,
+            kept_from_ns: t.kept_from,
             unmatched_frees: t.books.unmatched_frees(),
             bad_frees,
             mismatched_frees,

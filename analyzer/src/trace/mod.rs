@@ -137,6 +137,10 @@ pub struct Trace {
     /// ([`mtrace_format::Record::Spawned`]): (when, ns since the start;
     /// pid; what they were to run).
     pub spawned: Vec<(u64, u32, String)>,
+    /// The stream starts at a checkpoint of this time (ns since the
+    /// start): a bounded trace (`mtrace run --max-trace-size`) whose older
+    /// part was dropped; its books were restored from it.
+    pub kept_from: Option<u64>,
 }
 
 /// Name of the marker the preload writes after an on-demand leak scan.
@@ -172,6 +176,7 @@ impl Trace {
             patched: Vec::new(),
             exec: None,
             spawned: Vec::new(),
+            kept_from: None,
         }
     }
 }

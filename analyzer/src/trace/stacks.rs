@@ -74,6 +74,18 @@ impl Stacks {
         c
     }
 
+    /// Every stream id defined, with its canonical index (a checkpoint
+    /// defines them all again: later records use them).
+    pub fn ids(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        let dense = self.by_id.iter().enumerate().filter(|(_, &c)| c != 0).map(|(i, &c)| (i as u32, c - 1));
+        dense.chain(self.by_far_id.iter().map(|(&i, &c)| (i, c)))
+    }
+
+    /// The indices [`Stacks::for_pool`] made: ((canonical backtrace, pool), index).
+    pub fn pool_copies(&self) -> impl Iterator<Item = ((u32, u32), u32)> + '_ {
+        self.by_pool.iter().map(|(&k, &c)| (k, c))
+    }
+
     /// Canonical index of stream id `id`; an id never defined (its
     /// definition was lost) maps to an empty backtrace.
     #[inline]

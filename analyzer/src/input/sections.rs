@@ -1,0 +1,74 @@
+//! Which records of a stream go through the merge, and which skip it:
+//! a checkpoint's section ([`Record::Checkpoint`] up to its
+//! [`Record::CheckpointEnd`], docs/FORMAT.md) restates the books at a
+//! moment. A stream that starts with one (a bounded trace whose older
+//! part was dropped) is read from it: its records go straight to the books,
+//! ahead of everything (their times are the blocks' allocation times, out
+//! of order). Anywhere else the books already hold what it says, and it is
+//! skipped.
+
+use mtrace_format::Record;
+
+/// What the reader does with a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Into the merge, as every record of the stream.
+    Merge,
+    /// Straight to the books: a checkpoint the stream starts with.
+    Restore,
+    /// Nowhere: a checkpoint after the stream's start.
+    Skip,
+}
+
+/// The reader's place with respect to checkpoint sections.
+#[derive(Default)]
+pub struct Sections {
+    /// A record other than a checkpoint's was read.
+    started: bool,
+    /// Inside a section, and where its records go.
+    inside: Option<Route>,
+}
+
+impl Sections {
+    /// Where record `rec` (the next of the stream) goes.
+    #[inline]
+    pub fn route(&mut self, rec: &Record) -> Route {
+        if let Some(route) = self.inside {
+            if matches!(rec, Record::CheckpointEnd { .. }) {
+                self.inside = None;
+            }
+            return route;
+        }
+        match rec {
+            Record::Checkpoint { .. } => {
+                let route = if self.started { Route::Skip } else { Route::Restore };
+                self.inside = Some(route);
+                route
+            }
+            // An end without its start: nothing to restore.
+            Record::CheckpointEnd { .. } => Route::Skip,
+            _ => {
+                self.started = true;
+                Route::Merge
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Route, Sections};
+    use mtrace_format::Record;
+
+    #[test]
+    fn a_checkpoint_restores_at_the_start_and_is_skipped_later() {
+        let begin = Record::Checkpoint { time_ns: 5, totals: vec![] };
+        let end = Record::CheckpointEnd { time_ns: 5, stacks: vec![] };
+        let alloc = Record::Stack { id: 1, frames: vec![] };
+        let mut s = Sections::default();
+        let routes: Vec<Route> =
+            [&begin, &alloc, &end, &alloc, &begin, &alloc, &end, &alloc].into_iter().map(|r| s.route(r)).collect();
+        use Route::*;
+        assert_eq!(routes, [Restore, Restore, Restore, Merge, Skip, Skip, Skip, Merge]);
+    }
+}

@@ -1,0 +1,114 @@
+//! Bounded traces (`mtrace run --max-trace-size`): a trace cut at its
+//! checkpoints reports what the whole trace of the same run reports.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use common::*;
+use mtrace_analyzer::{bounded, input, trace::Trace};
+use serde_json::Value;
+
+/// Every live block: address → (bytes, family, allocation time in ns, frames).
+fn live(t: &Trace) -> BTreeMap<u64, (u64, String, u64, Vec<u64>)> {
+    let frames = |s: u32| t.stacks.frames[s as usize].clone();
+    t.books.live_blocks().map(|(a, b)| (a, (b.size, format!("{:?}", b.family), b.time, frames(b.stack)))).collect()
+}
+
+/// The counters a report's summary shows.
+fn counters(t: &Trace) -> [u64; 9] {
+    let b = &t.books;
+    let (wrong, mismatched) = b.wrong_free_counts();
+    [
+        b.allocations,
+        b.frees,
+        b.realloc_frees,
+        b.bytes_allocated,
+        b.peak_bytes,
+        b.peak_blocks,
+        b.peak_time,
+        wrong,
+        mismatched,
+    ]
+}
+
+/// `mtrace report --json` of `trace`, without the fields that name the file.
+fn report(trace: &std::path::Path) -> Value {
+    let out = Command::new(mtrace()).arg("report").arg("--json").arg("--show-reachable").arg(trace).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v.as_object_mut().unwrap().remove("trace");
+    v
+}
+
+#[test]
+fn a_trace_cut_at_its_checkpoints_reports_what_the_whole_trace_does() {
+    let dir = scratch("bounded_cut");
+    let prog = build("long_run.c", &dir.join("long_run"), &["-g", "-O0"]);
+    let whole = dir.join("whole.mtrace");
+    let st = Command::new(&prog)
+        .arg("600")
+        .env("LD_PRELOAD", lib())
+        .env("MTRACE_OUTPUT", &whole)
+        .env("MTRACE_SCAN", "1")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let cut = dir.join("cut");
+    std::fs::create_dir_all(&cut).unwrap();
+    // The same run's stream kept within 1 MiB, as `mtrace run
+    // --max-trace-size 1M` keeps it while it arrives.
+    let kept = bounded::keep(std::fs::File::open(&whole).unwrap(), &cut, 1 << 20).unwrap();
+    let (whole_len, cut_len) = (std::fs::metadata(&whole).unwrap().len(), std::fs::metadata(&kept.path).unwrap().len());
+    assert!(kept.error.is_none(), "{kept:?}");
+    assert!(kept.checkpoints >= 3 && kept.dropped > 0, "{kept:?}, whole trace {whole_len} bytes");
+    assert!(cut_len <= (1 << 20) + (256 << 10), "cut trace {cut_len} bytes, whole {whole_len}");
+
+    eprintln!("{kept:?}: {whole_len} -> {cut_len} bytes");
+    let (a, b) = (input::load(&whole).unwrap(), input::load(&kept.path).unwrap());
+    assert!(a.kept_from.is_none() && b.kept_from.is_some_and(|t| t > 0));
+    assert_eq!(counters(&a), counters(&b));
+    // 2 threads × 600 rounds × 10 forgotten blocks, each ring's 500, the mapping.
+    assert_eq!(a.books.live_blocks().count(), 12_000 + 1_000 + 1);
+    assert_eq!(live(&a), live(&b));
+    assert_eq!((a.end, a.last_time), (b.end, b.last_time));
+
+    // The reports: every entry (kinds, bytes, blocks, backtraces, calls) the same.
+    let (ra, mut rb) = (report(&whole), report(&kept.path));
+    assert_eq!(ra["kinds"], rb["kinds"]);
+    assert_eq!(ra["stacks"], rb["stacks"]);
+    let kept_from = rb["summary"].as_object_mut().unwrap().remove("kept_from_ns");
+    assert_eq!(kept_from, b.kept_from.map(Value::from));
+    assert_eq!(ra["summary"], rb["summary"]);
+    assert_eq!(ra["kinds"]["definite"]["blocks"], 12_000, "{}", ra["kinds"]);
+}
+
+#[test]
+fn run_keeps_each_trace_within_max_trace_size_and_reports_the_whole_run() {
+    let dir = scratch("bounded_run");
+    let prog = build("long_run.c", &dir.join("long_run"), &["-g", "-O0"]);
+    let traces = dir.join("traces");
+    let extra = ["--scan", "--max-trace-size", "1M", "--trace-dir", traces.to_str().unwrap()];
+    let (v, out) = run_json(&dir, &extra, &prog, &["1500"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let files: Vec<_> = std::fs::read_dir(&traces).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let len = std::fs::metadata(&files[0]).unwrap().len();
+    assert!(len <= (1 << 20) + (256 << 10), "{len} bytes");
+    let s = &v["summary"];
+    assert!(s["kept_from_ns"].as_u64().is_some_and(|t| t > 0), "{s}");
+    // 2 threads × 1,500 rounds × (1,000 ring allocations + 10 forgotten),
+    // the mapping and the second thread's stack.
+    assert_eq!(s["allocations"], 3_030_002, "{s}");
+    assert_eq!(s["realloc_frees"], 2 * 1_500 * 100 - 2 * 50, "{s}");
+    assert_eq!(v["kinds"]["definite"]["blocks"], 30_000, "{}", v["kinds"]);
+    assert_eq!(v["kinds"]["reachable"]["blocks"], 1_000, "{}", v["kinds"]);
+    let forget = v["stacks"].as_array().unwrap().iter().filter(|e| e["frames"][0]["function"] == "forget");
+    assert_eq!(forget.map(|e| e["blocks"].as_u64().unwrap()).sum::<u64>(), 30_000);
+
+    let bad =
+        Command::new(mtrace()).args(["run", "--max-trace-size", "100K", "--"]).arg(&prog).arg("1").output().unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--max-trace-size 102400: at least 1M"), "{bad:?}");
+}
