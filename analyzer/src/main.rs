@@ -2,6 +2,7 @@
 
 mod attach;
 mod console;
+mod cut;
 mod mistakes;
 mod recording;
 mod relay;
@@ -45,6 +46,9 @@ enum Cmd {
     /// Connect to an `mtrace server`, keep and report the program's trace
     /// here (the host); `-i` for the console while it runs.
     Client(relay::client::ClientArgs),
+    /// Cut a trace to its newest part, within a size: a checkpoint that
+    /// restates every block live then, and the events after it.
+    Cut(cut::CutArgs),
     /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
     Completions {
         #[arg(value_enum)]
@@ -262,6 +266,7 @@ fn main() -> ExitCode {
         }),
         Cmd::Run(a) => run::run(a),
         Cmd::Diff(a) => diff(a),
+        Cmd::Cut(a) => cut::cut(a),
         Cmd::Attach(a) => attach::attach(a),
         Cmd::Server(a) => relay::server::server(a),
         Cmd::Client(a) => relay::client::client(a),

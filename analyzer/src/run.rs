@@ -28,7 +28,7 @@ pub struct RunArgs {
     #[arg(long)]
     keep_traces: bool,
     /// Keep each process's trace within SIZE bytes (K, M, G suffixes:
-    /// powers of 1024; at least 1M): mtrace writes it with checkpoints
+    /// powers of 1024; at least 64K): mtrace writes it with checkpoints
     /// and drops its oldest part, so a run of any length still reports
     /// every block live at its end (docs/FORMAT.md, "Checkpoint").
     #[arg(long, value_name = "SIZE", value_parser = crate::relay::server::parse_size, conflicts_with = "interactive")]
@@ -180,7 +180,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     };
     rec.output = Some(dir.join("%e.%p.mtrace").display().to_string());
     let keepers = match a.max_trace_size {
-        Some(max) if max < crate::bounded::MIN_BOUND => bail!("--max-trace-size {max}: at least 1M"),
+        Some(max) if max < crate::bounded::MIN_BOUND => bail!("--max-trace-size {max}: at least 64K"),
         Some(max) => {
             let (k, addr) = crate::bounded::Keepers::start(&dir, max)?;
             rec.output = Some(addr);

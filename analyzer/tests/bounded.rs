@@ -59,7 +59,7 @@ fn a_trace_cut_at_its_checkpoints_reports_what_the_whole_trace_does() {
     std::fs::create_dir_all(&cut).unwrap();
     // The same run's stream kept within 1 MiB, as `mtrace run
     // --max-trace-size 1M` keeps it while it arrives.
-    let kept = bounded::keep(std::fs::File::open(&whole).unwrap(), &cut, 1 << 20).unwrap();
+    let kept = bounded::keep(std::fs::File::open(&whole).unwrap(), bounded::Dest::Dir(&cut), 1 << 20).unwrap();
     let (whole_len, cut_len) = (std::fs::metadata(&whole).unwrap().len(), std::fs::metadata(&kept.path).unwrap().len());
     assert!(kept.error.is_none(), "{kept:?}");
     assert!(kept.checkpoints >= 3 && kept.dropped > 0, "{kept:?}, whole trace {whole_len} bytes");
@@ -108,7 +108,7 @@ fn run_keeps_each_trace_within_max_trace_size_and_reports_the_whole_run() {
     assert_eq!(forget.map(|e| e["blocks"].as_u64().unwrap()).sum::<u64>(), 30_000);
 
     let bad =
-        Command::new(mtrace()).args(["run", "--max-trace-size", "100K", "--"]).arg(&prog).arg("1").output().unwrap();
+        Command::new(mtrace()).args(["run", "--max-trace-size", "60K", "--"]).arg(&prog).arg("1").output().unwrap();
     assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("--max-trace-size 102400: at least 1M"), "{bad:?}");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--max-trace-size 61440: at least 64K"), "{bad:?}");
 }

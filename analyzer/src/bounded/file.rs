@@ -48,7 +48,7 @@ impl TraceFile {
                 Err(e) => return Err(e).with_context(|| format!("{name}: cannot create")),
             }
         }
-        anyhow::bail!("{}: every name with a suffix is taken", last.unwrap_or_default())
+        anyhow::bail!("{}: exists (a trace is never overwritten)", last.unwrap_or_default())
     }
 
     /// Its path.

@@ -31,7 +31,7 @@ use crate::trace::{Trace, Window};
 use file::TraceFile;
 
 /// The smallest bound, bytes: a few compressed blocks and checkpoints.
-pub const MIN_BOUND: u64 = 1 << 20;
+pub const MIN_BOUND: u64 = 64 << 10;
 
 /// Raw bytes of records collected before they are compressed into a block.
 const BLOCK: usize = 256 << 10;
@@ -86,22 +86,36 @@ impl Pending {
     }
 }
 
-/// Reads one process's stream from `src` and writes it to a trace file in
-/// `dir` (named as the preload names its own: docs/FORMAT.md, "Files")
-/// that stays within `max` bytes plus a checkpoint and a block. Returns
-/// what it did; errors only when the file cannot be written (a stream that
-/// breaks off ends the file where it broke, as the preload's would).
-pub fn keep(src: impl Read, dir: &Path, max: u64) -> Result<Kept> {
+/// Where [`keep`] writes.
+#[derive(Clone, Copy, Debug)]
+pub enum Dest<'a> {
+    /// A new file in this folder, named as the preload names its own
+    /// (docs/FORMAT.md, "Files").
+    Dir(&'a Path),
+    /// This file, which must not exist.
+    File(&'a Path),
+}
+
+/// Reads one process's stream from `src` and writes it to a trace file at
+/// `dest` that stays within `max` bytes plus a checkpoint and a block.
+/// Returns what it did; errors only when the file cannot be written (a
+/// stream that breaks off ends the file where it broke, as the preload's
+/// would).
+pub fn keep(src: impl Read, dest: Dest, max: u64) -> Result<Kept> {
     let mut r = Reader::new(std::io::BufReader::with_capacity(1 << 16, src));
     let header = match r.header() {
         Ok(h) => h,
         Err(e) => return Ok(Kept { error: Some(e.to_string()), ..Default::default() }),
     };
-    let base = dir.join(naming::expand("%e.%p.mtrace", header.pid, &naming::program_name(&header.cmdline)));
-    let base = base.display().to_string();
     let mut head = Vec::new();
     encode_header(&mut head, &header);
-    let mut f = TraceFile::create(naming::candidates(&base), head)?;
+    let mut f = match dest {
+        Dest::Dir(dir) => {
+            let base = dir.join(naming::expand("%e.%p.mtrace", header.pid, &naming::program_name(&header.cmdline)));
+            TraceFile::create(naming::candidates(&base.display().to_string()), head)?
+        }
+        Dest::File(p) => TraceFile::create(std::iter::once(p.display().to_string()), head)?,
+    };
     let version = header.version;
     let mut t = Trace::new(f.path(), header);
     let mut keeper = Keeper::new(&EVERYTHING);
@@ -112,6 +126,7 @@ pub fn keep(src: impl Read, dir: &Path, max: u64) -> Result<Kept> {
     let segment = max / 4;
     // Where the last checkpoint ended (the header, before the first).
     let mut last = f.len();
+    let mut checkpoint_len = 0;
     loop {
         let rec = match r.next_record() {
             Ok(Some(rec)) => rec,
@@ -134,9 +149,13 @@ pub fn keep(src: impl Read, dir: &Path, max: u64) -> Result<Kept> {
         if p.raw.len() >= BLOCK {
             p.flush(&mut f)?;
         }
-        if watermark && merge.queued() == 0 && f.len() - last >= segment {
+        // At least twice the last checkpoint's size between two: a large
+        // live set against a small bound would write little but checkpoints.
+        if watermark && merge.queued() == 0 && f.len() - last >= segment.max(2 * checkpoint_len) {
             p.flush(&mut f)?;
+            let at = f.len();
             write_checkpoint(&mut t, &mut f, &mut p)?;
+            checkpoint_len = f.len() - at;
             kept.checkpoints += 1;
             if f.len() > max / 4 * 3 {
                 f.cut_to(max / 2)?;
@@ -222,7 +241,7 @@ impl Keepers {
                 o.fetch_add(1, Ordering::AcqRel);
                 let (o, d, dir) = (o.clone(), d.clone(), dir.clone());
                 std::thread::spawn(move || {
-                    let k = keep(s, &dir, max);
+                    let k = keep(s, Dest::Dir(&dir), max);
                     d.lock().unwrap_or_else(|e| e.into_inner()).push(k);
                     o.fetch_sub(1, Ordering::AcqRel);
                 });
