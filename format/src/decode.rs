@@ -158,6 +158,19 @@ impl<R: Read> Reader<R> {
         }
     }
 
+    /// Whether the next record starts a record of the stream itself (not
+    /// one inside a compressed block): every byte before [`Reader::offset`]
+    /// belongs to the records read so far.
+    pub fn at_top(&self) -> bool {
+        self.pos >= self.spliced_end
+    }
+
+    /// The source, for a wrapper of it that must be told something (what
+    /// a tee of it has copied).
+    pub fn source_mut(&mut self) -> &mut R {
+        &mut self.inner
+    }
+
     /// Thread of the records returned since the last [`Record::Thread`].
     pub fn tid(&self) -> u32 {
         self.tid
