@@ -26,7 +26,7 @@ pub fn cut(a: CutArgs) -> Result<ExitCode> {
     anyhow::ensure!(a.max_trace_size >= bounded::MIN_BOUND, "--max-trace-size {}: at least 64K", a.max_trace_size);
     let f = std::fs::File::open(&a.trace).with_context(|| format!("{}: cannot open", a.trace.display()))?;
     let len = f.metadata().map_or(0, |m| m.len());
-    let kept = bounded::keep(f, Dest::File(&a.output), a.max_trace_size)?;
+    let kept = bounded::keep(f, Dest::File(&a.output), a.max_trace_size, None)?;
     let out_len = std::fs::metadata(&a.output).map_or(0, |m| m.len());
     eprintln!(
         "mtrace: {} ({len} bytes) -> {} ({out_len} bytes, {} checkpoints{})",

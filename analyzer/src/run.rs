@@ -182,7 +182,8 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     let keepers = match a.max_trace_size {
         Some(max) if max < crate::bounded::MIN_BOUND => bail!("--max-trace-size {max}: at least 64K"),
         Some(max) => {
-            let (k, addr) = crate::bounded::Keepers::start(&dir, max)?;
+            let reports = rec.report_dir.as_ref().map(PathBuf::from);
+            let (k, addr) = crate::bounded::Keepers::start(&dir, max, reports, a.opts.depth)?;
             rec.output = Some(addr);
             Some(k)
         }
@@ -198,6 +199,10 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     }
     // Each warning of the tracer once for the whole run, not per process.
     cmd.env(settings::WARN_DIR.name(), &dir);
+    if keepers.is_some() {
+        // The keepers have the books: they write the report points.
+        cmd.env(settings::READER_REPORTS.name(), "1");
+    }
     let error_kinds = parse_kinds(&a.errors_for_leak_kinds)?;
     let (pid, status) = if a.rec.ptrace {
         match trace_with_ptrace(&a, rec)? {
@@ -225,10 +230,11 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         // is reported as far as it got.
         for kept in k.finish(std::time::Duration::from_secs(5)) {
             match kept {
-                Ok(k) if k.error.is_some() => {
-                    eprintln!("mtrace: {}: {}", k.path.display(), k.error.unwrap_or_default())
+                Ok(k) => {
+                    for p in k.problems.iter().chain(&k.error) {
+                        eprintln!("mtrace: {}: {p}", k.path.display());
+                    }
                 }
-                Ok(_) => {}
                 Err(e) => eprintln!("mtrace: {e:#}"),
             }
         }

@@ -59,7 +59,7 @@ fn a_trace_cut_at_its_checkpoints_reports_what_the_whole_trace_does() {
     std::fs::create_dir_all(&cut).unwrap();
     // The same run's stream kept within 1 MiB, as `mtrace run
     // --max-trace-size 1M` keeps it while it arrives.
-    let kept = bounded::keep(std::fs::File::open(&whole).unwrap(), bounded::Dest::Dir(&cut), 1 << 20).unwrap();
+    let kept = bounded::keep(std::fs::File::open(&whole).unwrap(), bounded::Dest::Dir(&cut), 1 << 20, None).unwrap();
     let (whole_len, cut_len) = (std::fs::metadata(&whole).unwrap().len(), std::fs::metadata(&kept.path).unwrap().len());
     assert!(kept.error.is_none(), "{kept:?}");
     assert!(kept.checkpoints >= 3 && kept.dropped > 0, "{kept:?}, whole trace {whole_len} bytes");
@@ -111,4 +111,41 @@ fn run_keeps_each_trace_within_max_trace_size_and_reports_the_whole_run() {
         Command::new(mtrace()).args(["run", "--max-trace-size", "60K", "--"]).arg(&prog).arg("1").output().unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--max-trace-size 61440: at least 64K"), "{bad:?}");
+}
+
+#[test]
+fn report_points_under_max_trace_size_are_written_by_mtrace() {
+    use std::io::{BufRead, BufReader};
+    let dir = scratch("bounded_points");
+    let prog = build("steady.c", &dir.join("steady"), &["-g", "-O0"]);
+    let m = markers("steady.c");
+    // The program has no trace file for its own reports: mtrace, which
+    // keeps its books, writes each .memlog, where the program would.
+    let mut child = Command::new(mtrace())
+        .current_dir(&dir)
+        .args(["run", "--max-trace-size", "1M", "-o"])
+        .arg(dir.join("report.txt"))
+        .arg("--")
+        .arg(&prog)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut logs = vec![];
+    for seq in 1..=3 {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        let pid = Command::new("pgrep").args(["-P", &child.id().to_string(), "-x", "steady"]).output().unwrap();
+        let pid: i32 = String::from_utf8_lossy(&pid.stdout).trim().parse().unwrap();
+        // SAFETY: kill on the program mtrace runs for this test.
+        unsafe { libc::kill(pid, libc::SIGUSR1) };
+        logs.push(wait_for_file(&dir.join(format!("steady-{pid}-{seq}.memlog"))));
+    }
+    assert!(child.wait().unwrap().success());
+    // As reports.rs's signal_reports_show_growth_and_frees, from the preload's own.
+    assert_eq!(memlog_entries(&logs[0]), vec![(320, 5, m["kept"]), (1000, 10, m["steady"])]);
+    assert_eq!(memlog_entries(&logs[1]), vec![(-320, -5, m["kept"]), (1000, 10, m["steady"])]);
+    assert!(logs[1].contains("change:           since marker 1 until marker 2"), "{}", logs[1]);
+    assert_eq!(memlog_entries(&logs[2]), vec![(1000, 10, m["steady"])]);
 }

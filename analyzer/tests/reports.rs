@@ -6,46 +6,6 @@ use common::*;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-/// Waits until `p` exists and its size stopped changing.
-fn wait_for(p: &Path) -> String {
-    let start = Instant::now();
-    let mut last = None;
-    loop {
-        let len = std::fs::metadata(p).map(|m| m.len()).ok();
-        if len.is_some() && len == last && len != Some(0) {
-            return std::fs::read_to_string(p).unwrap();
-        }
-        assert!(start.elapsed() < Duration::from_secs(20), "{} never appeared", p.display());
-        last = len;
-        std::thread::sleep(Duration::from_millis(150));
-    }
-}
-
-/// (bytes, blocks, line in steady.c) of each entry of a text report.
-fn entries(memlog: &str) -> Vec<(i64, i64, u32)> {
-    let num = |t: &str| t.replace([',', '+'], "").parse::<i64>().unwrap();
-    let mut out = vec![];
-    let mut lines = memlog.lines().peekable();
-    while let Some(l) = lines.next() {
-        let Some(rest) = l.strip_prefix('#').and_then(|r| r.split_once(": ")).map(|(_, r)| r) else { continue };
-        let words: Vec<&str> = rest.split_whitespace().collect();
-        let (bytes, blocks) = (num(words[0]), num(words[3]));
-        let mut line = 0;
-        while let Some(f) = lines.peek().filter(|f| f.starts_with("    ")) {
-            if line == 0 {
-                if let Some(i) = f.find("steady.c:") {
-                    line = f[i + 9..].trim_end_matches(|c: char| !c.is_ascii_digit()).parse().unwrap();
-                }
-            }
-            lines.next();
-        }
-        out.push((bytes, blocks, line));
-    }
-    out.sort();
-    out
-}
 
 fn setup(name: &str) -> (PathBuf, PathBuf) {
     let dir = scratch(name);
@@ -76,20 +36,20 @@ fn signal_reports_show_growth_and_frees() {
         assert_eq!(line, "ready\n");
         // SAFETY: kill on our own child.
         unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
-        logs.push(wait_for(&dir.join(format!("steady-{pid}-{seq}.memlog"))));
+        logs.push(wait_for_file(&dir.join(format!("steady-{pid}-{seq}.memlog"))));
     }
     assert!(child.wait().unwrap().success());
     // The first report lists everything live.
-    assert_eq!(entries(&logs[0]), vec![(320, 5, m["kept"]), (1000, 10, m["steady"])]);
+    assert_eq!(memlog_entries(&logs[0]), vec![(320, 5, m["kept"]), (1000, 10, m["steady"])]);
     // The second: exactly the growth at the leak, the freed blocks negative,
     // nothing positive elsewhere.
-    assert_eq!(entries(&logs[1]), vec![(-320, -5, m["kept"]), (1000, 10, m["steady"])]);
+    assert_eq!(memlog_entries(&logs[1]), vec![(-320, -5, m["kept"]), (1000, 10, m["steady"])]);
     assert!(
         logs[1].contains("+1,000 bytes in +10 blocks") && logs[1].contains("-320 bytes in -5 blocks"),
         "{}",
         logs[1]
     );
-    assert_eq!(entries(&logs[2]), vec![(1000, 10, m["steady"])]);
+    assert_eq!(memlog_entries(&logs[2]), vec![(1000, 10, m["steady"])]);
     // The same delta offline, from the markers in the trace.
     let trace = dir.join("steady.mtrace");
     let out = Command::new(mtrace())
@@ -98,7 +58,7 @@ fn signal_reports_show_growth_and_frees() {
         .output()
         .unwrap();
     let text = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(entries(&text), entries(&logs[1]));
+    assert_eq!(memlog_entries(&text), memlog_entries(&logs[1]));
     // And by time (--from/--to, issue 43): from report point 1's time to
     // report point 2's, the same change.
     let listed = Command::new(mtrace()).args(["report", "--markers", "--json"]).arg(&trace).output().unwrap();
@@ -108,7 +68,7 @@ fn signal_reports_show_growth_and_frees() {
     let (from, to) = (format!("{}ns", at(1)), format!("{}ns", at(2)));
     let out = Command::new(mtrace()).args(["report", "--from", &from, "--to", &to]).arg(&trace).output().unwrap();
     let by_time = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(entries(&by_time), entries(&logs[1]), "{by_time}");
+    assert_eq!(memlog_entries(&by_time), memlog_entries(&logs[1]), "{by_time}");
     assert!(by_time.contains("\n  live change:      +680 bytes in +5 blocks\n"), "{by_time}");
     // A --from after the last event is refused, naming both times.
     let out = Command::new(mtrace()).args(["report", "--from", "1h"]).arg(&trace).output().unwrap();
@@ -155,12 +115,12 @@ fn signal_reports_under_ptrace_are_the_preloads() {
             }
             // SAFETY: kill on our own grandchild, which sleeps half a second.
             unsafe { libc::kill(pid, sig) };
-            logs.push(wait_for(&dir.join(format!("steady-{pid}-{seq}.memlog"))));
+            logs.push(wait_for_file(&dir.join(format!("steady-{pid}-{seq}.memlog"))));
         }
         assert!(run.wait().unwrap().success(), "{h}: the program was not killed by the signal");
-        assert_eq!(entries(&logs[0]), vec![(320, 5, m["kept"]), (1000, 10, m["steady"])], "{h}");
-        assert_eq!(entries(&logs[1]), vec![(-320, -5, m["kept"]), (1000, 10, m["steady"])], "{h}");
-        assert_eq!(entries(&logs[2]), vec![(1000, 10, m["steady"])], "{h}");
+        assert_eq!(memlog_entries(&logs[0]), vec![(320, 5, m["kept"]), (1000, 10, m["steady"])], "{h}");
+        assert_eq!(memlog_entries(&logs[1]), vec![(-320, -5, m["kept"]), (1000, 10, m["steady"])], "{h}");
+        assert_eq!(memlog_entries(&logs[2]), vec![(1000, 10, m["steady"])], "{h}");
     }
 }
 
@@ -192,7 +152,7 @@ fn api_reports_under_ptrace_are_the_preloads() {
         memlogs.sort();
         assert_eq!(memlogs.len(), 3, "{h}: mtrace_report() is synchronous: {memlogs:?}");
         let second = std::fs::read_to_string(&memlogs[1]).unwrap();
-        assert_eq!(entries(&second), vec![(-320, -5, m["kept"]), (1000, 10, m["steady"])], "{h}");
+        assert_eq!(memlog_entries(&second), vec![(-320, -5, m["kept"]), (1000, 10, m["steady"])], "{h}");
         let traced: Vec<PathBuf> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().path())
@@ -221,7 +181,7 @@ fn api_reports_and_named_markers() {
     };
     assert_eq!(memlogs.len(), 3, "mtrace_report() is synchronous: {memlogs:?}");
     let second = std::fs::read_to_string(&memlogs[1]).unwrap();
-    assert_eq!(entries(&second), vec![(-320, -5, m["kept"]), (1000, 10, m["steady"])]);
+    assert_eq!(memlog_entries(&second), vec![(-320, -5, m["kept"]), (1000, 10, m["steady"])]);
     // Named markers select a window too: from "first" to the end.
     let r = Command::new(mtrace())
         .args(["report", "--json", "--since-marker", "first"])

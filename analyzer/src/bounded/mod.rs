@@ -17,6 +17,9 @@
 
 mod checkpoint;
 mod file;
+mod report_points;
+
+pub use report_points::ReportPoints;
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -53,6 +56,8 @@ pub struct Kept {
     pub dropped: u64,
     /// Why the stream ended early, if it did.
     pub error: Option<String>,
+    /// Report points whose .memlog could not be written, and why.
+    pub problems: Vec<String>,
 }
 
 /// What the reading thread hands the keeping one, in stream order.
@@ -114,7 +119,8 @@ pub enum Dest<'a> {
 /// merge on one thread, the books and the file on another. Returns what
 /// it did; errors only when the file cannot be written (a stream that
 /// breaks off ends the file where it broke, as the preload's would).
-pub fn keep(src: impl Read + Send, dest: Dest, max: u64) -> Result<Kept> {
+/// With `points`, writes the .memlog of each report point as it passes.
+pub fn keep(src: impl Read + Send, dest: Dest, max: u64, mut points: Option<&mut ReportPoints>) -> Result<Kept> {
     let mut r = Reader::new(Tee { src: std::io::BufReader::with_capacity(1 << 16, src), copy: Vec::new(), base: 0 });
     let header = match r.header() {
         Ok(h) => h,
@@ -130,6 +136,9 @@ pub fn keep(src: impl Read + Send, dest: Dest, max: u64) -> Result<Kept> {
         Dest::File(p) => TraceFile::create(std::iter::once(p.display().to_string()), head)?,
     };
     let version = header.version;
+    if let Some(p) = points.as_deref_mut() {
+        p.started(header.pid);
+    }
     let mut t = Trace::new(f.path(), header);
     let mut keeper = Keeper::new(&EVERYTHING);
     let mut kept = Kept { path: f.path().to_owned(), ..Default::default() };
@@ -142,6 +151,13 @@ pub fn keep(src: impl Read + Send, dest: Dest, max: u64) -> Result<Kept> {
         for batch in rx {
             for item in batch {
                 match item {
+                    Item::Rec(tid, Record::Marker { time_ns, seq, name }) => {
+                        let point = (seq, name.clone());
+                        let _ = keeper.apply(&mut t, tid, Record::Marker { time_ns, seq, name });
+                        if let Some(p) = points.as_deref_mut() {
+                            p.marker(&mut t, point.0, &point.1);
+                        }
+                    }
                     Item::Rec(tid, rec) => {
                         let _ = keeper.apply(&mut t, tid, rec);
                     }
@@ -167,6 +183,9 @@ pub fn keep(src: impl Read + Send, dest: Dest, max: u64) -> Result<Kept> {
         Ok(())
     })?;
     kept.dropped = f.dropped;
+    if let Some(p) = points {
+        kept.problems = std::mem::take(&mut p.problems);
+    }
     Ok(kept)
 }
 
@@ -221,7 +240,10 @@ fn read<R: Read>(mut r: Reader<Tee<R>>, version: u64, tx: std::sync::mpsc::SyncS
                 batch.push(Item::Bytes(r.source_mut().take(at)));
             }
         }
-        if batch.len() >= BATCH {
+        // A watermark comes every 5 to 50 ms while the program runs: what
+        // it released goes on at once (a report point's marker is
+        // answered then, not when a batch fills).
+        if batch.len() >= BATCH || watermark {
             send(&mut batch, &mut gone);
         }
     }
@@ -272,9 +294,11 @@ pub struct Keepers {
 
 impl Keepers {
     /// Listens on a private socket (0600, in a 0700 folder) for streams,
-    /// keeping each in `dir` within `max` bytes. Returns the keepers and
+    /// keeping each in `dir` within `max` bytes, and writing the .memlog of
+    /// each report point into `reports` (none: the process's working
+    /// directory) with at most `depth` frames per backtrace. Returns the keepers and
     /// the socket's address for `MTRACE_OUTPUT` (`unix:PATH`).
-    pub fn start(dir: &Path, max: u64) -> Result<(Keepers, String)> {
+    pub fn start(dir: &Path, max: u64, reports: Option<PathBuf>, depth: Option<usize>) -> Result<(Keepers, String)> {
         let sock_dir = tempfile::Builder::new().prefix("mtrace-keep.").tempdir()?;
         let sock = sock_dir.path().join("s.sock");
         let l = UnixListener::bind(&sock)?;
@@ -285,9 +309,10 @@ impl Keepers {
         std::thread::spawn(move || {
             for s in l.incoming().flatten() {
                 o.fetch_add(1, Ordering::AcqRel);
-                let (o, d, dir) = (o.clone(), d.clone(), dir.clone());
+                let (o, d, dir, reports) = (o.clone(), d.clone(), dir.clone(), reports.clone());
                 std::thread::spawn(move || {
-                    let k = keep(s, Dest::Dir(&dir), max);
+                    let mut points = ReportPoints::new(reports, depth);
+                    let k = keep(s, Dest::Dir(&dir), max, Some(&mut points));
                     d.lock().unwrap_or_else(|e| e.into_inner()).push(k);
                     o.fetch_sub(1, Ordering::AcqRel);
                 });

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -406,4 +407,44 @@ pub fn chromium(profile: &Path) -> Option<Command> {
     ])
     .arg(format!("--user-data-dir={}", profile.display()));
     Some(c)
+}
+
+/// Waits until `p` exists and its size stopped changing.
+pub fn wait_for_file(p: &Path) -> String {
+    let start = Instant::now();
+    let mut last = None;
+    loop {
+        let len = std::fs::metadata(p).map(|m| m.len()).ok();
+        if len.is_some() && len == last && len != Some(0) {
+            return std::fs::read_to_string(p).unwrap();
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{} never appeared", p.display());
+        last = len;
+        std::thread::sleep(Duration::from_millis(150));
+    }
+}
+
+/// (bytes, blocks, line in steady.c) of each entry of a text report
+/// (reports.rs and bounded.rs on ctests/steady.c's .memlog files).
+pub fn memlog_entries(memlog: &str) -> Vec<(i64, i64, u32)> {
+    let num = |t: &str| t.replace([',', '+'], "").parse::<i64>().unwrap();
+    let mut out = vec![];
+    let mut lines = memlog.lines().peekable();
+    while let Some(l) = lines.next() {
+        let Some(rest) = l.strip_prefix('#').and_then(|r| r.split_once(": ")).map(|(_, r)| r) else { continue };
+        let words: Vec<&str> = rest.split_whitespace().collect();
+        let (bytes, blocks) = (num(words[0]), num(words[3]));
+        let mut line = 0;
+        while let Some(f) = lines.peek().filter(|f| f.starts_with("    ")) {
+            if line == 0 {
+                if let Some(i) = f.find("steady.c:") {
+                    line = f[i + 9..].trim_end_matches(|c: char| !c.is_ascii_digit()).parse().unwrap();
+                }
+            }
+            lines.next();
+        }
+        out.push((bytes, blocks, line));
+    }
+    out.sort();
+    out
 }

@@ -109,8 +109,12 @@ pub struct Reporter {
 const WCLONE: i32 = 0x8000_0000u32 as i32;
 
 impl Reporter {
-    pub fn new(trace: String, prog: &str, pid: u32, dir: Option<String>) -> Reporter {
+    /// `by_reader`: the stream's reader writes the reports (a socket's
+    /// reader that keeps the books: `mtrace run --max-trace-size`); report
+    /// points are only markers here.
+    pub fn new(trace: String, prog: &str, pid: u32, dir: Option<String>, by_reader: bool) -> Reporter {
         let analyzer = match sys::getenv(mtrace_format::settings::BIN.var) {
+            _ if by_reader => None,
             // SAFETY: access with a NUL-terminated path.
             Some(p) => match CString::new(p.clone()) {
                 // SAFETY: access with a NUL-terminated path.
