@@ -35,7 +35,13 @@ fn counters(t: &Trace) -> [u64; 9] {
 
 /// `mtrace report --json` of `trace`, without the fields that name the file.
 fn report(trace: &std::path::Path) -> Value {
-    let out = Command::new(mtrace()).arg("report").arg("--json").arg("--show-reachable").arg(trace).output().unwrap();
+    report_with(trace, &[])
+}
+
+/// [`report`] with more options.
+fn report_with(trace: &std::path::Path, extra: &[&str]) -> Value {
+    let out =
+        Command::new(mtrace()).args(["report", "--json", "--show-reachable"]).args(extra).arg(trace).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let mut v: Value = serde_json::from_slice(&out.stdout).unwrap();
     v.as_object_mut().unwrap().remove("trace");
@@ -76,12 +82,49 @@ fn a_trace_cut_at_its_checkpoints_reports_what_the_whole_trace_does() {
 
     // The reports: every entry (kinds, bytes, blocks, backtraces, calls) the same.
     let (ra, mut rb) = (report(&whole), report(&kept.path));
+    // Beside the traces, for a failure's diagnosis.
+    std::fs::write(dir.join("a.json"), ra.to_string()).unwrap();
+    std::fs::write(dir.join("b.json"), rb.to_string()).unwrap();
     assert_eq!(ra["kinds"], rb["kinds"]);
     assert_eq!(ra["stacks"], rb["stacks"]);
     let kept_from = rb["summary"].as_object_mut().unwrap().remove("kept_from_ns");
     assert_eq!(kept_from, b.kept_from.map(Value::from));
     assert_eq!(ra["summary"], rb["summary"]);
     assert_eq!(ra["kinds"]["definite"]["blocks"], 12_000, "{}", ra["kinds"]);
+
+    // `--from` starts reading at the latest checkpoint before it, and
+    // reports what the whole trace reports from then.
+    // (Within 4 MiB: checkpoints 1 MiB apart, the file cut to 2 MiB after
+    // the oldest it keeps: two or more in it.)
+    let wide = dir.join("wide");
+    std::fs::create_dir_all(&wide).unwrap();
+    let kept = bounded::keep(std::fs::File::open(&whole).unwrap(), bounded::Dest::Dir(&wide), 4 << 20, None).unwrap();
+    let times = checkpoint_times(&kept.path);
+    assert!(times.len() >= 2, "{times:?}");
+    let from = format!("{}ns", times[1] + 1);
+    assert_eq!(input::checkpoint_before(&kept.path, times[1] + 1).map(|(_, at)| at > 0), Some(true));
+    let (mut fa, mut fb) = (report_with(&whole, &["--from", &from]), report_with(&kept.path, &["--from", &from]));
+    for r in [&mut fa, &mut fb] {
+        r["summary"].as_object_mut().unwrap().remove("kept_from_ns");
+    }
+    // Beside the traces, for a failure's diagnosis.
+    std::fs::write(dir.join("fa.json"), fa.to_string()).unwrap();
+    std::fs::write(dir.join("fb.json"), fb.to_string()).unwrap();
+    assert_eq!(fa, fb);
+    assert_eq!(fa["summary"]["from_ns"], times[1] + 1);
+}
+
+/// The times of the checkpoints of the trace at `path`, in order.
+fn checkpoint_times(path: &std::path::Path) -> Vec<u64> {
+    let mut r = mtrace_format::Reader::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
+    r.header().unwrap();
+    let mut times = vec![];
+    while let Some(rec) = r.next_record().unwrap() {
+        if let mtrace_format::Record::Checkpoint { time_ns, .. } = rec {
+            times.push(time_ns);
+        }
+    }
+    times
 }
 
 #[test]

@@ -96,6 +96,8 @@ pub struct Reader<R> {
     spare: Vec<u8>,
     /// zstd's decompression context, kept between blocks.
     dctx: Option<zstd::bulk::Decompressor<'static>>,
+    /// Compressed blocks are passed over ([`Reader::skip_blocks`]).
+    skip_blocks: bool,
 }
 
 type Res<T> = Result<T, ReadErrorKind>;
@@ -120,6 +122,7 @@ impl<R: Read> Reader<R> {
             word: 8,
             spare: Vec::new(),
             dctx: None,
+            skip_blocks: false,
         }
     }
 
@@ -163,6 +166,21 @@ impl<R: Read> Reader<R> {
     /// belongs to the records read so far.
     pub fn at_top(&self) -> bool {
         self.pos >= self.spliced_end
+    }
+
+    /// Where the record last returned starts in the stream (one inside a
+    /// compressed block: where the block starts).
+    pub fn record_offset(&self) -> u64 {
+        self.record_start
+    }
+
+    /// With `skip`, compressed blocks are passed over unread: their records
+    /// are not returned, and times and addresses of records after one
+    /// (which are deltas from the block's last) are wrong. For a reader
+    /// that looks only for records of absolute time at the stream's own
+    /// level, as a checkpoint's start (docs/FORMAT.md, record 28).
+    pub fn skip_blocks(&mut self, skip: bool) {
+        self.skip_blocks = skip;
     }
 
     /// The source, for a wrapper of it that must be told something (what
@@ -363,6 +381,10 @@ impl<R: Read> Reader<R> {
             if !self.refill()? {
                 return Err(ReadErrorKind::Truncated);
             }
+        }
+        if self.skip_blocks {
+            self.pos += comp_len;
+            return Ok(());
         }
         let comp = &self.buf[self.pos..self.pos + comp_len];
         let corrupt = |e: std::io::Error| ReadErrorKind::Corrupt(format!("compressed block: {e}"));

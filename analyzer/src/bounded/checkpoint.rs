@@ -40,7 +40,12 @@ pub fn write(t: &Trace, time_ns: u64, out: &mut impl FnMut(&Record)) {
     // Every stream id again (the records after the checkpoint use them),
     // and one id per canonical backtrace for the blocks.
     let mut id_of: Vec<u32> = vec![0; t.stacks.frames.len()];
-    for (id, canon) in t.stacks.ids() {
+    // In the order of the canonical indices: a reader that starts here
+    // numbers them in the same order, and reports break ties between
+    // backtraces by that number as the reader of the whole trace does.
+    let mut ids: Vec<(u32, u32)> = t.stacks.ids().map(|(id, canon)| (canon, id)).collect();
+    ids.sort_unstable();
+    for (canon, id) in ids {
         out(&Record::Stack { id, frames: t.stacks.frames[canon as usize].clone() });
         let slot = &mut id_of[canon as usize];
         if *slot == 0 || id < *slot {

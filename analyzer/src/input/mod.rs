@@ -94,10 +94,43 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
         return glibc_log::load(path, None);
     }
     let len = f.metadata().map_or(0, |m| m.len());
+    // From a time: from the latest checkpoint before it, where the trace
+    // has one (a bounded trace's), not from the start.
+    if let Some((head, at)) = w.from_ns.and_then(|from| checkpoint_before(path, from)) {
+        let mut f = f;
+        std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(at))?;
+        let bar = crate::progress::Bar::for_file(len - at);
+        let t = load_from(std::io::Read::chain(&head[..], bar.reader(f)), path, w);
+        bar.finish();
+        return t;
+    }
     let bar = crate::progress::Bar::for_file(len);
     let t = load_from(bar.reader(f), path, w);
     bar.finish();
     t
+}
+
+/// The header's bytes and the offset of the latest checkpoint of the
+/// trace at `path` at or before `time_ns` (docs/FORMAT.md, record 28), if
+/// it has one after its first records: found at the stream's own level,
+/// its compressed blocks passed over unread.
+pub fn checkpoint_before(path: &Path, time_ns: u64) -> Option<(Vec<u8>, u64)> {
+    let mut r = Reader::new(std::io::BufReader::new(File::open(path).ok()?));
+    r.header().ok()?;
+    let head_len = r.offset();
+    r.skip_blocks(true);
+    let mut best = None;
+    loop {
+        match r.next_record() {
+            Ok(Some(Record::Checkpoint { time_ns: t, .. })) if t <= time_ns => best = Some(r.record_offset()),
+            Ok(Some(Record::Checkpoint { .. })) | Ok(None) | Err(_) => break,
+            Ok(Some(_)) => {}
+        }
+    }
+    let at = best.filter(|&at| at > head_len)?;
+    let mut head = vec![0; head_len as usize];
+    std::io::Read::read_exact(&mut File::open(path).ok()?, &mut head).ok()?;
+    Some((head, at))
 }
 
 /// [`load_window`] of a stream read from `src` (`path` names it in
