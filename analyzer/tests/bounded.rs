@@ -192,3 +192,36 @@ fn report_points_under_max_trace_size_are_written_by_mtrace() {
     assert!(logs[1].contains("change:           since marker 1 until marker 2"), "{}", logs[1]);
     assert_eq!(memlog_entries(&logs[2]), vec![(1000, 10, m["steady"])]);
 }
+
+#[test]
+fn a_client_keeps_what_it_receives_within_max_trace_size() {
+    let dir = scratch("bounded_client");
+    let prog = build("long_run.c", &dir.join("long_run"), &["-g", "-O0"]);
+    let sock = format!("unix:{}", dir.join("s.sock").display());
+    let mut server = Command::new(mtrace())
+        .args(["server", "--quiet", "--wait", "--listen", &sock, "--"])
+        .arg(&prog)
+        .arg("1500")
+        .spawn()
+        .unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !dir.join("s.sock").exists() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let saved = dir.join("saved.mtrace");
+    let out = Command::new(mtrace())
+        .args(["client", &sock, "--max-trace-size", "1M", "--json", "-o"])
+        .arg(dir.join("report.json"))
+        .arg("--save")
+        .arg(&saved)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(server.wait().unwrap().success());
+    let len = std::fs::metadata(&saved).unwrap().len();
+    assert!(len <= (1 << 20) + (256 << 10), "{len} bytes");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    assert!(v["summary"]["kept_from_ns"].as_u64().is_some_and(|t| t > 0), "{}", v["summary"]);
+    assert_eq!(v["summary"]["allocations"], 3_030_002, "{}", v["summary"]);
+    assert_eq!(v["kinds"]["definite"]["blocks"], 30_000, "{}", v["kinds"]);
+}

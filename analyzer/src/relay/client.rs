@@ -29,6 +29,12 @@ pub struct ClientArgs {
     /// to report again offline with `mtrace report`.
     #[arg(long, value_name = "FILE")]
     save: Option<PathBuf>,
+    /// Keep each process's trace within SIZE bytes as it arrives (K, M, G
+    /// suffixes; at least 64K), as `mtrace run --max-trace-size` does: the
+    /// report is still of the whole run for every block not freed, the
+    /// totals and the peak. Not with -i.
+    #[arg(long, value_name = "SIZE", value_parser = super::server::parse_size, conflicts_with = "interactive")]
+    max_trace_size: Option<u64>,
     /// The secret the server asks for (first line of FILE).
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
@@ -53,7 +59,15 @@ struct Streams {
 impl ClientArgs {
     /// A client of a local server with the console (`mtrace run -i`).
     pub fn interactive_on(addr: String, output: Option<PathBuf>, opts: ReportOpts) -> ClientArgs {
-        ClientArgs { addr: Some(addr), interactive: true, save: None, token_file: None, output, opts }
+        ClientArgs {
+            addr: Some(addr),
+            interactive: true,
+            save: None,
+            max_trace_size: None,
+            token_file: None,
+            output,
+            opts,
+        }
     }
 }
 
@@ -76,11 +90,14 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
     if answer != "ok" {
         bail!("{addr}: {answer}");
     }
+    if let Some(max) = a.max_trace_size.filter(|&m| m < mtrace_analyzer::bounded::MIN_BOUND) {
+        bail!("--max-trace-size {max}: at least 64K");
+    }
     let dir = tempfile::Builder::new().prefix("mtrace-client.").tempdir()?;
     let streams = Arc::new(Mutex::new(Streams::default()));
     let reader = conn.try_clone()?;
-    let (st, d) = (streams.clone(), dir.path().to_owned());
-    let receiver = std::thread::spawn(move || receive(reader, &d, &st));
+    let (st, d, max) = (streams.clone(), dir.path().to_owned(), a.max_trace_size);
+    let receiver = std::thread::spawn(move || receive(reader, &d, &st, max));
     if a.interactive {
         let mut live = Live { conn: conn.try_clone()?, streams: streams.clone() };
         if live.wait_first().is_some() && crate::console::run(&mut live, &a.opts)? == crate::console::Leave::Quit {
@@ -135,10 +152,28 @@ fn header_pid(p: &Path) -> Option<u32> {
     r.header().ok().map(|h| h.pid)
 }
 
-/// Writes the frames' streams to files in `dir` until the program's exit
-/// or the end of the connection.
-fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>) -> Result<()> {
-    let mut open: HashMap<u32, std::fs::File> = HashMap::new();
+/// Where a stream's bytes go: its file, or the pipe to the keeper that
+/// bounds it (`--max-trace-size`).
+enum Sink {
+    File(std::fs::File),
+    Kept(std::io::PipeWriter),
+}
+
+impl Sink {
+    fn write_all(&mut self, b: &[u8]) -> std::io::Result<()> {
+        match self {
+            Sink::File(f) => f.write_all(b),
+            Sink::Kept(p) => p.write_all(b),
+        }
+    }
+}
+
+/// Writes the frames' streams to files in `dir` (each kept within `max`
+/// bytes by a keeper of its own, `mtrace_analyzer::bounded`, if given)
+/// until the program's exit or the end of the connection.
+fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>, max: Option<u64>) -> Result<()> {
+    let mut open: HashMap<u32, Sink> = HashMap::new();
+    let mut keepers = Vec::new();
     let res = loop {
         let frame = match read_frame(&mut c) {
             Ok(Some(f)) => f,
@@ -151,9 +186,26 @@ fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>) -> Result<()> {
                     std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                     std::collections::hash_map::Entry::Vacant(e) => {
                         let path = dir.join(format!("{id}.mtrace"));
-                        let f = std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&path)?;
+                        let sink = match max {
+                            Some(max) => {
+                                let (r, w) = std::io::pipe()?;
+                                let p = path.clone();
+                                keepers.push(std::thread::spawn(move || {
+                                    mtrace_analyzer::bounded::keep(
+                                        r,
+                                        mtrace_analyzer::bounded::Dest::File(&p),
+                                        max,
+                                        None,
+                                    )
+                                }));
+                                Sink::Kept(w)
+                            }
+                            None => Sink::File(
+                                std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&path)?,
+                            ),
+                        };
                         st.lock().expect("streams lock").files.insert(id, (path, false));
-                        e.insert(f)
+                        e.insert(sink)
                     }
                 };
                 f.write_all(&bytes)?;
@@ -172,6 +224,19 @@ fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>) -> Result<()> {
             (kind, ..) => break Err(anyhow!("unexpected frame kind {kind} from the server")),
         }
     };
+    // The keepers end with their pipes, and have written every file then.
+    drop(open);
+    for k in keepers {
+        match k.join() {
+            Ok(Ok(kept)) => {
+                if let Some(e) = kept.error {
+                    eprintln!("mtrace: {}: {e}", kept.path.display());
+                }
+            }
+            Ok(Err(e)) => eprintln!("mtrace: {e:#}"),
+            Err(_) => eprintln!("mtrace: a trace's keeper failed"),
+        }
+    }
     st.lock().expect("streams lock").closed = true;
     res
 }
