@@ -117,6 +117,18 @@ impl Merge {
         self.queued
     }
 
+    /// The records waiting, per thread in its queue's order (its stack
+    /// definitions not yet placed last): what a checkpoint restates for a
+    /// reader that starts there to merge again (docs/FORMAT.md, record 28).
+    pub fn pending(&self) -> Vec<(u32, Record)> {
+        let mut v = Vec::with_capacity(self.queued);
+        for q in &self.queues {
+            v.extend(q.items.iter().map(|i| (q.tid, i.rec.clone())));
+            v.extend(q.defs.iter().map(|d| (q.tid, d.clone())));
+        }
+        v
+    }
+
     /// Takes record `rec` of thread `tid`, and hands on to `out` every
     /// record it lets go, in order.
     #[inline]

@@ -12,8 +12,10 @@ use crate::trace::Trace;
 
 /// Hands `out` the records of a checkpoint of `t` at `time_ns`, in order:
 /// the Checkpoint, its section, its CheckpointEnd. `t`'s books should be
-/// settled (every event before `time_ns` entered).
-pub fn write(t: &Trace, time_ns: u64, out: &mut impl FnMut(&Record)) {
+/// settled (every event the merge handed on entered); `pending`: the
+/// records read and still waiting in the merge ([`crate::order::Merge::pending`]),
+/// restated last, each thread's after a Thread record of its own.
+pub fn write(t: &Trace, time_ns: u64, pending: &[(u32, Record)], out: &mut impl FnMut(&Record)) {
     let mut totals: Vec<(String, u64)> = t.books.counters().into_iter().map(|(n, v)| (n.to_owned(), v)).collect();
     totals.push(("records".to_owned(), t.records));
     out(&Record::Checkpoint { time_ns, totals });
@@ -73,6 +75,14 @@ pub fn write(t: &Trace, time_ns: u64, out: &mut impl FnMut(&Record)) {
             }
             (false, family) => Record::Alloc { time_ns, family, addr, size, stack, align: align_of_code(block.align) },
         });
+    }
+    let mut thread = None;
+    for (tid, rec) in pending {
+        if thread != Some(*tid) {
+            thread = Some(*tid);
+            out(&Record::Thread { tid: *tid, time_ns: rec.time_ns().unwrap_or(time_ns) });
+        }
+        out(rec);
     }
     // Pool copies' totals are left out: restored, they would go to the
     // heap's backtrace of the same frames.

@@ -7,11 +7,12 @@
 //! its end, with its backtrace and allocation time, and the run's totals.
 //!
 //! The file holds the stream's own bytes, as they came, with checkpoints
-//! between them: a checkpoint goes where the merge has handed everything
-//! read to the books (right after a watermark that left nothing waiting)
-//! and the next bytes start a chunk (a Thread record: a reader that starts
-//! there needs no time or address from before), so the books it restates
-//! are exactly those of the records before it. One thread decodes and
+//! between them: a checkpoint goes between two of the stream's own
+//! records where the next starts a chunk (a Thread record: a reader that
+//! starts there needs no time or address from before), and restates the
+//! books of the records the merge handed on before it, then the records
+//! still waiting in the merge (which a reader starting there merges again
+//! with those after). One thread decodes and
 //! merges, another keeps the books and the file: `mtrace cut` of a 2-thread
 //! churn's 119 M events took 7.6 s (13.2 s on one thread re-encoding).
 
@@ -25,7 +26,7 @@ use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -66,9 +67,10 @@ enum Item {
     Rec(u32, Record),
     /// The stream's bytes, as they came, for the file.
     Bytes(Vec<u8>),
-    /// The books will hold every record before the bytes handed so far,
-    /// and the next bytes start a chunk: a checkpoint may go here.
-    Quiet,
+    /// The books will hold every record before the bytes handed so far
+    /// but these (waiting in the merge), and the next bytes start a
+    /// chunk: a checkpoint may go here.
+    Quiet(Vec<(u32, Record)>),
     /// The stream broke off here.
     Broken(String),
 }
@@ -145,9 +147,14 @@ pub fn keep(src: impl Read + Send, dest: Dest, max: u64, mut points: Option<&mut
     let segment = max / 4;
     // Where the last checkpoint ended (the header, before the first), and its size.
     let (mut last, mut checkpoint_len) = (f.len(), 0);
+    let mut overrun = false;
+    // Stream bytes between two places offered for a checkpoint (its
+    // pending records are copied for each).
+    let gap = AtomicU64::new(segment);
     std::thread::scope(|sc| -> Result<()> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Item>>(4);
-        sc.spawn(move || read(r, version, tx));
+        let gap = &gap;
+        sc.spawn(move || read(r, version, tx, gap));
         for batch in rx {
             for item in batch {
                 match item {
@@ -161,21 +168,33 @@ pub fn keep(src: impl Read + Send, dest: Dest, max: u64, mut points: Option<&mut
                     Item::Rec(tid, rec) => {
                         let _ = keeper.apply(&mut t, tid, rec);
                     }
-                    Item::Bytes(b) => f.append(&b)?,
+                    Item::Bytes(b) => {
+                        f.append(&b)?;
+                        // No place for a checkpoint came (no chunk started
+                        // at the stream's own level): said once.
+                        if f.len() - last > max * 2 && !overrun {
+                            overrun = true;
+                            kept.problems.push(format!(
+                                "the trace grew by twice --max-trace-size ({max} bytes) after its last checkpoint: no place came \
+                                 between two of the stream's records where a chunk starts, to put one"
+                            ));
+                        }
+                    }
                     // At least twice the last checkpoint's size between two:
                     // a large live set against a small bound would write
                     // little but checkpoints.
-                    Item::Quiet if f.len() - last >= segment.max(2 * checkpoint_len) => {
+                    Item::Quiet(pending) if f.len() - last >= segment.max(2 * checkpoint_len) => {
                         let at = f.len();
-                        write_checkpoint(&mut t, &mut f)?;
+                        write_checkpoint(&mut t, &mut f, &pending)?;
                         checkpoint_len = f.len() - at;
+                        gap.store(segment.max(2 * checkpoint_len), Ordering::Relaxed);
                         kept.checkpoints += 1;
                         if f.len() > max / 4 * 3 {
                             f.cut_to(max / 2)?;
                         }
                         last = f.len();
                     }
-                    Item::Quiet => {}
+                    Item::Quiet(_) => {}
                     Item::Broken(e) => kept.error = Some(e),
                 }
             }
@@ -184,7 +203,7 @@ pub fn keep(src: impl Read + Send, dest: Dest, max: u64, mut points: Option<&mut
     })?;
     kept.dropped = f.dropped;
     if let Some(p) = points {
-        kept.problems = std::mem::take(&mut p.problems);
+        kept.problems.append(&mut p.problems);
     }
     Ok(kept)
 }
@@ -193,7 +212,7 @@ pub fn keep(src: impl Read + Send, dest: Dest, max: u64, mut points: Option<&mut
 /// `version`), merges its records, and sends them with the stream's bytes
 /// and the places a checkpoint may go. Reads to the end even when the
 /// keeping thread is gone (the program must not wait on a full socket).
-fn read<R: Read>(mut r: Reader<Tee<R>>, version: u64, tx: std::sync::mpsc::SyncSender<Vec<Item>>) {
+fn read<R: Read>(mut r: Reader<Tee<R>>, version: u64, tx: std::sync::mpsc::SyncSender<Vec<Item>>, gap: &AtomicU64) {
     let mut merge = crate::order::Merge::new(version);
     let mut sections = Sections::default();
     let mut batch = Vec::with_capacity(BATCH);
@@ -204,10 +223,13 @@ fn read<R: Read>(mut r: Reader<Tee<R>>, version: u64, tx: std::sync::mpsc::SyncS
             *gone = tx.send(full).is_err();
         }
     };
-    // After a watermark that left nothing waiting, at the stream's own
-    // level: the offset, until the next record shows whether a chunk
-    // starts there.
+    // A place between two of the stream's own records after a watermark,
+    // a gap after the last one offered: its offset, until the next record
+    // shows whether a chunk starts there.
     let mut quiet_at = None;
+    // Where the last place was offered; a watermark was read since the
+    // last place between two of the stream's own records.
+    let (mut offered, mut since_watermark) = (0, false);
     loop {
         let rec = match r.next_record() {
             Ok(Some(rec)) => rec,
@@ -222,18 +244,27 @@ fn read<R: Read>(mut r: Reader<Tee<R>>, version: u64, tx: std::sync::mpsc::SyncS
             // checkpoint needs no time or address from before it.
             if matches!(rec, Record::Thread { .. }) {
                 batch.push(Item::Bytes(r.source_mut().take(at)));
-                batch.push(Item::Quiet);
+                batch.push(Item::Quiet(merge.pending()));
+                offered = at;
             }
         }
-        // A producer writes no checkpoints; one in the stream read is
-        // left out (the keeper writes its own).
-        if sections.route(&rec) != Route::Merge {
-            continue;
+        // A producer writes no checkpoints; a trace cut before (`mtrace
+        // cut` of a bounded trace) starts with one: its books are restored.
+        match sections.route(&rec) {
+            Route::Merge => {}
+            Route::Restore => {
+                batch.push(Item::Rec(r.tid(), rec));
+                continue;
+            }
+            Route::Skip => continue,
         }
         let watermark = matches!(rec, Record::Watermark { .. });
+        since_watermark |= watermark;
         merge.push(r.tid(), rec, &mut |tid, rec| batch.push(Item::Rec(tid, rec)));
         if r.at_top() {
-            if watermark && merge.queued() == 0 {
+            // At the end of a block with a watermark, the merge holds
+            // little (what was stamped after it).
+            if std::mem::take(&mut since_watermark) && r.offset() - offered >= gap.load(Ordering::Relaxed) {
                 quiet_at = Some(r.offset());
             } else if r.source_mut().copy.len() >= BLOCK {
                 let at = r.offset();
@@ -252,8 +283,9 @@ fn read<R: Read>(mut r: Reader<Tee<R>>, version: u64, tx: std::sync::mpsc::SyncS
     send(&mut batch, &mut gone);
 }
 
-/// Writes a checkpoint of `t`'s books at the end of `f`.
-fn write_checkpoint(t: &mut Trace, f: &mut TraceFile) -> Result<()> {
+/// Writes a checkpoint of `t`'s books, and of the records `pending` in
+/// the merge, at the end of `f`.
+fn write_checkpoint(t: &mut Trace, f: &mut TraceFile, pending: &[(u32, Record)]) -> Result<()> {
     t.books.settle();
     let time = t.last_time;
     f.mark_checkpoint();
@@ -261,7 +293,7 @@ fn write_checkpoint(t: &mut Trace, f: &mut TraceFile) -> Result<()> {
     let mut raw = Vec::with_capacity(BLOCK + 4096);
     let mut out = Vec::new();
     let mut result = Ok(());
-    checkpoint::write(t, time, &mut |rec| {
+    checkpoint::write(t, time, pending, &mut |rec| {
         // Its ends at the stream's own level, plain, where a reader finds
         // them without decompressing; what is between, in blocks.
         let plain = matches!(rec, Record::Checkpoint { .. } | Record::CheckpointEnd { .. });

@@ -30,14 +30,24 @@ pub struct Sections {
 }
 
 impl Sections {
-    /// Where record `rec` (the next of the stream) goes.
+    /// Where record `rec` (the next of the stream) goes. A restored
+    /// section's records after its first Thread record of a thread (tid
+    /// ≠ 0) are those the writer had read and not yet entered (waiting in
+    /// its merge): they go to the merge, as the stream's own.
     #[inline]
     pub fn route(&mut self, rec: &Record) -> Route {
         if let Some(route) = self.inside {
-            if matches!(rec, Record::CheckpointEnd { .. }) {
-                self.inside = None;
+            match rec {
+                Record::CheckpointEnd { .. } => {
+                    self.inside = None;
+                    return if route == Route::Skip { Route::Skip } else { Route::Restore };
+                }
+                Record::Thread { tid, .. } if *tid != 0 && route == Route::Restore => {
+                    self.inside = Some(Route::Merge);
+                    return Route::Merge;
+                }
+                _ => return route,
             }
-            return route;
         }
         match rec {
             Record::Checkpoint { .. } => {
@@ -70,5 +80,15 @@ mod tests {
             [&begin, &alloc, &end, &alloc, &begin, &alloc, &end, &alloc].into_iter().map(|r| s.route(r)).collect();
         use Route::*;
         assert_eq!(routes, [Restore, Restore, Restore, Merge, Skip, Skip, Skip, Merge]);
+        // Records the writer had not entered yet: merged.
+        let pending = Record::Thread { tid: 7, time_ns: 5 };
+        let mut s = Sections::default();
+        let routes: Vec<Route> =
+            [&begin, &alloc, &pending, &alloc, &end, &alloc].into_iter().map(|r| s.route(r)).collect();
+        assert_eq!(routes, [Restore, Restore, Merge, Merge, Restore, Merge]);
+        let mut s = Sections::default();
+        s.route(&alloc);
+        let routes: Vec<Route> = [&begin, &pending, &alloc, &end, &alloc].into_iter().map(|r| s.route(r)).collect();
+        assert_eq!(routes, [Skip, Skip, Skip, Skip, Merge]);
     }
 }
