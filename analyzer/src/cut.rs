@@ -23,7 +23,7 @@ pub struct CutArgs {
 }
 
 pub fn cut(a: CutArgs) -> Result<ExitCode> {
-    anyhow::ensure!(a.max_trace_size >= bounded::MIN_BOUND, "--max-trace-size {}: at least 64K", a.max_trace_size);
+    bounded::check_bound(a.max_trace_size)?;
     let f = std::fs::File::open(&a.trace).with_context(|| format!("{}: cannot open", a.trace.display()))?;
     let len = f.metadata().map_or(0, |m| m.len());
     let kept = bounded::keep(f, Dest::File(&a.output), a.max_trace_size, None)?;

@@ -180,8 +180,8 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     };
     rec.output = Some(dir.join("%e.%p.mtrace").display().to_string());
     let keepers = match a.max_trace_size {
-        Some(max) if max < crate::bounded::MIN_BOUND => bail!("--max-trace-size {max}: at least 64K"),
         Some(max) => {
+            crate::bounded::check_bound(max)?;
             let reports = rec.report_dir.as_ref().map(PathBuf::from);
             let (k, addr) = crate::bounded::Keepers::start(&dir, max, reports, a.opts.depth)?;
             rec.output = Some(addr);

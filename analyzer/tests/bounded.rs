@@ -33,6 +33,27 @@ fn counters(t: &Trace) -> [u64; 9] {
     ]
 }
 
+/// The trace of `prog args` under the preload, with the scan at exit, in
+/// `dir/whole.mtrace`.
+fn whole_trace(dir: &std::path::Path, prog: &std::path::Path, args: &[&str]) -> std::path::PathBuf {
+    let whole = dir.join("whole.mtrace");
+    let st = Command::new(prog)
+        .args(args)
+        .env("LD_PRELOAD", lib())
+        .env("MTRACE_OUTPUT", &whole)
+        .env("MTRACE_SCAN", "1")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    whole
+}
+
+/// The trace `whole` kept within `max` bytes into the folder `into`.
+fn cut(whole: &std::path::Path, into: &std::path::Path, max: u64) -> bounded::Kept {
+    std::fs::create_dir_all(into).unwrap();
+    bounded::keep(std::fs::File::open(whole).unwrap(), bounded::Dest::Dir(into), max, None).unwrap()
+}
+
 /// `mtrace report --json` of `trace`, without the fields that name the file.
 fn report(trace: &std::path::Path) -> Value {
     report_with(trace, &[])
@@ -52,20 +73,10 @@ fn report_with(trace: &std::path::Path, extra: &[&str]) -> Value {
 fn a_trace_cut_at_its_checkpoints_reports_what_the_whole_trace_does() {
     let dir = scratch("bounded_cut");
     let prog = build("long_run.c", &dir.join("long_run"), &["-g", "-O0"]);
-    let whole = dir.join("whole.mtrace");
-    let st = Command::new(&prog)
-        .arg("600")
-        .env("LD_PRELOAD", lib())
-        .env("MTRACE_OUTPUT", &whole)
-        .env("MTRACE_SCAN", "1")
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let cut = dir.join("cut");
-    std::fs::create_dir_all(&cut).unwrap();
+    let whole = whole_trace(&dir, &prog, &["600"]);
     // The same run's stream kept within 1 MiB, as `mtrace run
     // --max-trace-size 1M` keeps it while it arrives.
-    let kept = bounded::keep(std::fs::File::open(&whole).unwrap(), bounded::Dest::Dir(&cut), 1 << 20, None).unwrap();
+    let kept = cut(&whole, &dir.join("cut"), 1 << 20);
     let (whole_len, cut_len) = (std::fs::metadata(&whole).unwrap().len(), std::fs::metadata(&kept.path).unwrap().len());
     assert!(kept.error.is_none(), "{kept:?}");
     assert!(kept.checkpoints >= 3 && kept.dropped > 0, "{kept:?}, whole trace {whole_len} bytes");
@@ -96,9 +107,7 @@ fn a_trace_cut_at_its_checkpoints_reports_what_the_whole_trace_does() {
     // reports what the whole trace reports from then.
     // (Within 4 MiB: checkpoints 1 MiB apart, the file cut to 2 MiB after
     // the oldest it keeps: two or more in it.)
-    let wide = dir.join("wide");
-    std::fs::create_dir_all(&wide).unwrap();
-    let kept = bounded::keep(std::fs::File::open(&whole).unwrap(), bounded::Dest::Dir(&wide), 4 << 20, None).unwrap();
+    let kept = cut(&whole, &dir.join("wide"), 4 << 20);
     let times = checkpoint_times(&kept.path);
     assert!(times.len() >= 2, "{times:?}");
     let from = format!("{}ns", times[1] + 1);
@@ -158,7 +167,6 @@ fn run_keeps_each_trace_within_max_trace_size_and_reports_the_whole_run() {
 
 #[test]
 fn report_points_under_max_trace_size_are_written_by_mtrace() {
-    use std::io::{BufRead, BufReader};
     let dir = scratch("bounded_points");
     let prog = build("steady.c", &dir.join("steady"), &["-g", "-O0"]);
     let m = markers("steady.c");
@@ -173,18 +181,13 @@ fn report_points_under_max_trace_size_are_written_by_mtrace() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut logs = vec![];
-    for seq in 1..=3 {
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        assert_eq!(line, "ready\n");
-        let pid = Command::new("pgrep").args(["-P", &child.id().to_string(), "-x", "steady"]).output().unwrap();
-        let pid: i32 = String::from_utf8_lossy(&pid.stdout).trim().parse().unwrap();
-        // SAFETY: kill on the program mtrace runs for this test.
-        unsafe { libc::kill(pid, libc::SIGUSR1) };
-        logs.push(wait_for_file(&dir.join(format!("steady-{pid}-{seq}.memlog"))));
-    }
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    // The program, mtrace's child.
+    let parent = child.id().to_string();
+    let logs = steady_memlogs(&mut out, &dir, || {
+        let pid = Command::new("pgrep").args(["-P", &parent, "-x", "steady"]).output().unwrap();
+        String::from_utf8_lossy(&pid.stdout).trim().parse().unwrap()
+    });
     assert!(child.wait().unwrap().success());
     // As reports.rs's signal_reports_show_growth_and_frees, from the preload's own.
     assert_eq!(memlog_entries(&logs[0]), vec![(320, 5, m["kept"]), (1000, 10, m["steady"])]);
@@ -235,18 +238,8 @@ fn a_cut_trace_of_blocks_passed_between_threads_reports_what_the_whole_trace_doe
     // of 5, none in the fifth).
     let dir = scratch("bounded_queue");
     let prog = build("queue.c", &dir.join("queue"), &["-g", "-O0"]);
-    let whole = dir.join("whole.mtrace");
-    let st = Command::new(&prog)
-        .args(["leak", "400000"])
-        .env("LD_PRELOAD", lib())
-        .env("MTRACE_OUTPUT", &whole)
-        .env("MTRACE_SCAN", "1")
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let cut = dir.join("cut");
-    std::fs::create_dir_all(&cut).unwrap();
-    let kept = bounded::keep(std::fs::File::open(&whole).unwrap(), bounded::Dest::Dir(&cut), 1 << 20, None).unwrap();
+    let whole = whole_trace(&dir, &prog, &["leak", "400000"]);
+    let kept = cut(&whole, &dir.join("cut"), 1 << 20);
     assert!(kept.checkpoints >= 3 && kept.dropped > 0 && kept.problems.is_empty(), "{kept:?}");
     let (ra, mut rb) = (report(&whole), report(&kept.path));
     // Beside the traces, for a failure's diagnosis.

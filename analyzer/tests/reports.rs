@@ -29,15 +29,7 @@ fn signal_reports_show_growth_and_frees() {
     let mut child = traced(&dir, &prog).stdout(Stdio::piped()).spawn().unwrap();
     let pid = child.id();
     let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut logs = vec![];
-    for seq in 1..=3 {
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        assert_eq!(line, "ready\n");
-        // SAFETY: kill on our own child.
-        unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
-        logs.push(wait_for_file(&dir.join(format!("steady-{pid}-{seq}.memlog"))));
-    }
+    let logs = steady_memlogs(&mut out, &dir, || pid as i32);
     assert!(child.wait().unwrap().success());
     // The first report lists everything live.
     assert_eq!(memlog_entries(&logs[0]), vec![(320, 5, m["kept"]), (1000, 10, m["steady"])]);

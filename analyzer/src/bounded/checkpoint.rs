@@ -71,7 +71,7 @@ pub fn write(t: &Trace, time_ns: u64, pending: &[(u32, Record)], out: &mut impl 
             (false, Family::Pool) => {
                 // Its backtrace index is its pool's (Stacks::for_pool).
                 let pool = t.stacks.pool_of.get(&block.stack).copied().unwrap_or((addr >> 48) as u32);
-                Record::PoolAlloc { time_ns, pool, addr: addr ^ ((pool as u64) << 48), size, stack }
+                Record::PoolAlloc { time_ns, pool, addr: crate::input::pool_key(pool, addr), size, stack }
             }
             (false, family) => Record::Alloc { time_ns, family, addr, size, stack, align: align_of_code(block.align) },
         });

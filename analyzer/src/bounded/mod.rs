@@ -33,12 +33,19 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use mtrace_format::{encode_compressed, naming, Encoder, Reader, Record};
 
-use crate::input::{Keeper, Route, Sections};
+use crate::input::{Keeper, Sections};
 use crate::trace::{Trace, Window};
 use file::TraceFile;
 
 /// The smallest bound, bytes: a few compressed blocks and checkpoints.
 pub const MIN_BOUND: u64 = 64 << 10;
+
+/// `--max-trace-size`'s value (bytes), refused below [`MIN_BOUND`] in one
+/// line that names the option.
+pub fn check_bound(max: u64) -> Result<u64> {
+    anyhow::ensure!(max >= MIN_BOUND, "--max-trace-size {max}: at least 64K");
+    Ok(max)
+}
 
 /// Raw bytes of records collected before they are compressed into a block.
 const BLOCK: usize = 256 << 10;
@@ -250,17 +257,11 @@ fn read<R: Read>(mut r: Reader<Tee<R>>, version: u64, tx: std::sync::mpsc::SyncS
         }
         // A producer writes no checkpoints; a trace cut before (`mtrace
         // cut` of a bounded trace) starts with one: its books are restored.
-        match sections.route(&rec) {
-            Route::Merge => {}
-            Route::Restore => {
-                batch.push(Item::Rec(r.tid(), rec));
-                continue;
-            }
-            Route::Skip => continue,
-        }
         let watermark = matches!(rec, Record::Watermark { .. });
+        if !sections.pass(&mut merge, r.tid(), rec, &mut |tid, rec| batch.push(Item::Rec(tid, rec))) {
+            continue;
+        }
         since_watermark |= watermark;
-        merge.push(r.tid(), rec, &mut |tid, rec| batch.push(Item::Rec(tid, rec)));
         if r.at_top() {
             // At the end of a block with a watermark, the merge holds
             // little (what was stamped after it).
@@ -359,7 +360,8 @@ impl Keepers {
     /// Returns what each ended stream did.
     pub fn finish(self, grace: Duration) -> Vec<Result<Kept>> {
         let until = Instant::now() + grace;
-        // A process that just connected is counted once its thread runs.
+        // A process that just connected is counted once the listening
+        // thread has accepted it.
         std::thread::sleep(Duration::from_millis(20));
         while self.open.load(Ordering::Acquire) > 0 && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(10));

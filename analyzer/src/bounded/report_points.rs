@@ -75,15 +75,12 @@ impl ReportPoints {
         let path = dir.join(format!("{prog}-{pid}-{seq}.memlog"));
         // As the report of the trace up to the marker reads it: no End
         // record is missing, the change since the previous point.
-        let base = std::mem::replace(&mut t.baseline, self.last.take());
-        let reached = std::mem::replace(&mut t.reached_until, true);
-        let snapshot = t.snapshot.take();
-        let mut r = crate::pipeline::build(t, &mut self.sym, SortKey::Bytes, self.depth, false, View::default());
+        let (sym, depth) = (&mut self.sym, self.depth);
+        let mut r = crate::pipeline::view(t, self.last.take(), false, |t| {
+            crate::pipeline::build(t, sym, SortKey::Bytes, depth, false, View::default())
+        });
         r.summary.since_marker = (seq > 1).then(|| (seq - 1).to_string());
         r.summary.until_marker = Some(seq.to_string());
-        t.baseline = base;
-        t.reached_until = reached;
-        t.snapshot = snapshot;
         self.last = Some(t.books.live_by_stack());
         let written = crate::output::create_private(&path).and_then(|f| {
             let mut w = std::io::BufWriter::new(f);

@@ -9,7 +9,7 @@ use mtrace_format::protocol::{marker, Command, MAX_DEPTH};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::{Live, Verb};
-use crate::books::{Block, LiveTotals};
+use crate::books::Block;
 use crate::input::live::{LiveBooks, State};
 use crate::output::words::{plural, thousands};
 use crate::report::{SortKey, View};
@@ -39,27 +39,6 @@ pub(super) struct Console<'a> {
     scans: HashMap<PathBuf, LastScan>,
     /// Kept between commands: the debug info it opened stays open.
     sym: crate::symbolize::Symbolizer,
-}
-
-/// Runs `f` on `t` as a report at this moment sees it: with `baseline` as
-/// the `since` marker's live blocks, the on-demand snapshot only when
-/// `snapshot`, and reading stopped here (no End record is missing).
-fn view<T>(
-    t: &mut Trace,
-    baseline: Option<HashMap<u32, LiveTotals>>,
-    snapshot: bool,
-    f: impl FnOnce(&Trace) -> T,
-) -> T {
-    let base = std::mem::replace(&mut t.baseline, baseline);
-    let snap = if snapshot { None } else { t.snapshot.take() };
-    let reached = std::mem::replace(&mut t.reached_until, true);
-    let out = f(t);
-    t.baseline = base;
-    if snap.is_some() {
-        t.snapshot = snap;
-    }
-    t.reached_until = reached;
-    out
 }
 
 impl<'a> Console<'a> {
@@ -220,7 +199,7 @@ impl<'a> Console<'a> {
         let mut r = b.with(|st| {
             let base = since.as_ref().and_then(|_| st.baselines.get(marker::RESET)).cloned();
             let t = st.trace.as_mut().expect("with() checks the header");
-            view(t, base, false, |t| {
+            crate::pipeline::view(t, base, false, |t| {
                 let v = View { lost_before: lost, heuristics, ..View::default() };
                 crate::pipeline::build(t, sym, sort, depth, true, v)
             })
@@ -258,7 +237,9 @@ impl<'a> Console<'a> {
                 let base = (n > 1).then(|| st.baselines.get(marker::REPORT).cloned()).flatten();
                 let t = st.trace.as_mut().expect("a marker came, so the header did");
                 let v = View { heuristics: opts.leak_check_heuristics, ..View::default() };
-                let mut r = view(t, base, false, |t| crate::pipeline::build(t, sym, opts.sort, opts.depth, true, v));
+                let mut r = crate::pipeline::view(t, base, false, |t| {
+                    crate::pipeline::build(t, sym, opts.sort, opts.depth, true, v)
+                });
                 r.summary.since_marker = (n > 1).then(|| format!("{}#{}", marker::REPORT, n - 1));
                 r.summary.until_marker = Some(format!("{}#{n}", marker::REPORT));
                 r
@@ -301,7 +282,7 @@ impl<'a> Console<'a> {
             || live.send_to(pid, &Command::Scan),
             |st, n| {
                 let t = st.trace.as_mut().expect("a marker came, so the header did");
-                let res = view(t, None, true, |t| {
+                let res = crate::pipeline::view(t, None, true, |t| {
                     let classes: HashMap<u64, Classified> = crate::scan::classify(t, opts.leak_check_heuristics)?
                         .into_iter()
                         .map(|c| (c.addr, c))

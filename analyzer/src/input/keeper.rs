@@ -13,7 +13,8 @@ use crate::trace::{MarkerSeen, ModuleSeen, TimePoint, Trace, Window, ATTACH_MARK
 
 /// A pool block's key in the books: its address in the pool's own space,
 /// apart from heap addresses (user space is below 2^47) and other pools.
-fn pool_key(pool: u32, addr: u64) -> u64 {
+/// Its own inverse: the key of a key is the address.
+pub fn pool_key(pool: u32, addr: u64) -> u64 {
     addr ^ ((pool as u64) << 48)
 }
 

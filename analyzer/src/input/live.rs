@@ -238,11 +238,7 @@ fn follow(path: &Path, sh: &Arc<Shared>) {
             }
         };
         if let Some(rec) = rec {
-            match sections.route(&rec) {
-                super::Route::Merge => merge.push(r.tid(), rec, &mut |tid, rec| ready.push((tid, rec))),
-                super::Route::Restore => ready.push((r.tid(), rec)),
-                super::Route::Skip => {}
-            }
+            sections.pass(&mut merge, r.tid(), rec, &mut |tid, rec| ready.push((tid, rec)));
         }
         // After the End only frees in late destructors may come: the
         // books take everything now.

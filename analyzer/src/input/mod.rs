@@ -14,7 +14,7 @@ pub mod glibc_log;
 mod keeper;
 pub mod live;
 mod sections;
-pub use keeper::{Flow, Keeper};
+pub use keeper::{pool_key, Flow, Keeper};
 pub use sections::{Route, Sections};
 
 /// The module list a trace starts with (empty when it cannot be read).
@@ -57,11 +57,9 @@ fn decode_batches<R: std::io::Read>(mut r: Reader<R>, version: u64, tx: std::syn
     };
     loop {
         match r.next_record() {
-            Ok(Some(rec)) => match sections.route(&rec) {
-                Route::Merge => merge.push(r.tid(), rec, &mut |tid, rec| out(Ok((tid, rec)))),
-                Route::Restore => out(Ok((r.tid(), rec))),
-                Route::Skip => {}
-            },
+            Ok(Some(rec)) => {
+                sections.pass(&mut merge, r.tid(), rec, &mut |tid, rec| out(Ok((tid, rec))));
+            }
             Ok(None) => break,
             Err(e) => {
                 merge.finish(&mut |tid, rec| out(Ok((tid, rec))));
@@ -95,17 +93,12 @@ pub fn load_window(path: &Path, w: &Window) -> Result<Trace> {
     }
     let len = f.metadata().map_or(0, |m| m.len());
     // From a time: from the latest checkpoint before it, where the trace
-    // has one (a bounded trace's), not from the start.
-    if let Some((head, at)) = w.from_ns.and_then(|from| checkpoint_before(path, from)) {
-        let mut f = f;
-        std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(at))?;
-        let bar = crate::progress::Bar::for_file(len - at);
-        let t = load_from(std::io::Read::chain(&head[..], bar.reader(f)), path, w);
-        bar.finish();
-        return t;
-    }
-    let bar = crate::progress::Bar::for_file(len);
-    let t = load_from(bar.reader(f), path, w);
+    // has one (a bounded trace's), after the header; else from the start.
+    let (head, at) = w.from_ns.and_then(|from| checkpoint_before(path, from)).unwrap_or_default();
+    let mut f = f;
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(at))?;
+    let bar = crate::progress::Bar::for_file(len - at);
+    let t = load_from(std::io::Read::chain(&head[..], bar.reader(f)), path, w);
     bar.finish();
     t
 }

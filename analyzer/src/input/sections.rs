@@ -9,6 +9,8 @@
 
 use mtrace_format::Record;
 
+use crate::order::Merge;
+
 /// What the reader does with a record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
@@ -61,6 +63,24 @@ impl Sections {
                 self.started = true;
                 Route::Merge
             }
+        }
+    }
+
+    /// Hands record `rec` of thread `tid` on by its [`Route`]: into
+    /// `merge` (which passes to `out` what it lets go), straight to `out`,
+    /// or nowhere. True when it went into the merge.
+    #[inline]
+    pub fn pass(&mut self, merge: &mut Merge, tid: u32, rec: Record, out: &mut impl FnMut(u32, Record)) -> bool {
+        match self.route(&rec) {
+            Route::Merge => {
+                merge.push(tid, rec, out);
+                true
+            }
+            Route::Restore => {
+                out(tid, rec);
+                false
+            }
+            Route::Skip => false,
         }
     }
 }

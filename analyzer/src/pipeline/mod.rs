@@ -310,6 +310,29 @@ pub fn classify(t: &Trace, heuristics: scan::Heuristics) -> (Option<HashMap<u64,
     (classes, started.elapsed().as_secs_f64())
 }
 
+/// Runs `f` on `t` as a report at this moment sees it: with `baseline` as
+/// the `since` marker's live blocks, the on-demand snapshot only when
+/// `snapshot`, and reading stopped here (no End record is missing): the
+/// console's answers and the report points a keeper writes
+/// (`bounded::ReportPoints`) are reports of books still growing.
+pub fn view<T>(
+    t: &mut Trace,
+    baseline: Option<HashMap<u32, crate::books::LiveTotals>>,
+    snapshot: bool,
+    f: impl FnOnce(&Trace) -> T,
+) -> T {
+    let base = std::mem::replace(&mut t.baseline, baseline);
+    let snap = if snapshot { None } else { t.snapshot.take() };
+    let reached = std::mem::replace(&mut t.reached_until, true);
+    let out = f(t);
+    t.baseline = base;
+    if snap.is_some() {
+        t.snapshot = snap;
+    }
+    t.reached_until = reached;
+    out
+}
+
 /// [`report::build_view`] with the leak scan's classes: `view`'s own, or
 /// else [`classify`]'s of `t`'s snapshot (the report's `scan` says how
 /// long that took).

@@ -90,8 +90,8 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
     if answer != "ok" {
         bail!("{addr}: {answer}");
     }
-    if let Some(max) = a.max_trace_size.filter(|&m| m < mtrace_analyzer::bounded::MIN_BOUND) {
-        bail!("--max-trace-size {max}: at least 64K");
+    if let Some(max) = a.max_trace_size {
+        mtrace_analyzer::bounded::check_bound(max)?;
     }
     let dir = tempfile::Builder::new().prefix("mtrace-client.").tempdir()?;
     let streams = Arc::new(Mutex::new(Streams::default()));
@@ -152,27 +152,12 @@ fn header_pid(p: &Path) -> Option<u32> {
     r.header().ok().map(|h| h.pid)
 }
 
-/// Where a stream's bytes go: its file, or the pipe to the keeper that
-/// bounds it (`--max-trace-size`).
-enum Sink {
-    File(std::fs::File),
-    Kept(std::io::PipeWriter),
-}
-
-impl Sink {
-    fn write_all(&mut self, b: &[u8]) -> std::io::Result<()> {
-        match self {
-            Sink::File(f) => f.write_all(b),
-            Sink::Kept(p) => p.write_all(b),
-        }
-    }
-}
-
 /// Writes the frames' streams to files in `dir` (each kept within `max`
 /// bytes by a keeper of its own, `mtrace_analyzer::bounded`, if given)
 /// until the program's exit or the end of the connection.
 fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>, max: Option<u64>) -> Result<()> {
-    let mut open: HashMap<u32, Sink> = HashMap::new();
+    // A stream's file, or the pipe to the keeper that bounds it.
+    let mut open: HashMap<u32, Box<dyn Write>> = HashMap::new();
     let mut keepers = Vec::new();
     let res = loop {
         let frame = match read_frame(&mut c) {
@@ -186,7 +171,7 @@ fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>, max: Option<u64>) -> 
                     std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                     std::collections::hash_map::Entry::Vacant(e) => {
                         let path = dir.join(format!("{id}.mtrace"));
-                        let sink = match max {
+                        let sink: Box<dyn Write> = match max {
                             Some(max) => {
                                 let (r, w) = std::io::pipe()?;
                                 let p = path.clone();
@@ -198,9 +183,9 @@ fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>, max: Option<u64>) -> 
                                         None,
                                     )
                                 }));
-                                Sink::Kept(w)
+                                Box::new(w)
                             }
-                            None => Sink::File(
+                            None => Box::new(
                                 std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&path)?,
                             ),
                         };

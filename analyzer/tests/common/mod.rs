@@ -448,3 +448,21 @@ pub fn memlog_entries(memlog: &str) -> Vec<(i64, i64, u32)> {
     out.sort();
     out
 }
+
+/// Three report points of ctests/steady.c (its default mode): at each
+/// "ready" it prints on `out`, SIGUSR1 to the process `pid` gives (asked
+/// after the first "ready"), then its `steady-PID-N.memlog` in `dir`
+/// once written (reports.rs, bounded.rs).
+pub fn steady_memlogs(out: &mut impl std::io::BufRead, dir: &Path, pid: impl Fn() -> i32) -> Vec<String> {
+    let mut logs = vec![];
+    for seq in 1..=3 {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        let pid = pid();
+        // SAFETY: kill on the program this test runs.
+        unsafe { libc::kill(pid, libc::SIGUSR1) };
+        logs.push(wait_for_file(&dir.join(format!("steady-{pid}-{seq}.memlog"))));
+    }
+    logs
+}
