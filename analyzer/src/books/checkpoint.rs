@@ -72,8 +72,8 @@ impl Books {
     /// Every block the books hold, for a checkpoint: heap blocks (those
     /// allocated inside a hook and pool blocks too, at their keys) and
     /// mappings (`true`).
-    pub fn every_block(&self) -> impl Iterator<Item = (u64, &Block, bool)> {
-        self.heap.live().map(|(a, b)| (a, b, false)).chain(self.maps.iter().map(|(&a, b)| (a, b, true)))
+    pub fn every_block(&self) -> impl Iterator<Item = (u64, Block, bool)> + '_ {
+        self.heap.live().map(|(a, b)| (a, b, false)).chain(self.maps.iter().map(|(&a, &b)| (a, b, true)))
     }
 
     /// A block live at a checkpoint (`mapping`: a mapping), entered as

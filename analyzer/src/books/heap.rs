@@ -12,6 +12,7 @@
 //!
 
 use super::Block;
+use mtrace_format::Family;
 
 mod hint;
 mod table;
@@ -26,18 +27,75 @@ use table::Table;
 /// can move them further apart.
 pub const EPS: u64 = 250 + (1 << mtrace_format::TIME_SHIFT);
 
-/// One address: the block allocated there last, and its free if any.
-#[derive(Clone, Debug)]
+/// One address: the block allocated there last, and its free if any, in
+/// 24 bytes (32 with its address in the slab; issue 43: the books' bytes
+/// per live block). A live block needs its size, time, backtrace, family
+/// and alignment; a freed one its size, backtrace and family (what a
+/// second free of it reports) and the free's time and backtrace, which
+/// take the places of the allocation's time and the alignment.
+#[derive(Clone, Copy, Debug)]
 struct Slot {
-    /// Its time is the allocation's. Meaningless unless `seen`.
-    block: Block,
-    /// An allocation at the address was seen (else only frees were).
-    seen: bool,
-    live: bool,
-    /// The latest free's time (ns) and backtrace ([`NO_STACK`]: not
-    /// recorded), once freed.
-    free_time: u64,
-    free_stack: u32,
+    /// Requested size, bytes.
+    size: u64,
+    /// Bits 0–55: the allocation's time while live, the latest free's
+    /// once freed (ns; [`MAX_TIME`] at most); 56–59: the family; 60:
+    /// seen (an allocation at the address was seen, else only frees
+    /// were); 61: live.
+    word: u64,
+    /// The block's backtrace. Meaningless unless seen.
+    stack: u32,
+    /// While live: the alignment code ([`Block::align`]); once freed: the
+    /// latest free's backtrace ([`NO_STACK`]: not recorded).
+    aux: u32,
+}
+
+/// The latest time a slot keeps (ns, 2^56 − 1: 2.28 years); a later one
+/// (only a corrupt trace's) is kept as this.
+const MAX_TIME: u64 = (1 << 56) - 1;
+const FAMILY_SHIFT: u32 = 56;
+const SEEN: u64 = 1 << 60;
+const LIVE: u64 = 1 << 61;
+
+impl Slot {
+    fn live(b: &Block) -> Slot {
+        let word = b.time.min(MAX_TIME) | (b.family as u64) << FAMILY_SHIFT | SEEN | LIVE;
+        Slot { size: b.size, word, stack: b.stack, aux: b.align.into() }
+    }
+
+    /// A slot for a free of an address never seen allocated.
+    fn unknown(time: u64, stack: u32) -> Slot {
+        Slot { size: 0, word: time.min(MAX_TIME), stack: NO_STACK, aux: stack }
+    }
+
+    #[inline]
+    fn is_live(&self) -> bool {
+        self.word & LIVE != 0
+    }
+
+    #[inline]
+    fn seen(&self) -> bool {
+        self.word & SEEN != 0
+    }
+
+    #[inline]
+    fn time(&self) -> u64 {
+        self.word & MAX_TIME
+    }
+
+    /// The block as allocated; once freed its time is not kept (0).
+    #[inline]
+    fn block(&self) -> Block {
+        let family = Family::from_u64((self.word >> FAMILY_SHIFT) & 0xf).unwrap_or(Family::Malloc);
+        let (time, align) = if self.is_live() { (self.time(), self.aux as u8) } else { (0, 0) };
+        Block { size: self.size, stack: self.stack, family, time, align }
+    }
+
+    /// Freed at `time` from backtrace `stack`.
+    #[inline]
+    fn freed(&mut self, time: u64, stack: u32) {
+        self.word = (self.word & !(LIVE | MAX_TIME)) | time.min(MAX_TIME);
+        self.aux = stack;
+    }
 }
 
 /// A backtrace index that stands for none.
@@ -99,23 +157,16 @@ impl Heap {
     #[inline]
     pub fn alloc(&mut self, addr: u64, b: Block) -> Change {
         let found = self.slots.find(addr);
+        let slot = Slot::live(&b);
         let Some(s) = self.slots.at(found) else {
             self.live_slots += 1;
-            let change = Change { born: Some(b.clone()), ..Change::default() };
-            self.slots.insert(
-                found,
-                addr,
-                Slot { block: b, seen: true, live: true, free_time: 0, free_stack: NO_STACK },
-            );
-            return change;
+            self.slots.insert(found, addr, slot);
+            return Change { born: Some(b), ..Change::default() };
         };
-        let born = Some(b.clone());
-        let old = std::mem::replace(&mut s.block, b);
-        let ended = s.live.then_some(old);
-        self.live_slots += usize::from(!s.live);
-        s.live = true;
-        s.seen = true;
-        Change { ended, born, outcome: Outcome::None }
+        let ended = s.is_live().then(|| s.block());
+        self.live_slots += usize::from(!s.is_live());
+        *s = slot;
+        Change { ended, born: Some(b), outcome: Outcome::None }
     }
 
     /// A free of `addr` at `time`, from backtrace `stack` ([`NO_STACK`]:
@@ -126,43 +177,42 @@ impl Heap {
         let Some(s) = self.slots.at(found) else {
             // Kept, so that a second free of it is one.
             self.unmatched += 1;
-            let none = Block { size: 0, stack: NO_STACK, family: mtrace_format::Family::Malloc, time: 0, align: 0 };
-            let slot = Slot { block: none, seen: false, live: false, free_time: time, free_stack: stack };
-            self.slots.insert(found, addr, slot);
+            self.slots.insert(found, addr, Slot::unknown(time, stack));
             return Change { outcome: Outcome::Unknown, ..Change::default() };
         };
-        if s.live {
-            s.live = false;
-            (s.free_time, s.free_stack) = (time, stack);
+        if s.is_live() {
+            let ended = s.block();
+            s.freed(time, stack);
             self.live_slots -= 1;
-            return Change { ended: Some(s.block.clone()), outcome: Outcome::Ended, ..Change::default() };
+            return Change { ended: Some(ended), outcome: Outcome::Ended, ..Change::default() };
         }
         self.unmatched += 1;
-        let outcome = Outcome::Again { after: s.free_time, first_free: s.free_stack };
-        (s.free_time, s.free_stack) = (time, stack);
+        let outcome = Outcome::Again { after: s.time(), first_free: s.aux };
+        s.freed(time, stack);
         Change { outcome, ..Change::default() }
     }
 
     /// Whether `addr` has a live block (`None`: no block was ever seen there).
     pub fn is_live(&self, addr: u64) -> Option<bool> {
-        self.slots.get(addr).map(|s| s.live)
+        self.slots.get(addr).map(|s| s.is_live())
     }
 
-    /// The block allocated last at `addr`, live or freed, if any.
-    pub fn block(&self, addr: u64) -> Option<&Block> {
-        self.slots.get(addr).filter(|s| s.seen).map(|s| &s.block)
+    /// The block allocated last at `addr`, live or freed, if any (a freed
+    /// one's time is not kept: 0).
+    pub fn block(&self, addr: u64) -> Option<Block> {
+        self.slots.get(addr).filter(|s| s.seen()).map(Slot::block)
     }
 
     /// The block whose bytes hold `addr`, with its start: a live one, else
     /// one already freed (the second of the pair says it is freed). Looks
     /// at every address kept: for the rare free of an address that is not
     /// a block's.
-    pub fn containing(&self, addr: u64) -> Option<(u64, &Block, bool)> {
+    pub fn containing(&self, addr: u64) -> Option<(u64, Block, bool)> {
         let mut found = self
             .slots
             .iter()
-            .filter(|(a, s)| s.seen && *a <= addr && addr - a < s.block.size.max(1))
-            .map(|(a, s)| (a, &s.block, !s.live));
+            .filter(|(a, s)| s.seen() && *a <= addr && addr - a < s.size.max(1))
+            .map(|(a, s)| (a, s.block(), !s.is_live()));
         let first = found.next()?;
         Some(if first.2 { found.find(|f| !f.2).unwrap_or(first) } else { first })
     }
@@ -173,10 +223,10 @@ impl Heap {
     }
 
     /// Live blocks with their addresses.
-    pub fn live(&self) -> impl Iterator<Item = (u64, &Block)> {
+    pub fn live(&self) -> impl Iterator<Item = (u64, Block)> + '_ {
         // Nothing live (a program that freed everything): no walk at all.
         let slots = (self.live_slots > 0).then(|| self.slots.iter()).into_iter().flatten();
-        slots.filter(|(_, s)| s.live).map(|(a, s)| (a, &s.block))
+        slots.filter(|(_, s)| s.is_live()).map(|(a, s)| (a, s.block()))
     }
 }
 
@@ -215,6 +265,6 @@ mod tests {
 
     #[test]
     fn a_slot_is_small() {
-        assert_eq!(std::mem::size_of::<(u64, Slot)>(), 48);
+        assert_eq!(std::mem::size_of::<(u64, Slot)>(), 32);
     }
 }

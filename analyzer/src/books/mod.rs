@@ -21,7 +21,7 @@ use wrong::{Concerned, Dealloc, WrongFree, WrongKind};
 use rustc_hash::FxHashMap as HashMap;
 
 /// A live heap block or mapping.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct Block {
     /// Requested size, bytes.
     pub size: u64,
@@ -426,7 +426,7 @@ impl Books {
                 false => wrong::misdescribed(b, &d),
             };
             if let Some(kind) = kind {
-                let block = Concerned { addr, block: b.clone(), freed: false };
+                let block = Concerned { addr, block: *b, freed: false };
                 self.mismatches.add(wrong(kind, Some(block), None));
             }
         }
@@ -437,13 +437,13 @@ impl Books {
             }
             heap::Outcome::Again { after, first_free } if self.collecting_since.is_some_and(|since| after >= since) => {
                 let first = (first_free != heap::NO_STACK).then_some(first_free);
-                let freed = self.heap.block(addr).map(|b| Concerned { addr, block: b.clone(), freed: true });
+                let freed = self.heap.block(addr).map(|b| Concerned { addr, block: b, freed: true });
                 wrong(WrongKind::DoubleFree, freed, first)
             }
             heap::Outcome::Unknown if self.whole => {
                 let inside = if self.lookups_left > 0 {
                     self.lookups_left -= 1;
-                    self.heap.containing(addr).map(|(a, b, freed)| Concerned { addr: a, block: b.clone(), freed })
+                    self.heap.containing(addr).map(|(a, b, freed)| Concerned { addr: a, block: b, freed })
                 } else {
                     None
                 };
@@ -536,12 +536,12 @@ impl Books {
             self.shrink(&b);
             let b_end = s + page_len(b.size);
             if s < addr {
-                let head = Block { size: addr - s, ..b.clone() };
+                let head = Block { size: addr - s, ..b };
                 self.live_add(&head, head.size, 1);
                 self.maps.insert(s, head);
             }
             if b_end > end {
-                let tail = Block { size: b_end - end, ..b.clone() };
+                let tail = Block { size: b_end - end, ..b };
                 self.live_add(&tail, tail.size, 1);
                 self.maps.insert(end, tail);
             }
@@ -550,8 +550,8 @@ impl Books {
     }
 
     /// Everything still live: heap blocks and mappings, with their addresses.
-    pub fn live_blocks(&self) -> impl Iterator<Item = (u64, &Block)> {
-        self.heap.live().filter(|(_, b)| b.family != Family::Internal).chain(self.maps.iter().map(|(&a, b)| (a, b)))
+    pub fn live_blocks(&self) -> impl Iterator<Item = (u64, Block)> + '_ {
+        self.heap.live().filter(|(_, b)| b.family != Family::Internal).chain(self.maps.iter().map(|(&a, &b)| (a, b)))
     }
 
     /// Live bytes and blocks per backtrace, with the family of its blocks.

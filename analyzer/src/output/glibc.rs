@@ -19,7 +19,7 @@ pub fn print_compat(log: &Path, prog: Option<&Path>, out: &mut dyn Write) -> Res
         writeln!(out, "{}", c.text)?;
     }
     let mut sym = Symbolizer::new(Default::default());
-    let mut blocks: Vec<(u64, &Block)> = t.books.live_blocks().collect();
+    let mut blocks: Vec<(u64, Block)> = t.books.live_blocks().collect();
     blocks.sort_by_key(|(a, _)| *a);
     if !blocks.is_empty() {
         writeln!(out, "\nMemory not freed:\n-----------------\n           Address     Size     Caller")?;

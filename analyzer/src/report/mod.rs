@@ -354,7 +354,7 @@ pub fn build_view(
     let mut live_total = (0i64, 0i64);
     let mut live_var = (0.0f64, 0.0f64);
     for (addr, b) in t.books.live_blocks() {
-        if view.keep.is_some_and(|k| !k(addr, b)) {
+        if view.keep.is_some_and(|k| !k(addr, &b)) {
             continue;
         }
         // In a sampled trace, what the block stands for.
