@@ -1,6 +1,7 @@
 //! The analyzer's core, shared by the `mtrace` binary and the fuzzing
 //! targets (fuzz/). From the bottom up:
 //! - [`trace`]: the data model (one trace as read), which everything reads;
+//! - `addr_table`: values by address (the heap's blocks);
 //! - [`books`], [`order`], [`stats`]: what the records add up to;
 //! - [`input`]: readers filling a [`trace::Trace`] — an mtrace stream,
 //!   glibc's MALLOC_TRACE log, a stream still arriving;
@@ -12,6 +13,7 @@
 //! The command-line front ends (`run`, `attach`, `server`, `client`, the
 //! console) live in the binary.
 
+mod addr_table;
 pub mod books;
 pub mod bounded;
 pub mod input;

@@ -14,9 +14,7 @@
 use super::Block;
 use mtrace_format::Family;
 
-mod hint;
-mod table;
-use table::Table;
+use crate::addr_table::Table;
 
 /// Events of different threads closer than this (ns) are ordered by the
 /// allocator's contract, not by their times: it covers the skew between

@@ -13,7 +13,7 @@ use crate::books::Block;
 use crate::input::live::{LiveBooks, State};
 use crate::output::words::{plural, thousands};
 use crate::report::{SortKey, View};
-use crate::scan::{Classified, Kind};
+use crate::scan::Kind;
 use crate::trace::{Trace, SCAN_MARKER};
 use crate::ReportOpts;
 
@@ -283,10 +283,7 @@ impl<'a> Console<'a> {
             |st, n| {
                 let t = st.trace.as_mut().expect("a marker came, so the header did");
                 let res = crate::pipeline::view(t, None, true, |t| {
-                    let classes: HashMap<u64, Classified> = crate::scan::classify(t, opts.leak_check_heuristics)?
-                        .into_iter()
-                        .map(|c| (c.addr, c))
-                        .collect();
+                    let classes = crate::scan::classify(t, opts.leak_check_heuristics)?;
                     let keep = |addr: u64, b: &Block| match (mode, last) {
                         ("new", Some(l)) => b.time > l.snapshot_time,
                         ("leak", Some(l)) => l.lost.contains(&(addr, b.time)),
@@ -297,8 +294,8 @@ impl<'a> Console<'a> {
                     r.summary.until_marker = Some(format!("{SCAN_MARKER}#{n}"));
                     let mut found =
                         LastScan { snapshot_time: t.snapshot_time, lost: HashSet::default(), lost_bytes: 0 };
-                    for (addr, b) in t.books.live_blocks() {
-                        if classes.get(&addr).is_some_and(|c| matches!(c.kind, Kind::Definite | Kind::Indirect)) {
+                    for (place, (addr, b)) in t.books.live_blocks().enumerate() {
+                        if classes.at(place, addr).is_some_and(|c| matches!(c.kind, Kind::Definite | Kind::Indirect)) {
                             found.lost.insert((addr, b.time));
                             found.lost_bytes += b.estimate(t.books.sample_rate).0;
                         }

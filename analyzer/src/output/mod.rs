@@ -18,10 +18,8 @@ pub mod words;
 use std::io::{self, Write};
 use std::path::Path;
 
-use rustc_hash::FxHashMap as HashMap;
-
 use crate::report::Report;
-use crate::scan::Classified;
+use crate::scan::Classes;
 use crate::symbolize::Symbolizer;
 use crate::trace::Trace;
 
@@ -84,7 +82,7 @@ pub struct Sources<'a> {
     /// Its report model.
     pub report: Option<&'a mut Report>,
     /// The leak scan's classes (`crate::pipeline::classify`).
-    pub classes: Option<&'a HashMap<u64, Classified>>,
+    pub classes: Option<&'a Classes>,
 }
 
 /// Writes form `f` of `src` to `w`. Asking for a form that

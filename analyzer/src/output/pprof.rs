@@ -23,7 +23,7 @@ use std::io::{self, Write};
 use prost::Message;
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::scan::{Classified, Kind};
+use crate::scan::{Classes, Kind};
 use crate::symbolize::{module_at, Symbolizer};
 use crate::trace::Trace;
 
@@ -149,7 +149,7 @@ impl Builder {
 /// trace has one), at most `depth` recorded frames per backtrace.
 pub fn write(
     t: &Trace,
-    classes: Option<&HashMap<u64, Classified>>,
+    classes: Option<&Classes>,
     sym: &mut Symbolizer,
     depth: Option<usize>,
     w: &mut dyn Write,
@@ -162,12 +162,7 @@ pub fn write(
 }
 
 /// The profile message of [`write`], before encoding.
-fn profile(
-    t: &Trace,
-    classes: Option<&HashMap<u64, Classified>>,
-    sym: &mut Symbolizer,
-    depth: Option<usize>,
-) -> proto::Profile {
+fn profile(t: &Trace, classes: Option<&Classes>, sym: &mut Symbolizer, depth: Option<usize>) -> proto::Profile {
     let mut b = Builder::default();
     b.string("");
     b.p.sample_type = vec![
@@ -192,8 +187,8 @@ fn profile(
             v[1] = tot.bytes as i64;
         }
     }
-    for (addr, blk) in t.books.live_blocks() {
-        let kind = classes.and_then(|c| c.get(&addr)).map(|c| c.kind);
+    for (place, (addr, blk)) in t.books.live_blocks().enumerate() {
+        let kind = classes.and_then(|c| c.at(place, addr)).map(|c| c.kind);
         let v = values.entry((blk.stack, kind)).or_default();
         let (size, n) = blk.estimate(t.books.sample_rate);
         v[2] += n as i64;
@@ -221,6 +216,7 @@ fn profile(
 mod tests {
     use super::*;
     use crate::books::Block;
+    use crate::scan::Classified;
     use mtrace_format::Family;
 
     /// Two backtraces, one block of each live, one classified: the values,
@@ -236,8 +232,8 @@ mod tests {
         }
         t.books.free(1, 0x20, 2);
         t.books.settle();
-        let classes: HashMap<u64, Classified> =
-            [(0x30, Classified { addr: 0x30, kind: Kind::Definite, owner: None, via: None })].into_iter().collect();
+        let classes =
+            Classes::from_verdicts(&[Classified { addr: 0x30, kind: Kind::Definite, owner: None, via: None }]);
         let mut sym = Symbolizer::new(Default::default());
         let p = profile(&t, Some(&classes), &mut sym, None);
         let s = |i: i64| p.string_table[i as usize].as_str();

@@ -301,12 +301,12 @@ impl ReportOpts {
 /// The leak scan's classes of `t`'s blocks by address, when `t` has a
 /// complete snapshot and is not a window since a marker (whose baseline
 /// blocks the snapshot does not tell apart); and the seconds it took.
-pub fn classify(t: &Trace, heuristics: scan::Heuristics) -> (Option<HashMap<u64, scan::Classified>>, f64) {
+pub fn classify(t: &Trace, heuristics: scan::Heuristics) -> (Option<scan::Classes>, f64) {
     if t.baseline.is_some() {
         return (None, 0.0);
     }
     let started = std::time::Instant::now();
-    let classes = scan::classify(t, heuristics).map(|v| v.into_iter().map(|c| (c.addr, c)).collect());
+    let classes = scan::classify(t, heuristics);
     (classes, started.elapsed().as_secs_f64())
 }
 

@@ -63,7 +63,7 @@ pub struct View<'a> {
     pub keep: Option<&'a BlockFilter<'a>>,
     /// The classification of the trace's snapshot (`crate::pipeline::classify`):
     /// entries are per backtrace and leak kind with it.
-    pub classes: Option<&'a HashMap<u64, crate::scan::Classified>>,
+    pub classes: Option<&'a crate::scan::Classes>,
     /// Blocks (address, allocation time in ns) an earlier scan found
     /// definitely or indirectly lost: what the sort keys `bytes-leaked`
     /// and `leaks` count when the report has no scan of its own.
@@ -353,7 +353,7 @@ pub fn build_view(
     let mut owner_group: HashMap<u64, u32> = HashMap::default();
     let mut live_total = (0i64, 0i64);
     let mut live_var = (0.0f64, 0.0f64);
-    for (addr, b) in t.books.live_blocks() {
+    for (place, (addr, b)) in t.books.live_blocks().enumerate() {
         if view.keep.is_some_and(|k| !k(addr, &b)) {
             continue;
         }
@@ -364,7 +364,7 @@ pub fn build_view(
         let var = b.variance(t.books.sample_rate);
         live_var.0 += var.0;
         live_var.1 += var.1;
-        let class = classes.as_ref().and_then(|c| c.get(&addr));
+        let class = classes.as_ref().and_then(|c| c.at(place, addr));
         let kind = class.map(|c| c.kind);
         let lost = match (kind, view.lost_before) {
             (Some(k), _) => matches!(k, Kind::Definite | Kind::Indirect),

@@ -12,9 +12,8 @@ fn run(blocks: &[(u64, u64)], regions: Vec<Region>) -> Vec<Kind> {
     }
     t.books.settle();
     t.snapshot = Some(regions);
-    let mut c = classify(&t, Heuristics::ALL).unwrap();
-    c.sort_by_key(|c| c.addr);
-    c.into_iter().map(|c| c.kind).collect()
+    let c = classify(&t, Heuristics::ALL).unwrap();
+    c.iter().map(|c| c.kind).collect()
 }
 
 const HEAP: u64 = 0x10000;
@@ -135,8 +134,7 @@ fn heuristics_need_their_exact_layout() {
     }
     t.books.settle();
     t.snapshot = Some(vec![roots, region(HEAP, &heap, region_kind::MAPPING)]);
-    let mut c = classify(&t, Heuristics::ALL).unwrap();
-    c.sort_by_key(|c| c.addr);
+    let c = classify(&t, Heuristics::ALL).unwrap();
     let got: Vec<(Kind, Option<Heuristic>)> = c.iter().map(|c| (c.kind, c.via)).collect();
     use Kind::*;
     assert_eq!(

@@ -1,5 +1,5 @@
-//! A hint to the CPU about the heap's tables: it changes nothing the
-//! program reads or writes. The only `unsafe` of the books.
+//! A hint to the CPU about the table's lines: it changes nothing the
+//! program reads or writes. The only `unsafe` of the table.
 
 /// Asks the CPU for the cache line holding `p`; it never faults, whatever
 /// `p` (a no-op on other architectures).

@@ -1,6 +1,7 @@
-//! The heap's slots by address: an open-addressing index (address → slot
-//! number, linear probing) over a slab of slots, whose cache lines for an
-//! address can be fetched ahead of time.
+//! Values by address: an open-addressing index (address → slot number,
+//! linear probing) over a slab of slots, whose cache lines for an address
+//! can be fetched ahead of time. It holds the heap's blocks
+//! (`crate::books`).
 //!
 //! Why not a `HashMap<u64, Slot>` (hashbrown): `mtrace report` of jq (1.6 M
 //! blocks live at once) spent 55% of its time waiting for the map's three
@@ -14,17 +15,16 @@
 //! the index writes 8-byte entries; the slab grows by `realloc`, which for
 //! a large block is `mremap` (no copy).
 
-use super::hint::prefetch;
+mod hint;
+use hint::prefetch;
 
 /// One bucket of the index, a u64: 32 bits of the address's hash (its
 /// tag) in the high half, its slot number plus one in the low half (0: a
-/// free bucket). 8 bytes, so that the index, half to three quarters full,
-/// costs 11 to 16 bytes an address rather than twice that with the whole
-/// address in it (issue 43: the books' bytes per live block). A tag that
+/// free bucket). 8 bytes, so that the index costs half what it would with
+/// the whole address in it (issue 43: the books' bytes per live block;
+/// see [`LARGE`]). A tag that
 /// matches is confirmed against the address kept in the slot, a line the
-/// event reads next anyway. A free bucket is all zeros so that a new
-/// index is the zeroed memory the kernel hands out, not a pass writing
-/// every bucket (that pass was 40% of a rebuild's time).
+/// event reads next anyway. A free bucket is all zeros.
 fn entry(tag: u32, id: u32) -> u64 {
     u64::from(tag) << 32 | u64::from(id + 1)
 }
@@ -50,17 +50,31 @@ const EMPTY: u32 = u32::MAX;
 fn tag(key: u64) -> u32 {
     (key.wrapping_mul(0xC2B2_AE3D_27D4_EB4F) >> 32) as u32
 }
-/// Buckets of a new index.
+/// Buckets of a new index (a power of two).
 const MIN_BUCKETS: usize = 1 << 12;
 
-/// The index grows by half when more than three quarters of its buckets
-/// are taken, so it is half to three quarters full. A power of two at
-/// most half full (what it was) cost 16 to 32 bytes an address, 27 at 20 M
-/// addresses; linear probing at three quarters full still finds an
-/// address in 2.5 entries on average (Knuth's (1 + 1/(1 − α)) / 2), a
-/// missing one in 8.5: one or two cache lines of 8-byte entries.
+/// From this many buckets (64 MiB of index) on, the index is "large": up
+/// to three quarters full, its homes from a stronger hash.
+///
+/// Below it, at most half full and Fibonacci hashing (one multiply): the
+/// fastest for the tables of real programs, where memory is not the
+/// question. At most half full, an index of a power of two costs 16 to 32
+/// bytes an address (27 at 20 M addresses: with the heap's 32-byte slot,
+/// 68 bytes a block in all); three quarters full, 10.7 to 21 (13.4 at 5 M
+/// and 20 M: 44 to 45 bytes a block, issue 43's target 48). Fibonacci hashing clusters
+/// there: jq's 1.6 M addresses took 22 probes a lookup at three quarters
+/// full against 2.5 with murmur3's finalizer (two multiplies), which
+/// still made `mtrace report` of jq 0.28 -> 0.35 s; at half full
+/// Fibonacci took 2.5 and murmur 0.33 s. So the large index alone pays.
+const LARGE: usize = 1 << 23;
+
+/// Whether `len` addresses overfill an index of `buckets`.
 fn full(len: usize, buckets: usize) -> bool {
-    len * 4 > buckets * 3
+    if buckets >= LARGE {
+        len * 4 > buckets * 3
+    } else {
+        len * 2 > buckets
+    }
 }
 
 /// Slots, each with its address, so that a walk over all of them
@@ -98,41 +112,51 @@ impl Found {
     }
 }
 
-/// Slots of type `V` by address (u64). Slot numbers are 32 bits (below
-/// [`EMPTY`]): four billion addresses kept at once would need far more
-/// memory than exists.
+/// Slots of type `V` by address (u64), numbered in the order they were
+/// inserted (from 0). Slot numbers are 32 bits (below [`EMPTY`]): four
+/// billion addresses kept at once would need far more memory than exists.
 pub struct Table<V> {
-    /// Half to three quarters full ([`full`]), of any length.
+    /// A power of two in length, at most half full, or three quarters
+    /// when large ([`full`]).
     index: Vec<u64>,
+    /// 64 − log2(index.len()): the hash is the product's top bits.
+    shift: u32,
     len: usize,
     slab: Slab<V>,
 }
 
 impl<V> Default for Table<V> {
     fn default() -> Table<V> {
-        Table { index: vec![0; MIN_BUCKETS], len: 0, slab: Slab::default() }
+        Table { index: vec![0; MIN_BUCKETS], shift: shift_for(MIN_BUCKETS), len: 0, slab: Slab::default() }
     }
 }
 
+fn shift_for(buckets: usize) -> u32 {
+    64 - buckets.trailing_zeros()
+}
+
 impl<V> Table<V> {
-    /// The home bucket of `key`: Fibonacci hashing (blocks are 16-byte
-    /// aligned, so the low bits alone would crowd), scaled to the index's
-    /// length by the product's high half (Lemire's "fast range"), which
-    /// needs no power of two.
+    /// The home bucket of `key`: the top bits of Fibonacci hashing
+    /// (blocks are 16-byte aligned, so the low bits alone would crowd),
+    /// or of murmur3's 64-bit finalizer when the index is large ([`LARGE`]).
     #[inline]
     fn home(&self, key: u64) -> usize {
-        let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        ((u128::from(h) * self.index.len() as u128) >> 64) as usize
+        let h = if self.index.len() < LARGE {
+            key.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        } else {
+            let mut h = key ^ (key >> 33);
+            h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+            h ^= h >> 33;
+            h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+            h ^ (h >> 33)
+        };
+        (h >> self.shift) as usize
     }
 
     /// The bucket after `i` in a probe.
     #[inline]
     fn next(&self, i: usize) -> usize {
-        if i + 1 == self.index.len() {
-            0
-        } else {
-            i + 1
-        }
+        (i + 1) & (self.index.len() - 1)
     }
 
     /// The bucket holding `key`, or the free one ending its probe.
@@ -191,7 +215,7 @@ impl<V> Table<V> {
         debug_assert!(f.vacant());
         self.len += 1;
         let bucket = if full(self.len, self.index.len()) {
-            self.rebuild(self.index.len() + self.index.len() / 2);
+            self.rebuild(self.index.len() * 2);
             self.bucket(key).0
         } else {
             f.bucket
@@ -200,7 +224,7 @@ impl<V> Table<V> {
         self.index[bucket] = entry(tag(key), id);
     }
 
-    /// Every address with its slot, in no particular order.
+    /// Every address with its slot, in the order they were inserted.
     pub fn iter(&self) -> impl Iterator<Item = (u64, &V)> {
         self.slab.slots.iter().map(|(k, v)| (*k, v))
     }
@@ -211,7 +235,12 @@ impl<V> Table<V> {
         // The old index goes first: the new one is built from the slab,
         // and both at once would be the books' peak.
         self.index = Vec::new();
-        self.index = vec![0; buckets];
+        // Zeros written in order: zeroed memory from the kernel (`vec![0;
+        // n]`, calloc) is faulted in a page at a time by the scattered
+        // writes below, which made reporting jq 0.30 -> 0.34 s.
+        self.index = Vec::with_capacity(buckets);
+        self.index.resize(buckets, 0);
+        self.shift = shift_for(buckets);
         // The homes are random: each is a cache miss unless asked for
         // ahead (rebuilds were a fifth of reporting 20 M live blocks).
         const AHEAD: usize = 64;
@@ -273,6 +302,22 @@ mod tests {
         *t.at(t.find(0x5555_0000_0040)).unwrap() += 1;
         assert_eq!(t.get(0x5555_0000_0040), Some(&0x5555_0000_0041));
         assert_eq!(t.iter().count(), 100_000);
+    }
+
+    #[test]
+    fn a_large_index_is_fuller_and_still_finds_every_address() {
+        // 5 M addresses: past half of 2^22 buckets the index doubles to
+        // 2^23, large, which holds up to three quarters (6.3 M).
+        let mut t: Table<u64> = Table::default();
+        let keys = (0..5_000_000u64).map(|k| 0x5555_0000_0000 + k * 48);
+        for a in keys.clone() {
+            let f = t.find(a);
+            assert!(f.vacant());
+            t.insert(f, a, a);
+        }
+        assert_eq!(t.index.len(), LARGE);
+        assert!(keys.clone().all(|a| t.get(a) == Some(&a)));
+        assert!(t.get(0x5555_0000_0010).is_none());
     }
 
     #[test]

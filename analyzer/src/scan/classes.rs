@@ -1,0 +1,152 @@
+//! The scan's verdicts, kept small and in the order the books list their
+//! live blocks ([`crate::books::Books::live_blocks`]), which is the order
+//! every reader of them walks: the report, the pprof profile and the
+//! console read the verdict of the `j`th block at place `j`, with no
+//! lookup. 20 bytes a block (its address and verdict, 16; its place in
+//! address order, 4). A hashbrown map of [`Classified`] and the vector it
+//! was built from took 101 bytes a block at 5 M blocks; a table by address
+//! (`crate::addr_table`) 29 bytes, and its lookups, a cache miss or two
+//! each, were a third of reporting 20 M blocks with the scan (issue 43).
+
+use super::{Classified, Heuristic, Kind};
+
+/// A place that stands for no owner.
+const NO_OWNER: u32 = u32::MAX;
+
+/// One block's verdict: 8 bytes.
+#[derive(Clone, Copy, Default)]
+struct Class {
+    /// For an indirectly lost block, the place of the definitely lost
+    /// block that owns it ([`NO_OWNER`]: none).
+    owner: u32,
+    /// None: the block at this place was not classified (a mapping, a
+    /// pool block, one allocated after the snapshot).
+    kind: Option<Kind>,
+    via: Option<Heuristic>,
+}
+
+/// Every classified block's kind, by its place among the books' live
+/// blocks and by address.
+#[derive(Default)]
+pub struct Classes {
+    /// Per place: the block's address and verdict.
+    places: Vec<(u64, Class)>,
+    /// The classified blocks' places, in address order.
+    sorted: Vec<u32>,
+}
+
+impl Classes {
+    /// Verdicts from the marking: `places` live blocks (the books' count,
+    /// classified or not), and for each classified block in address order
+    /// its address, place, kind, owner (its index in that address order;
+    /// an indirectly lost block's only) and the heuristic that reached it.
+    pub(super) fn new(places: usize, verdicts: impl ExactSizeIterator<Item = Verdict>) -> Classes {
+        let mut c = Classes { places: vec![(0, Class::default()); places], sorted: Vec::with_capacity(verdicts.len()) };
+        for v in verdicts {
+            let Some(slot) = c.places.get_mut(v.place as usize) else { continue };
+            *slot = (v.addr, Class { owner: NO_OWNER, kind: Some(v.kind), via: v.via });
+            c.sorted.push(v.place);
+        }
+        c
+    }
+
+    /// Sets the owner of the block at place `of` to the block at place `owner`.
+    pub(super) fn set_owner(&mut self, of: u32, owner: u32) {
+        if let Some((_, c)) = self.places.get_mut(of as usize) {
+            c.owner = owner;
+        }
+    }
+
+    /// The verdict on the block starting at `addr`, if it was classified
+    /// (a binary search: use [`Classes::at`] while walking the books).
+    pub fn get(&self, addr: u64) -> Option<Classified> {
+        let k = self.sorted.partition_point(|&p| self.places[p as usize].0 < addr);
+        let &p = self.sorted.get(k)?;
+        (self.places[p as usize].0 == addr).then(|| self.classified(p)).flatten()
+    }
+
+    /// The verdict on the books' `place`th live block, at `addr`: read at
+    /// its place, or looked up by address when the books changed since.
+    #[inline]
+    pub fn at(&self, place: usize, addr: u64) -> Option<Classified> {
+        match self.places.get(place) {
+            Some(&(a, c)) if a == addr && c.kind.is_some() => self.classified(place as u32),
+            _ => self.get(addr),
+        }
+    }
+
+    /// Every verdict, by address.
+    pub fn iter(&self) -> impl Iterator<Item = Classified> + '_ {
+        self.sorted.iter().filter_map(|&p| self.classified(p))
+    }
+
+    /// How many blocks were classified.
+    pub fn len(&self) -> usize {
+        self.sorted.len()
+    }
+
+    /// Whether none was.
+    pub fn is_empty(&self) -> bool {
+        self.sorted.is_empty()
+    }
+
+    fn classified(&self, place: u32) -> Option<Classified> {
+        let (addr, c) = self.places[place as usize];
+        let owner = (c.owner != NO_OWNER).then(|| self.places[c.owner as usize].0);
+        Some(Classified { addr, kind: c.kind?, owner, via: c.via })
+    }
+
+    /// Verdicts given by address, each block at a place of its own (for
+    /// tests of the readers: every read is then by address).
+    pub fn from_verdicts(verdicts: &[Classified]) -> Classes {
+        let mut sorted: Vec<&Classified> = verdicts.iter().collect();
+        sorted.sort_by_key(|c| c.addr);
+        let mut c = Classes::new(
+            sorted.len(),
+            sorted.iter().enumerate().map(|(i, v)| Verdict { addr: v.addr, place: i as u32, kind: v.kind, via: v.via }),
+        );
+        for (i, v) in sorted.iter().enumerate() {
+            if let Some(o) = v.owner.and_then(|o| sorted.iter().position(|w| w.addr == o)) {
+                c.set_owner(i as u32, o as u32);
+            }
+        }
+        c
+    }
+}
+
+/// One classified block, as the marking hands it over.
+pub(super) struct Verdict {
+    pub addr: u64,
+    /// Its place among the books' live blocks.
+    pub place: u32,
+    pub kind: Kind,
+    pub via: Option<Heuristic>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdicts_by_place_and_by_address_with_their_owners() {
+        // Three live blocks listed by the books in the order 0x30, 0x10,
+        // 0x20, and a fourth (a mapping) at place 3, not classified.
+        let v = |addr, place, kind| Verdict { addr, place, kind, via: None };
+        let verdicts = [v(0x10, 1, Kind::Definite), v(0x20, 2, Kind::Indirect), v(0x30, 0, Kind::Reachable)];
+        let mut c = Classes::new(4, verdicts.into_iter());
+        c.set_owner(2, 1);
+        let got = c.at(2, 0x20).unwrap();
+        assert_eq!((got.addr, got.kind, got.owner), (0x20, Kind::Indirect, Some(0x10)));
+        assert_eq!(c.get(0x20).map(|c| c.owner), Some(Some(0x10)));
+        // A place that moved: found by address.
+        assert_eq!(c.at(0, 0x10).map(|c| c.kind), Some(Kind::Definite));
+        assert!(c.at(3, 0x40).is_none() && c.get(0x18).is_none() && c.get(0x40).is_none());
+        assert_eq!(c.iter().map(|c| c.addr).collect::<Vec<_>>(), [0x10, 0x20, 0x30]);
+        assert_eq!(std::mem::size_of::<(u64, Class)>(), 16);
+        let d = Classes::from_verdicts(&[
+            Classified { addr: 0x50, kind: Kind::Indirect, owner: Some(0x40), via: None },
+            Classified { addr: 0x40, kind: Kind::Definite, owner: None, via: None },
+        ]);
+        assert_eq!(d.get(0x50).map(|c| c.owner), Some(Some(0x40)));
+    }
+}
