@@ -22,9 +22,8 @@ use hint::prefetch;
 /// tag) in the high half, its slot number plus one in the low half (0: a
 /// free bucket). 8 bytes, so that the index costs half what it would with
 /// the whole address in it (issue 43: the books' bytes per live block;
-/// see [`LARGE`]). A tag that
-/// matches is confirmed against the address kept in the slot, a line the
-/// event reads next anyway. A free bucket is all zeros.
+/// see [`LARGE`]). A tag that matches is confirmed against the address
+/// kept in the slot, a line the event reads next anyway.
 fn entry(tag: u32, id: u32) -> u64 {
     u64::from(tag) << 32 | u64::from(id + 1)
 }
@@ -61,11 +60,12 @@ const MIN_BUCKETS: usize = 1 << 12;
 /// question. At most half full, an index of a power of two costs 16 to 32
 /// bytes an address (27 at 20 M addresses: with the heap's 32-byte slot,
 /// 68 bytes a block in all); three quarters full, 10.7 to 21 (13.4 at 5 M
-/// and 20 M: 44 to 45 bytes a block, issue 43's target 48). Fibonacci hashing clusters
-/// there: jq's 1.6 M addresses took 22 probes a lookup at three quarters
-/// full against 2.5 with murmur3's finalizer (two multiplies), which
-/// still made `mtrace report` of jq 0.28 -> 0.35 s; at half full
-/// Fibonacci took 2.5 and murmur 0.33 s. So the large index alone pays.
+/// and 20 M: 44 to 45 bytes a block, issue 43's target 48). Fibonacci
+/// hashing clusters there: jq's 1.6 M addresses took 22 probes a lookup
+/// at three quarters full (2.5 at half full), 2.5 with murmur3's
+/// finalizer, which still made `mtrace report` of jq 0.28 -> 0.35 s; at
+/// half full murmur's second multiply alone made it 0.33 s. So only the
+/// large index pays for either.
 const LARGE: usize = 1 << 23;
 
 /// Whether `len` addresses overfill an index of `buckets`.
@@ -121,13 +121,12 @@ pub struct Table<V> {
     index: Vec<u64>,
     /// 64 − log2(index.len()): the hash is the product's top bits.
     shift: u32,
-    len: usize,
     slab: Slab<V>,
 }
 
 impl<V> Default for Table<V> {
     fn default() -> Table<V> {
-        Table { index: vec![0; MIN_BUCKETS], shift: shift_for(MIN_BUCKETS), len: 0, slab: Slab::default() }
+        Table { index: vec![0; MIN_BUCKETS], shift: shift_for(MIN_BUCKETS), slab: Slab::default() }
     }
 }
 
@@ -213,8 +212,7 @@ impl<V> Table<V> {
     /// Gives vacant `f`'s address (`key`) the slot `v`.
     pub fn insert(&mut self, f: Found, key: u64, v: V) {
         debug_assert!(f.vacant());
-        self.len += 1;
-        let bucket = if full(self.len, self.index.len()) {
+        let bucket = if full(self.slab.slots.len() + 1, self.index.len()) {
             self.rebuild(self.index.len() * 2);
             self.bucket(key).0
         } else {
@@ -242,7 +240,8 @@ impl<V> Table<V> {
         self.index.resize(buckets, 0);
         self.shift = shift_for(buckets);
         // The homes are random: each is a cache miss unless asked for
-        // ahead (rebuilds were a fifth of reporting 20 M live blocks).
+        // ahead (rebuilds of an index that grew by half, tried on the way,
+        // were a fifth of reporting 20 M live blocks).
         const AHEAD: usize = 64;
         for (id, (key, _)) in self.slab.slots.iter().enumerate() {
             if let Some((ahead, _)) = self.slab.slots.get(id + AHEAD) {
@@ -296,7 +295,7 @@ mod tests {
             assert!(f.vacant());
             t.insert(f, a, a);
         }
-        assert_eq!(t.len, 100_000);
+        assert_eq!(t.slab.slots.len(), 100_000);
         assert_eq!(t.get(0x5555_0000_0010), Some(&0x5555_0000_0010));
         assert!(t.get(0x5555_0000_0018).is_none());
         *t.at(t.find(0x5555_0000_0040)).unwrap() += 1;

@@ -37,23 +37,30 @@ pub struct Classes {
 
 impl Classes {
     /// Verdicts from the marking: `places` live blocks (the books' count,
-    /// classified or not), and for each classified block in address order
-    /// its address, place, kind, owner (its index in that address order;
-    /// an indirectly lost block's only) and the heuristic that reached it.
-    pub(super) fn new(places: usize, verdicts: impl ExactSizeIterator<Item = Verdict>) -> Classes {
-        let mut c = Classes { places: vec![(0, Class::default()); places], sorted: Vec::with_capacity(verdicts.len()) };
-        for v in verdicts {
-            let Some(slot) = c.places.get_mut(v.place as usize) else { continue };
-            *slot = (v.addr, Class { owner: NO_OWNER, kind: Some(v.kind), via: v.via });
-            c.sorted.push(v.place);
+    /// classified or not); `sorted`, the place of each classified block in
+    /// address order; `verdicts`, for each of them in that order its
+    /// address, kind and the heuristic that reached it.
+    pub(super) fn new(
+        places: usize,
+        sorted: Vec<u32>,
+        verdicts: impl Iterator<Item = (u64, Kind, Option<Heuristic>)>,
+    ) -> Classes {
+        // (Every place is below `places`, both counted in one walk; a
+        // larger one would only lengthen the table, never index past it.)
+        let places = places.max(sorted.iter().map(|&p| p as usize + 1).max().unwrap_or(0));
+        let mut c = Classes { places: vec![(0, Class::default()); places], sorted };
+        for (&p, (addr, kind, via)) in c.sorted.iter().zip(verdicts) {
+            c.places[p as usize] = (addr, Class { owner: NO_OWNER, kind: Some(kind), via });
         }
         c
     }
 
-    /// Sets the owner of the block at place `of` to the block at place `owner`.
-    pub(super) fn set_owner(&mut self, of: u32, owner: u32) {
-        if let Some((_, c)) = self.places.get_mut(of as usize) {
-            c.owner = owner;
+    /// The `i`th classified block in address order is owned by the
+    /// `owner`th (an indirectly lost block by its group's definitely lost
+    /// one).
+    pub(super) fn set_owner(&mut self, i: usize, owner: usize) {
+        if let (Some(&of), Some(&o)) = (self.sorted.get(i), self.sorted.get(owner)) {
+            self.places[of as usize].1.owner = o;
         }
     }
 
@@ -98,29 +105,19 @@ impl Classes {
 
     /// Verdicts given by address, each block at a place of its own (for
     /// tests of the readers: every read is then by address).
+    #[cfg(test)]
     pub fn from_verdicts(verdicts: &[Classified]) -> Classes {
         let mut sorted: Vec<&Classified> = verdicts.iter().collect();
         sorted.sort_by_key(|c| c.addr);
-        let mut c = Classes::new(
-            sorted.len(),
-            sorted.iter().enumerate().map(|(i, v)| Verdict { addr: v.addr, place: i as u32, kind: v.kind, via: v.via }),
-        );
+        let places = (0..sorted.len() as u32).collect();
+        let mut c = Classes::new(sorted.len(), places, sorted.iter().map(|v| (v.addr, v.kind, v.via)));
         for (i, v) in sorted.iter().enumerate() {
             if let Some(o) = v.owner.and_then(|o| sorted.iter().position(|w| w.addr == o)) {
-                c.set_owner(i as u32, o as u32);
+                c.set_owner(i, o);
             }
         }
         c
     }
-}
-
-/// One classified block, as the marking hands it over.
-pub(super) struct Verdict {
-    pub addr: u64,
-    /// Its place among the books' live blocks.
-    pub place: u32,
-    pub kind: Kind,
-    pub via: Option<Heuristic>,
 }
 
 #[cfg(test)]
@@ -131,10 +128,9 @@ mod tests {
     fn verdicts_by_place_and_by_address_with_their_owners() {
         // Three live blocks listed by the books in the order 0x30, 0x10,
         // 0x20, and a fourth (a mapping) at place 3, not classified.
-        let v = |addr, place, kind| Verdict { addr, place, kind, via: None };
-        let verdicts = [v(0x10, 1, Kind::Definite), v(0x20, 2, Kind::Indirect), v(0x30, 0, Kind::Reachable)];
-        let mut c = Classes::new(4, verdicts.into_iter());
-        c.set_owner(2, 1);
+        let verdicts = [(0x10, Kind::Definite, None), (0x20, Kind::Indirect, None), (0x30, Kind::Reachable, None)];
+        let mut c = Classes::new(4, vec![1, 2, 0], verdicts.into_iter());
+        c.set_owner(1, 0);
         let got = c.at(2, 0x20).unwrap();
         assert_eq!((got.addr, got.kind, got.owner), (0x20, Kind::Indirect, Some(0x10)));
         assert_eq!(c.get(0x20).map(|c| c.owner), Some(Some(0x10)));

@@ -23,7 +23,6 @@ pub mod heuristics;
 mod memory;
 use crate::trace::{Region, Word};
 pub use classes::Classes;
-use classes::Verdict;
 pub use heuristics::{Heuristic, Heuristics};
 use memory::Memory;
 
@@ -473,10 +472,9 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Classes> {
         State::Definite => Kind::Definite,
         _ => Kind::Indirect,
     };
-    let verdicts = (0..n).map(|i| Verdict { addr: heap.blocks[i].0, place: place[i], kind: kind(i), via: via[i] });
-    let mut classes = Classes::new(places, verdicts);
+    let mut classes = Classes::new(places, place, (0..n).map(|i| (heap.blocks[i].0, kind(i), via[i])));
     for i in (0..n).filter(|&i| kind(i) == Kind::Indirect) {
-        classes.set_owner(place[i], place[root(i)]);
+        classes.set_owner(i, root(i));
     }
     Some(classes)
 }
