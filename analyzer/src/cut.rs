@@ -1,6 +1,6 @@
-//! `mtrace cut TRACE -o OUT --max-trace-size SIZE`: a trace that grew too
-//! large (a run without `--max-trace-size`, a plain `LD_PRELOAD` trace)
-//! cut to its end, as `run --max-trace-size` would have kept it.
+//! `mtrace cut TRACE -o OUT --max-trace-size SIZE` (or `--max-trace-age
+//! DURATION`): a trace that grew too large (a run without a bound, a plain
+//! `LD_PRELOAD` trace) cut to its end, as `run` would have kept it.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,24 +9,25 @@ use anyhow::{Context, Result};
 use mtrace_analyzer::bounded::{self, Dest};
 
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("keep").required(true).multiple(true).args(["max_trace_size", "max_trace_age"])))]
 pub struct CutArgs {
     /// The trace file to cut (it is left as it is).
     trace: PathBuf,
     /// The cut trace, a new file (never overwritten).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: PathBuf,
-    /// At most SIZE bytes (K, M, G suffixes: powers of 1024; at least
-    /// 64K), plus a checkpoint: the newest part of the trace, starting at a
-    /// checkpoint that restates every block live then.
-    #[arg(long, value_name = "SIZE", value_parser = crate::relay::server::parse_size)]
-    max_trace_size: u64,
+    /// The newest part of the trace kept (at least one of the two),
+    /// starting at a checkpoint that restates every block live then.
+    #[command(flatten)]
+    bound: bounded::BoundArgs,
 }
 
 pub fn cut(a: CutArgs) -> Result<ExitCode> {
-    bounded::check_bound(a.max_trace_size)?;
+    // One of the two at least: clap requires it (the group "keep").
+    let bound = a.bound.bound()?.unwrap_or_default();
     let f = std::fs::File::open(&a.trace).with_context(|| format!("{}: cannot open", a.trace.display()))?;
     let len = f.metadata().map_or(0, |m| m.len());
-    let kept = bounded::keep(f, Dest::File(&a.output), a.max_trace_size, None)?;
+    let kept = bounded::keep(f, Dest::File(&a.output), bound, None)?;
     let out_len = std::fs::metadata(&a.output).map_or(0, |m| m.len());
     eprintln!(
         "mtrace: {} ({len} bytes) -> {} ({out_len} bytes, {} checkpoints{})",

@@ -27,12 +27,8 @@ pub struct RunArgs {
     /// Keep the trace files (in --trace-dir, or the temporary folder).
     #[arg(long)]
     keep_traces: bool,
-    /// Keep each process's trace within SIZE bytes (K, M, G suffixes:
-    /// powers of 1024; at least 64K): mtrace writes it with checkpoints
-    /// and drops its oldest part, so a run of any length still reports
-    /// every block live at its end (docs/FORMAT.md, "Checkpoint").
-    #[arg(long, value_name = "SIZE", value_parser = crate::relay::server::parse_size, conflicts_with = "interactive")]
-    max_trace_size: Option<u64>,
+    #[command(flatten)]
+    bound: crate::bounded::BoundArgs,
     /// After the program's report, report each other process it ran (its
     /// children, their children…) in full, in the order of the process
     /// tree the report starts with (text only).
@@ -60,7 +56,7 @@ pub struct RunArgs {
     /// The interactive console on the program while it runs (as
     /// `mtrace attach -i`); the report when it ends. The console reads the
     /// terminal, so the program's standard input is /dev/null.
-    #[arg(short = 'i', long = "interactive")]
+    #[arg(short = 'i', long = "interactive", conflicts_with_all = ["max_trace_size", "max_trace_age"])]
     interactive: bool,
     #[command(flatten)]
     rec: RecordingArgs,
@@ -179,11 +175,10 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         _ => lib.display().to_string(),
     };
     rec.output = Some(dir.join("%e.%p.mtrace").display().to_string());
-    let keepers = match a.max_trace_size {
-        Some(max) => {
-            crate::bounded::check_bound(max)?;
+    let keepers = match a.bound.bound()? {
+        Some(bound) => {
             let reports = rec.report_dir.as_ref().map(PathBuf::from);
-            let (k, addr) = crate::bounded::Keepers::start(&dir, max, reports, a.opts.depth)?;
+            let (k, addr) = crate::bounded::Keepers::start(&dir, bound, reports, a.opts.depth)?;
             rec.output = Some(addr);
             Some(k)
         }

@@ -50,8 +50,13 @@ fn whole_trace(dir: &std::path::Path, prog: &std::path::Path, args: &[&str]) -> 
 
 /// The trace `whole` kept within `max` bytes into the folder `into`.
 fn cut(whole: &std::path::Path, into: &std::path::Path, max: u64) -> bounded::Kept {
+    keep(whole, into, bounded::Bound { bytes: Some(max), age_ns: None })
+}
+
+/// The trace `whole` kept within `bound` into the folder `into`.
+fn keep(whole: &std::path::Path, into: &std::path::Path, bound: bounded::Bound) -> bounded::Kept {
     std::fs::create_dir_all(into).unwrap();
-    bounded::keep(std::fs::File::open(whole).unwrap(), bounded::Dest::Dir(into), max, None).unwrap()
+    bounded::keep(std::fs::File::open(whole).unwrap(), bounded::Dest::Dir(into), bound, None).unwrap()
 }
 
 /// `mtrace report --json` of `trace`, without the fields that name the file.
@@ -121,6 +126,47 @@ fn a_trace_cut_at_its_checkpoints_reports_what_the_whole_trace_does() {
     std::fs::write(dir.join("fb.json"), fb.to_string()).unwrap();
     assert_eq!(fa, fb);
     assert_eq!(fa["summary"]["from_ns"], times[1] + 1);
+}
+
+#[test]
+fn a_trace_kept_for_an_age_holds_its_last_part_and_reports_what_the_whole_trace_does() {
+    let dir = scratch("bounded_age");
+    let prog = build("long_run.c", &dir.join("long_run"), &["-g", "-O0"]);
+    // About 1.7 s (a millisecond's sleep in each of 1,500 rounds).
+    let whole = whole_trace(&dir, &prog, &["1500"]);
+    let age = 400_000_000;
+    let kept = keep(&whole, &dir.join("age"), bounded::Bound { bytes: None, age_ns: Some(age) });
+    assert!(kept.error.is_none() && kept.problems.is_empty(), "{kept:?}");
+    let (a, b) = (input::load(&whole).unwrap(), input::load(&kept.path).unwrap());
+    let (from, end) = (b.kept_from.unwrap(), b.last_time);
+    eprintln!("{kept:?}: kept from {from} ns of {end}");
+    // A checkpoint every 100 ms of the program's time, each keeping the
+    // newest checkpoint at least 400 ms old: from 400 ms before the
+    // latest checkpoint, and the latest at most some 100 ms before the
+    // end (then half as much again).
+    assert!(kept.checkpoints >= 10, "{kept:?}");
+    assert!(from + age <= end && from + age * 3 / 2 + 20_000_000 >= end, "kept from {from} ns of {end}");
+    assert_eq!(checkpoint_times(&kept.path)[0], from);
+    assert_eq!(counters(&a), counters(&b));
+    assert_eq!(live(&a), live(&b));
+    let (ra, mut rb) = (report(&whole), report(&kept.path));
+    assert!(rb["summary"].as_object_mut().unwrap().remove("kept_from_ns").is_some());
+    for k in ["summary", "kinds", "stacks", "errors"] {
+        assert_eq!(ra[k], rb[k], "{k}");
+    }
+    assert_eq!(ra["kinds"]["definite"]["blocks"], 30_000, "{}", ra["kinds"]);
+
+    // The option, from the command line: the run's last second or so.
+    let (v, out) = run_json(&dir, &["--no-scan", "--max-trace-age", "1s"], &prog, &["2000"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s = &v["summary"];
+    let (from, end) = (s["kept_from_ns"].as_u64().unwrap(), s["duration_ns"].as_u64().unwrap());
+    assert!(from + 1_000_000_000 <= end && from + 1_600_000_000 >= end, "{s}");
+    assert_eq!(s["allocations"], 4_040_002, "{s}");
+    let bad =
+        Command::new(mtrace()).args(["run", "--max-trace-age", "500ms", "--"]).arg(&prog).arg("1").output().unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--max-trace-age 0.500s: at least 1s"), "{bad:?}");
 }
 
 /// The times of the checkpoints of the trace at `path`, in order.

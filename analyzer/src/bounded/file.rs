@@ -18,8 +18,9 @@ pub struct TraceFile {
     header: Vec<u8>,
     /// Bytes written.
     len: u64,
-    /// Offsets of the checkpoints in the file, oldest first.
-    checkpoints: Vec<u64>,
+    /// Offsets of the checkpoints in the file and their times (ns since
+    /// the trace's start), oldest first.
+    checkpoints: Vec<(u64, u64)>,
     /// Bytes cut from the trace so far.
     pub dropped: u64,
 }
@@ -68,18 +69,27 @@ impl TraceFile {
         Ok(())
     }
 
-    /// A checkpoint starts at the current end.
-    pub fn mark_checkpoint(&mut self) {
-        self.checkpoints.push(self.len);
+    /// A checkpoint of the books at `time` (ns) starts at the current end.
+    pub fn mark_checkpoint(&mut self, time: u64) {
+        self.checkpoints.push((self.len, time));
     }
 
-    /// Cuts the file at its oldest checkpoint after which at most `keep`
-    /// bytes follow (the newest if none: a checkpoint larger than `keep`),
-    /// if that drops anything. Returns the bytes dropped.
-    pub fn cut_to(&mut self, keep: u64) -> Result<u64> {
-        let Some(&at) = self.checkpoints.iter().find(|&&o| self.len - o <= keep).or(self.checkpoints.last()) else {
-            return Ok(0);
-        };
+    /// The offset of the oldest checkpoint after which at most `keep`
+    /// bytes follow (the newest if none: a checkpoint larger than `keep`).
+    pub fn within(&self, keep: u64) -> Option<u64> {
+        let c = self.checkpoints.iter().find(|&&(o, _)| self.len - o <= keep).or(self.checkpoints.last());
+        c.map(|&(o, _)| o)
+    }
+
+    /// The offset of the newest checkpoint at or before `time` (ns).
+    pub fn newest_by(&self, time: u64) -> Option<u64> {
+        self.checkpoints.iter().rev().find(|&&(_, t)| t <= time).map(|&(o, _)| o)
+    }
+
+    /// Cuts the file at the checkpoint at offset `at` (the header stays,
+    /// the checkpoint follows it), if that drops anything. Returns the
+    /// bytes dropped.
+    pub fn cut_at(&mut self, at: u64) -> Result<u64> {
         let head = self.header.len() as u64;
         if at <= head {
             return Ok(0);
@@ -101,8 +111,8 @@ impl TraceFile {
         self.file = new;
         self.len = head + copied;
         let shift = at - head;
-        self.checkpoints.retain(|&o| o >= at);
-        for o in &mut self.checkpoints {
+        self.checkpoints.retain(|&(o, _)| o >= at);
+        for (o, _) in &mut self.checkpoints {
             *o -= shift;
         }
         self.dropped += shift;

@@ -1,8 +1,10 @@
-//! Bounded traces (`mtrace run --max-trace-size`): the program's processes
-//! stream to mtrace, which keeps each one's books as the records arrive
-//! and writes its trace file with a checkpoint (docs/FORMAT.md, record 28)
-//! every quarter of the bound; past three quarters, the file is cut at its
-//! oldest checkpoint that leaves at most half, so a run of any length
+//! Bounded traces (`mtrace run --max-trace-size`, `--max-trace-age`): the
+//! program's processes stream to mtrace, which keeps each one's books as
+//! the records arrive and writes its trace file with a checkpoint
+//! (docs/FORMAT.md, record 28) every quarter of the bound (of its size, or
+//! of its age in the program's time); past three quarters of the size,
+//! the file is cut at its oldest checkpoint that leaves at most half, and
+//! at the newest checkpoint at least the age old; so a run of any length
 //! keeps a trace within its bound that still reports every block live at
 //! its end, with its backtrace and allocation time, and the run's totals.
 //!
@@ -42,9 +44,69 @@ pub const MIN_BOUND: u64 = 64 << 10;
 
 /// `--max-trace-size`'s value (bytes), refused below [`MIN_BOUND`] in one
 /// line that names the option.
-pub fn check_bound(max: u64) -> Result<u64> {
+fn check_bound(max: u64) -> Result<u64> {
     anyhow::ensure!(max >= MIN_BOUND, "--max-trace-size {max}: at least 64K");
     Ok(max)
+}
+
+/// Parses a size (`--max-trace-size`, the server's `--spool-max`): bytes,
+/// or a number with K, M or G (powers of 1024;
+/// `mtrace_format::sampling::parse_bytes`), not 0.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    mtrace_format::sampling::parse_bytes(s)
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("{s:?} is not a size (like 4096, 64K, 256M, 1G)"))
+}
+
+/// The shortest `--max-trace-age`, ns: a checkpoint every quarter of it.
+pub const MIN_AGE_NS: u64 = 1_000_000_000;
+
+/// How much of a stream [`keep`] keeps: at most `bytes` (plus a
+/// checkpoint and one of the stream's blocks), and the last `age_ns` of
+/// the run (from the newest checkpoint at least `age_ns` old when the
+/// latest was written: with a checkpoint every quarter of the age, up to
+/// half as much again). Either or both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bound {
+    /// Bytes (`--max-trace-size`).
+    pub bytes: Option<u64>,
+    /// ns of the program's time, as the trace stamps it (`--max-trace-age`).
+    pub age_ns: Option<u64>,
+}
+
+/// `--max-trace-size SIZE` and `--max-trace-age DURATION`: the options of
+/// every command that keeps a stream within a bound (`run`, `client`,
+/// `cut`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct BoundArgs {
+    /// Keep each process's trace within SIZE bytes (K, M, G suffixes:
+    /// powers of 1024; at least 64K): mtrace writes it with checkpoints
+    /// and drops its oldest part, so a run of any length still reports
+    /// every block live at its end (docs/FORMAT.md, "Checkpoint").
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_trace_size: Option<u64>,
+    /// Keep the last DURATION of each process's trace (10s, 30m, 24h; at
+    /// least 1s), the same way: with a checkpoint every quarter of it, the
+    /// events before the newest checkpoint at least DURATION old are
+    /// dropped (so up to half as much again is kept). With
+    /// --max-trace-size, whichever keeps less.
+    #[arg(long, value_name = "DURATION", value_parser = crate::report::parse_duration)]
+    pub max_trace_age: Option<u64>,
+}
+
+impl BoundArgs {
+    /// The bound asked for (`None`: neither option), refused in one line
+    /// naming the option when too small.
+    pub fn bound(&self) -> Result<Option<Bound>> {
+        if let Some(max) = self.max_trace_size {
+            check_bound(max)?;
+        }
+        if let Some(age) = self.max_trace_age {
+            anyhow::ensure!(age >= MIN_AGE_NS, "--max-trace-age {:.3}s: at least 1s", age as f64 / 1e9);
+        }
+        let b = Bound { bytes: self.max_trace_size, age_ns: self.max_trace_age };
+        Ok((b != Bound::default()).then_some(b))
+    }
 }
 
 /// Raw bytes of records collected before they are compressed into a block.
@@ -123,13 +185,14 @@ pub enum Dest<'a> {
 }
 
 /// Reads one process's stream from `src` and writes it to a trace file at
-/// `dest` that stays within `max` bytes plus a checkpoint and a block:
-/// the stream's own bytes, with checkpoints between them. Decoding and the
-/// merge on one thread, the books and the file on another. Returns what
-/// it did; errors only when the file cannot be written (a stream that
-/// breaks off ends the file where it broke, as the preload's would).
-/// With `points`, writes the .memlog of each report point as it passes.
-pub fn keep(src: impl Read + Send, dest: Dest, max: u64, mut points: Option<&mut ReportPoints>) -> Result<Kept> {
+/// `dest` that stays within `bound` (bytes, plus a checkpoint and a block;
+/// age): the stream's own bytes, with checkpoints between them. Decoding
+/// and the merge on one thread, the books and the file on another.
+/// Returns what it did; errors only when the file cannot be written (a
+/// stream that breaks off ends the file where it broke, as the preload's
+/// would). With `points`, writes the .memlog of each report point as it
+/// passes.
+pub fn keep(src: impl Read + Send, dest: Dest, bound: Bound, mut points: Option<&mut ReportPoints>) -> Result<Kept> {
     let mut r = Reader::new(Tee { src: std::io::BufReader::with_capacity(1 << 16, src), copy: Vec::new(), base: 0 });
     let header = match r.header() {
         Ok(h) => h,
@@ -151,13 +214,21 @@ pub fn keep(src: impl Read + Send, dest: Dest, max: u64, mut points: Option<&mut
     let mut t = Trace::new(f.path(), header);
     let mut keeper = Keeper::new(&EVERYTHING);
     let mut kept = Kept { path: f.path().to_owned(), ..Default::default() };
-    let segment = max / 4;
-    // Where the last checkpoint ended (the header, before the first), and its size.
-    let (mut last, mut checkpoint_len) = (f.len(), 0);
+    // A checkpoint every quarter of the size, or of the age, whichever
+    // comes first; at least twice the last checkpoint's size between two:
+    // a large live set against a small bound would write little but
+    // checkpoints.
+    let segment = bound.bytes.map(|max| max / 4);
+    let period = bound.age_ns.map(|age| age / 4);
+    // Where and when the last checkpoint ended (the header, before the
+    // first), and its size.
+    let (mut last, mut last_time, mut checkpoint_len) = (f.len(), 0, 0);
     let mut overrun = false;
     // Stream bytes between two places offered for a checkpoint (its
-    // pending records are copied for each).
-    let gap = AtomicU64::new(segment);
+    // pending records are copied for each): with only an age, often
+    // enough that a slow program's trace is cut near its age.
+    let apart = |checkpoint_len: u64| segment.unwrap_or(MIN_BOUND).max(2 * checkpoint_len);
+    let gap = AtomicU64::new(apart(0));
     std::thread::scope(|sc| -> Result<()> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Item>>(4);
         let gap = &gap;
@@ -179,7 +250,7 @@ pub fn keep(src: impl Read + Send, dest: Dest, max: u64, mut points: Option<&mut
                         f.append(&b)?;
                         // No place for a checkpoint came (no chunk started
                         // at the stream's own level): said once.
-                        if f.len() - last > max * 2 && !overrun {
+                        if let Some(max) = bound.bytes.filter(|&max| f.len() - last > max * 2 && !overrun) {
                             overrun = true;
                             kept.problems.push(format!(
                                 "the trace grew by twice --max-trace-size ({max} bytes) after its last checkpoint: no place came \
@@ -187,21 +258,28 @@ pub fn keep(src: impl Read + Send, dest: Dest, max: u64, mut points: Option<&mut
                             ));
                         }
                     }
-                    // At least twice the last checkpoint's size between two:
-                    // a large live set against a small bound would write
-                    // little but checkpoints.
-                    Item::Quiet(pending) if f.len() - last >= segment.max(2 * checkpoint_len) => {
+                    Item::Quiet(pending) => {
+                        let by_size = segment.is_some_and(|s| f.len() - last >= s);
+                        let by_age = period.is_some_and(|p| t.last_time.saturating_sub(last_time) >= p);
+                        if !(by_size || by_age) || f.len() - last < 2 * checkpoint_len {
+                            continue;
+                        }
                         let at = f.len();
                         write_checkpoint(&mut t, &mut f, &pending)?;
                         checkpoint_len = f.len() - at;
-                        gap.store(segment.max(2 * checkpoint_len), Ordering::Relaxed);
+                        gap.store(apart(checkpoint_len), Ordering::Relaxed);
                         kept.checkpoints += 1;
-                        if f.len() > max / 4 * 3 {
-                            f.cut_to(max / 2)?;
+                        // Past three quarters of the size, cut to half; and
+                        // what is older than the age (the later of the two).
+                        let by_size =
+                            bound.bytes.filter(|&max| f.len() > max / 4 * 3).and_then(|max| f.within(max / 2));
+                        let by_age = bound.age_ns.and_then(|age| f.newest_by(t.last_time.checked_sub(age)?));
+                        if let Some(at) = by_size.max(by_age) {
+                            f.cut_at(at)?;
                         }
                         last = f.len();
+                        last_time = t.last_time;
                     }
-                    Item::Quiet(_) => {}
                     Item::Broken(e) => kept.error = Some(e),
                 }
             }
@@ -289,7 +367,7 @@ fn read<R: Read>(mut r: Reader<Tee<R>>, version: u64, tx: std::sync::mpsc::SyncS
 fn write_checkpoint(t: &mut Trace, f: &mut TraceFile, pending: &[(u32, Record)]) -> Result<()> {
     t.books.settle();
     let time = t.last_time;
-    f.mark_checkpoint();
+    f.mark_checkpoint(time);
     let mut enc = Encoder::new();
     let mut raw = Vec::with_capacity(BLOCK + 4096);
     let mut out = Vec::new();
@@ -327,11 +405,16 @@ pub struct Keepers {
 
 impl Keepers {
     /// Listens on a private socket (0600, in a 0700 folder) for streams,
-    /// keeping each in `dir` within `max` bytes, and writing the .memlog of
+    /// keeping each in `dir` within `bound`, and writing the .memlog of
     /// each report point into `reports` (none: the process's working
     /// directory) with at most `depth` frames per backtrace. Returns the keepers and
     /// the socket's address for `MTRACE_OUTPUT` (`unix:PATH`).
-    pub fn start(dir: &Path, max: u64, reports: Option<PathBuf>, depth: Option<usize>) -> Result<(Keepers, String)> {
+    pub fn start(
+        dir: &Path,
+        bound: Bound,
+        reports: Option<PathBuf>,
+        depth: Option<usize>,
+    ) -> Result<(Keepers, String)> {
         let sock_dir = tempfile::Builder::new().prefix("mtrace-keep.").tempdir()?;
         let sock = sock_dir.path().join("s.sock");
         let l = UnixListener::bind(&sock)?;
@@ -345,7 +428,7 @@ impl Keepers {
                 let (o, d, dir, reports) = (o.clone(), d.clone(), dir.clone(), reports.clone());
                 std::thread::spawn(move || {
                     let mut points = ReportPoints::new(reports, depth);
-                    let k = keep(s, Dest::Dir(&dir), max, Some(&mut points));
+                    let k = keep(s, Dest::Dir(&dir), bound, Some(&mut points));
                     d.lock().unwrap_or_else(|e| e.into_inner()).push(k);
                     o.fetch_sub(1, Ordering::AcqRel);
                 });

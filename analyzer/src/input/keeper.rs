@@ -444,7 +444,7 @@ impl<'w> Keeper<'w> {
         if let (Some(f), Some(kept)) = (self.w.from_ns, t.kept_from) {
             anyhow::ensure!(
                 f >= kept,
-                "{path}: --from {:.3} s is before the trace's start: it was kept from {:.3} s on (--max-trace-size)",
+                "{path}: --from {:.3} s is before the trace's start: it was kept from {:.3} s on (--max-trace-size or --max-trace-age)",
                 f as f64 / 1e9,
                 kept as f64 / 1e9
             );

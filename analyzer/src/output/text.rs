@@ -188,7 +188,7 @@ fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     if let Some(from) = s.kept_from_ns {
         writeln!(
             w,
-            "  trace kept from:  {} (--max-trace-size dropped the events before; the totals, the peak and every \
+            "  trace kept from:  {} (the trace's bound dropped the events before; the totals, the peak and every \
              block not freed are the whole run's)",
             secs(from)
         )?;

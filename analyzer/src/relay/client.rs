@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context, Result};
+use mtrace_analyzer::bounded::Bound;
 use mtrace_format::address::Socket;
 use mtrace_format::protocol::Command;
 
@@ -23,18 +24,17 @@ pub struct ClientArgs {
     /// The server: unix:PATH or tcp:HOST:PORT (default: as `mtrace server`'s).
     addr: Option<String>,
     /// The interactive console on the program while it runs.
-    #[arg(short = 'i', long = "interactive")]
+    #[arg(short = 'i', long = "interactive", conflicts_with_all = ["max_trace_size", "max_trace_age"])]
     interactive: bool,
     /// Keep the program's stream in FILE (other processes' in FILE.PID),
     /// to report again offline with `mtrace report`.
     #[arg(long, value_name = "FILE")]
     save: Option<PathBuf>,
-    /// Keep each process's trace within SIZE bytes as it arrives (K, M, G
-    /// suffixes; at least 64K), as `mtrace run --max-trace-size` does: the
-    /// report is still of the whole run for every block not freed, the
-    /// totals and the peak. Not with -i.
-    #[arg(long, value_name = "SIZE", value_parser = super::server::parse_size, conflicts_with = "interactive")]
-    max_trace_size: Option<u64>,
+    /// Each process's trace kept within a bound as it arrives, as `mtrace
+    /// run` keeps it: the report is still of the whole run for every
+    /// block not freed, the totals and the peak. Not with -i.
+    #[command(flatten)]
+    bound: mtrace_analyzer::bounded::BoundArgs,
     /// The secret the server asks for (first line of FILE).
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
@@ -63,7 +63,7 @@ impl ClientArgs {
             addr: Some(addr),
             interactive: true,
             save: None,
-            max_trace_size: None,
+            bound: Default::default(),
             token_file: None,
             output,
             opts,
@@ -90,14 +90,12 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
     if answer != "ok" {
         bail!("{addr}: {answer}");
     }
-    if let Some(max) = a.max_trace_size {
-        mtrace_analyzer::bounded::check_bound(max)?;
-    }
+    let bound = a.bound.bound()?;
     let dir = tempfile::Builder::new().prefix("mtrace-client.").tempdir()?;
     let streams = Arc::new(Mutex::new(Streams::default()));
     let reader = conn.try_clone()?;
-    let (st, d, max) = (streams.clone(), dir.path().to_owned(), a.max_trace_size);
-    let receiver = std::thread::spawn(move || receive(reader, &d, &st, max));
+    let (st, d) = (streams.clone(), dir.path().to_owned());
+    let receiver = std::thread::spawn(move || receive(reader, &d, &st, bound));
     if a.interactive {
         let mut live = Live { conn: conn.try_clone()?, streams: streams.clone() };
         if live.wait_first().is_some() && crate::console::run(&mut live, &a.opts)? == crate::console::Leave::Quit {
@@ -152,10 +150,10 @@ fn header_pid(p: &Path) -> Option<u32> {
     r.header().ok().map(|h| h.pid)
 }
 
-/// Writes the frames' streams to files in `dir` (each kept within `max`
-/// bytes by a keeper of its own, `mtrace_analyzer::bounded`, if given)
+/// Writes the frames' streams to files in `dir` (each kept within `bound`
+/// by a keeper of its own, `mtrace_analyzer::bounded`, if given)
 /// until the program's exit or the end of the connection.
-fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>, max: Option<u64>) -> Result<()> {
+fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>, bound: Option<Bound>) -> Result<()> {
     // A stream's file, or the pipe to the keeper that bounds it.
     let mut open: HashMap<u32, Box<dyn Write>> = HashMap::new();
     let mut keepers = Vec::new();
@@ -171,15 +169,15 @@ fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>, max: Option<u64>) -> 
                     std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                     std::collections::hash_map::Entry::Vacant(e) => {
                         let path = dir.join(format!("{id}.mtrace"));
-                        let sink: Box<dyn Write> = match max {
-                            Some(max) => {
+                        let sink: Box<dyn Write> = match bound {
+                            Some(bound) => {
                                 let (r, w) = std::io::pipe()?;
                                 let p = path.clone();
                                 keepers.push(std::thread::spawn(move || {
                                     mtrace_analyzer::bounded::keep(
                                         r,
                                         mtrace_analyzer::bounded::Dest::File(&p),
-                                        max,
+                                        bound,
                                         None,
                                     )
                                 }));

@@ -44,7 +44,7 @@ pub struct ServerArgs {
     spool: Option<PathBuf>,
     /// Bytes the spool may hold on disk (K, M, G suffixes: powers of 1024);
     /// at the bound the program waits for a client.
-    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = mtrace_analyzer::bounded::parse_size)]
     spool_max: u64,
     /// The secret clients must present (first line of FILE); required for a
     /// TCP address other than loopback.
@@ -86,14 +86,6 @@ struct Shared {
 
 /// The smallest `--spool-max`, bytes: a few of the largest frames (256 KiB).
 const MIN_SPOOL: u64 = 1 << 20;
-
-/// Parses `--spool-max`: bytes, or a number with K, M or G (powers of
-/// 1024; `mtrace_format::sampling::parse_bytes`), not 0.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    mtrace_format::sampling::parse_bytes(s)
-        .filter(|&n| n > 0)
-        .ok_or_else(|| format!("{s:?} is not a size (like 4096, 64K, 256M, 1G)"))
-}
 
 impl Shared {
     /// Bytes the spool holds on disk.
