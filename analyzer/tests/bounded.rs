@@ -169,6 +169,40 @@ fn a_trace_kept_for_an_age_holds_its_last_part_and_reports_what_the_whole_trace_
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--max-trace-age 0.500s: at least 1s"), "{bad:?}");
 }
 
+#[test]
+fn attach_keeps_the_window_within_max_trace_size() {
+    let dir = scratch("bounded_attach");
+    let prog = build("long_run.c", &dir.join("long_run"), &["-g", "-O0"]);
+    // About 3 s; attached from 0.2 s to its end.
+    let mut child = Command::new(&prog).arg("2500").spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let (saved, report) = (dir.join("saved.mtrace"), dir.join("report.json"));
+    let out = Command::new(mtrace())
+        .args(["attach", &child.id().to_string(), "--max-trace-size", "1M", "--json", "-o"])
+        .arg(&report)
+        .arg("--save")
+        .arg(&saved)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(child.wait().unwrap().success());
+    let len = std::fs::metadata(&saved).unwrap().len();
+    assert!(len <= (1 << 20) + (256 << 10), "{len} bytes");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert!(v["summary"]["kept_from_ns"].as_u64().is_some_and(|t| t > 0), "{}", v["summary"]);
+    // Every block `forget` allocated while attached is still live, in
+    // each thread's entry: the books restated at each checkpoint.
+    let forget: Vec<_> =
+        v["stacks"].as_array().unwrap().iter().filter(|e| e["frames"][0]["function"] == "forget").collect();
+    assert_eq!(forget.len(), 2, "{}", v["stacks"]);
+    for e in forget {
+        assert!(e["blocks"].as_u64().unwrap() > 10_000, "{e}");
+        assert_eq!(e["blocks"], e["total_allocations"], "{e}");
+    }
+    let refused = Command::new(mtrace()).args(["attach", "1", "--max-trace-size", "1M", "-i"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("cannot be used with"), "{refused:?}");
+}
+
 /// The times of the checkpoints of the trace at `path`, in order.
 fn checkpoint_times(path: &std::path::Path) -> Vec<u64> {
     let mut r = mtrace_format::Reader::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));

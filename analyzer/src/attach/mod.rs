@@ -13,9 +13,10 @@
 
 mod interval;
 mod ptrace;
+mod save;
 
-use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,9 +43,15 @@ pub struct AttachArgs {
     /// Keep the trace of the window in FILE (it can be reported again with `mtrace report`).
     #[arg(long, value_name = "FILE")]
     save: Option<PathBuf>,
+    /// The window's trace kept within a bound as it arrives, as `mtrace
+    /// run` keeps a long run's: the report is still of every block
+    /// allocated while attached and not freed, the totals and the peak.
+    /// Not with -i or --interval (their views follow the file).
+    #[command(flatten)]
+    bound: crate::bounded::BoundArgs,
     /// Open the interactive console on the process (report, dump, scan,
     /// status, detach, …; `help` lists them) instead of waiting.
-    #[arg(short = 'i', long = "interactive")]
+    #[arg(short = 'i', long = "interactive", conflicts_with_all = ["max_trace_size", "max_trace_age"])]
     interactive: bool,
     /// At the detach, scan memory and classify what was allocated while
     /// attached as memcheck does (definitely, indirectly, possibly lost,
@@ -54,7 +61,12 @@ pub struct AttachArgs {
     scan: bool,
     /// Every DURATION, print the backtraces whose blocks have been live
     /// longer than --older-than (default: DURATION), most bytes first.
-    #[arg(long, value_name = "DURATION", value_parser = crate::report::parse_duration)]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        value_parser = crate::report::parse_duration,
+        conflicts_with_all = ["max_trace_size", "max_trace_age"]
+    )]
     interval: Option<u64>,
     /// With --interval, also write a pprof heap profile of the process so
     /// far into DIR every interval, named PROG.PID.SEQ.pb.gz (SEQ from 1;
@@ -95,6 +107,8 @@ const ANSWER_WAIT: Duration = Duration::from_millis(300);
 /// stderr, when it could not attach (the process untouched) or report.
 pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     a.opts.check_inputs()?;
+    // Refused before the process is touched.
+    a.bound.bound()?;
     if a.rec.ptrace {
         return ptrace::attach(a);
     }
@@ -123,9 +137,8 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
         a.pid,
         stopped_for.as_millis()
     );
-    let (trace, file) = trace_file(&a, dir.path())?;
     let mut control = stream.try_clone()?;
-    let copier = std::thread::spawn(move || copy_stream(stream, file));
+    let (trace, copier) = save::start(&a, dir.path(), stream)?;
     if a.interactive {
         let mut live = Session {
             control: control.try_clone()?,
@@ -394,23 +407,6 @@ fn patch_executable(
     Ok(())
 }
 
-/// The window's trace file, 0600: `--save FILE`, else `PID.mtrace` in
-/// `dir`.
-fn trace_file(a: &AttachArgs, dir: &std::path::Path) -> Result<(PathBuf, std::fs::File)> {
-    let trace = match &a.save {
-        Some(p) => p.clone(),
-        None => dir.join(format!("{}.mtrace", a.pid)),
-    };
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&trace)
-        .with_context(|| format!("{}: cannot create", trace.display()))?;
-    Ok((trace, file))
-}
-
 /// The connection from the library, waited for up to [`CONNECT_TIMEOUT`].
 fn accept(listener: &UnixListener) -> Result<UnixStream> {
     let until = Instant::now() + CONNECT_TIMEOUT;
@@ -440,27 +436,4 @@ fn accept_while(listener: &UnixListener, mut waiting: impl FnMut() -> bool) -> R
             Err(e) => bail!("cannot accept a connection: {e}"),
         }
     }
-}
-
-/// Copies the stream to `file` until the process closes it; bytes copied.
-fn copy_stream(mut s: UnixStream, mut file: std::fs::File) -> Result<u64> {
-    let mut buf = vec![0u8; 1 << 16];
-    let mut n = 0u64;
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) => break,
-            Ok(k) => {
-                file.write_all(&buf[..k])?;
-                n += k as u64;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if n > 0 => {
-                eprintln!("mtrace: the stream broke off: {e}");
-                break;
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    file.flush()?;
-    Ok(n)
 }

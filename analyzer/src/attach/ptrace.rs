@@ -15,9 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use mtrace_format::protocol::Command;
 
-use super::{
-    accept_while, catch_stop_signals, copy_stream, trace_file, watch, AttachArgs, Session, DETACH_TIMEOUT, STOP,
-};
+use super::{accept_while, catch_stop_signals, watch, AttachArgs, Session, DETACH_TIMEOUT, STOP};
 
 /// The tracer's options for `a`, its stream going to `output`.
 fn options(a: &AttachArgs, output: String) -> Result<mtrace_ptrace::Options> {
@@ -96,9 +94,8 @@ fn live(a: AttachArgs) -> Result<ExitCode> {
     };
     let leave = if a.interactive { "quit" } else { "Ctrl-C" };
     eprintln!("mtrace: attached to process {pid} from outside (ptrace); {leave} detaches");
-    let (trace, file) = trace_file(&a, dir.path())?;
     let mut control = stream.try_clone()?;
-    let copier = std::thread::spawn(move || copy_stream(stream, file));
+    let (trace, copier) = super::save::start(&a, dir.path(), stream)?;
     if a.interactive {
         let mut live = Session { control: control.try_clone()?, trace: trace.clone(), copier: &copier, pid, lib: None };
         let _ = crate::console::run(&mut live, &a.opts)?;
