@@ -194,10 +194,6 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     }
     // Each warning of the tracer once for the whole run, not per process.
     cmd.env(settings::WARN_DIR.name(), &dir);
-    if keepers.is_some() {
-        // The keepers have the books: they write the report points.
-        cmd.env(settings::READER_REPORTS.name(), "1");
-    }
     let error_kinds = parse_kinds(&a.errors_for_leak_kinds)?;
     let (pid, status) = if a.rec.ptrace {
         match trace_with_ptrace(&a, rec)? {

@@ -638,3 +638,37 @@ fn run_run_i_and_server_client_give_the_same_leak_summary() {
     assert!(r["kinds"].is_null(), "{}", r["kinds"]);
     assert_eq!(r["summary"]["leaked_bytes"].as_u64(), Some(185 + 72 + 112 + want[3].0.unwrap()), "{}", r["summary"]);
 }
+
+#[test]
+fn a_report_signal_under_the_server_marks_the_stream_and_the_program_runs_on() {
+    // The report signal's default action ends a program: under the
+    // server, whose stream goes to a socket, the preload installs its
+    // handler too, and the report point is a marker in the stream.
+    let dir = scratch("relay-usr1");
+    let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
+    let addr = format!("unix:{}", dir.join("s.sock").display());
+    let mut t = Target::start(&addr, &prog, &["--no-scan"]);
+    assert_eq!(t.line(), "ready\n");
+    assert_eq!(t.ask("leak 100"), "ok leak 100\n");
+    let pgrep = Command::new("pgrep").args(["-P", &t.server.id().to_string(), "-x", "target"]).output().unwrap();
+    let pid: i32 = String::from_utf8_lossy(&pgrep.stdout).trim().parse().unwrap();
+    // SAFETY: kill with a valid pid and signal.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR1) }, 0);
+    assert_eq!(t.ask("leak 2"), "ok leak 2\n");
+    let saved = dir.join("saved.mtrace");
+    let c = std::thread::spawn({
+        let (addr, dir, saved) = (addr.clone(), dir.clone(), saved.clone());
+        move || client(&addr, &dir, &["--save", saved.to_str().unwrap()])
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // Alive to the end: it exits with its own status, 3, not the signal's.
+    assert_eq!(t.ask("quit"), "holding 2 blocks\n");
+    let (_, out) = c.join().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(t.server.wait().unwrap().code(), Some(3));
+    // The marker stands where the signal came: since it, the 2 bytes.
+    let r = Command::new(mtrace()).args(["report", "--since-marker", "1"]).arg(&saved).output().unwrap();
+    let text = String::from_utf8_lossy(&r.stdout);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(text.contains("  live change:      +2 bytes in +1 block"), "{text}");
+}

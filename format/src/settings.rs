@@ -22,12 +22,6 @@ setting!(BIN, c"MTRACE_BIN", "PATH", "the mtrace binary that writes .memlog repo
 setting!(LIB, c"MTRACE_LIB", "PATH", "the libmtrace.so that `run` preloads (default: next to mtrace)");
 setting!(WARN_DIR, c"MTRACE_WARN_DIR", "DIR", "`run` sets it: a warning every process would print is printed once");
 setting!(
-    READER_REPORTS,
-    c"MTRACE_READER_REPORTS",
-    "1",
-    "`run --max-trace-size` sets it: the socket's reader writes the .memlog of each report point"
-);
-setting!(
     PTRACE_STACK,
     c"MTRACE_PTRACE_STACK",
     "BYTES",

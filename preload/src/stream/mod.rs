@@ -306,7 +306,6 @@ impl Session {
             enc.encode(&mut out, &Record::Sample { time_ns: 0, rss });
         }
         out_file.write(&out);
-        let reader_reports = out_file.is_socket() && sys::getenv(mtrace_format::settings::READER_REPORTS.var).is_some();
         let handoff = Handoff::new();
         order::reset(!handoff.is_fast());
         Some(Session {
@@ -315,10 +314,12 @@ impl Session {
             clock: Clock::new(start_mono, cfg.clock == mtrace_format::recording::Clock::Tsc),
             depth: AtomicUsize::new(cfg.depth),
             unwinder: cfg.unwinder,
-            // The .memlog reports read the trace file; a socket's reader
-            // sends commands instead, unless it writes them itself
-            // (`mtrace run --max-trace-size`).
-            report_signal: cfg.report_signal.filter(|_| !out_file.is_socket() || reader_reports),
+            // Installed on a socket too, where a report point is only
+            // its Marker for the reader (which writes the .memlog if it
+            // keeps the books: `mtrace run --max-trace-size`): the
+            // signal's default action would end the program (`kill -USR1`
+            // under `mtrace server` did).
+            report_signal: cfg.report_signal,
             scan_signal: cfg.scan_signal.filter(|_| !out_file.is_socket()),
             scan: cfg.scan,
             check_frees: cfg.check_frees,
@@ -332,7 +333,13 @@ impl Session {
             round_block: [AtomicU64::new(0), AtomicU64::new(0)],
             follow_fork: cfg.follow_fork,
             follow_exec: cfg.follow_exec,
-            reporter: crate::stream::reports::Reporter::new(path, &prog, pid, cfg.report_dir.clone(), reader_reports),
+            reporter: crate::stream::reports::Reporter::new(
+                path,
+                &prog,
+                pid,
+                cfg.report_dir.clone(),
+                out_file.is_socket(),
+            ),
             out: out_file,
             file: Mutex::new(()),
             zstd: Mutex::new(None),

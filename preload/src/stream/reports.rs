@@ -96,6 +96,8 @@ fn set_handler(sig: i32, handler: extern "C" fn(i32)) {
 pub struct Reporter {
     /// The analyzer binary, if one was found.
     analyzer: Option<CString>,
+    /// The stream goes to a socket: report points are markers, by design.
+    on_socket: bool,
     /// Absolute path of this session's trace.
     trace: String,
     /// `<program>-<pid>-`, prefixed with the report folder if one is set.
@@ -109,12 +111,13 @@ pub struct Reporter {
 const WCLONE: i32 = 0x8000_0000u32 as i32;
 
 impl Reporter {
-    /// `by_reader`: the stream's reader writes the reports (a socket's
-    /// reader that keeps the books: `mtrace run --max-trace-size`); report
-    /// points are only markers here.
-    pub fn new(trace: String, prog: &str, pid: u32, dir: Option<String>, by_reader: bool) -> Reporter {
+    /// `on_socket`: the stream goes to a reader, not a file the analyzer
+    /// could read: report points are only markers here (the reader
+    /// writes the .memlog if it keeps the books, `mtrace run
+    /// --max-trace-size`; `mtrace client` reports `--since-marker`).
+    pub fn new(trace: String, prog: &str, pid: u32, dir: Option<String>, on_socket: bool) -> Reporter {
         let analyzer = match sys::getenv(mtrace_format::settings::BIN.var) {
-            _ if by_reader => None,
+            _ if on_socket => None,
             // SAFETY: access with a NUL-terminated path.
             Some(p) => match CString::new(p.clone()) {
                 // SAFETY: access with a NUL-terminated path.
@@ -132,6 +135,7 @@ impl Reporter {
         };
         Reporter {
             analyzer,
+            on_socket,
             trace,
             prefix,
             seq: AtomicU64::new(0),
@@ -165,7 +169,7 @@ impl Reporter {
     /// (the writer's [`Reporter::reap`] must not take it first).
     pub fn start(&self, seq: u64, out: Option<&str>, since_previous: bool, waited: bool) -> Option<i32> {
         let Some(analyzer) = &self.analyzer else {
-            if seq == 1 && sys::getenv(mtrace_format::settings::BIN.var).is_none() {
+            if seq == 1 && !self.on_socket && sys::getenv(mtrace_format::settings::BIN.var).is_none() {
                 sys::warn("no mtrace binary next to libmtrace.so (set MTRACE_BIN); report points are only markers");
             }
             return None;
