@@ -3,6 +3,7 @@
 mod attach;
 mod console;
 mod cut;
+mod keep;
 mod mistakes;
 mod recording;
 mod relay;
@@ -49,6 +50,10 @@ enum Cmd {
     /// Cut a trace to its newest part, within a size: a checkpoint that
     /// restates every block live then, and the events after it.
     Cut(cut::CutArgs),
+    /// Keep the trace of every process that streams to a socket
+    /// (`MTRACE_OUTPUT=unix:PATH`) within a size or an age, until stopped:
+    /// for programs started with LD_PRELOAD by something other than mtrace.
+    Keep(keep::KeepArgs),
     /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
     Completions {
         #[arg(value_enum)]
@@ -267,6 +272,7 @@ fn main() -> ExitCode {
         Cmd::Run(a) => run::run(a),
         Cmd::Diff(a) => diff(a),
         Cmd::Cut(a) => cut::cut(a),
+        Cmd::Keep(a) => keep::keep(a),
         Cmd::Attach(a) => attach::attach(a),
         Cmd::Server(a) => relay::server::server(a),
         Cmd::Client(a) => relay::client::client(a),

@@ -203,6 +203,45 @@ fn attach_keeps_the_window_within_max_trace_size() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("cannot be used with"), "{refused:?}");
 }
 
+#[test]
+fn keep_bounds_the_trace_of_a_program_started_with_ld_preload() {
+    let dir = scratch("bounded_keep");
+    let prog = build("long_run.c", &dir.join("long_run"), &["-g", "-O0"]);
+    let (sock, kd) = (dir.join("k.sock"), dir.join("kept"));
+    std::fs::create_dir_all(&kd).unwrap();
+    let listen = format!("unix:{}", sock.display());
+    let mut keeper = spawn_until(
+        Command::new(mtrace()).args(["keep", "--listen", &listen, "--max-trace-size", "1M", "--trace-dir"]).arg(&kd),
+        "mtrace keep: listening on",
+    );
+    // A second keeper on the same socket is refused; the first goes on.
+    let second = Command::new(mtrace()).args(["keep", "--listen", &listen, "--max-trace-age", "1m"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&second.stderr).contains("another process listens there"), "{second:?}");
+    let st = Command::new(&prog)
+        .arg("1500")
+        .env("LD_PRELOAD", lib())
+        .env("MTRACE_OUTPUT", &listen)
+        .env("MTRACE_SCAN", "1")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // The program's stream ends with it; SIGTERM stops the keeper.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // SAFETY: kill with a valid pid and signal.
+    unsafe { libc::kill(keeper.id() as i32, libc::SIGTERM) };
+    assert!(keeper.wait().unwrap().success());
+    assert!(!sock.exists());
+    let files: Vec<_> = std::fs::read_dir(&kd).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let len = std::fs::metadata(&files[0]).unwrap().len();
+    assert!(len <= (1 << 20) + (256 << 10), "{len} bytes");
+    let v = report(&files[0]);
+    let s = &v["summary"];
+    assert!(s["kept_from_ns"].as_u64().is_some_and(|t| t > 0), "{s}");
+    assert_eq!(s["allocations"], 3_030_002, "{s}");
+    assert_eq!(v["kinds"]["definite"]["blocks"], 30_000, "{}", v["kinds"]);
+}
+
 /// The times of the checkpoints of the trace at `path`, in order.
 fn checkpoint_times(path: &std::path::Path) -> Vec<u64> {
     let mut r = mtrace_format::Reader::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));

@@ -80,14 +80,21 @@ pub struct AttachArgs {
     opts: ReportOpts,
 }
 
-/// Set by SIGINT, SIGTERM and SIGHUP: detach now.
+/// Set by SIGINT, SIGTERM and SIGHUP: detach now (`mtrace keep`: stop).
 static STOP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: i32) {
     STOP.store(true, Ordering::Relaxed);
 }
 
-fn catch_stop_signals() {
+/// Whether SIGINT, SIGTERM or SIGHUP came since [`catch_stop_signals`].
+pub(crate) fn stop_asked() -> bool {
+    STOP.load(Ordering::Relaxed)
+}
+
+/// SIGINT, SIGTERM and SIGHUP set a flag ([`stop_asked`]) instead of
+/// ending mtrace, which then ends what it does in order.
+pub(crate) fn catch_stop_signals() {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: the handler only stores to an atomic.
         unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };

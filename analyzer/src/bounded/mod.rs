@@ -76,7 +76,7 @@ pub struct Bound {
 
 /// `--max-trace-size SIZE` and `--max-trace-age DURATION`: the options of
 /// every command that keeps a stream within a bound (`run`, `client`,
-/// `cut`).
+/// `attach`, `cut`).
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct BoundArgs {
     /// Keep each process's trace within SIZE bytes (K, M, G suffixes:
@@ -399,8 +399,9 @@ pub struct Keepers {
     open: Arc<AtomicUsize>,
     /// What each ended one did.
     done: Arc<Mutex<Vec<Result<Kept>>>>,
-    /// The socket's folder (removed at the end).
-    _dir: tempfile::TempDir,
+    /// The private socket's folder (removed at the end), if the keepers
+    /// made it.
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl Keepers {
@@ -419,6 +420,20 @@ impl Keepers {
         let sock = sock_dir.path().join("s.sock");
         let l = UnixListener::bind(&sock)?;
         std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
+        let addr = format!("unix:{}", sock.display());
+        Ok((Keepers::listen(l, dir, bound, reports, depth, Some(sock_dir)), addr))
+    }
+
+    /// [`Keepers::start`] on listener `l` (`mtrace keep`'s socket), whose
+    /// private folder `owned`, if any, goes with the keepers.
+    pub fn listen(
+        l: UnixListener,
+        dir: &Path,
+        bound: Bound,
+        reports: Option<PathBuf>,
+        depth: Option<usize>,
+        owned: Option<tempfile::TempDir>,
+    ) -> Keepers {
         let open = Arc::new(AtomicUsize::new(0));
         let done = Arc::new(Mutex::new(Vec::new()));
         let (o, d, dir) = (open.clone(), done.clone(), dir.to_owned());
@@ -434,8 +449,17 @@ impl Keepers {
                 });
             }
         });
-        let addr = format!("unix:{}", sock.display());
-        Ok((Keepers { open, done, _dir: sock_dir }, addr))
+        Keepers { open, done, _dir: owned }
+    }
+
+    /// Streams being kept now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// What each stream that ended since the last call did.
+    pub fn ended(&self) -> Vec<Result<Kept>> {
+        std::mem::take(&mut *self.done.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Waits until every stream has ended, or `grace` has passed since the
