@@ -14,8 +14,14 @@ use std::time::{Duration, Instant};
 /// server scans at exit as `run` does; a test comparing every block not
 /// freed gives `--no-scan`.
 fn server(addr: &str, extra: &[&str], prog: &Path, stdin: bool) -> Child {
+    server_env(addr, extra, prog, stdin, &[])
+}
+
+/// [`server`] with `env` added to its (and the program's) environment.
+fn server_env(addr: &str, extra: &[&str], prog: &Path, stdin: bool, env: &[(&str, &str)]) -> Child {
     spawn_until(
         Command::new(mtrace())
+            .envs(env.iter().copied())
             .args(["server", "--listen", addr])
             .args(extra)
             .arg("--")
@@ -105,7 +111,11 @@ struct Target {
 
 impl Target {
     fn start(addr: &str, prog: &Path, extra: &[&str]) -> Target {
-        let mut server = server(addr, extra, prog, true);
+        Target::start_env(addr, prog, extra, &[])
+    }
+
+    fn start_env(addr: &str, prog: &Path, extra: &[&str], env: &[(&str, &str)]) -> Target {
+        let mut server = server_env(addr, extra, prog, true, env);
         let stdin = server.stdin.take().unwrap();
         let out = BufReader::new(server.stdout.take().unwrap());
         Target { server, stdin, out }
@@ -640,14 +650,14 @@ fn run_run_i_and_server_client_give_the_same_leak_summary() {
 }
 
 #[test]
-fn a_report_signal_under_the_server_marks_the_stream_and_the_program_runs_on() {
-    // The report signal's default action ends a program: under the
-    // server, whose stream goes to a socket, the preload installs its
-    // handler too, and the report point is a marker in the stream.
+fn report_and_scan_signals_under_the_server_mark_the_stream_and_the_program_runs_on() {
+    // The report and scan signals' default action ends a program: under
+    // the server, whose stream goes to a socket, the preload installs
+    // their handlers too, and the report point or scan is in the stream.
     let dir = scratch("relay-usr1");
     let prog = build("attach_target.c", &dir.join("target"), &["-g", "-O0"]);
     let addr = format!("unix:{}", dir.join("s.sock").display());
-    let mut t = Target::start(&addr, &prog, &["--no-scan"]);
+    let mut t = Target::start_env(&addr, &prog, &["--no-scan"], &[("MTRACE_SCAN_SIGNAL", "USR2")]);
     assert_eq!(t.line(), "ready\n");
     assert_eq!(t.ask("leak 100"), "ok leak 100\n");
     let pgrep = Command::new("pgrep").args(["-P", &t.server.id().to_string(), "-x", "target"]).output().unwrap();
@@ -655,6 +665,9 @@ fn a_report_signal_under_the_server_marks_the_stream_and_the_program_runs_on() {
     // SAFETY: kill with a valid pid and signal.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR1) }, 0);
     assert_eq!(t.ask("leak 2"), "ok leak 2\n");
+    // SAFETY: kill with a valid pid and signal.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR2) }, 0);
+    assert_eq!(t.ask("leak 3"), "ok leak 3\n");
     let saved = dir.join("saved.mtrace");
     let c = std::thread::spawn({
         let (addr, dir, saved) = (addr.clone(), dir.clone(), saved.clone());
@@ -662,7 +675,7 @@ fn a_report_signal_under_the_server_marks_the_stream_and_the_program_runs_on() {
     });
     std::thread::sleep(Duration::from_millis(300));
     // Alive to the end: it exits with its own status, 3, not the signal's.
-    assert_eq!(t.ask("quit"), "holding 2 blocks\n");
+    assert_eq!(t.ask("quit"), "holding 3 blocks\n");
     let (_, out) = c.join().unwrap();
     assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(t.server.wait().unwrap().code(), Some(3));
@@ -670,5 +683,13 @@ fn a_report_signal_under_the_server_marks_the_stream_and_the_program_runs_on() {
     let r = Command::new(mtrace()).args(["report", "--since-marker", "1"]).arg(&saved).output().unwrap();
     let text = String::from_utf8_lossy(&r.stdout);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    assert!(text.contains("  live change:      +2 bytes in +1 block"), "{text}");
+    assert!(text.contains("  live change:      +5 bytes in +2 blocks"), "{text}");
+    // Marker 2, the scan's: the blocks then, classified (the 1,000 bytes
+    // from its start, 100 and 2: kept in the program's array, still
+    // reachable).
+    let r = Command::new(mtrace()).args(["report", "--until-marker", "2"]).arg(&saved).output().unwrap();
+    let text = String::from_utf8_lossy(&r.stdout);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(text.contains("Leak summary (memcheck's kinds, from the scan at "), "{text}");
+    assert!(text.contains("  still reachable: 1,102 bytes in 3 blocks"), "{text}");
 }

@@ -320,7 +320,7 @@ impl Session {
             // signal's default action would end the program (`kill -USR1`
             // under `mtrace server` did).
             report_signal: cfg.report_signal,
-            scan_signal: cfg.scan_signal.filter(|_| !out_file.is_socket()),
+            scan_signal: cfg.scan_signal,
             scan: cfg.scan,
             check_frees: cfg.check_frees,
             freeres: cfg.freeres,
