@@ -166,9 +166,13 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     let dir = dir.canonicalize()?;
     // What would fail only after the program ran fails now, with its cause.
     tempfile::tempfile_in(&dir).with_context(|| format!("{}: cannot write trace files there", dir.display()))?;
+    // Standard error unlocked: each buffered write takes the lock for
+    // itself, so that no other thread of mtrace's that says something
+    // while the program runs (a keeper, a progress bar) waits for the end
+    // of the run.
     let mut out = crate::output::buffered(match &a.output {
         Some(p) => Box::new(crate::output::create_private(p)?),
-        None => Box::new(std::io::stderr().lock()),
+        None => Box::new(std::io::stderr()),
     });
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(old) if !old.is_empty() => format!("{}:{old}", lib.display()),

@@ -35,7 +35,8 @@ pub struct ReportPoints {
     /// point that passes after it ended.
     cwd: Option<PathBuf>,
     /// What could not be written, for the caller to say (a keeper's thread
-    /// does not print: `mtrace run` holds standard error for its report).
+    /// does not print: its lines would land in the middle of the
+    /// program's output and `mtrace run`'s report).
     pub problems: Vec<String>,
 }
 
