@@ -62,6 +62,19 @@ fn signal_reports_show_growth_and_frees() {
     let by_time = String::from_utf8(out.stdout).unwrap();
     assert_eq!(memlog_entries(&by_time), memlog_entries(&logs[1]), "{by_time}");
     assert!(by_time.contains("\n  live change:      +680 bytes in +5 blocks\n"), "{by_time}");
+    // The same on the wall clock: the header's start plus the markers' times.
+    let mut r = mtrace_format::Reader::new(std::fs::File::open(&trace).unwrap());
+    let start = r.header().unwrap().start_realtime_ns;
+    let wall = |ns: u64| format!("@{}.{:09}", (start + ns) / 1_000_000_000, (start + ns) % 1_000_000_000);
+    let out = Command::new(mtrace())
+        .args(["report", "--from", &wall(at(1)), "--to", &wall(at(2))])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), by_time);
+    let out = Command::new(mtrace()).args(["report", "--from", "2020-01-01 00:00:00"]).arg(&trace).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--from 2020-01-01 00:00:00.000 ") && err.contains("before the trace's start ("), "{err}");
     // A --from after the last event is refused, naming both times.
     let out = Command::new(mtrace()).args(["report", "--from", "1h"]).arg(&trace).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

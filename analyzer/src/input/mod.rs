@@ -31,6 +31,17 @@ pub fn first_modules(path: &Path) -> Vec<Module> {
     }
     Vec::new()
 }
+/// When the trace at `path` started (its header's CLOCK_REALTIME, ns since
+/// the Unix epoch). Fails when its header cannot be read (a glibc
+/// `MALLOC_TRACE` log has none).
+pub fn start_realtime_ns(path: &Path) -> Result<u64> {
+    let f = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+    let h = Reader::new(std::io::BufReader::new(f))
+        .header()
+        .map_err(|e| anyhow::anyhow!("{}: {e}: no start time to place a wall-clock --from or --to", path.display()))?;
+    Ok(h.start_realtime_ns)
+}
+
 /// A record and its thread, or where the stream broke.
 type Decoded = Result<(u32, Record), ReadError>;
 

@@ -13,6 +13,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use crate::input;
 use crate::output::{self, flame, Format, Shape};
+use crate::report::trace_time::TraceTime;
 use crate::report::{self, Report, SortKey, View};
 use crate::scan;
 use crate::symbolize::{SearchPaths, Symbolizer};
@@ -52,15 +53,15 @@ pub struct ReportOpts {
     /// Stop at this marker (a report number, or a marker's name).
     #[arg(long, value_name = "MARKER")]
     pub until_marker: Option<String>,
-    /// Report the change in live blocks since TIME after the trace's start
-    /// (seconds, or with a unit: 90, 1.5m, 250ms), as --since-marker does
-    /// at a marker.
-    #[arg(long, value_name = "TIME", value_parser = report::parse_duration, conflicts_with = "since_marker")]
-    pub from: Option<u64>,
-    /// Stop reading at TIME after the trace's start (as --from), as
-    /// --until-marker does at a marker.
-    #[arg(long, value_name = "TIME", value_parser = report::parse_duration, conflicts_with = "until_marker")]
-    pub to: Option<u64>,
+    /// Report the change in live blocks since TIME, as --since-marker does
+    /// at a marker: after the trace's start (seconds, or with a unit: 90,
+    /// 1.5m, 250ms) or on the wall clock (2026-11-29 13:05:00 in this
+    /// machine's time zone, 2026-11-29T13:05:00Z, @SECONDS since the epoch).
+    #[arg(long, value_name = "TIME", value_parser = report::trace_time::parse_trace_time, conflicts_with = "since_marker")]
+    pub from: Option<TraceTime>,
+    /// Stop reading at TIME (as --from), as --until-marker does at a marker.
+    #[arg(long, value_name = "TIME", value_parser = report::trace_time::parse_trace_time, conflicts_with = "until_marker")]
+    pub to: Option<TraceTime>,
     /// Also show RSS and live heap over time (sampled every 10 ms).
     #[arg(long)]
     pub timeline: bool,
@@ -136,16 +137,29 @@ impl ReportOpts {
         Symbolizer::new(SearchPaths { sysroot: self.sysroot.clone(), binpath: self.binpath.clone() })
     }
 
-    /// The part of the trace to read: `--since-marker` to `--until-marker`,
-    /// with the blocks' lifetimes when the HTML page will show them.
-    pub fn window(&self) -> Window {
-        Window {
+    /// The part of the trace to read: `--since-marker` to `--until-marker`
+    /// or `--from` to `--to` in a trace that started at
+    /// `start_realtime_ns` (its header's), with the blocks' lifetimes when
+    /// the HTML page will show them. Fails for a wall-clock time before
+    /// the start.
+    pub fn window(&self, start_realtime_ns: u64) -> anyhow::Result<Window> {
+        let (from_ns, to_ns) = self.range(start_realtime_ns)?;
+        Ok(Window {
             since: self.since_marker.clone().map(MarkerSel),
             until: self.until_marker.clone().map(MarkerSel),
-            from_ns: self.from,
-            to_ns: self.to,
+            from_ns,
+            to_ns,
             lifetimes: self.html.is_some(),
-        }
+        })
+    }
+
+    /// `--from` and `--to` in ns after the start of a trace that started
+    /// at `start_realtime_ns`.
+    fn range(&self, start_realtime_ns: u64) -> anyhow::Result<(Option<u64>, Option<u64>)> {
+        let at = |t: Option<TraceTime>, opt: &str| {
+            t.map(|t| t.since_start(start_realtime_ns).map_err(|e| anyhow::anyhow!("--{opt} {t}: {e}"))).transpose()
+        };
+        Ok((at(self.from, "from")?, at(self.to, "to")?))
     }
 
     /// The form of the report on the command's own output: JSON or text.
@@ -182,7 +196,12 @@ impl ReportOpts {
     /// done: the rest is opened when first needed. Not for small traces,
     /// read faster than a module is opened.
     pub fn load(&self, trace: &Path) -> anyhow::Result<(Trace, Symbolizer)> {
-        let window = self.window();
+        // A wall-clock --from or --to is placed by the trace's start.
+        let start = match (self.from, self.to) {
+            (Some(TraceTime::At(_)), _) | (_, Some(TraceTime::At(_))) => input::start_realtime_ns(trace)?,
+            _ => 0,
+        };
+        let window = self.window(start)?;
         let big = std::fs::metadata(trace).is_ok_and(|m| m.len() >= WARM_FROM_BYTES);
         let done = std::sync::atomic::AtomicBool::new(!big);
         let (t, sym) = std::thread::scope(|sc| {
@@ -215,7 +234,7 @@ impl ReportOpts {
         }
         r.summary.since_marker = self.since_marker.clone();
         r.summary.until_marker = self.until_marker.clone();
-        (r.summary.from_ns, r.summary.to_ns) = (self.from, self.to);
+        (r.summary.from_ns, r.summary.to_ns) = self.range(t.header.start_realtime_ns)?;
         r.text_sections = self.sections;
         r.text_callers = self.num_callers;
         if self.timeline {

@@ -9,6 +9,7 @@ pub mod intervals;
 pub mod processes;
 pub mod sections;
 pub mod suppress;
+pub mod trace_time;
 
 use rustc_hash::FxHashMap as HashMap;
 
