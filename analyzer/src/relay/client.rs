@@ -82,6 +82,8 @@ pub static LEFT_RUNNING: std::sync::atomic::AtomicBool = std::sync::atomic::Atom
 
 pub fn client(a: ClientArgs) -> Result<ExitCode> {
     a.opts.check_inputs()?;
+    // Refused before the server gives this client its one place.
+    let bound = a.bound.bound()?;
     let token = super::token(&a.token_file)?;
     let addr = super::address(a.addr.as_deref())?;
     let mut conn = super::connect(&addr)?;
@@ -90,7 +92,6 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
     if answer != "ok" {
         bail!("{addr}: {answer}");
     }
-    let bound = a.bound.bound()?;
     let dir = tempfile::Builder::new().prefix("mtrace-client.").tempdir()?;
     let streams = Arc::new(Mutex::new(Streams::default()));
     let reader = conn.try_clone()?;

@@ -314,11 +314,12 @@ impl Session {
             clock: Clock::new(start_mono, cfg.clock == mtrace_format::recording::Clock::Tsc),
             depth: AtomicUsize::new(cfg.depth),
             unwinder: cfg.unwinder,
-            // Installed on a socket too, where a report point is only
-            // its Marker for the reader (which writes the .memlog if it
-            // keeps the books: `mtrace run --max-trace-size`): the
-            // signal's default action would end the program (`kill -USR1`
-            // under `mtrace server` did).
+            // Both installed on a socket too, where a report point (or
+            // a scan) is only what it writes into the stream for the
+            // reader (which writes the .memlog if it keeps the books:
+            // `mtrace run --max-trace-size`, `mtrace keep`): the signal's
+            // default action would end the program (`kill -USR1` under
+            // `mtrace server` did).
             report_signal: cfg.report_signal,
             scan_signal: cfg.scan_signal,
             scan: cfg.scan,
