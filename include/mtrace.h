@@ -29,7 +29,12 @@ void mtrace_marker(const char *name) __attribute__((weak));
 
 /* Writes an incremental report now, to PATH or, when PATH is NULL, to
    <program>-<pid>-<n>.memlog; the first lists everything live, each later one
-   the change since the one before. Returns 0 when the report was written. */
+   the change since the one before. Returns 0 when the report was written.
+   When the trace goes to a socket (mtrace server, mtrace keep, mtrace run
+   --max-trace-size) the process has no file to report from: the report
+   point is only a marker in the stream, and it returns -1 (mtrace keep and
+   run --max-trace-size write <program>-<pid>-<n>.memlog themselves a moment
+   later, whatever PATH says). */
 int mtrace_report(const char *path) __attribute__((weak));
 
 /* Scans memory for leaks now (the other threads are stopped meanwhile) and
