@@ -163,10 +163,7 @@ fn a_trace_kept_for_an_age_holds_its_last_part_and_reports_what_the_whole_trace_
     let (from, end) = (s["kept_from_ns"].as_u64().unwrap(), s["duration_ns"].as_u64().unwrap());
     assert!(from + 1_000_000_000 <= end && from + 1_600_000_000 >= end, "{s}");
     assert_eq!(s["allocations"], 4_040_002, "{s}");
-    let bad =
-        Command::new(mtrace()).args(["run", "--max-trace-age", "500ms", "--"]).arg(&prog).arg("1").output().unwrap();
-    assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("--max-trace-age 0.500s: at least 1s"), "{bad:?}");
+    run_refuses(&prog, "--max-trace-age", "500ms", "--max-trace-age 0.500s: at least 1s");
 }
 
 #[test]
@@ -242,6 +239,13 @@ fn keep_bounds_the_trace_of_a_program_started_with_ld_preload() {
     assert_eq!(v["kinds"]["definite"]["blocks"], 30_000, "{}", v["kinds"]);
 }
 
+/// `mtrace run OPTION VALUE -- prog 1` fails, saying `message`.
+fn run_refuses(prog: &std::path::Path, option: &str, value: &str, message: &str) {
+    let bad = Command::new(mtrace()).args(["run", option, value, "--"]).arg(prog).arg("1").output().unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains(message), "{bad:?}");
+}
+
 /// The times of the checkpoints of the trace at `path`, in order.
 fn checkpoint_times(path: &std::path::Path) -> Vec<u64> {
     let mut r = mtrace_format::Reader::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
@@ -278,10 +282,7 @@ fn run_keeps_each_trace_within_max_trace_size_and_reports_the_whole_run() {
     let forget = v["stacks"].as_array().unwrap().iter().filter(|e| e["frames"][0]["function"] == "forget");
     assert_eq!(forget.map(|e| e["blocks"].as_u64().unwrap()).sum::<u64>(), 30_000);
 
-    let bad =
-        Command::new(mtrace()).args(["run", "--max-trace-size", "60K", "--"]).arg(&prog).arg("1").output().unwrap();
-    assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("--max-trace-size 61440: at least 64K"), "{bad:?}");
+    run_refuses(&prog, "--max-trace-size", "60K", "--max-trace-size 61440: at least 64K");
 }
 
 #[test]
