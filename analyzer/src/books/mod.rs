@@ -14,6 +14,7 @@ pub mod lifetimes;
 mod ties;
 pub mod wrong;
 
+pub use heap::EPS;
 use mtrace_format::Family;
 use wrong::{Concerned, Dealloc, WrongFree, WrongKind};
 // FxHash: the keys are addresses and ids from our own producer, not
@@ -165,6 +166,9 @@ pub struct Books {
     pub lifetimes: Option<Box<lifetimes::Lifetimes>>,
     /// The time of the event being entered, ns.
     clock: u64,
+    /// A promise of the reader's ([`Books::promise`]): no event of a
+    /// thread other than `.0` still to come is stamped before `.1` (ns).
+    ahead: (u32, u64),
     /// The stream is sampled at this mean of bytes
     /// ([`mtrace_format::Record::Sampling`]; 0: every allocation is in
     /// it): every count and byte sum here is then the estimate of
@@ -203,6 +207,7 @@ impl Default for Books {
             dropped_wrong: (0, 0),
             lifetimes: None,
             clock: 0,
+            ahead: (0, 0),
             sample_rate: 0,
         }
     }
@@ -318,14 +323,32 @@ impl Books {
         self.enter(ties::Event::Alloc { tid, addr, block: b });
     }
 
+    /// Promises that no event of a thread other than `tid` still to come
+    /// is stamped before `until` (ns), until the next promise: the next
+    /// events of `tid` more than [`EPS`] before it go into the books at
+    /// once, with those of `tid` waiting in the ties before them, when no
+    /// other thread's is waiting (no other thread's event can be tied with
+    /// them). The reader of a merged stream knows this from
+    /// its batch (`input/ahead.rs`); without a promise every event waits.
+    #[inline]
+    pub fn promise(&mut self, tid: u32, until: u64) {
+        self.ahead = (tid, until);
+    }
+
     /// Takes heap event `e`; enters it, and those waiting before it, once
-    /// the ties have ordered them.
+    /// the ties have ordered them: at once when [`Books::promise`] says
+    /// no other thread's event can be tied with it.
     #[inline]
     fn enter(&mut self, e: ties::Event) {
-        let now = match &e {
-            ties::Event::Alloc { block, .. } => block.time,
-            ties::Event::Free { time, .. } => *time,
+        let (tid, now) = match &e {
+            ties::Event::Alloc { tid, block, .. } => (*tid, block.time),
+            ties::Event::Free { tid, time, .. } => (*tid, *time),
         };
+        if tid == self.ahead.0 && now.saturating_add(EPS) < self.ahead.1 && self.ties.all_of(tid) {
+            // Those waiting, of the same thread, are before it in its order.
+            self.settle();
+            return self.enter_one(e);
+        }
         self.ties.push(e);
         self.advance(now);
     }

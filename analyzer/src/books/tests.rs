@@ -48,6 +48,41 @@ fn events_wait_for_the_skew_and_no_longer() {
 }
 
 #[test]
+fn a_promised_event_enters_at_once_with_its_threads_waiting_before_it() {
+    let mut b = Books::default();
+    b.alloc(0, 0x10, blk(8, 1000));
+    assert_eq!(b.cur_bytes, 0);
+    // No other thread's event before 5000 is to come.
+    b.promise(0, 5000);
+    b.alloc(0, 0x20, blk(8, 1100));
+    assert_eq!((b.cur_bytes, b.cur_blocks), (16, 2));
+    // Too close to the promise's edge: waits.
+    b.alloc(0, 0x30, blk(8, 5000 - heap::EPS));
+    assert_eq!(b.cur_bytes, 16);
+    // Another thread's promise does not let thread 0's events in (the
+    // stream's passing EPS beyond 0x30's lets that one in).
+    b.promise(1, 1_000_000);
+    b.alloc(0, 0x40, blk(8, 6000));
+    assert_eq!((b.cur_bytes, b.cur_blocks), (24, 3));
+}
+
+#[test]
+fn a_promise_leaves_another_threads_waiting_event_to_the_ties() {
+    // As a_reuse_stamped_before_the_free_it_follows, with the free's
+    // thread promised no other thread's event after it: thread 2's
+    // allocation is still waiting, so the free is tied with it.
+    let mut b = Books::default();
+    b.alloc(0, 0x10, blk(8, 1000));
+    b.alloc(2, 0x10, blk(16, 1940));
+    b.promise(1, 1_000_000);
+    b.free(1, 0x10, 2000);
+    b.settle();
+    let live: Vec<_> = b.live_blocks().map(|(_, b)| b.size).collect();
+    assert_eq!(live, vec![16]);
+    assert_eq!((b.cur_bytes, b.unmatched_frees()), (16, 0));
+}
+
+#[test]
 fn live_at_peak_is_the_state_when_the_total_last_rose() {
     let at = |stack: u32, size: u64, time: u64| Block { size, stack, family: Family::Malloc, time, align: 0 };
     let mut b = Books::default();

@@ -75,6 +75,12 @@ pub struct Ties {
 }
 
 impl Ties {
+    /// Every event waiting (if any) is of thread `tid`.
+    #[inline]
+    pub fn all_of(&self, tid: u32) -> bool {
+        self.held.iter().all(|e| e.tid() == tid)
+    }
+
     pub fn push(&mut self, e: Event) {
         self.held.push_back(e);
     }

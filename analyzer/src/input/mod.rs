@@ -10,6 +10,7 @@ use mtrace_format::{Module, ReadError, Reader, Record};
 
 use crate::trace::{Trace, Window};
 
+mod ahead;
 pub mod glibc_log;
 mod keeper;
 pub mod live;
@@ -48,22 +49,38 @@ type Decoded = Result<(u32, Record), ReadError>;
 /// Records per batch handed from the decoding thread.
 const BATCH: usize = 4096;
 
+/// A batch of records in the merge's order, each with the books'
+/// promise for it ([`ahead::promises`]).
+struct Batch {
+    items: Vec<Decoded>,
+    until: Vec<u64>,
+}
+
 /// Decodes `r` (a stream of format `version`) to its end (or first error),
 /// merges its records into one order ([`crate::order`]), and sends them in
 /// batches into `tx`; stops when the receiver is gone (a report that ends
 /// at a marker). A stream that breaks off sends everything read before
-/// the error, then the error.
-fn decode_batches<R: std::io::Read>(mut r: Reader<R>, version: u64, tx: std::sync::mpsc::SyncSender<Vec<Decoded>>) {
+/// the error, then the error. Each batch's promises are worked out here,
+/// off the books' thread.
+fn decode_batches<R: std::io::Read>(mut r: Reader<R>, version: u64, tx: std::sync::mpsc::SyncSender<Batch>) {
     let mut merge = crate::order::Merge::new(version);
     let mut sections = Sections::default();
     let mut batch = Vec::with_capacity(BATCH);
+    // Only a merge by watermarks hands records on in time order.
+    let in_order = version >= crate::order::WATERMARKS_SINCE;
+    let mut last = 0;
+    let mut send = |items: Vec<Decoded>| {
+        let mut until = Vec::with_capacity(items.len());
+        ahead::promises(&items, in_order, &mut last, &mut until);
+        tx.send(Batch { items, until }).is_ok()
+    };
     // Full batches go at once, also in the middle of a watermark's
     // release; `gone`: the receiver is (a report that ended at a marker).
     let gone = std::cell::Cell::new(false);
     let mut out = |item: Decoded| {
         batch.push(item);
         if batch.len() >= BATCH && !gone.get() {
-            gone.set(tx.send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH))).is_err());
+            gone.set(!send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH))));
         }
     };
     loop {
@@ -84,7 +101,7 @@ fn decode_batches<R: std::io::Read>(mut r: Reader<R>, version: u64, tx: std::syn
     }
     merge.finish(&mut |tid, rec| out(Ok((tid, rec))));
     if !gone.get() {
-        let _ = tx.send(batch);
+        send(batch);
     }
 }
 
@@ -151,10 +168,10 @@ pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Re
     // Decoding (decompression included) on a second thread, a batch of
     // records at a time, while this one keeps the books.
     std::thread::scope(|sc| {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Decoded>>(4);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(4);
         sc.spawn(move || decode_batches(r, version, tx));
         let mut addrs = Vec::with_capacity(BATCH);
-        'outer: for mut batch in rx {
+        'outer: for Batch { items: mut batch, until } in rx {
             // The heap's lines for a record's address are asked for
             // AHEAD_INDEX and AHEAD_SLOT records before it is entered
             // (books/heap/table.rs): with a million blocks live, each
@@ -165,6 +182,9 @@ pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Re
             for (i, item) in batch.iter_mut().enumerate() {
                 t.books.prefetch(addrs[i + AHEAD_INDEX], false);
                 t.books.prefetch(addrs[i + AHEAD_SLOT], true);
+                if let Ok((tid, _)) = item {
+                    t.books.promise(*tid, until[i]);
+                }
                 // The hot records' fields read where they are: moving the
                 // record out first copies it with 16-byte loads across the
                 // stores that wrote the copy, which the CPU cannot forward
