@@ -306,6 +306,10 @@ impl<'w> Keeper<'w> {
             }
             Record::Sample { time_ns, rss } => {
                 *now = time_ns;
+                // The heap then: the events stamped before it are in the
+                // stream before it (crate::order), those more than EPS
+                // before it past the ties' doubt.
+                t.books.advance(time_ns);
                 t.timeline.push(TimePoint {
                     time_ns,
                     rss_bytes: rss,
