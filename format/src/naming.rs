@@ -3,14 +3,22 @@
 //! the same under both.
 
 /// The arguments in the bytes of a `/proc/PID/cmdline` (each ended by a
-/// NUL; empty arguments kept, invalid UTF-8 replaced with U+FFFD).
+/// NUL; empty arguments kept, invalid UTF-8 replaced with U+FFFD). A
+/// process title a program wrote over its arguments (setproctitle's way:
+/// redis-server's `redis-server *:6379`, nginx's `nginx: master process
+/// …`, postgres's), the title in the first and the rest of the area
+/// zeroed, is that one argument, not it and a run of empty ones.
 pub fn cmdline_args(bytes: &[u8]) -> Vec<String> {
     if bytes.is_empty() {
         return Vec::new();
     }
     // Each argument ends with a NUL; an empty one is an argument too.
     let args = bytes.strip_suffix(&[0]).unwrap_or(bytes);
-    args.split(|&b| b == 0).map(|s| String::from_utf8_lossy(s).into_owned()).collect()
+    let mut v: Vec<String> = args.split(|&b| b == 0).map(|s| String::from_utf8_lossy(s).into_owned()).collect();
+    if v.len() > 1 && v[0].contains(' ') && v[1..].iter().all(String::is_empty) {
+        v.truncate(1);
+    }
+    v
 }
 
 /// The program name of a file name: argv[0]'s last path component, or
@@ -72,6 +80,11 @@ mod tests {
         assert_eq!(args, ["/usr/bin/jq", "-n", "", "."]);
         assert_eq!(super::cmdline_args(b""), Vec::<String>::new());
         assert_eq!(super::cmdline_args(b"sh\0-c\0echo a  b\0"), ["sh", "-c", "echo a  b"]);
+        // Empty arguments are arguments; a process title and its padding
+        // (redis-server's, as /proc/PID/cmdline shows it) is one.
+        assert_eq!(super::cmdline_args(b"prog\0a b\0\0"), ["prog", "a b", ""]);
+        assert_eq!(super::cmdline_args(b"prog\0\0\0"), ["prog", "", ""]);
+        assert_eq!(super::cmdline_args(b"redis-server *:6391\0\0\0\0\0\0"), ["redis-server *:6391"]);
         assert_eq!(super::program_name(&args), "jq");
         assert_eq!(super::program_name(&["dir/".to_string()]), "program");
         assert_eq!(super::program_name(&[]), "program");
