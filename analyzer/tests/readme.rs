@@ -56,11 +56,16 @@ fn blocks(readme: &str) -> Vec<Block> {
 }
 
 /// `cmd` through bash in `dir`: mtrace's folder first on PATH, HOME
-/// `dir/home`. Its standard output and error together, and its status.
+/// `dir/home` (in the checkout, a folder of the tests': mtrace keeps its
+/// symbolized frames under HOME). Its standard output and error
+/// together, and its status.
 fn sh(dir: &Path, cmd: &str) -> (String, Option<i32>) {
     let bin = mtrace().parent().unwrap().to_owned();
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    let home = dir.join("home");
+    let home = match dir == repo() {
+        true => Path::new(env!("CARGO_TARGET_TMPDIR")).join("readme-home"),
+        false => dir.join("home"),
+    };
     std::fs::create_dir_all(&home).unwrap();
     let out = Command::new("bash")
         .arg("-c")

@@ -1,6 +1,7 @@
 //! Symbolization: return address → module, function (demangled), file,
 //! line, with inlined frames, through the binaries the trace names.
 
+mod cache;
 mod debugfile;
 
 use std::collections::HashMap;
@@ -38,15 +39,22 @@ fn hex<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
 }
 
 struct Loaded {
-    /// DWARF source: the binary or its separate debug file.
-    dwarf: Option<addr2line::Loader>,
-    /// The binary itself, for its symbol table.
-    binary: Option<addr2line::Loader>,
+    /// The binary found, and the file with its DWARF (itself or its
+    /// separate debug file).
+    paths: (Option<std::path::PathBuf>, Option<std::path::PathBuf>),
+    /// Those two opened (DWARF, symbol table), once a frame not in
+    /// `found` needs them: with the frames cached on disk none may.
+    opened: Option<(Option<addr2line::Loader>, Option<addr2line::Loader>)>,
     /// Frames found before, by probe offset (their `address` is set per
     /// call): backtraces share most of their frames, and a lookup with its
     /// demangling is far slower than this map (cc1plus's report asks for
-    /// 230,000 frames at some 50,000 addresses).
+    /// 230,000 frames at some 50,000 addresses). Starts with the frames
+    /// cached on disk ([`cache`]).
     found: HashMap<u64, Vec<Frame>>,
+    /// The module's cache file (`None`: not cached), and whether `found`
+    /// has frames it does not.
+    cached: Option<String>,
+    fresh: bool,
     /// No binary of the traced build found, but this file at a place
     /// searched: another build (the program rebuilt since the trace).
     other_build: Option<std::path::PathBuf>,
@@ -58,16 +66,43 @@ struct Loaded {
 /// traced build ID, the file found ([`Symbolizer::other_builds`]).
 pub type OtherBuild = (String, Vec<u8>, std::path::PathBuf);
 
-/// Resolves addresses, caching one parsed object per module.
+impl Loaded {
+    /// The module's files, opened on first use.
+    fn files(&mut self) -> &(Option<addr2line::Loader>, Option<addr2line::Loader>) {
+        let (bin, dwarf) = &self.paths;
+        self.opened.get_or_insert_with(|| {
+            let open = |p: &Path| addr2line::Loader::new(p).ok();
+            (dwarf.as_deref().and_then(open), bin.as_deref().and_then(open))
+        })
+    }
+}
+
+/// Resolves addresses, caching one parsed object per module, and the
+/// frames found on disk ([`cache`]) when it is dropped.
 pub struct Symbolizer {
     paths: SearchPaths,
     cache: HashMap<(String, Vec<u8>), Loaded>,
+    /// The folder of the frames kept between reports (`None`: not kept).
+    disk: Option<std::path::PathBuf>,
+}
+
+impl Drop for Symbolizer {
+    fn drop(&mut self) {
+        let Some(dir) = &self.disk else { return };
+        for l in self.cache.values().filter(|l| l.fresh) {
+            if let Some(name) = &l.cached {
+                let _ = cache::write(dir, name, &l.found);
+            }
+        }
+    }
 }
 
 impl Symbolizer {
-    /// A symbolizer looking for binaries and debug files as `paths` says.
+    /// A symbolizer looking for binaries and debug files as `paths` says,
+    /// with the frames kept between reports where the environment says
+    /// ([`cache`]: `MTRACE_SYMBOL_CACHE`).
     pub fn new(paths: SearchPaths) -> Symbolizer {
-        Symbolizer { paths, cache: HashMap::new() }
+        Symbolizer { paths, cache: HashMap::new(), disk: cache::folder() }
     }
 
     /// The binary of module `path` with `build_id` (empty: any), where the
@@ -76,20 +111,28 @@ impl Symbolizer {
         self.paths.binary(path, build_id)
     }
 
+    /// Module `path` of `build_id`: its files found, and the frames
+    /// cached for them; opened when first needed ([`Loaded::files`]).
     fn loaded(&mut self, path: &str, build_id: &[u8]) -> &mut Loaded {
-        let paths = &self.paths;
+        let (paths, disk) = (&self.paths, &self.disk);
         self.cache.entry((path.to_owned(), build_id.to_vec())).or_insert_with(|| {
             let bin = paths.binary(path, build_id);
-            let dwarf_path = match &bin {
+            let dwarf = match &bin {
                 Some(b) if debugfile::has_dwarf(b) => Some(b.clone()),
                 _ => paths.debug_file(bin.as_deref(), build_id),
             };
-            let open = |p: &Path| addr2line::Loader::new(p).ok();
+            let cached = disk.as_ref().and_then(|_| cache::file_name(build_id, bin.as_deref(), dwarf.as_deref()));
+            let found = match (disk, &cached) {
+                (Some(dir), Some(name)) => cache::read(dir, name, &module_name(path)),
+                _ => HashMap::new(),
+            };
             Loaded {
-                dwarf: dwarf_path.as_deref().and_then(open),
                 other_build: if bin.is_none() { paths.other_build(path, build_id) } else { None },
-                binary: bin.as_deref().and_then(open),
-                found: HashMap::new(),
+                paths: (bin, dwarf),
+                opened: None,
+                found,
+                cached,
+                fresh: false,
                 used: false,
             }
         })
@@ -125,7 +168,13 @@ impl Symbolizer {
             if Path::new(&m.path).file_name().is_some_and(|n| n.to_string_lossy().starts_with("libmtrace")) {
                 continue;
             }
-            self.loaded(&m.path, &m.build_id);
+            // A module with frames cached is not opened ahead: the frames
+            // of a report of the same program most likely all are (a
+            // frame that is not opens it then).
+            let l = self.loaded(&m.path, &m.build_id);
+            if l.found.is_empty() {
+                l.files();
+            }
         }
     }
 
@@ -152,11 +201,19 @@ impl Symbolizer {
         if let Some(found) = loaded.found.get(&probe) {
             return found.iter().map(|f| Frame { address: addr, ..f.clone() }).collect();
         }
-        let name = Path::new(&m.path).file_name().map_or_else(|| m.path.clone(), |n| n.to_string_lossy().into_owned());
-        let base =
-            Frame { address: addr, function: None, file: None, line: None, module: name, offset, inlined: false };
+        let base = Frame {
+            address: addr,
+            function: None,
+            file: None,
+            line: None,
+            module: module_name(&m.path),
+            offset,
+            inlined: false,
+        };
         let mut out = Vec::new();
-        if let Some(d) = &loaded.dwarf {
+        loaded.fresh = true;
+        let (dwarf, binary) = loaded.files();
+        if let Some(d) = dwarf {
             if let Ok(mut it) = d.find_frames(probe) {
                 while let Ok(Some(f)) = it.next() {
                     let mut fr = base.clone();
@@ -177,7 +234,7 @@ impl Symbolizer {
         }
         // No function from DWARF: fall back to the symbol tables.
         if out.last().is_some_and(|f| f.function.is_none()) {
-            let sym = [&loaded.dwarf, &loaded.binary].into_iter().flatten().find_map(|l| l.find_symbol(probe));
+            let sym = [dwarf, binary].into_iter().flatten().find_map(|l| l.find_symbol(probe));
             if let Some(s) = sym {
                 out.last_mut().expect("non-empty").function =
                     Some(addr2line::demangle_auto(s.into(), None).into_owned());
@@ -186,6 +243,11 @@ impl Symbolizer {
         loaded.found.insert(probe, out.clone());
         out
     }
+}
+
+/// The name frames give module `path`: its file name.
+fn module_name(path: &str) -> String {
+    Path::new(path).file_name().map_or_else(|| path.to_owned(), |n| n.to_string_lossy().into_owned())
 }
 
 /// The module covering `addr`; when several did over time (a library

@@ -108,6 +108,10 @@ pub struct Reporter {
     children: Mutex<Vec<i32>>,
 }
 
+/// The analyzer's variable for the folder of symbolized frames it keeps
+/// between reports (`analyzer/src/symbolize/cache.rs`).
+const SYMBOL_CACHE: &str = "MTRACE_SYMBOL_CACHE";
+
 const WCLONE: i32 = 0x8000_0000u32 as i32;
 
 impl Reporter {
@@ -218,7 +222,7 @@ fn next_to_library() -> Option<String> {
 /// are safe.
 fn spawn(path: &CString, args: &[String]) -> Option<i32> {
     let args: Vec<CString> = args.iter().filter_map(|a| CString::new(a.as_bytes()).ok()).collect();
-    let env: Vec<CString> = std::env::vars_os()
+    let mut env: Vec<CString> = std::env::vars_os()
         .filter(|(k, _)| k != "LD_PRELOAD")
         .filter_map(|(k, v)| {
             let mut kv = k.into_encoded_bytes();
@@ -227,6 +231,11 @@ fn spawn(path: &CString, args: &[String]) -> Option<i32> {
             CString::new(kv).ok()
         })
         .collect();
+    // The analyzer runs in the program's environment: it keeps no
+    // symbolized frames in the program's home (a service's) unless asked.
+    if std::env::var_os(SYMBOL_CACHE).is_none() {
+        env.extend(CString::new(format!("{SYMBOL_CACHE}=off")).ok());
+    }
     let mut argv: Vec<*const c_char> = args.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
     let mut envp: Vec<*const c_char> = env.iter().map(|e| e.as_ptr()).collect();
