@@ -90,13 +90,16 @@ impl Fnv {
     }
 }
 
+/// One frame as kept: function and file (a string's index + 1, 0 for
+/// none), line, inlined.
+type StoredFrame = (u32, u32, Option<u32>, bool);
+
 /// One file: its strings once, then per probe offset (the return
-/// address's offset in the module, minus one) its frames as (function,
-/// file: a string's index + 1, 0 for none; line; inlined).
+/// address's offset in the module, minus one) its frames.
 #[derive(serde::Serialize, serde::Deserialize, Default)]
 struct Stored {
     strings: Vec<String>,
-    frames: Vec<(u64, Vec<(u32, u32, Option<u32>, bool)>)>,
+    frames: Vec<(u64, Vec<StoredFrame>)>,
 }
 
 /// The frames kept in file `name` of `dir`, by probe offset, made for
