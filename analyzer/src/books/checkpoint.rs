@@ -11,43 +11,37 @@ use super::{Block, Books, PerStack, StackTotals};
 /// and blocks it held live at the peak).
 pub type StackAtCheckpoint = (u32, StackTotals, (u64, u64));
 
+/// A counter a checkpoint carries: its name (docs/FORMAT.md, record 28),
+/// how the writer reads it, how a reader that starts there sets it. The
+/// wrong frees before the checkpoint are counted there, not listed.
+type Counter = (&'static str, fn(&Books) -> u64, fn(&mut Books, u64));
+
+const COUNTERS: [Counter; 11] = [
+    ("allocations", |b| b.allocations, |b, v| b.allocations = v),
+    ("frees", |b| b.frees, |b, v| b.frees = v),
+    ("realloc_frees", |b| b.realloc_frees, |b, v| b.realloc_frees = v),
+    ("bytes_allocated", |b| b.bytes_allocated, |b, v| b.bytes_allocated = v),
+    ("peak_bytes", |b| b.peak_bytes, |b, v| b.peak_bytes = v),
+    ("peak_blocks", |b| b.peak_blocks, |b, v| b.peak_blocks = v),
+    ("peak_time", |b| b.peak_time, |b, v| b.peak_time = v),
+    ("unknown_munmaps", |b| b.unknown_munmaps, |b, v| b.unknown_munmaps = v),
+    ("frees_again", |b| b.frees_again, |b, v| b.frees_again = v),
+    ("wrong_frees", |b| b.wrong_free_counts().0 + b.dropped_wrong.0, |b, v| b.dropped_wrong.0 = v),
+    ("mismatched_frees", |b| b.wrong_free_counts().1 + b.dropped_wrong.1, |b, v| b.dropped_wrong.1 = v),
+];
+
 impl Books {
     /// The counters a checkpoint carries, by the names docs/FORMAT.md
     /// gives them (counts, bytes, ns).
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
-        let (wrong, mismatched) = self.wrong_free_counts();
-        vec![
-            ("allocations", self.allocations),
-            ("frees", self.frees),
-            ("realloc_frees", self.realloc_frees),
-            ("bytes_allocated", self.bytes_allocated),
-            ("peak_bytes", self.peak_bytes),
-            ("peak_blocks", self.peak_blocks),
-            ("peak_time", self.peak_time),
-            ("unknown_munmaps", self.unknown_munmaps),
-            ("frees_again", self.frees_again),
-            ("wrong_frees", wrong + self.dropped_wrong.0),
-            ("mismatched_frees", mismatched + self.dropped_wrong.1),
-        ]
+        COUNTERS.iter().map(|(name, get, _)| (*name, get(self))).collect()
     }
 
     /// Sets counter `name` as a checkpoint gave it; false for a name this
     /// reader does not know (a newer writer's: ignored).
     pub fn restore_counter(&mut self, name: &str, v: u64) -> bool {
-        match name {
-            "allocations" => self.allocations = v,
-            "frees" => self.frees = v,
-            "realloc_frees" => self.realloc_frees = v,
-            "bytes_allocated" => self.bytes_allocated = v,
-            "peak_bytes" => self.peak_bytes = v,
-            "peak_blocks" => self.peak_blocks = v,
-            "peak_time" => self.peak_time = v,
-            "unknown_munmaps" => self.unknown_munmaps = v,
-            "frees_again" => self.frees_again = v,
-            "wrong_frees" => self.dropped_wrong.0 = v,
-            "mismatched_frees" => self.dropped_wrong.1 = v,
-            _ => return false,
-        }
+        let Some((_, _, set)) = COUNTERS.iter().find(|(n, _, _)| *n == name) else { return false };
+        set(self, v);
         true
     }
 
