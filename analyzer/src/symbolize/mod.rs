@@ -51,9 +51,9 @@ struct Loaded {
     /// 230,000 frames at some 50,000 addresses). Starts with the frames
     /// cached on disk ([`cache`]).
     found: HashMap<u64, Vec<Frame>>,
-    /// The module's cache file (`None`: not cached), and whether `found`
-    /// has frames it does not.
+    /// The module's cache file (`None`: not cached).
     cached: Option<String>,
+    /// `found` has frames the cache file does not: it is written again.
     fresh: bool,
     /// No binary of the traced build found, but this file at a place
     /// searched: another build (the program rebuilt since the trace).
