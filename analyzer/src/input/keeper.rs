@@ -294,7 +294,7 @@ impl<'w> Keeper<'w> {
             Record::ScanRegion { kind, addr, bytes, .. } => {
                 // The reader has checked a sparse payload: an error cannot
                 // happen here, and the region would be left out.
-                if let Ok(r) = crate::trace::Region::of_record(kind, addr, bytes, t.header.word_size()) {
+                if let Ok(r) = crate::trace::Region::of_record(kind, addr, bytes, crate::trace::Word::of(&t.header)) {
                     self.regions.push(r);
                 }
             }

@@ -56,7 +56,7 @@ mod tests {
         for &(_, v) in held {
             mtrace_format::put_varint(&mut p, sparse::encode_word(v, 8));
         }
-        Region::of_record(region_kind::MAPPING | region_kind::SPARSE, addr, p, 8).unwrap()
+        Region::of_record(region_kind::MAPPING | region_kind::SPARSE, addr, p, Word { size: 8, big: false }).unwrap()
     }
 
     #[test]
@@ -89,20 +89,60 @@ mod tests {
     }
 
     #[test]
+    fn a_held_zero_reads_as_zero_and_is_no_pointer_to_walk() {
+        // Words 1, 2, 64 and 65 held: 0, 7, 0, 0x5000.
+        let r = sparse_region(0x1000, 70, &[(1, 0), (2, 7), (64, 0), (65, 0x5000)]);
+        let mem = Memory { regions: vec![&r], word: Word { size: 8, big: false } };
+        let at = |i: u64| mem.word_at(0x1000 + 8 * i);
+        assert_eq!([at(0), at(1), at(2), at(3), at(64), at(65)], [None, Some(0), Some(7), None, Some(0), Some(0x5000)]);
+        assert_eq!(mem.u64_at(0x1000 + 8 * 64), Some(0));
+        let mut all = Vec::new();
+        mem.words(0, u64::MAX, |w| all.push(w));
+        assert_eq!(all, [7, 0x5000]);
+    }
+
+    #[test]
+    fn a_plain_region_mostly_zeros_reads_as_its_bytes() {
+        // 130 words (three groups of the bitmap), every third one not 0.
+        let words: Vec<u64> = (0..130u64).map(|i| if i % 3 == 0 { 0x7000 + i } else { 0 }).collect();
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let word = Word { size: 8, big: false };
+        let plain = Region::dense(region_kind::MAPPING, false, 0x1000, bytes.clone());
+        let kept = Region::of_record(region_kind::MAPPING, 0x1000, bytes.clone(), word).unwrap();
+        assert!(kept.dense_bytes().is_none(), "kept as held words");
+        let (a, b) = (Memory { regions: vec![&plain], word }, Memory { regions: vec![&kept], word });
+        for o in (0..130 * 8 + 8).step_by(8) {
+            assert_eq!(a.word_at(0x1000 + o), b.word_at(0x1000 + o), "{o}");
+            assert_eq!(a.u64_at(0x1000 + o), b.u64_at(0x1000 + o), "{o}");
+        }
+        let (mut wa, mut wb) = (Vec::new(), Vec::new());
+        a.words(0x1000 + 8, 0x1000 + 8 * 129, |w| wa.extend((w != 0).then_some(w)));
+        b.words(0x1000 + 8, 0x1000 + 8 * 129, |w| wb.push(w));
+        assert_eq!(wa, wb);
+        // Few zeros, or the registers: as they are.
+        let full: Vec<u8> = (1..=64u64).flat_map(|w| w.to_le_bytes()).collect();
+        assert!(Region::of_record(region_kind::MAPPING, 0, full, word).unwrap().dense_bytes().is_some());
+        assert!(Region::of_record(region_kind::REGISTERS, 0, bytes, word).unwrap().dense_bytes().is_some());
+    }
+
+    #[test]
     fn sparse_regions_of_a_32_bit_big_endian_target() {
-        // 4 words of 4 bytes; words 1, 2 and 3 held.
+        // 4 words of 4 bytes, all held: 0 and three others.
         let mut p = Vec::new();
         sparse::put_len(&mut p, 16);
-        p.push(0b1110);
-        for v in [0x8000_0010u64, 0x20, 0xffff_fff0] {
+        p.push(0b1111);
+        for v in [0, 0x8000_0010u64, 0x20, 0xffff_fff0] {
             mtrace_format::put_varint(&mut p, sparse::encode_word(v, 4));
         }
-        let r = Region::of_record(region_kind::STACK | region_kind::SPARSE, 0x100, p, 4).unwrap();
+        let r =
+            Region::of_record(region_kind::STACK | region_kind::SPARSE, 0x100, p, Word { size: 4, big: true }).unwrap();
         let mem = Memory { regions: vec![&r], word: Word { size: 4, big: true } };
         assert_eq!(mem.word_at(0x104), Some(0x8000_0010));
         assert_eq!(mem.word_at(0x10c), Some(0xffff_fff0));
         assert_eq!(mem.u64_at(0x104), Some(0x8000_0010_0000_0020));
-        assert_eq!(mem.u64_at(0x100), None);
+        // Word 0 held, and 0.
+        assert_eq!(mem.u64_at(0x100), Some(0x8000_0010));
+        assert_eq!(mem.word_at(0x100), Some(0));
         let mut all = Vec::new();
         mem.words(0x100, 0x110, |w| all.push(w));
         assert_eq!(all, [0x8000_0010, 0x20, 0xffff_fff0]);

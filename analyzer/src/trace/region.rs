@@ -21,26 +21,70 @@ pub struct Region {
     held: Option<Held>,
 }
 
-/// The words a sparse region holds.
+/// The words a sparse region holds. A held 0 keeps no value: most words
+/// a heap's snapshot holds are zeros (memory handed out and not written
+/// yet, padding), and a value each made the snapshot of 20 M small blocks
+/// as large as the heap itself in the report's memory.
 struct Held {
     /// Bit `i % 64` of `bits[i / 64]`: word `i` is held.
     bits: Vec<u64>,
-    /// `rank[g]`: words held before word `64 * g`.
+    /// Likewise: word `i` is held and not 0.
+    nonzero: Vec<u64>,
+    /// `rank[g]`: words held and not 0 before word `64 * g`.
     rank: Vec<u32>,
-    /// The held words' values, in order.
+    /// The values of the words held and not 0, in order.
     values: Vec<u64>,
 }
 
 impl Held {
-    /// Whether word `i` is held.
-    fn holds(&self, i: usize) -> bool {
-        self.bits[i / 64] >> (i % 64) & 1 != 0
+    /// Word `i`, if held.
+    fn value(&self, i: usize) -> Option<u64> {
+        let (g, bit) = (i / 64, 1u64 << (i % 64));
+        if self.bits.get(g)? & bit == 0 {
+            return None;
+        }
+        if self.nonzero[g] & bit == 0 {
+            return Some(0);
+        }
+        Some(self.values[self.index(i)])
     }
 
-    /// How many words before word `i` are held: where its value is in
-    /// `values` when it is.
+    /// Every word of `bytes` (a plain region's, whole words) held, those
+    /// not 0 with their values; `None` when fewer than a quarter are 0
+    /// (the bytes as they are take less) or the bytes are not whole words.
+    fn of_plain(bytes: &[u8], word: Word) -> Option<Held> {
+        if bytes.is_empty() || !bytes.len().is_multiple_of(word.size) {
+            return None;
+        }
+        let n = bytes.len() / word.size;
+        let zeros = bytes.chunks_exact(word.size).filter(|w| w.iter().all(|&b| b == 0)).count();
+        if zeros * 4 < n {
+            return None;
+        }
+        let groups = n.div_ceil(64);
+        let mut bits = vec![!0u64; groups];
+        if !n.is_multiple_of(64) {
+            bits[groups - 1] = (1u64 << (n % 64)) - 1;
+        }
+        let (mut nonzero, mut rank) = (vec![0u64; groups], Vec::with_capacity(groups));
+        let mut values = Vec::with_capacity(n - zeros);
+        for (g, chunk) in bytes.chunks(64 * word.size).enumerate() {
+            rank.push(values.len() as u32);
+            for (i, w) in chunk.chunks_exact(word.size).enumerate() {
+                let v = word.read(w);
+                if v != 0 {
+                    nonzero[g] |= 1 << i;
+                    values.push(v);
+                }
+            }
+        }
+        Some(Held { bits, nonzero, rank, values })
+    }
+
+    /// How many words before word `i` are held and not 0: where its value
+    /// is in `values` when it is.
     fn index(&self, i: usize) -> usize {
-        self.rank[i / 64] as usize + (self.bits[i / 64] & ((1u64 << (i % 64)) - 1)).count_ones() as usize
+        self.rank[i / 64] as usize + (self.nonzero[i / 64] & ((1u64 << (i % 64)) - 1)).count_ones() as usize
     }
 }
 
@@ -51,34 +95,62 @@ impl Region {
     }
 
     /// The region of a ScanRegion record (`kind` with its flags) of a
-    /// target with `word`-byte pointers; an error for a sparse payload
-    /// that does not parse (the reader has already checked it).
-    pub fn of_record(kind: u8, addr: u64, bytes: Vec<u8>, word: usize) -> Result<Region, String> {
+    /// target with pointers as `word` says; an error for a sparse payload
+    /// that does not parse (the reader has already checked it). A plain
+    /// region (but the registers) a quarter or more of whose words are 0
+    /// is kept as a sparse one holding every word ([`Held`]): the
+    /// producer writes memory that is mostly kept words plain (zeros are
+    /// kept: docs/SCAN.md), and a heap of small blocks not written yet is
+    /// mostly zeros.
+    pub fn of_record(kind: u8, addr: u64, bytes: Vec<u8>, word: Word) -> Result<Region, String> {
         let continues = kind & region_kind::SAME_MAPPING != 0;
         let plain = kind & !(region_kind::SAME_MAPPING | region_kind::SPARSE);
         if kind & region_kind::SPARSE == 0 {
+            if plain != region_kind::REGISTERS {
+                if let Some(held) = Held::of_plain(&bytes, word) {
+                    let len = bytes.len() as u64;
+                    return Ok(Region { kind: plain, continues, addr, len, bytes: Vec::new(), held: Some(held) });
+                }
+            }
             return Ok(Region::dense(plain, continues, addr, bytes));
         }
+        let word = word.size;
         let s = sparse::parse(&bytes, word)?;
-        let mut bits = Vec::with_capacity(s.bits.len().div_ceil(8));
-        let mut rank = Vec::with_capacity(bits.capacity());
-        let mut held = 0u32;
+        let groups = s.bits.len().div_ceil(8);
+        let (mut bits, mut nonzero, mut rank) =
+            (Vec::with_capacity(groups), Vec::with_capacity(groups), Vec::with_capacity(groups));
+        let mut values = Vec::new();
+        let mut held = s.values();
+        let mut count = 0u32;
         for chunk in s.bits.chunks(8) {
             let mut w = [0u8; 8];
             w[..chunk.len()].copy_from_slice(chunk);
             let b = u64::from_le_bytes(w);
-            rank.push(held);
-            held += b.count_ones();
+            rank.push(count);
+            // The held words of this group, in order: those not 0 kept.
+            let (mut left, mut nz) = (b, 0u64);
+            while left != 0 {
+                let bit = left & left.wrapping_neg();
+                left &= left - 1;
+                // The parse checked one value per held word.
+                let v = held.next().unwrap_or(0);
+                if v != 0 {
+                    nz |= bit;
+                    values.push(v);
+                    count += 1;
+                }
+            }
             bits.push(b);
+            nonzero.push(nz);
         }
-        let values = s.values().collect();
+        values.shrink_to_fit();
         Ok(Region {
             kind: plain,
             continues,
             addr,
             len: s.len,
             bytes: Vec::new(),
-            held: Some(Held { bits, rank, values }),
+            held: Some(Held { bits, nonzero, rank, values }),
         })
     }
 
@@ -108,23 +180,18 @@ impl Region {
             return None;
         }
         let i = o / word.size;
-        if !h.holds(i) {
-            return None;
-        }
-        let v = h.values[h.index(i)];
+        let v = h.value(i)?;
         if n == word.size {
             return Some(v);
         }
-        // Two 4-byte words; held ones are consecutive in `values`.
-        if !h.holds(i + 1) {
-            return None;
-        }
-        let w = h.values[h.index(i) + 1];
+        // Two 4-byte words, both held.
+        let w = h.value(i + 1)?;
         Some(if word.big { v << 32 | w } else { w << 32 | v })
     }
 
     /// Calls `f` with each aligned, held word in `[lo, hi)` (absolute
-    /// addresses), in order.
+    /// addresses), in order; in a sparse region, each but those that are 0
+    /// (no pointer is).
     pub(crate) fn each_word(&self, lo: u64, hi: u64, word: Word, mut f: impl FnMut(u64)) {
         let size = word.size as u64;
         let from = lo.max(self.addr).next_multiple_of(size);
@@ -144,7 +211,7 @@ impl Region {
         // Sparse regions start word-aligned: word indexes from `from`.
         let (first, last) = (((from - self.addr) / size) as usize, ((to - self.addr) / size) as usize);
         for g in first / 64..last.div_ceil(64) {
-            let mut b = h.bits[g];
+            let mut b = h.nonzero[g];
             if g == first / 64 {
                 b &= !0u64 << (first % 64);
             }
