@@ -14,6 +14,7 @@ mod ahead;
 pub mod glibc_log;
 mod keeper;
 pub mod live;
+mod release;
 mod sections;
 pub use keeper::{pool_key, Flow, Keeper};
 pub use sections::{Route, Sections};
@@ -209,6 +210,11 @@ pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Re
         }
     });
     keeper.finish(&mut t)?;
+    // What the reading freed (the records waiting in the merge, the
+    // snapshot's payloads) stays in glibc's arenas, counted in the RSS,
+    // while the scan allocates anew: 20 M blocks with a leak scan peaked
+    // at 3.49 GB without this, 2.50 GB with it.
+    release::free_memory_to_the_system();
     Ok(t)
 }
 
