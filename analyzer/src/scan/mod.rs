@@ -431,12 +431,15 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Classes> {
     // from a later group joins that group.
     // (u32 numbers, not Option<usize>: 4 bytes a block rather than 16.)
     let mut owner: Vec<u32> = vec![NONE; n];
+    // One stack for every group (a new one each was a malloc per lost
+    // block: 20 M of them).
+    let mut stack = Vec::new();
     for leader in 0..n {
         if state[leader] != State::Unreached {
             continue;
         }
         state[leader] = State::Definite;
-        let mut stack = vec![leader];
+        stack.push(leader);
         while let Some(j) = stack.pop() {
             let (start, size) = heap.blocks[j];
             mem.words(start, start + size, |w| {
