@@ -35,10 +35,14 @@ pub struct Keeper<'w> {
     w: &'w Window,
     /// Latest event time, ns.
     now: u64,
-    /// The regions of a snapshot being read (until its ScanEnd).
-    regions: Vec<crate::trace::Region>,
-    /// That snapshot's threads were stopped by signal, for this reason.
-    stopped_by_signal: Option<String>,
+    /// The regions of a snapshot being read (until its ScanEnd), each
+    /// with its time: the merge may hand them on ahead of the events
+    /// before them (`Merge::snapshots_at_once`), and so of an earlier
+    /// snapshot's ScanEnd; a snapshot's regions have its ScanEnd's time.
+    regions: Vec<(u64, crate::trace::Region)>,
+    /// That snapshot's threads were stopped by signal, for this reason
+    /// (with its time, as the regions).
+    stopped_by_signal: Option<(u64, String)>,
     /// An event at or after this time (ns) crosses an edge of the window's
     /// time range ([`Keeper::cross`]); `u64::MAX`: none left.
     edge: u64,
@@ -288,19 +292,22 @@ impl<'w> Keeper<'w> {
                 let d = Dealloc { family: Family::Pool, stack: None, realloc: false, size: 0, align: 0 };
                 t.books.dealloc(tid, pool_key(pool, addr), time_ns, d);
             }
-            Record::ScanRegion { kind: region_kind::STOPPED_BY_SIGNAL, bytes, .. } => {
-                self.stopped_by_signal = Some(String::from_utf8_lossy(&bytes).into_owned());
+            Record::ScanRegion { time_ns, kind: region_kind::STOPPED_BY_SIGNAL, bytes, .. } => {
+                self.stopped_by_signal = Some((time_ns, String::from_utf8_lossy(&bytes).into_owned()));
             }
-            Record::ScanRegion { kind, addr, bytes, .. } => {
+            Record::ScanRegion { time_ns, kind, addr, bytes } => {
                 // The reader has checked a sparse payload: an error cannot
                 // happen here, and the region would be left out.
                 if let Ok(r) = crate::trace::Region::of_record(kind, addr, bytes, crate::trace::Word::of(&t.header)) {
-                    self.regions.push(r);
+                    self.regions.push((time_ns, r));
                 }
             }
             Record::ScanEnd { time_ns } => {
-                t.snapshot = Some(std::mem::take(&mut self.regions));
-                t.snapshot_stopped_by_signal = self.stopped_by_signal.take();
+                let (this, later) = std::mem::take(&mut self.regions).into_iter().partition(|(at, _)| *at <= time_ns);
+                self.regions = later;
+                t.snapshot = Some(this.into_iter().map(|(_, r)| r).collect());
+                t.snapshot_stopped_by_signal =
+                    self.stopped_by_signal.take_if(|(at, _)| *at <= time_ns).map(|(_, why)| why);
                 t.snapshot_time = time_ns;
                 t.snapshot_on_demand = false;
             }

@@ -64,7 +64,7 @@ struct Batch {
 /// the error, then the error. Each batch's promises are worked out here,
 /// off the books' thread.
 fn decode_batches<R: std::io::Read>(mut r: Reader<R>, version: u64, tx: std::sync::mpsc::SyncSender<Batch>) {
-    let mut merge = crate::order::Merge::new(version);
+    let mut merge = crate::order::Merge::new(version).snapshots_at_once();
     let mut sections = Sections::default();
     let mut batch = Vec::with_capacity(BATCH);
     // Only a merge by watermarks hands records on in time order.

@@ -300,3 +300,25 @@ fn streams_without_watermarks_trail_the_latest_time() {
     m.finish(&mut count);
     assert_eq!(n, 100);
 }
+
+#[test]
+fn snapshot_regions_go_at_once_when_asked_and_in_order_otherwise() {
+    let region =
+        Record::ScanRegion { time_ns: 200, kind: mtrace_format::region_kind::MAPPING, addr: 0x1000, bytes: vec![0; 8] };
+    let alloc = Record::Alloc { time_ns: 100, family: Family::Malloc, addr: 0x10, size: 8, stack: 0, align: 0 };
+    for at_once in [false, true] {
+        let mut m = Merge::new(VERSION_NOW);
+        if at_once {
+            m = m.snapshots_at_once();
+        }
+        let mut out = Vec::new();
+        m.push(1, alloc.clone(), &mut |_, r| out.push(r));
+        m.push(1, region.clone(), &mut |_, r| out.push(r));
+        // Before the watermark: the region only, and only when asked.
+        let kinds = |out: &[Record]| out.iter().map(|r| matches!(r, Record::ScanRegion { .. })).collect::<Vec<_>>();
+        assert_eq!(kinds(&out), if at_once { vec![true] } else { vec![] });
+        m.push(1, Record::Watermark { time_ns: 300 }, &mut |_, r| out.push(r));
+        let n = out.len();
+        assert_eq!(kinds(&out[..n - 1]), if at_once { vec![true, false] } else { vec![false, true] });
+    }
+}
