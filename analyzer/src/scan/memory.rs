@@ -122,7 +122,9 @@ mod tests {
         // Few zeros, or the registers: as they are.
         let full: Vec<u8> = (1..=64u64).flat_map(|w| w.to_le_bytes()).collect();
         assert!(Region::of_record(region_kind::MAPPING, 0, full, word).unwrap().dense_bytes().is_some());
-        assert!(Region::of_record(region_kind::REGISTERS, 0, bytes, word).unwrap().dense_bytes().is_some());
+        assert!(Region::of_record(region_kind::REGISTERS, 0, bytes.clone(), word).unwrap().dense_bytes().is_some());
+        // Nor a region that does not start on a word.
+        assert!(Region::of_record(region_kind::MAPPING, 0x1004, bytes, word).unwrap().dense_bytes().is_some());
     }
 
     #[test]

@@ -106,7 +106,9 @@ impl Region {
         let continues = kind & region_kind::SAME_MAPPING != 0;
         let plain = kind & !(region_kind::SAME_MAPPING | region_kind::SPARSE);
         if kind & region_kind::SPARSE == 0 {
-            if plain != region_kind::REGISTERS {
+            // Held words are counted from the region's start: only a
+            // region starting on a word (as mappings and stacks do).
+            if plain != region_kind::REGISTERS && addr.is_multiple_of(word.size as u64) {
                 if let Some(held) = Held::of_plain(&bytes, word) {
                     let len = bytes.len() as u64;
                     return Ok(Region { kind: plain, continues, addr, len, bytes: Vec::new(), held: Some(held) });
