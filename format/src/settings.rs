@@ -2,8 +2,9 @@
 //! values, default and a line of help, defined once. Those of the
 //! recording configuration are defined with its fields in
 //! [`crate::recording`] and re-exported here; the rest are the plumbing of
-//! `mtrace run` (`MTRACE_BIN`, `MTRACE_LIB`, `MTRACE_WARN_DIR`) and the
-//! ptrace tracer's own knobs. `mtrace` prints [`help`] in `mtrace run
+//! `mtrace run` (`MTRACE_BIN`, `MTRACE_LIB`, `MTRACE_WARN_DIR`), the
+//! analyzer's symbol cache (`MTRACE_SYMBOL_CACHE`) and the ptrace tracer's
+//! own knobs. `mtrace` prints [`help`] in `mtrace run
 //! --help`; a test checks README's table against [`documented`].
 
 pub use crate::recording::{
@@ -20,6 +21,12 @@ macro_rules! setting {
 
 setting!(BIN, c"MTRACE_BIN", "PATH", "the mtrace binary that writes .memlog reports (`run` sets it)");
 setting!(LIB, c"MTRACE_LIB", "PATH", "the libmtrace.so that `run` preloads (default: next to mtrace)");
+setting!(
+    SYMBOL_CACHE,
+    c"MTRACE_SYMBOL_CACHE",
+    "DIR|off",
+    "the folder where mtrace keeps symbolized frames between reports (default ~/.cache/mtrace/symbols)"
+);
 setting!(WARN_DIR, c"MTRACE_WARN_DIR", "DIR", "`run` sets it: a warning every process would print is printed once");
 setting!(
     PTRACE_STACK,

@@ -86,7 +86,7 @@ impl Builder {
         let exec = m.segments.iter().find(|s| s.flags & 1 != 0).or(m.segments.first());
         let (lo, hi, off) =
             exec.map_or((m.bias, m.bias, 0), |s| (m.bias + s.vaddr, m.bias + s.vaddr + s.memsz, s.vaddr));
-        let build_id: String = m.build_id.iter().map(|b| format!("{b:02x}")).collect();
+        let build_id = crate::symbolize::build_id_hex(&m.build_id);
         let mapping = proto::Mapping {
             id,
             memory_start: lo,

@@ -25,9 +25,6 @@ use std::path::{Path, PathBuf};
 
 use super::Frame;
 
-/// The environment variable naming the folder (`off`: no cache).
-pub const ENV: &str = "MTRACE_SYMBOL_CACHE";
-
 /// Files kept in the folder at most; writing one more removes the oldest.
 pub const MAX_FILES: usize = 1024;
 
@@ -36,7 +33,7 @@ const LAYOUT: u32 = 1;
 
 /// The folder of the cache, as the environment says (`None`: no cache).
 pub fn folder() -> Option<PathBuf> {
-    match std::env::var_os(ENV) {
+    match std::env::var_os(mtrace_format::settings::SYMBOL_CACHE.name()) {
         Some(v) if v == "off" || v.is_empty() => None,
         Some(v) => Some(PathBuf::from(v)),
         None => {
@@ -68,8 +65,7 @@ pub fn file_name(build_id: &[u8], binary: Option<&Path>, debug: Option<&Path>) -
         h.add(&meta.len().to_le_bytes());
         h.add(&mtime.as_nanos().to_le_bytes());
     }
-    let id: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
-    Some(format!("{id}-{:016x}.json", h.0))
+    Some(format!("{}-{:016x}.json", super::build_id_hex(build_id), h.0))
 }
 
 /// 64-bit FNV-1a: a fingerprint that is the same in every build of

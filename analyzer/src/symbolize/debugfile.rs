@@ -92,7 +92,7 @@ impl SearchPaths {
     pub fn debug_file(&self, binary: Option<&Path>, build_id: &[u8]) -> Option<PathBuf> {
         let roots: Vec<PathBuf> = self.sysroot.iter().cloned().chain([PathBuf::from("/")]).collect();
         if build_id.len() >= 2 {
-            let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
+            let hex = super::build_id_hex(build_id);
             for r in &roots {
                 let p = r.join(format!("usr/lib/debug/.build-id/{}/{}.debug", &hex[..2], &hex[2..]));
                 if p.is_file() {

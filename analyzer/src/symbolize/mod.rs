@@ -250,6 +250,12 @@ fn module_name(path: &str) -> String {
     Path::new(path).file_name().map_or_else(|| path.to_owned(), |n| n.to_string_lossy().into_owned())
 }
 
+/// A build ID (NT_GNU_BUILD_ID's bytes) as lowercase hex, as
+/// `/usr/lib/debug/.build-id/` and pprof name it.
+pub fn build_id_hex(id: &[u8]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The module covering `addr`; when several did over time (a library
 /// unloaded and another loaded in its place), the latest one recorded no
 /// later than `time`, else the earliest.

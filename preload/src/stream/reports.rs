@@ -108,10 +108,6 @@ pub struct Reporter {
     children: Mutex<Vec<i32>>,
 }
 
-/// The analyzer's variable for the folder of symbolized frames it keeps
-/// between reports (`analyzer/src/symbolize/cache.rs`).
-const SYMBOL_CACHE: &str = "MTRACE_SYMBOL_CACHE";
-
 const WCLONE: i32 = 0x8000_0000u32 as i32;
 
 impl Reporter {
@@ -233,8 +229,9 @@ fn spawn(path: &CString, args: &[String]) -> Option<i32> {
         .collect();
     // The analyzer runs in the program's environment: it keeps no
     // symbolized frames in the program's home (a service's) unless asked.
-    if std::env::var_os(SYMBOL_CACHE).is_none() {
-        env.extend(CString::new(format!("{SYMBOL_CACHE}=off")).ok());
+    let cache = mtrace_format::settings::SYMBOL_CACHE.name();
+    if std::env::var_os(cache).is_none() {
+        env.extend(CString::new(format!("{cache}=off")).ok());
     }
     let mut argv: Vec<*const c_char> = args.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
