@@ -12,8 +12,6 @@
 //! are stamped at or after the first timed record of another thread later
 //! in the batch, or, if there is none, the batch's last time.
 
-use mtrace_format::Record;
-
 use super::Decoded;
 
 /// For each record of `batch`, in `until` (cleared first): the earliest
@@ -24,7 +22,8 @@ use super::Decoded;
 /// latest stamp of the batches before, updated.
 pub fn promises(batch: &[Decoded], in_order: bool, last: &mut u64, until: &mut Vec<u64>) {
     until.clear();
-    let time = |d: &Decoded| d.as_ref().ok().and_then(|(_, r)| stamp(r));
+    // The stamp the merge ordered a record by.
+    let time = |d: &Decoded| d.as_ref().ok().and_then(|(_, r)| r.time_ns());
     let mut prev = *last;
     let mut sorted = in_order;
     for t in batch.iter().filter_map(time) {
@@ -32,11 +31,10 @@ pub fn promises(batch: &[Decoded], in_order: bool, last: &mut u64, until: &mut V
         prev = t;
     }
     *last = prev;
+    until.resize(batch.len(), 0);
     if !sorted {
-        until.resize(batch.len(), 0);
         return;
     }
-    until.resize(batch.len(), 0);
     // Backwards, by runs of one thread: a run's records are promised the
     // earliest stamp after the run (the time order makes that the next
     // run's first); the last run, the batch's last stamp.
@@ -57,17 +55,10 @@ pub fn promises(batch: &[Decoded], in_order: bool, last: &mut u64, until: &mut V
     }
 }
 
-/// The stamp the merge ordered `r` by (ns), if it has one.
-fn stamp(r: &Record) -> Option<u64> {
-    match *r {
-        Record::Alloc { time_ns, .. } | Record::Free { time_ns, .. } => Some(time_ns),
-        _ => r.time_ns(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mtrace_format::Record;
 
     fn alloc(tid: u32, time_ns: u64) -> Decoded {
         let family = mtrace_format::Family::Malloc;

@@ -25,12 +25,8 @@ impl TraceTime {
             TraceTime::Since(ns) => Ok(ns),
             TraceTime::At(at) => {
                 let d = at - i128::from(start_realtime_ns);
-                u64::try_from(d).map_err(|_| {
-                    let start = Timestamp::from_nanosecond(i128::from(start_realtime_ns))
-                        .map(|t| t.to_zoned(TimeZone::system()).strftime("%Y-%m-%d %H:%M:%S%.3f %Z").to_string())
-                        .unwrap_or_default();
-                    format!("before the trace's start ({start})")
-                })
+                u64::try_from(d)
+                    .map_err(|_| format!("before the trace's start ({})", TraceTime::At(i128::from(start_realtime_ns))))
             }
         }
     }
