@@ -103,6 +103,34 @@ fn round_trip() {
 }
 
 #[test]
+fn records_read_into_one_slot_are_the_records() {
+    // Each record of every kind written over the one before (a Stack's or
+    // a Modules' vector dropped by the next); at the end, and at an
+    // error, the slot keeps the last record.
+    let (bytes, recs) = sample();
+    let mut r = Reader::new(&bytes[..]);
+    r.header().unwrap();
+    let mut slot = Record::EMPTY;
+    for want in &recs {
+        assert!(r.next_into(&mut slot).unwrap());
+        assert_eq!(&slot, want);
+    }
+    assert!(!r.next_into(&mut slot).unwrap());
+    assert_eq!(Some(&slot), recs.last());
+    let mut r = Reader::new(&bytes[..bytes.len() - 1]);
+    r.header().unwrap();
+    let err = loop {
+        match r.next_into(&mut slot) {
+            Ok(true) => {}
+            Ok(false) => panic!("cut stream read as complete"),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err.kind, ReadErrorKind::Truncated));
+    assert_eq!(Some(&slot), recs.get(recs.len() - 2));
+}
+
+#[test]
 fn truncation_reports_last_complete_record() {
     let (bytes, _) = sample();
     // Find where the last record starts by reading the whole stream.

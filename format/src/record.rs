@@ -375,6 +375,11 @@ pub struct Patch {
 }
 
 impl Record {
+    /// A record that owns no memory: the value of a slot that
+    /// [`crate::Reader::next_into`] writes, or that a record taken out of a
+    /// batch leaves behind.
+    pub const EMPTY: Record = Record::PoolFree { time_ns: 0, pool: 0, addr: 0 };
+
     /// The record's time (ns since the start), for the records that have one.
     pub fn time_ns(&self) -> Option<u64> {
         Some(match *self {

@@ -12,26 +12,26 @@
 //! are stamped at or after the first timed record of another thread later
 //! in the batch, or, if there is none, the batch's last time.
 
-use super::Decoded;
+use mtrace_format::Record;
 
-/// For each record of `batch`, in `until` (cleared first): the earliest
+/// For each record of a batch (`recs`, of threads `tids`), in `until`
+/// (cleared first): the earliest
 /// stamp (ns) another thread's record still to come can have; 0 where
 /// nothing is promised. Nothing is promised for a batch out of time order
 /// (a stream without watermarks, a merge that had to trail its input:
 /// `crate::order::MAX_QUEUED`), nor when `in_order` is false; `last` is the
 /// latest stamp of the batches before, updated.
-pub fn promises(batch: &[Decoded], in_order: bool, last: &mut u64, until: &mut Vec<u64>) {
+pub fn promises(tids: &[u32], recs: &[Record], in_order: bool, last: &mut u64, until: &mut Vec<u64>) {
     until.clear();
-    // The stamp the merge ordered a record by.
-    let time = |d: &Decoded| d.as_ref().ok().and_then(|(_, r)| r.time_ns());
     let mut prev = *last;
     let mut sorted = in_order;
-    for t in batch.iter().filter_map(time) {
+    // Each record's stamp, the one the merge ordered it by.
+    for t in recs.iter().filter_map(Record::time_ns) {
         sorted &= t >= prev;
         prev = t;
     }
     *last = prev;
-    until.resize(batch.len(), 0);
+    until.resize(recs.len(), 0);
     if !sorted {
         return;
     }
@@ -41,15 +41,14 @@ pub fn promises(batch: &[Decoded], in_order: bool, last: &mut u64, until: &mut V
     let mut bound = prev;
     let mut run: Option<u32> = None;
     let mut run_first = u64::MAX;
-    for (i, d) in batch.iter().enumerate().rev() {
-        let tid = d.as_ref().map_or(u32::MAX, |(tid, _)| *tid);
+    for (i, (&tid, rec)) in tids.iter().zip(recs).enumerate().rev() {
         if run != Some(tid) {
             bound = bound.min(run_first);
             run = Some(tid);
             run_first = u64::MAX;
         }
         until[i] = bound;
-        if let Some(t) = time(d) {
+        if let Some(t) = rec.time_ns() {
             run_first = t;
         }
     }
@@ -58,11 +57,16 @@ pub fn promises(batch: &[Decoded], in_order: bool, last: &mut u64, until: &mut V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mtrace_format::Record;
 
-    fn alloc(tid: u32, time_ns: u64) -> Decoded {
+    fn alloc(tid: u32, time_ns: u64) -> (u32, Record) {
         let family = mtrace_format::Family::Malloc;
-        Ok((tid, Record::Alloc { time_ns, family, addr: 0x10, size: 8, stack: 1, align: 0 }))
+        (tid, Record::Alloc { time_ns, family, addr: 0x10, size: 8, stack: 1, align: 0 })
+    }
+
+    /// [`promises`] of a batch given as (thread, record) pairs.
+    fn promises(batch: &[(u32, Record)], in_order: bool, last: &mut u64, until: &mut Vec<u64>) {
+        let (tids, recs): (Vec<u32>, Vec<Record>) = batch.iter().cloned().unzip();
+        super::promises(&tids, &recs, in_order, last, until);
     }
 
     #[test]
@@ -87,7 +91,7 @@ mod tests {
     fn an_untimed_record_of_another_thread_bounds_nothing_itself() {
         // A Stack record goes right before its thread's next record: the
         // stamp that bounds is that record's.
-        let stack = Ok((2, Record::Stack { id: 7, frames: vec![1] }));
+        let stack = (2, Record::Stack { id: 7, frames: vec![1] });
         let batch = [alloc(1, 100), stack, alloc(2, 300), alloc(1, 600)];
         let (mut last, mut until) = (0, Vec::new());
         promises(&batch, true, &mut last, &mut until);

@@ -44,66 +44,119 @@ pub fn start_realtime_ns(path: &Path) -> Result<u64> {
     Ok(h.start_realtime_ns)
 }
 
-/// A record and its thread, or where the stream broke.
-type Decoded = Result<(u32, Record), ReadError>;
-
 /// Records per batch handed from the decoding thread.
 const BATCH: usize = 4096;
 
-/// A batch of records in the merge's order, each with the books'
-/// promise for it ([`ahead::promises`]).
+/// Batches the decoding thread may send ahead of the books (at most 8 MB).
+/// The merge hands records on in bursts, a writer round's at each
+/// watermark (python3's trace: 20 K records every 5 ms); with 4 batches
+/// ahead the decoder stopped in the middle of each burst, and the books
+/// then waited for the next round's decoding: 60-70 ms of a 0.25-s report
+/// of python3's trace, 0.25 -> 0.22 s with 32.
+const BATCHES_AHEAD: usize = 32;
+
+/// A batch of records in the merge's order: each record's thread, the
+/// record, and the books' promise for it ([`ahead::promises`]), in three
+/// vectors of one length; then, in the last batch of a stream that broke
+/// off, where it broke. Records and threads apart: a (thread, record)
+/// pair built as the merge hands a record on was then copied into the
+/// batch with loads across the stores that had just written it, which the
+/// CPU cannot forward (see `Reader::next_into`): a stall on every record,
+/// a sixth of the samples of a report of python3's trace.
 struct Batch {
-    items: Vec<Decoded>,
+    tids: Vec<u32>,
+    recs: Vec<Record>,
     until: Vec<u64>,
+    error: Option<ReadError>,
+}
+
+/// Records gathered into batches for the books' thread, each batch with
+/// its promises ([`ahead::promises`], worked out here, off the books'
+/// thread).
+struct Batcher {
+    tids: Vec<u32>,
+    recs: Vec<Record>,
+    tx: std::sync::mpsc::SyncSender<Batch>,
+    /// Only a merge by watermarks hands records on in time order.
+    in_order: bool,
+    /// The stamp the previous batch's promises ended at, ns.
+    last: u64,
+    /// The receiver is gone (a report that ended at a marker).
+    gone: bool,
+}
+
+impl Batcher {
+    /// Adds a record; a full batch goes at once, also in the middle of a
+    /// watermark's release.
+    #[inline]
+    fn push(&mut self, tid: u32, rec: Record) {
+        self.tids.push(tid);
+        self.recs.push(rec);
+        if self.recs.len() >= BATCH {
+            self.send(None);
+        }
+    }
+
+    /// Sends the batch so far, and `error` after it (nothing once the
+    /// receiver is gone).
+    #[cold]
+    #[inline(never)]
+    fn send(&mut self, error: Option<ReadError>) {
+        let tids = std::mem::replace(&mut self.tids, Vec::with_capacity(BATCH));
+        let recs = std::mem::replace(&mut self.recs, Vec::with_capacity(BATCH));
+        if self.gone {
+            return;
+        }
+        let mut until = Vec::with_capacity(recs.len());
+        ahead::promises(&tids, &recs, self.in_order, &mut self.last, &mut until);
+        self.gone = self.tx.send(Batch { tids, recs, until, error }).is_err();
+    }
 }
 
 /// Decodes `r` (a stream of format `version`) to its end (or first error),
 /// merges its records into one order ([`crate::order`]), and sends them in
 /// batches into `tx`; stops when the receiver is gone (a report that ends
 /// at a marker). A stream that breaks off sends everything read before
-/// the error, then the error. Each batch's promises are worked out here,
-/// off the books' thread.
+/// the error, then the error.
 fn decode_batches<R: std::io::Read>(mut r: Reader<R>, version: u64, tx: std::sync::mpsc::SyncSender<Batch>) {
     let mut merge = crate::order::Merge::new(version).snapshots_at_once();
     let mut sections = Sections::default();
-    let mut batch = Vec::with_capacity(BATCH);
-    // Only a merge by watermarks hands records on in time order.
     let in_order = version >= crate::order::WATERMARKS_SINCE;
-    let mut last = 0;
-    let mut send = |items: Vec<Decoded>| {
-        let mut until = Vec::with_capacity(items.len());
-        ahead::promises(&items, in_order, &mut last, &mut until);
-        tx.send(Batch { items, until }).is_ok()
-    };
-    // Full batches go at once, also in the middle of a watermark's
-    // release; `gone`: the receiver is (a report that ended at a marker).
-    let gone = std::cell::Cell::new(false);
-    let mut out = |item: Decoded| {
-        batch.push(item);
-        if batch.len() >= BATCH && !gone.get() {
-            gone.set(!send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH))));
-        }
-    };
+    let (tids, recs) = (Vec::with_capacity(BATCH), Vec::with_capacity(BATCH));
+    let mut out = Batcher { tids, recs, tx, in_order, last: 0, gone: false };
+    // Records are decoded RING at a time into slots that are read only
+    // after the RING are written ([`Reader::next_into`]).
+    const RING: usize = 64;
+    let mut ring: Vec<(u32, Record)> = (0..RING).map(|_| (0, Record::EMPTY)).collect();
     loop {
-        match r.next_record() {
-            Ok(Some(rec)) => {
-                sections.pass(&mut merge, r.tid(), rec, &mut |tid, rec| out(Ok((tid, rec))));
-            }
-            Ok(None) => break,
-            Err(e) => {
-                merge.finish(&mut |tid, rec| out(Ok((tid, rec))));
-                out(Err(e));
+        let mut n = 0;
+        let mut end = Ok(true);
+        while n < RING {
+            end = r.next_into(&mut ring[n].1);
+            if !matches!(end, Ok(true)) {
                 break;
             }
+            ring[n].0 = r.tid();
+            n += 1;
         }
-        if gone.get() {
+        for (tid, rec) in &mut ring[..n] {
+            let rec = std::mem::replace(rec, Record::EMPTY);
+            sections.pass(&mut merge, *tid, rec, &mut |tid, rec| out.push(tid, rec));
+        }
+        if out.gone {
             return;
         }
+        match end {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => {
+                merge.finish(&mut |tid, rec| out.push(tid, rec));
+                return out.send(Some(e));
+            }
+        }
     }
-    merge.finish(&mut |tid, rec| out(Ok((tid, rec))));
-    if !gone.get() {
-        send(batch);
-    }
+    merge.finish(&mut |tid, rec| out.push(tid, rec));
+    out.send(None);
 }
 
 /// Reads the trace at `path`. Fails only when the file cannot be opened or
@@ -169,43 +222,42 @@ pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Re
     // Decoding (decompression included) on a second thread, a batch of
     // records at a time, while this one keeps the books.
     std::thread::scope(|sc| {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(4);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(BATCHES_AHEAD);
         sc.spawn(move || decode_batches(r, version, tx));
         let mut addrs = Vec::with_capacity(BATCH);
-        'outer: for Batch { items: mut batch, until } in rx {
+        'outer: for Batch { tids, mut recs, until, error } in rx {
             // The heap's lines for a record's address are asked for
             // AHEAD_INDEX and AHEAD_SLOT records before it is entered
             // (books/heap/table.rs): with a million blocks live, each
             // event's lookup is otherwise a wait for memory.
             addrs.clear();
-            addrs.extend(batch.iter().map(|d| d.as_ref().map_or(0, |(_, r)| heap_addr(r))));
+            addrs.extend(recs.iter().map(heap_addr));
             addrs.extend([0; AHEAD_INDEX]);
-            for (i, item) in batch.iter_mut().enumerate() {
+            for (i, rec) in recs.iter_mut().enumerate() {
                 t.books.prefetch(addrs[i + AHEAD_INDEX], false);
                 t.books.prefetch(addrs[i + AHEAD_SLOT], true);
-                if let Ok((tid, _)) = item {
-                    t.books.promise(*tid, until[i]);
-                }
+                let tid = tids[i];
+                t.books.promise(tid, until[i]);
                 // The hot records' fields read where they are: moving the
                 // record out first copies it with 16-byte loads across the
                 // stores that wrote the copy, which the CPU cannot forward
                 // (a fifth of this loop's time on python3's trace).
-                let flow = match item {
-                    Ok((tid, Record::Alloc { time_ns, family, addr, size, stack, align })) => {
-                        keeper.alloc(&mut t, *tid, *time_ns, *family, *addr, *size, *stack, *align)
+                let flow = match rec {
+                    Record::Alloc { time_ns, family, addr, size, stack, align } => {
+                        keeper.alloc(&mut t, tid, *time_ns, *family, *addr, *size, *stack, *align)
                     }
-                    Ok((tid, Record::Free { time_ns, family, addr, stack, size, align })) => {
-                        keeper.free(&mut t, *tid, *time_ns, *family, *addr, *stack, (*size, *align))
+                    Record::Free { time_ns, family, addr, stack, size, align } => {
+                        keeper.free(&mut t, tid, *time_ns, *family, *addr, *stack, (*size, *align))
                     }
-                    Ok((tid, rec)) => keeper.apply(&mut t, *tid, std::mem::replace(rec, PLACEHOLDER)),
-                    Err(_) => {
-                        t.error = std::mem::replace(item, Ok((0, PLACEHOLDER))).err();
-                        break 'outer;
-                    }
+                    rec => keeper.apply(&mut t, tid, std::mem::replace(rec, Record::EMPTY)),
                 };
                 if flow == Flow::Until {
                     break 'outer;
                 }
+            }
+            if error.is_some() {
+                t.error = error;
+                break;
             }
         }
     });
@@ -217,9 +269,6 @@ pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Re
     release::free_memory_to_the_system();
     Ok(t)
 }
-
-/// What a record taken out of its batch leaves there: one that owns no memory.
-const PLACEHOLDER: Record = Record::PoolFree { time_ns: 0, pool: 0, addr: 0 };
 
 /// How many records ahead the heap's index line, and then the slot, of a
 /// record's address are fetched (measured on jq's trace, 1.6 M live blocks).
