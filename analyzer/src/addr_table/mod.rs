@@ -12,11 +12,14 @@
 //! lookup itself. Here the bucket is a computable position
 //! ([`Table::prefetch_index`]), and once the index's line is in the cache
 //! the slot's lines can be fetched too ([`Table::prefetch_slot`]). Growing
-//! the index writes 8-byte entries; the slab grows by `realloc`, which for
-//! a large block is `mremap` (no copy).
+//! the index writes 8-byte entries; the slab grows by chunks, and its slots
+//! never move (`slab.rs`). Both are backed by huge pages where the system
+//! allows (`hint.rs`).
 
 mod hint;
-use hint::prefetch;
+mod slab;
+use hint::{huge_pages, prefetch};
+use slab::Slab;
 
 /// One bucket of the index, a u64: 32 bits of the address's hash (its
 /// tag) in the high half, its slot number plus one in the low half (0: a
@@ -74,26 +77,6 @@ fn full(len: usize, buckets: usize) -> bool {
         len * 4 > buckets * 3
     } else {
         len * 2 > buckets
-    }
-}
-
-/// Slots, each with its address, so that a walk over all of them
-/// ([`Table::iter`]) reads memory in order. Addresses are never
-/// forgotten (a freed block's slot says what a second free of it frees).
-struct Slab<V> {
-    slots: Vec<(u64, V)>,
-}
-
-impl<V> Default for Slab<V> {
-    fn default() -> Slab<V> {
-        Slab { slots: Vec::new() }
-    }
-}
-
-impl<V> Slab<V> {
-    fn put(&mut self, key: u64, v: V) -> u32 {
-        self.slots.push((key, v));
-        (self.slots.len() - 1) as u32
     }
 }
 
@@ -168,7 +151,7 @@ impl<V> Table<V> {
             if e == 0 {
                 return (i, false);
             }
-            if tag_of(e) == t && self.slab.slots[id_of(e) as usize].0 == key {
+            if tag_of(e) == t && self.slab.at(id_of(e)).0 == key {
                 return (i, true);
             }
             i = self.next(i);
@@ -201,18 +184,18 @@ impl<V> Table<V> {
     /// The slot `f` found (none if it is vacant).
     #[inline]
     pub fn at(&mut self, f: Found) -> Option<&mut V> {
-        (!f.vacant()).then(|| &mut self.slab.slots[f.id as usize].1)
+        (!f.vacant()).then(|| &mut self.slab.at_mut(f.id).1)
     }
 
     pub fn get(&self, key: u64) -> Option<&V> {
         let f = self.find(key);
-        (!f.vacant()).then(|| &self.slab.slots[f.id as usize].1)
+        (!f.vacant()).then(|| &self.slab.at(f.id).1)
     }
 
     /// Gives vacant `f`'s address (`key`) the slot `v`.
     pub fn insert(&mut self, f: Found, key: u64, v: V) {
         debug_assert!(f.vacant());
-        let bucket = if full(self.slab.slots.len() + 1, self.index.len()) {
+        let bucket = if full(self.slab.len() + 1, self.index.len()) {
             self.rebuild(self.index.len() * 2);
             self.bucket(key).0
         } else {
@@ -224,7 +207,7 @@ impl<V> Table<V> {
 
     /// Every address with its slot, in the order they were inserted.
     pub fn iter(&self) -> impl Iterator<Item = (u64, &V)> {
-        self.slab.slots.iter().map(|(k, v)| (*k, v))
+        self.slab.iter().map(|(k, v)| (*k, v))
     }
 
     /// A new index of `buckets` over every slot (each address has one, and
@@ -237,15 +220,17 @@ impl<V> Table<V> {
         // n]`, calloc) is faulted in a page at a time by the scattered
         // writes below, which made reporting jq 0.30 -> 0.34 s.
         self.index = Vec::with_capacity(buckets);
+        huge_pages(&self.index);
         self.index.resize(buckets, 0);
         self.shift = shift_for(buckets);
         // The homes are random: each is a cache miss unless asked for
         // ahead (rebuilds of an index that grew by half, tried on the way,
         // were a fifth of reporting 20 M live blocks).
         const AHEAD: usize = 64;
-        for (id, (key, _)) in self.slab.slots.iter().enumerate() {
-            if let Some((ahead, _)) = self.slab.slots.get(id + AHEAD) {
-                prefetch(&self.index[self.home(*ahead)]);
+        let len = self.slab.len();
+        for (id, (key, _)) in self.slab.iter().enumerate() {
+            if id + AHEAD < len {
+                prefetch(&self.index[self.home(self.slab.at((id + AHEAD) as u32).0)]);
             }
             let mut i = self.home(*key);
             while self.index[i] != 0 {
@@ -267,7 +252,7 @@ impl<V> Table<V> {
     pub fn prefetch_slot(&self, key: u64) {
         let id = self.likely(key);
         if id != EMPTY {
-            prefetch_lines(&self.slab.slots[id as usize]);
+            prefetch_lines(self.slab.at(id));
         }
     }
 }
@@ -295,7 +280,7 @@ mod tests {
             assert!(f.vacant());
             t.insert(f, a, a);
         }
-        assert_eq!(t.slab.slots.len(), 100_000);
+        assert_eq!(t.slab.len(), 100_000);
         assert_eq!(t.get(0x5555_0000_0010), Some(&0x5555_0000_0010));
         assert!(t.get(0x5555_0000_0018).is_none());
         *t.at(t.find(0x5555_0000_0040)).unwrap() += 1;
