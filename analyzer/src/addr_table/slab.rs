@@ -31,7 +31,9 @@ fn chunk_len(k: usize) -> usize {
     1 << (FIRST_BITS as usize + k.max(1) - 1)
 }
 
-/// Slots (an address and its value), numbered from 0.
+/// Slots (an address and its value), numbered from 0, so that a walk over
+/// all of them ([`Slab::iter`]) reads memory in order. Addresses are never
+/// forgotten (a freed block's slot says what a second free of it frees).
 pub struct Slab<V> {
     chunks: Vec<Vec<(u64, V)>>,
     len: usize,
