@@ -228,7 +228,7 @@ pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Re
         'outer: for Batch { tids, mut recs, until, error } in rx {
             // The heap's lines for a record's address are asked for
             // AHEAD_INDEX and AHEAD_SLOT records before it is entered
-            // (books/heap/table.rs): with a million blocks live, each
+            // (`addr_table/`): with a million blocks live, each
             // event's lookup is otherwise a wait for memory.
             addrs.clear();
             addrs.extend(recs.iter().map(heap_addr));
