@@ -23,10 +23,10 @@ const FIRST_BITS: u32 = 12;
 /// VM whose free memory the host takes back: `page_reporting`) a fresh
 /// huge page costs the host's faults of its 512 small ones, and past some
 /// size those outweigh the TLB misses saved: `mtrace report` of 20 M live
-/// blocks, median of 3, 3.0 s without huge pages, 3.05 s with every chunk
-/// on them (system time 0.6 -> 1.0-1.5 s), 2.4-2.9 with only the index; of
-/// python3's trace (1.4 M slots) 0.29 s without, 0.25 with only the index,
-/// 0.23 with both.
+/// blocks (runs alternated) 3.0 s without huge pages, 3.05-3.5 s with
+/// every chunk on them (system time 0.6 -> 1.0-1.5 s), 2.4-2.9 s with
+/// only the index; of python3's trace (1.4 M slots) 0.29 s without, 0.25
+/// with only the index, 0.23 with both.
 const HUGE_UNTIL: usize = 1 << 22;
 
 /// The chunk of slot `id`, and the slot's place in it.
