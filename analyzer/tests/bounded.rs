@@ -140,13 +140,18 @@ fn a_trace_kept_for_an_age_holds_its_last_part_and_reports_what_the_whole_trace_
     let (a, b) = (input::load(&whole).unwrap(), input::load(&kept.path).unwrap());
     let (from, end) = (b.kept_from.unwrap(), b.last_time);
     eprintln!("{kept:?}: kept from {from} ns of {end}");
-    // A checkpoint every 100 ms of the program's time, each keeping the
-    // newest checkpoint at least 400 ms old: from 400 ms before the
-    // latest checkpoint, and the latest at most some 100 ms before the
-    // end (then half as much again).
+    // A checkpoint every 100 ms of the program's time (at the first place
+    // for one after it: later when the machine is busy), each cutting the
+    // file at the newest checkpoint at least 400 ms older than itself.
     assert!(kept.checkpoints >= 10, "{kept:?}");
-    assert!(from + age <= end && from + age * 3 / 2 + 20_000_000 >= end, "kept from {from} ns of {end}");
-    assert_eq!(checkpoint_times(&kept.path)[0], from);
+    let times = checkpoint_times(&kept.path);
+    let latest = *times.last().unwrap();
+    assert_eq!(times[0], from);
+    assert!(from + age <= latest && times.get(1).is_none_or(|&t| t + age > latest), "{times:?}");
+    // So from 400 to 500 ms before the latest, and the latest some 100 ms
+    // before the end (twice the age in all leaves room for a slow round:
+    // 629 ms were kept once on a loaded machine).
+    assert!(from + age <= end && from + age * 2 >= end, "kept from {from} ns of {end}");
     assert_eq!(counters(&a), counters(&b));
     assert_eq!(live(&a), live(&b));
     let (ra, mut rb) = (report(&whole), report(&kept.path));
