@@ -356,8 +356,8 @@ impl<R: Read> Reader<R> {
         Ok(self.next_into(&mut rec)?.then_some(rec))
     }
 
-    /// [`Reader::next_record`] into `out`: true when a record was read;
-    /// false at the end of the stream, and on an error, with `out`
+    /// [`Reader::next_record`] into `out`: true when a record was read,
+    /// false at the end of the stream; at the end and on an error `out` is
     /// unchanged.
     ///
     /// For a reader that keeps a ring of records: the heap events' fields
