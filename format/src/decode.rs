@@ -451,54 +451,26 @@ impl<R: Read> Reader<R> {
     #[inline]
     fn heap_event(&mut self, t: u8, out: &mut Record) -> Res<bool> {
         match t {
-            tag::ALLOC => {
+            // The tags of one kind differ only in the fields they carry
+            // last: those not written are 0.
+            tag::ALLOC | tag::ALLOC_ALIGNED => {
                 *out = Record::Alloc {
                     time_ns: self.time()?,
                     family: self.family()?,
                     addr: self.addr()?,
                     size: self.varint()?,
                     stack: self.u32("stack id")?,
-                    align: 0,
+                    align: if t == tag::ALLOC_ALIGNED { self.varint()? } else { 0 },
                 }
             }
-            tag::ALLOC_ALIGNED => {
-                *out = Record::Alloc {
-                    time_ns: self.time()?,
-                    family: self.family()?,
-                    addr: self.addr()?,
-                    size: self.varint()?,
-                    stack: self.u32("stack id")?,
-                    align: self.varint()?,
-                }
-            }
-            tag::FREE => {
+            tag::FREE | tag::FREE_STACK | tag::FREE_SIZED => {
                 *out = Record::Free {
                     time_ns: self.time()?,
                     family: self.family()?,
                     addr: self.addr()?,
-                    stack: 0,
-                    size: 0,
-                    align: 0,
-                }
-            }
-            tag::FREE_STACK => {
-                *out = Record::Free {
-                    time_ns: self.time()?,
-                    family: self.family()?,
-                    addr: self.addr()?,
-                    stack: self.u32("stack id")?,
-                    size: 0,
-                    align: 0,
-                }
-            }
-            tag::FREE_SIZED => {
-                *out = Record::Free {
-                    time_ns: self.time()?,
-                    family: self.family()?,
-                    addr: self.addr()?,
-                    stack: self.u32("stack id")?,
-                    size: self.varint()?,
-                    align: self.varint()?,
+                    stack: if t == tag::FREE { 0 } else { self.u32("stack id")? },
+                    size: if t == tag::FREE_SIZED { self.varint()? } else { 0 },
+                    align: if t == tag::FREE_SIZED { self.varint()? } else { 0 },
                 }
             }
             tag::REALLOC => {
