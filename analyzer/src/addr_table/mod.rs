@@ -174,11 +174,33 @@ impl<V> Table<V> {
         }
     }
 
-    /// Where `key` is.
+    /// Where `key` is (the index built again first if it was dropped).
     #[inline]
-    pub fn find(&self, key: u64) -> Found {
+    pub fn find(&mut self, key: u64) -> Found {
+        if self.index.is_empty() {
+            self.restore_index();
+        }
         let (bucket, _) = self.bucket(key);
         Found { bucket, id: id_of(self.index[bucket]) }
+    }
+
+    /// Frees the index, for a table that is only walked from now on (the
+    /// books of a report once the trace is read, [`Table::iter`]): at 20 M
+    /// addresses it is 256 MiB of the books' 900. A lookup after this is
+    /// still right: [`Table::find`] builds the index again, [`Table::get`]
+    /// walks the slots.
+    pub fn drop_index(&mut self) {
+        self.index = Vec::new();
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn restore_index(&mut self) {
+        let mut buckets = MIN_BUCKETS;
+        while full(self.slab.len() + 1, buckets) {
+            buckets *= 2;
+        }
+        self.rebuild(buckets);
     }
 
     /// The slot `f` found (none if it is vacant).
@@ -187,9 +209,15 @@ impl<V> Table<V> {
         (!f.vacant()).then(|| &mut self.slab.at_mut(f.id).1)
     }
 
+    /// The slot of `key`, if it has one.
     pub fn get(&self, key: u64) -> Option<&V> {
-        let f = self.find(key);
-        (!f.vacant()).then(|| &self.slab.at(f.id).1)
+        if self.index.is_empty() {
+            // Dropped ([`Table::drop_index`]): rare enough to walk.
+            return self.slab.iter().find(|(k, _)| *k == key).map(|(_, v)| v);
+        }
+        let (bucket, _) = self.bucket(key);
+        let id = id_of(self.index[bucket]);
+        (id != EMPTY).then(|| &self.slab.at(id).1)
     }
 
     /// Gives vacant `f`'s address (`key`) the slot `v`.
@@ -243,13 +271,18 @@ impl<V> Table<V> {
     /// Asks the CPU for the index's line where `key`'s probe starts.
     #[inline]
     pub fn prefetch_index(&self, key: u64) {
-        prefetch(&self.index[self.home(key)]);
+        if let Some(e) = self.index.get(self.home(key)) {
+            prefetch(e);
+        }
     }
 
     /// Asks the CPU for the lines of `key`'s slot, if it has one (best
     /// after [`Table::prefetch_index`] had time to bring the index's line).
     #[inline]
     pub fn prefetch_slot(&self, key: u64) {
+        if self.index.is_empty() {
+            return;
+        }
         let id = self.likely(key);
         if id != EMPTY {
             prefetch_lines(self.slab.at(id));
@@ -283,9 +316,35 @@ mod tests {
         assert_eq!(t.slab.len(), 100_000);
         assert_eq!(t.get(0x5555_0000_0010), Some(&0x5555_0000_0010));
         assert!(t.get(0x5555_0000_0018).is_none());
-        *t.at(t.find(0x5555_0000_0040)).unwrap() += 1;
+        let f = t.find(0x5555_0000_0040);
+        *t.at(f).unwrap() += 1;
         assert_eq!(t.get(0x5555_0000_0040), Some(&0x5555_0000_0041));
         assert_eq!(t.iter().count(), 100_000);
+    }
+
+    #[test]
+    fn a_dropped_index_still_finds_every_address() {
+        let mut t: Table<u64> = Table::default();
+        let keys: Vec<u64> = (0..10_000u64).map(|k| 0x5555_0000_0000 + k * 32).collect();
+        for &a in &keys {
+            let f = t.find(a);
+            t.insert(f, a, a);
+        }
+        t.drop_index();
+        assert!(t.index.is_empty());
+        t.prefetch_index(keys[0]);
+        t.prefetch_slot(keys[0]);
+        // Looked up by walking the slots, the index still dropped.
+        assert_eq!((t.get(keys[7]), t.get(0x5555_0000_0008)), (Some(&keys[7]), None));
+        assert!(t.index.is_empty());
+        // A find builds it again, as large as it was (half full at most).
+        let f = t.find(keys[9]);
+        assert_eq!((t.at(f).copied(), t.index.len()), (Some(keys[9]), 32_768));
+        let f = t.find(0x6666_0000_0000);
+        assert!(f.vacant());
+        t.insert(f, 0x6666_0000_0000, 1);
+        assert!(keys.iter().all(|a| t.get(*a) == Some(a)) && t.get(0x6666_0000_0000) == Some(&1));
+        assert_eq!(t.iter().count(), 10_001);
     }
 
     #[test]

@@ -215,6 +215,12 @@ impl Heap {
         Some(if first.2 { found.find(|f| !f.2).unwrap_or(first) } else { first })
     }
 
+    /// Frees the index by address: a report's heap, once the trace is
+    /// read, is only walked (see [`Table::drop_index`]).
+    pub fn drop_index(&mut self) {
+        self.slots.drop_index();
+    }
+
     /// Frees of no live block.
     pub fn unmatched(&self) -> u64 {
         self.unmatched
