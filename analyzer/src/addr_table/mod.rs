@@ -61,7 +61,8 @@ const MIN_BUCKETS: usize = 1 << 12;
 /// Below it, at most half full and Fibonacci hashing (one multiply): the
 /// fastest for the tables of real programs, where memory is not the
 /// question. At most half full, an index of a power of two costs 16 to 32
-/// bytes an address (27 at 20 M addresses: with the heap's 32-byte slot,
+/// bytes an address (16 to 64 as it grows by four, [`grown`]; 27 at 20 M
+/// addresses if it were not large: with the heap's 32-byte slot,
 /// 68 bytes a block in all); three quarters full, 10.7 to 21 (13.4 at 5 M
 /// and 20 M: 44 to 45 bytes a block, issue 43's target 48). Fibonacci
 /// hashing clusters there: jq's 1.6 M addresses took 22 probes a lookup
@@ -70,6 +71,25 @@ const MIN_BUCKETS: usize = 1 << 12;
 /// half full murmur's second multiply alone made it 0.33 s. So only the
 /// large index pays for either.
 const LARGE: usize = 1 << 23;
+
+/// The buckets of the index that replaces a full one of `buckets`: four
+/// times as many below [`LARGE`], twice from it on. Each rebuild writes
+/// every address again at a random bucket, and growing by four rehashes a
+/// third of the addresses that growing by two does (`mtrace report`,
+/// `perf stat -r 8`, three alternated rounds: python3-malloc 0.242-0.262
+/// -> 0.219-0.234 s, jq 0.173-0.183 -> 0.168-0.182, cxx the same at
+/// 0.13-0.14, sqlite3's 10 ms 1 ms slower: a larger index to zero at its
+/// first rebuild). Below `LARGE` an index is then an eighth
+/// to a half full, 16 to 64 bytes an address (the report's peak RSS: jq
+/// 124 -> 123 MB, cxx 46 -> 51, the random churn over 1 M blocks 84 ->
+/// 99); a large one grows as before.
+fn grown(buckets: usize) -> usize {
+    if buckets * 4 <= LARGE {
+        buckets * 4
+    } else {
+        buckets * 2
+    }
+}
 
 /// Whether `len` addresses overfill an index of `buckets`.
 fn full(len: usize, buckets: usize) -> bool {
@@ -224,7 +244,7 @@ impl<V> Table<V> {
     pub fn insert(&mut self, f: Found, key: u64, v: V) {
         debug_assert!(f.vacant());
         let bucket = if full(self.slab.len() + 1, self.index.len()) {
-            self.rebuild(self.index.len() * 2);
+            self.rebuild(grown(self.index.len()));
             self.bucket(key).0
         } else {
             f.bucket
