@@ -19,12 +19,15 @@ use crate::trace::Trace;
 use mtrace_format::{region_kind, Family};
 
 mod classes;
+mod heap;
 pub mod heuristics;
 mod memory;
 use crate::trace::{Region, Word};
 pub use classes::Classes;
+use heap::{mmapped_chunks_only, Heap};
 pub use heuristics::{Heuristic, Heuristics};
 use memory::Memory;
+use std::collections::HashMap;
 
 /// memcheck's leak kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -166,107 +169,6 @@ enum State {
     Indirect,
 }
 
-struct Heap {
-    /// (start, size) sorted by start.
-    blocks: Vec<(u64, u64)>,
-    /// The lowest start and the highest end: most words (small numbers,
-    /// code and stack addresses) fall outside and skip the search.
-    lo: u64,
-    hi: u64,
-    /// The start of every [`RUN`]th block: a search finds the run in this
-    /// array, small enough to stay in the cache (2.5 MB at 20 M blocks),
-    /// then the block within the run's 1 KiB, rather than 25 steps over
-    /// all the blocks, most of them a wait for memory. scripts/bench_scale.c
-    /// with 20 M blocks: marking 6.57 -> 6.27 s, though its pointers come
-    /// in address order, where the full search's path stays cached.
-    runs: Vec<u64>,
-}
-
-/// Blocks per run of [`Heap::runs`].
-const RUN: usize = 64;
-
-impl Heap {
-    fn new(blocks: Vec<(u64, u64)>) -> Heap {
-        let lo = blocks.first().map_or(u64::MAX, |b| b.0);
-        let hi = blocks.iter().map(|b| b.0 + b.1.max(1)).max().unwrap_or(0);
-        let runs = blocks.iter().step_by(RUN).map(|b| b.0).collect();
-        Heap { blocks, lo, hi, runs }
-    }
-}
-
-impl Heap {
-    /// Whether a block overlaps `[lo, hi)` (blocks are disjoint: only the
-    /// last one starting before `hi` can).
-    fn overlaps(&self, lo: u64, hi: u64) -> bool {
-        let i = self.blocks.partition_point(|b| b.0 < hi);
-        i > 0 && {
-            let (start, size) = self.blocks[i - 1];
-            start + size.max(1) > lo
-        }
-    }
-
-    /// The block holding `p`, and whether `p` is its start.
-    fn find(&self, p: u64) -> Option<(usize, bool)> {
-        if p < self.lo || p >= self.hi {
-            return None;
-        }
-        let run = self.runs.partition_point(|&s| s <= p);
-        if run == 0 {
-            return None;
-        }
-        let first = (run - 1) * RUN;
-        let blocks = &self.blocks[first..(first + RUN).min(self.blocks.len())];
-        // At least 1: the run's first block starts at or below `p`.
-        let i = first + blocks.partition_point(|b| b.0 <= p);
-        let (start, size) = self.blocks[i - 1];
-        if p != start && p == next_chunk(start, size) {
-            return None;
-        }
-        // A zero-sized block still has a start.
-        (p < start + size.max(1)).then_some((i - 1, p == start))
-    }
-}
-
-/// glibc's smallest threshold for serving a block by a mapping of its own
-/// (DEFAULT_MMAP_THRESHOLD_MIN, malloc/malloc.c), bytes.
-const MMAP_THRESHOLD_MIN: u64 = 128 * 1024;
-const PAGE: u64 = 4096;
-
-/// The mmap'd chunks of the heap blocks overlapping `[lo, hi)`, if every
-/// one of them is such a block: at least [`MMAP_THRESHOLD_MIN`] bytes, 16
-/// bytes into a page (the chunk's header fills the mapping's first 16
-/// bytes, malloc/malloc.c's sysmalloc_mmap). `None` when a block is not
-/// one (the mapping is an arena, all malloc's) or no block overlaps. The
-/// first block of the brk heap can look like one; then the rest of that
-/// heap is read as a root, which can hide a leak, never make one.
-fn mmapped_chunks_only(heap: &Heap, lo: u64, hi: u64) -> Option<Vec<(u64, u64)>> {
-    let blocks = heap.blocks.iter().skip_while(|b| b.0 + b.1.max(1) <= lo).take_while(|b| b.0 < hi);
-    let mut chunks = Vec::new();
-    for &(start, size) in blocks {
-        if size < MMAP_THRESHOLD_MIN - 16 || start % PAGE != 16 {
-            return None;
-        }
-        // The chunk: 16-byte aligned size with its 8-byte size field,
-        // rounded up to pages.
-        let len = ((size + 8 + 15) & !15) + 8;
-        chunks.push((start - 16, (start - 16 + len).next_multiple_of(PAGE)));
-    }
-    (!chunks.is_empty()).then_some(chunks)
-}
-
-/// Where glibc's malloc puts the header of the chunk after the block at
-/// `start` of `size` bytes (64-bit: 16-byte chunk alignment, 8-byte size
-/// field, 32-byte minimum chunk; glibc's malloc/malloc.c). When the size
-/// leaves no padding (24, 40, 56, … bytes) that header lies inside the
-/// block, and malloc's own pointers to it (the top chunk, free lists, all
-/// in memory the scan reads: libc's data, arena headers) would make the
-/// block look possibly lost. Such a word is not counted as a pointer;
-/// memcheck never sees those pointers, since its allocator is its own.
-fn next_chunk(start: u64, size: u64) -> u64 {
-    let chunk = (size + 8 + 15).max(32) & !15;
-    start - 16 + chunk
-}
-
 /// Classifies the heap blocks (malloc family, new, aligned) live in `t`
 /// and allocated before the snapshot was taken against `t.snapshot`. Mappings and pool blocks are not classified: like
 /// memcheck, the scan covers heap blocks.
@@ -276,28 +178,27 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Classes> {
     let snap = t.snapshot.as_ref()?;
     // Each block with its place among the books' live blocks, where the
     // verdicts go (classes.rs).
-    let mut places = 0;
-    let mut placed: Vec<(u64, u64, u32)> = t
+    let (mut places, mut huge) = (0, HashMap::new());
+    let blocks = t
         .books
         .live_blocks()
         .inspect(|_| places += 1)
         .enumerate()
         .filter(|(_, (_, b))| !matches!(b.family, Family::Mmap | Family::Pool) && b.time <= t.snapshot_time)
-        .map(|(place, (a, b))| (a, b.size, place as u32))
+        .map(|(place, (a, b))| {
+            let (block, aside) = heap::Block::new(a, b.size, place as u32);
+            if aside {
+                huge.insert(place as u32, b.size);
+            }
+            block
+        })
         .collect();
-    placed.sort_unstable();
-    let place: Vec<u32> = placed.iter().map(|b| b.2).collect();
-    // The blocks are written over the triples (Vec's in-place collect) and
-    // the rest handed back: 16 bytes a block rather than 24 (160 MB at 20
-    // M blocks, resident while the triples were sorted).
-    let mut blocks: Vec<(u64, u64)> = placed.into_iter().map(|(a, size, _)| (a, size)).collect();
-    blocks.shrink_to_fit();
-    let heap = Heap::new(blocks);
+    let heap = Heap::new(blocks, huge);
     let mut regions: Vec<&Region> = snap.iter().filter(|r| r.kind != region_kind::REGISTERS).collect();
     regions.sort_by_key(|r| r.addr);
     let word = Word::of(&t.header);
     let mem = Memory { regions, word };
-    let n = heap.blocks.len();
+    let n = heap.len();
     let mut state = vec![State::Unreached; n];
     let mut via: Vec<Option<Heuristic>> = vec![None; n];
     let mut work = Vec::new();
@@ -324,7 +225,7 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Classes> {
             // As memcheck: a heuristic is asked only for an interior pointer
             // from a root or a reachable block; a start pointer reaching a
             // block a heuristic reached clears the heuristic.
-            let (start, size) = heap.blocks[i];
+            let (start, size) = heap.block(i);
             let h = if from_reachable && !at_start && state[i] != State::Reachable {
                 heuristics::matching(set, p, start, size, &mem, &segments)
             } else {
@@ -379,7 +280,7 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Classes> {
             // unknown one points to is never called lost
             // (docs/SAMPLING.md).
             let mut at = lo;
-            for &(start, size) in heap.blocks.iter().skip_while(|b| b.0 + b.1 <= lo).take_while(|b| b.0 < hi) {
+            for (start, size) in heap.within(lo, hi) {
                 mem.words(at, start, |w| reach(w, true, &mut state, &mut work));
                 at = at.max(start + size);
             }
@@ -410,7 +311,7 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Classes> {
             for &(mlo, mhi) in program_maps.iter().filter(|m| m.0 < hi && m.1 > lo) {
                 let (mlo, mhi) = (mlo.max(lo), mhi.min(hi));
                 let mut at = mlo;
-                for &(start, size) in heap.blocks.iter().skip_while(|b| b.0 + b.1 <= mlo).take_while(|b| b.0 < mhi) {
+                for (start, size) in heap.within(mlo, mhi) {
                     mem.words(at, start, |w| reach(w, true, &mut state, &mut work));
                     at = at.max(start + size);
                 }
@@ -430,7 +331,7 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Classes> {
     // Through the blocks reached.
     while let Some(i) = work.pop() {
         let i = i as usize;
-        let (start, size) = heap.blocks[i];
+        let (start, size) = heap.block(i);
         let from_reachable = state[i] == State::Reachable;
         mem.words(start, start + size, |w| reach(w, from_reachable, &mut state, &mut work));
     }
@@ -454,7 +355,7 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Classes> {
         state[leader] = State::Definite;
         stack.push(leader as u32);
         while let Some(j) = stack.pop() {
-            let (start, size) = heap.blocks[j as usize];
+            let (start, size) = heap.block(j as usize);
             mem.words(start, start + size, |w| {
                 if let Some((t, _)) = heap.find(w) {
                     if t != leader && matches!(state[t], State::Unreached | State::Definite) {
@@ -489,10 +390,9 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Classes> {
         State::Definite => Kind::Definite,
         _ => Kind::Indirect,
     };
-    // The verdicts need the blocks' starts only: 8 bytes a block handed
-    // back (in place, then shrunk) before the verdicts take theirs.
-    let mut starts: Vec<u64> = heap.blocks.into_iter().map(|b| b.0).collect();
-    starts.shrink_to_fit();
+    // The verdicts need the blocks' places and starts only: 12 bytes a
+    // block, the rest handed back before the verdicts take theirs.
+    let (place, starts) = heap.into_places_and_starts();
     let mut classes = Classes::new(places, place, starts);
     for (i, &via) in via.iter().enumerate() {
         classes.set(i, kind(i), via);
