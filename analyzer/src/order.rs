@@ -48,6 +48,10 @@ pub const LEGACY_LAG: u64 = 50_000_000;
 /// not make the analyzer hold the whole trace (about 100 bytes a record).
 pub const MAX_QUEUED: usize = 4 << 20;
 
+/// The most records' room a queue given back keeps (4 MiB: a busy
+/// writer round's records of one thread, 20 K in python3's trace).
+const KEEP_ROOM: usize = 1 << 16;
+
 /// The first stream version with watermarks.
 pub const WATERMARKS_SINCE: u64 = 9;
 
@@ -201,14 +205,24 @@ impl Merge {
         let q = match self.by_tid.get(&tid) {
             Some(&q) => q,
             None => {
-                let fresh = Queue { tid, items: VecDeque::new(), defs: Vec::new() };
                 let q = match self.spare.pop() {
                     Some(q) => {
-                        self.queues[q] = fresh;
+                        // Empty, and its room kept: a thread's queue is
+                        // given back at each watermark that empties it and
+                        // taken again at its next record, and a new deque
+                        // grew by doubling every round, its copies and
+                        // fresh pages a fifth of the decoding thread's
+                        // page faults on cxx's trace. Unless a backlog
+                        // made it large.
+                        let queue = &mut self.queues[q];
+                        queue.tid = tid;
+                        if queue.items.capacity() > KEEP_ROOM {
+                            queue.items = VecDeque::new();
+                        }
                         q
                     }
                     None => {
-                        self.queues.push(fresh);
+                        self.queues.push(Queue { tid, items: VecDeque::new(), defs: Vec::new() });
                         self.queues.len() - 1
                     }
                 };

@@ -80,6 +80,12 @@ struct Batch {
     error: Option<ReadError>,
 }
 
+/// A batch's vectors, emptied by the books and handed back to be filled
+/// again: a new batch's were fresh memory, written page by page (the
+/// merge's hand-on was a fifth of the page faults of a report of cxx's
+/// trace).
+type Empty = (Vec<u32>, Vec<Record>, Vec<u64>);
+
 /// Records gathered into batches for the books' thread, each batch with
 /// its promises ([`ahead::promises`], worked out here, off the books'
 /// thread).
@@ -89,6 +95,8 @@ struct Batcher {
     /// Bytes of the snapshot regions in `recs` ([`BATCH_BYTES`]).
     bytes: usize,
     tx: std::sync::mpsc::SyncSender<Batch>,
+    /// The books' emptied batches.
+    back: std::sync::mpsc::Receiver<Empty>,
     /// Only a merge by watermarks hands records on in time order.
     in_order: bool,
     /// The stamp the previous batch's promises ended at, ns.
@@ -117,13 +125,16 @@ impl Batcher {
     #[cold]
     #[inline(never)]
     fn send(&mut self, error: Option<ReadError>) {
-        let tids = std::mem::replace(&mut self.tids, Vec::with_capacity(BATCH));
-        let recs = std::mem::replace(&mut self.recs, Vec::with_capacity(BATCH));
+        let (tids, recs, mut until) = self
+            .back
+            .try_recv()
+            .unwrap_or_else(|_| (Vec::with_capacity(BATCH), Vec::with_capacity(BATCH), Vec::with_capacity(BATCH)));
+        let tids = std::mem::replace(&mut self.tids, tids);
+        let recs = std::mem::replace(&mut self.recs, recs);
         self.bytes = 0;
         if self.gone {
             return;
         }
-        let mut until = Vec::with_capacity(recs.len());
         ahead::promises(&tids, &recs, self.in_order, &mut self.last, &mut until);
         self.gone = self.tx.send(Batch { tids, recs, until, error }).is_err();
     }
@@ -134,12 +145,17 @@ impl Batcher {
 /// batches into `tx`; stops when the receiver is gone (a report that ends
 /// at a marker). A stream that breaks off sends everything read before
 /// the error, then the error.
-fn decode_batches<R: std::io::Read>(mut r: Reader<R>, version: u64, tx: std::sync::mpsc::SyncSender<Batch>) {
+fn decode_batches<R: std::io::Read>(
+    mut r: Reader<R>,
+    version: u64,
+    tx: std::sync::mpsc::SyncSender<Batch>,
+    back: std::sync::mpsc::Receiver<Empty>,
+) {
     let mut merge = crate::order::Merge::new(version).snapshots_at_once();
     let mut sections = Sections::default();
     let in_order = version >= crate::order::WATERMARKS_SINCE;
     let (tids, recs) = (Vec::with_capacity(BATCH), Vec::with_capacity(BATCH));
-    let mut out = Batcher { tids, recs, bytes: 0, tx, in_order, last: 0, gone: false };
+    let mut out = Batcher { tids, recs, bytes: 0, tx, back, in_order, last: 0, gone: false };
     // Records are decoded RING at a time into slots that are read only
     // after the RING are written ([`Reader::next_into`]).
     const RING: usize = 64;
@@ -239,9 +255,10 @@ pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Re
     // records at a time, while this one keeps the books.
     std::thread::scope(|sc| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(BATCHES_AHEAD);
-        sc.spawn(move || decode_batches(r, version, tx));
+        let (back_tx, back) = std::sync::mpsc::channel::<Empty>();
+        sc.spawn(move || decode_batches(r, version, tx, back));
         let mut addrs = Vec::with_capacity(BATCH);
-        'outer: for Batch { tids, mut recs, until, error } in rx {
+        'outer: for Batch { mut tids, mut recs, mut until, error } in rx {
             // The heap's lines for a record's address are asked for
             // AHEAD_INDEX and AHEAD_SLOT records before it is entered
             // (`addr_table/`): with a million blocks live, each
@@ -275,6 +292,11 @@ pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Re
                 t.error = error;
                 break;
             }
+            tids.clear();
+            recs.clear();
+            until.clear();
+            // (The decoder may have ended: then nothing is taken back.)
+            let _ = back_tx.send((tids, recs, until));
         }
     });
     keeper.finish(&mut t)?;
@@ -327,7 +349,7 @@ mod tests {
         let mut r = Reader::new(&out[..]);
         let version = r.header().unwrap().version;
         let (tx, rx) = std::sync::mpsc::sync_channel(100);
-        decode_batches(r, version, tx);
+        decode_batches(r, version, tx, std::sync::mpsc::channel().1);
         let regions = |b: &Batch| b.recs.iter().filter(|r| matches!(r, Record::ScanRegion { .. })).count();
         let batches: Vec<usize> = rx.iter().map(|b| regions(&b)).collect();
         // The first batch holds the Thread and Alloc records too.

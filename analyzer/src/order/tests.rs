@@ -322,3 +322,27 @@ fn snapshot_regions_go_at_once_when_asked_and_in_order_otherwise() {
         assert_eq!(kinds(&out[..n - 1]), if at_once { vec![true, false] } else { vec![false, true] });
     }
 }
+
+#[test]
+fn a_queue_given_back_keeps_its_room_unless_a_backlog_made_it_large() {
+    let alloc = |t: u64| Record::Alloc { time_ns: t, family: Family::Malloc, addr: 0x10, size: 8, stack: 0, align: 0 };
+    let mut m = Merge::new(WATERMARKS_SINCE);
+    let mut out = 0;
+    let mut round = |m: &mut Merge, tid: u32, from: u64, n: u64| {
+        for t in from..from + n {
+            m.push(tid, alloc(t), &mut |_, _| out += 1);
+        }
+        m.push(tid, Record::Watermark { time_ns: from + n }, &mut |_, _| out += 1);
+    };
+    round(&mut m, 1, 0, 1000);
+    let room = m.queues[0].items.capacity();
+    assert!(room >= 1000 && m.spare == [0], "the emptied queue is given back");
+    // Its thread's next round takes it again, room and all.
+    round(&mut m, 1, 1000, 10);
+    assert_eq!((m.queues.len(), m.queues[0].items.capacity()), (1, room));
+    // A backlog past KEEP_ROOM is not kept for the next thread.
+    round(&mut m, 2, 2000, KEEP_ROOM as u64 + 1);
+    round(&mut m, 3, 200_000, 1);
+    assert!(m.queues.len() == 1 && m.queues[0].items.capacity() < KEEP_ROOM);
+    assert_eq!(out, 1000 + 10 + KEEP_ROOM + 1 + 1 + 4);
+}
