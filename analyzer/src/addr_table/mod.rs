@@ -357,7 +357,7 @@ mod tests {
         // Looked up by walking the slots, the index still dropped.
         assert_eq!((t.get(keys[7]), t.get(0x5555_0000_0008)), (Some(&keys[7]), None));
         assert!(t.index.is_empty());
-        // A find builds it again, as large as it was (half full at most).
+        // A find builds it again, as small as holds them (half full at most).
         let f = t.find(keys[9]);
         assert_eq!((t.at(f).copied(), t.index.len()), (Some(keys[9]), 32_768));
         let f = t.find(0x6666_0000_0000);

@@ -84,7 +84,7 @@ struct Batch {
 /// again: a new batch's were fresh memory, written page by page (the
 /// merge's hand-on was a fifth of the page faults of a report of cxx's
 /// trace).
-type Empty = (Vec<u32>, Vec<Record>, Vec<u64>);
+type EmptyBatch = (Vec<u32>, Vec<Record>, Vec<u64>);
 
 /// Records gathered into batches for the books' thread, each batch with
 /// its promises ([`ahead::promises`], worked out here, off the books'
@@ -96,7 +96,7 @@ struct Batcher {
     bytes: usize,
     tx: std::sync::mpsc::SyncSender<Batch>,
     /// The books' emptied batches.
-    back: std::sync::mpsc::Receiver<Empty>,
+    back: std::sync::mpsc::Receiver<EmptyBatch>,
     /// Only a merge by watermarks hands records on in time order.
     in_order: bool,
     /// The stamp the previous batch's promises ended at, ns.
@@ -149,7 +149,7 @@ fn decode_batches<R: std::io::Read>(
     mut r: Reader<R>,
     version: u64,
     tx: std::sync::mpsc::SyncSender<Batch>,
-    back: std::sync::mpsc::Receiver<Empty>,
+    back: std::sync::mpsc::Receiver<EmptyBatch>,
 ) {
     let mut merge = crate::order::Merge::new(version).snapshots_at_once();
     let mut sections = Sections::default();
@@ -255,7 +255,7 @@ pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Re
     // records at a time, while this one keeps the books.
     std::thread::scope(|sc| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(BATCHES_AHEAD);
-        let (back_tx, back) = std::sync::mpsc::channel::<Empty>();
+        let (back_tx, back) = std::sync::mpsc::channel::<EmptyBatch>();
         sc.spawn(move || decode_batches(r, version, tx, back));
         let mut addrs = Vec::with_capacity(BATCH);
         'outer: for Batch { mut tids, mut recs, mut until, error } in rx {
