@@ -200,6 +200,12 @@ impl<V> Table<V> {
         if self.index.is_empty() {
             self.restore_index();
         }
+        self.locate(key)
+    }
+
+    /// Where `key` is, in an index that is there.
+    #[inline]
+    fn locate(&self, key: u64) -> Found {
         let (bucket, _) = self.bucket(key);
         Found { bucket, id: id_of(self.index[bucket]) }
     }
@@ -235,9 +241,8 @@ impl<V> Table<V> {
             // Dropped ([`Table::drop_index`]): rare enough to walk.
             return self.slab.iter().find(|(k, _)| *k == key).map(|(_, v)| v);
         }
-        let (bucket, _) = self.bucket(key);
-        let id = id_of(self.index[bucket]);
-        (id != EMPTY).then(|| &self.slab.at(id).1)
+        let f = self.locate(key);
+        (!f.vacant()).then(|| &self.slab.at(f.id).1)
     }
 
     /// Gives vacant `f`'s address (`key`) the slot `v`.

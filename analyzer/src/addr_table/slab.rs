@@ -11,22 +11,22 @@
 
 use super::hint::huge_pages;
 
-/// Slots in the first chunk, as a power of two (4,096: 160 KiB of 40-byte
-/// slots). Each chunk after it holds as many as all before it, so that a
-/// table holds at most twice its slots, a small one is small (a report
-/// makes a table per process, and tests thousands), and a slot's chunk is
-/// its number's highest bit.
+/// Slots in the first chunk, as a power of two (4,096: 128 KiB of the
+/// heap's 32-byte slots). Each chunk after it holds as many as all before
+/// it, so that a table holds at most twice its slots, a small one is small
+/// (a report makes a table per process, and tests thousands), and a slot's
+/// chunk is its number's highest bit.
 const FIRST_BITS: u32 = 12;
 
 /// Chunks that start below this slot number are put on huge pages; the
-/// later ones (past 160 MiB of 40-byte slots) are not. On this machine (a
-/// VM whose free memory the host takes back: `page_reporting`) a fresh
-/// huge page costs the host's faults of its 512 small ones, and past some
-/// size those outweigh the TLB misses saved: `mtrace report` of 20 M live
-/// blocks (runs alternated) 3.0 s without huge pages, 3.05-3.5 s with
-/// every chunk on them (system time 0.6 -> 1.0-1.5 s), 2.4-2.9 s with
-/// only the index; of python3's trace (1.4 M slots) 0.29 s without, 0.25
-/// with only the index, 0.23 with both.
+/// later ones (past 128 MiB of the heap's 32-byte slots) are not. On this
+/// machine (a VM whose free memory the host takes back: `page_reporting`) a
+/// fresh huge page costs the host's faults of its 512 small ones, and past
+/// some size those outweigh the TLB misses saved: `mtrace report` of 20 M
+/// live blocks (runs alternated) 3.0 s without huge pages, 3.05-3.5 s with
+/// every chunk on them (system time 0.6 -> 1.0-1.5 s), 2.4-2.9 s with only
+/// the index; of python3's trace (1.4 M slots) 0.29 s without, 0.25 with
+/// only the index, 0.23 with both.
 const HUGE_UNTIL: usize = 1 << 22;
 
 /// The chunk of slot `id`, and the slot's place in it.
