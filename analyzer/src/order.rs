@@ -236,7 +236,8 @@ impl Merge {
 
     /// Appends `rec` (at `time`, ns) to queue `q`, after the thread's
     /// Stacks defined since its last record; a record older than those
-    /// before it goes before them.
+    /// before it goes before them, and so do the Stacks queued among
+    /// them.
     #[inline]
     fn enqueue(&mut self, q: usize, time: u64, rec: Record) {
         self.queued += 1;
@@ -250,6 +251,23 @@ impl Merge {
         let mut at = items.len();
         while at > 0 && items[at - 1].time > time {
             at -= 1;
+        }
+        // A Stack went before the record after it, which may be one on the
+        // producer's own clock, ahead of this one that uses the Stack: the
+        // ptrace tracer's RSS Sample, stamped when it reads the samples,
+        // between a realloc's entry (its backtrace defined) and its
+        // return's record, stamped by the kernel before. Every definition
+        // must come before its uses: those it passes go before it too.
+        let mut j = at;
+        while j < items.len() {
+            if matches!(items[j].rec, Record::Stack { .. }) {
+                if let Some(mut def) = items.remove(j) {
+                    def.time = time;
+                    items.insert(at, def);
+                    at += 1;
+                }
+            }
+            j += 1;
         }
         for def in queue.defs.drain(..) {
             self.seq += 1;

@@ -282,6 +282,32 @@ fn definitions_go_right_before_their_threads_next_record() {
 }
 
 #[test]
+fn a_record_that_goes_before_a_later_one_takes_the_stack_it_uses_along() {
+    // The ptrace tracer under uprobes (a failed CI run): a realloc's
+    // backtrace defined at its entry, an RSS Sample on the tracer's clock,
+    // then the realloc's record, stamped by the kernel before the Sample.
+    let mut m = Merge::new(VERSION_NOW);
+    let mut out = Vec::new();
+    let mut keep = |tid, r| out.push((tid, r));
+    m.push(2, Record::Stack { id: 7, frames: vec![1, 2] }, &mut keep);
+    m.push(2, Record::Sample { time_ns: 900, rss: 4096 }, &mut keep);
+    let realloc = Record::Realloc { time_ns: 700, free_time_ns: 600, old: 0x10, new: 0x20, size: 500, stack: 7 };
+    m.push(2, realloc, &mut keep);
+    m.finish(&mut keep);
+    let got: Vec<String> = out
+        .iter()
+        .map(|(_, r)| match r {
+            Record::Stack { id, .. } => format!("stack {id}"),
+            Record::Realloc { old: 0, stack, .. } => format!("alloc of realloc, stack {stack}"),
+            Record::Realloc { new: 0, .. } => "free of realloc".into(),
+            Record::Sample { .. } => "sample".into(),
+            r => format!("{r:?}"),
+        })
+        .collect();
+    assert_eq!(got, ["stack 7", "free of realloc", "alloc of realloc, stack 7", "sample"]);
+}
+
+#[test]
 fn streams_without_watermarks_trail_the_latest_time() {
     let mut m = Merge::new(8);
     let mut n = 0;

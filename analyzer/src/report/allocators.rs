@@ -208,7 +208,7 @@ fn file_name(path: &str) -> &str {
 /// What mtrace could not see, one line each, for the report's summary and
 /// JSON: the allocators it did not see, and a process in none of whose
 /// modules it found `malloc` (a stripped static executable under
-/// `--ptrace`).
+/// `--ptrace`); and backtraces a trace used before it defined them.
 pub fn notices(t: &Trace, found: &Survey) -> Vec<String> {
     let mut out: Vec<String> = found
         .allocators
@@ -245,6 +245,13 @@ pub fn notices(t: &Trace, found: &Survey) -> Vec<String> {
              the program's own allocator in {exe} may hand out blocks through functions of its own, \
              which mtrace does not see",
             t.books.frees_again
+        ));
+    }
+    if t.stacks.undefined > 0 {
+        out.push(format!(
+            "{} backtraces were used before the trace defined them: the blocks allocated there are shown \
+             without a backtrace (a fault of the tracer that wrote the trace; please report it)",
+            t.stacks.undefined
         ));
     }
     if out.is_empty() {

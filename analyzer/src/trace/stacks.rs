@@ -31,6 +31,9 @@ pub struct Stacks {
     by_pool: HashMap<(u32, u32), u32>,
     /// Canonical index → pool id, for the indices made by [`Stacks::for_pool`].
     pub pool_of: HashMap<u32, u32>,
+    /// Stream ids (not 0, "none") used before any definition: the events
+    /// that used them got an empty backtrace (a producer's fault).
+    pub undefined: u32,
 }
 
 impl Stacks {
@@ -100,6 +103,9 @@ impl Stacks {
         if let Some(&c) = self.by_far_id.get(&id) {
             return c;
         }
+        if id != 0 {
+            self.undefined += 1;
+        }
         self.define(id, Vec::new(), 0);
         self.canon(id)
     }
@@ -139,5 +145,9 @@ mod tests {
         // An id never defined: an empty backtrace.
         let none = s.canon(99);
         assert!(s.frames[none as usize].is_empty());
+        // Counted once (then it is defined, empty); 0 is "no backtrace".
+        s.canon(99);
+        s.canon(0);
+        assert_eq!(s.undefined, 1);
     }
 }
