@@ -97,6 +97,31 @@ fn a_process_with_one_thread_keeps_one_while_attached() {
 
 /// Attaches and detaches `cycles` times while `prog` runs; checks every
 /// report and that the program ends normally.
+#[test]
+fn a_poll_the_injection_interrupted_goes_on_without_eintr() {
+    // The chosen thread waits in poll (restarted from its restart block);
+    // the call made on it sleeps (nanosleep replaces that block), as
+    // libmtrace.so's start may: the poll must go on, not fail with EINTR
+    // (ctests/own_malloc.c, attached, ended once so).
+    let dir = scratch("attach-poll");
+    let prog = build("poll_wait.c", &dir.join("poll_wait"), &["-g", "-O0"]);
+    let mut child = Command::new(&prog).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = child.id() as i32;
+    let t = mtrace_ptrace::inspect::inspect(pid).unwrap();
+    let mut tracee = mtrace_ptrace::inject::Tracee::seize(pid).unwrap();
+    tracee.choose(&t.busy).unwrap();
+    // dlsym(RTLD_DEFAULT, "usleep"), then usleep(1000).
+    let usleep = tracee.call(t.libc.dlsym, b"usleep\0", |p| vec![0, p]).unwrap();
+    assert_ne!(usleep, 0);
+    tracee.call(usleep, &[], |_| vec![1000]).unwrap();
+    tracee.release().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "poll: 1\n");
+}
+
 fn cycles(prog: &Path, cycles: usize, max_live: u64) {
     let dir = prog.parent().unwrap();
     let mut child = Command::new(prog).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();

@@ -14,7 +14,10 @@
 //! function returns (the signal is not delivered). Afterwards its
 //! registers are put back exactly; a system call it was interrupted in is
 //! restarted by the kernel as after any signal (that is why `orig_rax` is
-//! -1 while the function runs: no restart into the injected code).
+//! -1 while the function runs: no restart into the injected code), but
+//! for one the kernel would restart from the thread's restart block (a
+//! poll, a sleep), which the calls may have replaced: it is made again
+//! from its own arguments ([`resumed`]).
 
 use std::time::{Duration, Instant};
 
@@ -270,7 +273,7 @@ impl Tracee {
         let mut res = Ok(());
         let victim = self.victim.take().map(|(tid, regs, xstate)| {
             let p = Pid::from_raw(tid);
-            res = set_xstate(tid, &xstate).and_then(|_| Ok(ptrace::setregs(p, regs)?));
+            res = set_xstate(tid, &xstate).and_then(|_| Ok(ptrace::setregs(p, resumed(regs))?));
             tid
         });
         for &tid in &self.tids {
@@ -307,13 +310,54 @@ impl Drop for Tracee {
     fn drop(&mut self) {
         let victim = self.victim.take().map(|(tid, regs, xstate)| {
             let _ = set_xstate(tid, &xstate);
-            let _ = ptrace::setregs(Pid::from_raw(tid), regs);
+            let _ = ptrace::setregs(Pid::from_raw(tid), resumed(regs));
             tid
         });
         for &tid in &self.tids {
             detach_running(tid, Some(tid) == victim);
         }
     }
+}
+
+/// `-ERESTART_RESTARTBLOCK` (the kernel's include/linux/errno.h): what a
+/// system call interrupted by a stop leaves in `rax` when the kernel is to
+/// restart it through the thread's restart block (`restart_syscall`).
+const ERESTART_RESTARTBLOCK: i64 = -516;
+
+/// The registers a thread found stopped with `saved` goes on with
+/// once the calls made on it are done.
+///
+/// A system call stopped with [`ERESTART_RESTARTBLOCK`] (poll with a
+/// timeout, nanosleep, clock_nanosleep, a futex wait with a timeout) is
+/// restarted by the kernel from the thread's restart block, which the
+/// calls made meanwhile may have replaced: nanosleep sets it to "no
+/// restart" on entry (kernel/time/hrtimer.c), so the program's poll
+/// failed with EINTR after an attach whose library slept once (CI saw
+/// ctests/own_malloc.c end so). Such a call is made again instead, from
+/// its own arguments, which the kernel leaves in their registers: a sleep
+/// from the time left that the kernel wrote to its `rem` argument (from
+/// the start where there is none), an absolute wait as it was, a poll or
+/// a relative futex wait with its whole timeout again (longer by what it
+/// had waited: never an error). Registers of any other stop are `saved`.
+fn resumed(saved: libc::user_regs_struct) -> libc::user_regs_struct {
+    let mut r = saved;
+    let nr = r.orig_rax as i64;
+    if nr < 0 || r.rax as i64 != ERESTART_RESTARTBLOCK || nr == libc::SYS_restart_syscall {
+        // (A restart itself interrupted has no arguments left to make it
+        // again from: the kernel's way, as before.)
+        return r;
+    }
+    match nr {
+        libc::SYS_nanosleep if r.rsi != 0 => r.rdi = r.rsi,
+        libc::SYS_clock_nanosleep if r.rsi & libc::TIMER_ABSTIME as u64 == 0 && r.r10 != 0 => r.rdx = r.r10,
+        _ => {}
+    }
+    // Back to its `syscall` instruction (2 bytes) with its number, and no
+    // system call to restart on the way out of this stop.
+    r.rax = nr as u64;
+    r.rip -= 2;
+    r.orig_rax = u64::MAX;
+    r
 }
 
 fn write_mem(tid: i32, addr: u64, data: &[u8]) -> Result<()> {
@@ -344,4 +388,44 @@ fn set_xstate(tid: i32, state: &[u8]) -> Result<()> {
         bail!("restoring the registers of thread {tid}: {}", std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Registers of a thread stopped in system call `nr` with `rax`.
+    fn stopped_in(nr: i64, rax: i64) -> libc::user_regs_struct {
+        // SAFETY: user_regs_struct is plain integers; all zero is valid.
+        let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+        (r.orig_rax, r.rax, r.rip) = (nr as u64, rax as u64, 0x1002);
+        (r.rdi, r.rsi, r.rdx, r.r10) = (0xa0, 0xb0, 0xc0, 0xd0);
+        r
+    }
+
+    #[test]
+    fn a_call_the_kernel_restarts_from_its_restart_block_is_made_again() {
+        let again = |r: libc::user_regs_struct| (r.rax as i64, r.rip, r.orig_rax, r.rdi, r.rdx);
+        // poll: again with its arguments as they were.
+        let r = resumed(stopped_in(libc::SYS_poll, ERESTART_RESTARTBLOCK));
+        assert_eq!(again(r), (libc::SYS_poll, 0x1000, u64::MAX, 0xa0, 0xc0));
+        // nanosleep(req, rem): for the time left, which the kernel put in rem.
+        let r = resumed(stopped_in(libc::SYS_nanosleep, ERESTART_RESTARTBLOCK));
+        assert_eq!(again(r), (libc::SYS_nanosleep, 0x1000, u64::MAX, 0xb0, 0xc0));
+        // clock_nanosleep(clock, 0, req, rem): the same; absolute: as it was.
+        let r = resumed(stopped_in(libc::SYS_clock_nanosleep, ERESTART_RESTARTBLOCK));
+        assert_eq!(again(r), (libc::SYS_clock_nanosleep, 0x1000, u64::MAX, 0xa0, 0xd0));
+        let mut abs = stopped_in(libc::SYS_clock_nanosleep, ERESTART_RESTARTBLOCK);
+        abs.rsi = libc::TIMER_ABSTIME as u64;
+        assert_eq!(again(resumed(abs)), (libc::SYS_clock_nanosleep, 0x1000, u64::MAX, 0xa0, 0xc0));
+        // Other stops as they were: a read the kernel restarts by itself
+        // (-ERESTARTSYS), a restart interrupted, code outside a system call.
+        for r in [
+            stopped_in(libc::SYS_read, -512),
+            stopped_in(libc::SYS_restart_syscall, ERESTART_RESTARTBLOCK),
+            stopped_in(-1, 5),
+        ] {
+            assert_eq!(again(resumed(r)), again(r));
+        }
+    }
 }
