@@ -122,6 +122,62 @@ fn a_poll_the_injection_interrupted_goes_on_without_eintr() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "poll: 1\n");
 }
 
+/// Calls signal(7) lists as failing with EINTR after a stop (epoll_wait,
+/// semtimedop, sigtimedwait, recv with a timeout) go on through an attach,
+/// by the library and by ptrace with each hook: on the main thread, the
+/// one the injection runs on (ctests/poll_wait.c), and on the threads it
+/// only stops (ctests/waits.c). Each returns what it returns natively,
+/// after its whole timeout (counted again from the attach's last stop).
+/// Before, each failed with EINTR.
+#[test]
+fn waits_a_stop_would_fail_go_on_through_attaches() {
+    let dir = scratch("attach-stop-list");
+    let poll_wait = build("poll_wait.c", &dir.join("poll_wait"), &["-g", "-O0"]);
+    let waits = build("waits.c", &dir.join("waits"), &["-g", "-O0"]);
+    let list = ["epoll_wait", "semtimedop", "sigtimedwait", "recv_timeout"];
+    // What each returns at its timeout (waits.c's lines: rc, errno).
+    let natively = [(0, 0), (-1, libc::EAGAIN), (-1, libc::EAGAIN), (-1, libc::EAGAIN)];
+    let mut ways = vec![vec![]];
+    ways.extend(ptrace_hooks().iter().map(|h| vec!["--ptrace", "--hooks", h]));
+    for way in &ways {
+        let attach_to = |pid: u32| {
+            let out = Command::new(mtrace())
+                .args(["attach", &pid.to_string(), "--duration", "200ms", "-o", "/dev/null"])
+                .args(way)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{way:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        let mut child =
+            Command::new(&poll_wait).arg("epoll").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        attach_to(child.id());
+        drop(child.stdin.take());
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "epoll_wait: 1\n", "{way:?}");
+
+        let child = Command::new(&waits)
+            .args(["wait", "1500"])
+            .args(list)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        attach_to(child.id());
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{way:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "", "{way:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        for (kind, (rc, errno)) in list.iter().zip(natively) {
+            let line = stdout.lines().find(|l| l.starts_with(&format!("{kind} "))).unwrap_or_default();
+            assert!(line.starts_with(&format!("{kind} rc={rc} errno={errno} ms=")), "{way:?}: {stdout}");
+            let ms: f64 = line.rsplit("ms=").next().unwrap().parse().unwrap();
+            assert!(ms >= 1499.0, "{way:?}: {kind} returned early: {stdout}");
+        }
+    }
+}
+
 fn cycles(prog: &Path, cycles: usize, max_live: u64) {
     let dir = prog.parent().unwrap();
     let mut child = Command::new(prog).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();

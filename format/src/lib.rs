@@ -1,7 +1,8 @@
 //! The mtrace stream format, defined once for every producer (the preload,
 //! the ptrace tracer) and for the analyzer, with the socket address syntax
 //! ([`address`]) and the commands and marker names ([`protocol`]) they
-//! share.
+//! share, and the rule both producers follow when they let a thread they
+//! stopped go on ([`interrupted`]).
 //!
 //! A stream is a [`Header`] followed by [`Record`]s. Every integer after the
 //! 8-byte magic is an unsigned LEB128 varint, so the stream reads the same on
@@ -12,6 +13,7 @@ pub mod address;
 mod decode;
 mod encode;
 pub mod functions;
+pub mod interrupted;
 pub mod maps;
 pub mod naming;
 pub mod protocol;

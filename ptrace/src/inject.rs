@@ -17,7 +17,9 @@
 //! -1 while the function runs: no restart into the injected code), but
 //! for one the kernel would restart from the thread's restart block (a
 //! poll, a sleep), which the calls may have replaced: it is made again
-//! from its own arguments ([`resumed`]).
+//! from its own arguments ([`resumed`]). A call that the interrupt made
+//! fail with EINTR (epoll_wait, sigtimedwait …), on any thread, is set to
+//! be made again at the stop ([`crate::target::at_stop`]).
 
 use std::time::{Duration, Instant};
 
@@ -79,14 +81,20 @@ fn tasks(pid: i32) -> Result<Vec<i32>> {
     Ok(dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
 }
 
-/// Waits for a stop of `tid` (ptrace-stop), up to `limit`.
+/// Waits for a stop of `tid` (ptrace-stop), up to `limit`. At an
+/// interrupt's stop, a system call the interrupt made fail with EINTR is
+/// set to be made again ([`crate::target::at_stop`]): every thread the
+/// attach stops goes on as it was.
 fn wait_stop(tid: i32, limit: Duration) -> Result<WaitStatus> {
     let start = Instant::now();
     loop {
         match waitpid(Pid::from_raw(tid), Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) => {}
             Ok(s @ (WaitStatus::Exited(..) | WaitStatus::Signaled(..))) => bail!("thread {tid} ended ({s:?})"),
-            Ok(s) => return Ok(s),
+            Ok(s) => {
+                crate::target::at_stop(&s);
+                return Ok(s);
+            }
             Err(e) => bail!("waiting for thread {tid}: {e}"),
         }
         if start.elapsed() > limit {
@@ -319,27 +327,27 @@ impl Drop for Tracee {
     }
 }
 
-/// `-ERESTART_RESTARTBLOCK` (the kernel's include/linux/errno.h): what a
-/// system call interrupted by a stop leaves in `rax` when the kernel is to
-/// restart it through the thread's restart block (`restart_syscall`).
-const ERESTART_RESTARTBLOCK: i64 = -516;
-
 /// The registers a thread found stopped with `saved` goes on with
 /// once the calls made on it are done.
 ///
-/// A system call stopped with [`ERESTART_RESTARTBLOCK`] (poll with a
+/// A system call stopped with `-ERESTART_RESTARTBLOCK` (poll with a
 /// timeout, nanosleep, clock_nanosleep, a futex wait with a timeout) is
 /// restarted by the kernel from the thread's restart block, which the
 /// calls made meanwhile may have replaced: nanosleep sets it to "no
 /// restart" on entry (kernel/time/hrtimer.c), so the program's poll
 /// failed with EINTR after an attach whose library slept once (CI saw
-/// ctests/own_malloc.c end so). Such a call is made again instead, from
-/// its own arguments, which the kernel leaves in their registers: a sleep
-/// from the time left that the kernel wrote to its `rem` argument (from
-/// the start where there is none), an absolute wait as it was, a poll or
-/// a relative futex wait with its whole timeout again (longer by what it
-/// had waited: never an error). Registers of any other stop are `saved`.
+/// ctests/own_malloc.c end so). Such a call is given `-ERESTARTNOHAND`
+/// instead: the kernel makes it again from its own arguments, which it
+/// left in their registers (and fails it with EINTR should a signal with a
+/// handler come, as the restart block's way does) — a sleep from the time
+/// left that the kernel wrote to its `rem` argument (from the start where
+/// there is none), an absolute wait as it was, a poll or a relative futex
+/// wait with its whole timeout again (longer by what it had waited: never
+/// an error). Registers of any other stop are `saved` (a call the
+/// interrupt made fail with EINTR was set to go on at the stop:
+/// [`crate::target::at_stop`]).
 fn resumed(saved: libc::user_regs_struct) -> libc::user_regs_struct {
+    use mtrace_format::interrupted::{ERESTARTNOHAND, ERESTART_RESTARTBLOCK};
     let mut r = saved;
     let nr = r.orig_rax as i64;
     if nr < 0 || r.rax as i64 != ERESTART_RESTARTBLOCK || nr == libc::SYS_restart_syscall {
@@ -352,11 +360,7 @@ fn resumed(saved: libc::user_regs_struct) -> libc::user_regs_struct {
         libc::SYS_clock_nanosleep if r.rsi & libc::TIMER_ABSTIME as u64 == 0 && r.r10 != 0 => r.rdx = r.r10,
         _ => {}
     }
-    // Back to its `syscall` instruction (2 bytes) with its number, and no
-    // system call to restart on the way out of this stop.
-    r.rax = nr as u64;
-    r.rip -= 2;
-    r.orig_rax = u64::MAX;
+    r.rax = ERESTARTNOHAND as u64;
     r
 }
 
@@ -405,25 +409,29 @@ mod tests {
 
     #[test]
     fn a_call_the_kernel_restarts_from_its_restart_block_is_made_again() {
-        let again = |r: libc::user_regs_struct| (r.rax as i64, r.rip, r.orig_rax, r.rdi, r.rdx);
-        // poll: again with its arguments as they were.
+        use mtrace_format::interrupted::{ERESTARTNOHAND, ERESTART_RESTARTBLOCK};
+        let again = |r: libc::user_regs_struct| (r.rax as i64, r.rip, r.orig_rax as i64, r.rdi, r.rdx);
+        // poll: again with its arguments as they were (the kernel moves
+        // back to its `syscall` instruction).
         let r = resumed(stopped_in(libc::SYS_poll, ERESTART_RESTARTBLOCK));
-        assert_eq!(again(r), (libc::SYS_poll, 0x1000, u64::MAX, 0xa0, 0xc0));
+        assert_eq!(again(r), (ERESTARTNOHAND, 0x1002, libc::SYS_poll, 0xa0, 0xc0));
         // nanosleep(req, rem): for the time left, which the kernel put in rem.
         let r = resumed(stopped_in(libc::SYS_nanosleep, ERESTART_RESTARTBLOCK));
-        assert_eq!(again(r), (libc::SYS_nanosleep, 0x1000, u64::MAX, 0xb0, 0xc0));
+        assert_eq!(again(r), (ERESTARTNOHAND, 0x1002, libc::SYS_nanosleep, 0xb0, 0xc0));
         // clock_nanosleep(clock, 0, req, rem): the same; absolute: as it was.
         let r = resumed(stopped_in(libc::SYS_clock_nanosleep, ERESTART_RESTARTBLOCK));
-        assert_eq!(again(r), (libc::SYS_clock_nanosleep, 0x1000, u64::MAX, 0xa0, 0xd0));
+        assert_eq!(again(r), (ERESTARTNOHAND, 0x1002, libc::SYS_clock_nanosleep, 0xa0, 0xd0));
         let mut abs = stopped_in(libc::SYS_clock_nanosleep, ERESTART_RESTARTBLOCK);
         abs.rsi = libc::TIMER_ABSTIME as u64;
-        assert_eq!(again(resumed(abs)), (libc::SYS_clock_nanosleep, 0x1000, u64::MAX, 0xa0, 0xc0));
+        assert_eq!(again(resumed(abs)), (ERESTARTNOHAND, 0x1002, libc::SYS_clock_nanosleep, 0xa0, 0xc0));
         // Other stops as they were: a read the kernel restarts by itself
-        // (-ERESTARTSYS), a restart interrupted, code outside a system call.
+        // (-ERESTARTSYS), a restart interrupted, code outside a system
+        // call, an epoll_wait set to go on at its stop.
         for r in [
             stopped_in(libc::SYS_read, -512),
             stopped_in(libc::SYS_restart_syscall, ERESTART_RESTARTBLOCK),
             stopped_in(-1, 5),
+            stopped_in(libc::SYS_epoll_wait, ERESTARTNOHAND),
         ] {
             assert_eq!(again(resumed(r)), again(r));
         }

@@ -175,7 +175,8 @@ pub fn seize_all(pid: Pid) -> Result<Vec<Pid>> {
     for &tid in &seized {
         loop {
             match nix::sys::wait::waitpid(tid, Some(nix::sys::wait::WaitPidFlag::__WALL)) {
-                Ok(nix::sys::wait::WaitStatus::PtraceEvent(..)) | Ok(nix::sys::wait::WaitStatus::Stopped(..)) => {
+                Ok(st @ (nix::sys::wait::WaitStatus::PtraceEvent(..) | nix::sys::wait::WaitStatus::Stopped(..))) => {
+                    crate::target::at_stop(&st);
                     stopped.push(tid);
                     break;
                 }

@@ -18,6 +18,31 @@ pub fn set_regs(tid: Pid, r: &Regs) -> Result<()> {
     Ok(ptrace::setregs(tid, r.0)?)
 }
 
+/// Whether `st` is the stop a `PTRACE_INTERRUPT` of the tracer's causes
+/// (`PTRACE_EVENT_STOP` with SIGTRAP; a group stop has its stop signal).
+pub fn is_interrupt(st: &WaitStatus) -> bool {
+    matches!(*st, WaitStatus::PtraceEvent(_, nix::sys::signal::Signal::SIGTRAP, ev)
+        if ev == ptrace::Event::PTRACE_EVENT_STOP as i32)
+}
+
+/// Called at every stop `st` the tracer waited for: at an interrupt's
+/// ([`is_interrupt`]), a system call the interrupt made fail with EINTR
+/// (epoll_wait, sigtimedwait …) is set to be made again when the thread
+/// goes on (`mtrace_format::interrupted`); a server in epoll_wait saw
+/// EINTR at each attach. Other stops: nothing. Best effort: a thread
+/// whose registers cannot be read or written is left as it is.
+pub fn at_stop(st: &WaitStatus) {
+    let WaitStatus::PtraceEvent(tid, ..) = *st else { return };
+    if !is_interrupt(st) {
+        return;
+    }
+    let Ok(mut r) = ptrace::getregs(tid) else { return };
+    if let Some(rax) = mtrace_format::interrupted::after_stop(r.orig_rax as i64, r.rax as i64) {
+        r.rax = rax as u64;
+        let _ = ptrace::setregs(tid, r);
+    }
+}
+
 /// Reads `buf.len()` bytes at `addr` of process `pid`; how many it could.
 pub fn read(pid: Pid, addr: u64, buf: &mut [u8]) -> usize {
     let remote = [RemoteIoVec { base: addr as usize, len: buf.len() }];

@@ -287,6 +287,7 @@ impl Tracer {
             if self.opener.is_some() {
                 self.drain_all(true);
             }
+            target::at_stop(&st);
             match st {
                 WaitStatus::Exited(tid, code) => {
                     self.gone(tid, EndReason::Exit(Some(code as u8)));
@@ -552,6 +553,9 @@ impl Tracer {
                 let t = waiting[i];
                 let st = waitpid(t, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG));
                 moved |= !matches!(st, Ok(WaitStatus::StillAlive));
+                if let Ok(st) = &st {
+                    target::at_stop(st);
+                }
                 match st {
                     Ok(WaitStatus::StillAlive) => {}
                     Ok(WaitStatus::PtraceEvent(_, _, ev)) if ev == event as i32 => {
@@ -665,7 +669,11 @@ impl Tracer {
         }
         // Each thread reports a stop (its interrupt, or an event before it).
         while stopped.len() < tids.len() {
-            match waitpid(None, Some(WaitPidFlag::__WALL)) {
+            let st = waitpid(None, Some(WaitPidFlag::__WALL));
+            if let Ok(st) = &st {
+                target::at_stop(st);
+            }
+            match st {
                 Ok(WaitStatus::Stopped(tid, sig)) => {
                     if sig == Signal::SIGTRAP {
                         self.unstep(tid);

@@ -5,8 +5,10 @@
 //! (ptrace refuses a tracer inside it) seizes every thread
 //! (`PTRACE_SEIZE`), stops it (`PTRACE_INTERRUPT`), reads its registers
 //! (`PTRACE_GETREGSET`) and lets it go (`PTRACE_DETACH`) once the scan is
-//! written. A thread stopped so runs no code of ours: the system call it
-//! waits in is restarted by the kernel as after Ctrl-Z and `fg`.
+//! written. A thread stopped so runs no code of ours, and the system call
+//! it waits in goes on when it is let go: the kernel restarts most, and
+//! one that the stop made fail with EINTR (epoll_wait, sigtimedwait …) is
+//! set to be made again (`mtrace_format::interrupted`).
 //!
 //! The task has no thread-local storage of its own (`%fs` still points at
 //! the thread that made it): it calls no libc function, which could set
@@ -100,6 +102,7 @@ pub static REFUSED_ERRNO: AtomicI32 = AtomicI32::new(0);
 const PTRACE_SEIZE: usize = 0x4206;
 const PTRACE_INTERRUPT: usize = 0x4207;
 const PTRACE_GETREGSET: usize = 0x4204;
+const PTRACE_SETREGSET: usize = 0x4205;
 const PTRACE_DETACH: usize = 17;
 const PTRACE_EVENT_STOP: i32 = 128;
 const NT_PRSTATUS: usize = 1;
@@ -279,11 +282,14 @@ fn settle(n: usize) {
                 continue;
             }
             let stopped = r == tid as isize && status & 0xff == 0x7f;
+            // The interrupt's own stop (SIGTRAP), not a signal's or a group
+            // stop's.
+            let ours = (status >> 16) & 0xff == PTRACE_EVENT_STOP && (status >> 8) & 0xff == libc::SIGTRAP;
             if stopped && (status >> 16) & 0xff != PTRACE_EVENT_STOP {
                 // Stopped to take a signal: it takes it when let go.
                 e.sig.store((status >> 8) & 0xff, Ordering::Relaxed);
             }
-            let held = stopped && registers(tid, e);
+            let held = stopped && registers(tid, e, ours);
             e.state.store(if held { state::HELD } else { state::GONE }, Ordering::Relaxed);
         }
         if !waiting {
@@ -300,7 +306,11 @@ fn settle(n: usize) {
 }
 
 /// Reads stopped thread `tid`'s registers into `e`; false if it cannot.
-fn registers(tid: i32, e: &Entry) -> bool {
+/// At the interrupt's own stop (`ours`), a system call the stop made fail
+/// with EINTR is set to be made again when the thread goes on
+/// (`mtrace_format::interrupted`: a program in epoll_wait saw EINTR at
+/// every scan).
+fn registers(tid: i32, e: &Entry, ours: bool) -> bool {
     // x86-64's struct user_regs_struct: r15 r14 r13 r12 rbp rbx r11 r10 r9
     // r8 rax rcx rdx rsi rdi orig_rax rip cs eflags rsp ss fs_base gs_base
     // ds es fs gs.
@@ -313,6 +323,16 @@ fn registers(tid: i32, e: &Entry) -> bool {
     };
     if rc != 0 {
         return false;
+    }
+    // rax is r[10], orig_rax r[15].
+    let again = if ours { mtrace_format::interrupted::after_stop(r[15] as i64, r[10] as i64) } else { None };
+    if let Some(rax) = again {
+        r[10] = rax as u64;
+        // SAFETY: PTRACE_SETREGSET reads iov[1] bytes at iov[0]: the
+        // registers just read, with rax changed.
+        unsafe {
+            sys(libc::SYS_ptrace, [PTRACE_SETREGSET, tid as usize, NT_PRSTATUS, iov.as_mut_ptr() as usize, 0, 0])
+        };
     }
     // To a ucontext's order: R8 … R15, RDI, RSI, RBP, RBX, RDX, RAX, RCX,
     // RSP, RIP.

@@ -3,8 +3,9 @@
 //!
 //! From outside them ([`from_outside`]): a helper task holds every thread
 //! with ptrace, as LeakSanitizer does (helper.rs, ptrace.rs). No code runs
-//! on a held thread, so the calls it waits in go on as after Ctrl-Z and
-//! `fg`, threads that block signals are held too, and each has its exact
+//! on a held thread, so the calls it waits in go on (also those that fail
+//! with EINTR after Ctrl-Z and `fg`: helper.rs sets them to be made
+//! again), threads that block signals are held too, and each has its exact
 //! registers. The caller takes every lock of the tracer's that the
 //! snapshot needs before (a held thread may be anywhere, inside a hook
 //! too).
