@@ -7,11 +7,19 @@
    (tests/attach.rs). */
 #include <errno.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/epoll.h>
 
+static void on_usr1(int sig) { (void)sig; }
+
 int main(int argc, char **argv) {
+    /* A handler (with SA_RESTART, which neither call honours): SIGUSR1
+       makes the wait fail with EINTR, also when it comes while a tracer
+       holds the thread. */
+    struct sigaction sa = {.sa_handler = on_usr1, .sa_flags = SA_RESTART};
+    sigaction(SIGUSR1, &sa, NULL);
     const char *call = argc > 1 && !strcmp(argv[1], "epoll") ? "epoll_wait" : "poll";
     int got;
     if (call[0] == 'e') {

@@ -122,6 +122,29 @@ fn a_poll_the_injection_interrupted_goes_on_without_eintr() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "poll: 1\n");
 }
 
+/// The injection's thread held in epoll_wait, which the stop set to be
+/// made again: a signal with a handler sent meanwhile still makes the wait
+/// fail with EINTR when the thread goes on, as it does natively (and a
+/// poll restarted from its restart block the same).
+#[test]
+fn a_signal_sent_while_the_thread_is_held_still_interrupts_its_wait() {
+    let dir = scratch("attach-held-signal");
+    let prog = build("poll_wait.c", &dir.join("poll_wait"), &["-g", "-O0"]);
+    for (arg, call) in [("epoll", "epoll_wait"), ("poll", "poll")] {
+        let child = Command::new(&prog).arg(arg).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let pid = child.id() as i32;
+        let t = mtrace_ptrace::inspect::inspect(pid).unwrap();
+        let mut tracee = mtrace_ptrace::inject::Tracee::seize(pid).unwrap();
+        tracee.choose(&t.busy).unwrap();
+        // SAFETY: kill of our own child, held stopped.
+        unsafe { libc::kill(pid, libc::SIGUSR1) };
+        tracee.release().unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{call} failed: Interrupted system call\n"));
+    }
+}
+
 /// Calls signal(7) lists as failing with EINTR after a stop (epoll_wait,
 /// semtimedop, sigtimedwait, recv with a timeout) go on through an attach,
 /// by the library and by ptrace with each hook: on the main thread, the
