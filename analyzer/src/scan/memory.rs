@@ -119,9 +119,18 @@ mod tests {
         a.words(0x1000 + 8, 0x1000 + 8 * 129, |w| wa.extend((w != 0).then_some(w)));
         b.words(0x1000 + 8, 0x1000 + 8 * 129, |w| wb.push(w));
         assert_eq!(wa, wb);
-        // Few zeros, or the registers: as they are.
-        let full: Vec<u8> = (1..=64u64).flat_map(|w| w.to_le_bytes()).collect();
-        assert!(Region::of_record(region_kind::MAPPING, 0, full, word).unwrap().dense_bytes().is_some());
+        // 8-byte words without zeros: held too (a value takes about half a
+        // word), and read back as they were.
+        let full: Vec<u8> = (1..=64u64).map(|w| w << 40 | w).flat_map(|w| w.to_le_bytes()).collect();
+        let held = Region::of_record(region_kind::MAPPING, 0, full.clone(), word).unwrap();
+        assert!(held.dense_bytes().is_none());
+        let dense = Region::dense(region_kind::MAPPING, false, 0, full);
+        let (a, b) = (Memory { regions: vec![&dense], word }, Memory { regions: vec![&held], word });
+        assert!((0..64 * 8 + 8).step_by(8).all(|o| a.word_at(o) == b.word_at(o)));
+        // 4-byte words with few zeros, or the registers: as they are.
+        let w4 = Word { size: 4, big: false };
+        let full: Vec<u8> = (1..=64u32).flat_map(|w| w.to_le_bytes()).collect();
+        assert!(Region::of_record(region_kind::MAPPING, 0, full, w4).unwrap().dense_bytes().is_some());
         assert!(Region::of_record(region_kind::REGISTERS, 0, bytes.clone(), word).unwrap().dense_bytes().is_some());
         // Nor a region that does not start on a word.
         assert!(Region::of_record(region_kind::MAPPING, 0x1004, bytes, word).unwrap().dense_bytes().is_some());

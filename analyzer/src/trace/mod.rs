@@ -13,6 +13,7 @@ use crate::books::Books;
 
 mod region;
 mod stacks;
+mod values;
 pub use region::{Region, Word};
 pub use stacks::Stacks;
 

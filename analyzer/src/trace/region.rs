@@ -6,6 +6,8 @@
 
 use mtrace_format::{region_kind, sparse};
 
+use super::values::Values;
+
 /// One region of the snapshot.
 pub struct Region {
     /// One of [`region_kind`]'s kinds (without the flags).
@@ -32,8 +34,9 @@ struct Held {
     nonzero: Vec<u64>,
     /// `rank[g]`: words held and not 0 before word `64 * g`.
     rank: Vec<u32>,
-    /// The values of the words held and not 0, in order.
-    values: Vec<u64>,
+    /// The values of the words held and not 0, in order (about 4 bytes
+    /// each: values.rs).
+    values: Values,
 }
 
 impl Held {
@@ -46,20 +49,26 @@ impl Held {
         if self.nonzero[g] & bit == 0 {
             return Some(0);
         }
-        Some(self.values[self.index(i)])
+        Some(self.values.get(self.index(i)))
     }
 
     /// Every word of `bytes` (a plain region's, whole words) held, those
-    /// not 0 with their values; `None` when fewer than a quarter are 0
-    /// (the bytes as they are take less) or the bytes are not whole words.
+    /// not 0 with their values; `None` when the bytes as they are take less
+    /// (4-byte words fewer than a quarter of which are 0) or are not whole
+    /// words.
     fn of_plain(bytes: &[u8], word: Word) -> Option<Held> {
         if bytes.is_empty() || !bytes.len().is_multiple_of(word.size) {
             return None;
         }
         let n = bytes.len() / word.size;
-        let zeros = bytes.chunks_exact(word.size).filter(|w| w.iter().all(|&b| b == 0)).count();
-        if zeros * 4 < n {
-            return None;
+        // Held values take about 4 bytes and a few bits (values.rs): fewer
+        // than 8-byte words as they are, whatever the share of zeros; not
+        // fewer than 4-byte words unless a quarter are 0.
+        if word.size != 8 {
+            let zeros = bytes.chunks_exact(word.size).filter(|w| w.iter().all(|&b| b == 0)).count();
+            if zeros * 4 < n {
+                return None;
+            }
         }
         let groups = n.div_ceil(64);
         let mut bits = vec![!0u64; groups];
@@ -67,17 +76,17 @@ impl Held {
             bits[groups - 1] = (1u64 << (n % 64)) - 1;
         }
         let (mut nonzero, mut rank) = (vec![0u64; groups], Vec::with_capacity(groups));
-        let mut values = Vec::with_capacity(n - zeros);
+        let mut count = 0u32;
         for (g, chunk) in bytes.chunks(64 * word.size).enumerate() {
-            rank.push(values.len() as u32);
+            rank.push(count);
             for (i, w) in chunk.chunks_exact(word.size).enumerate() {
-                let v = word.read(w);
-                if v != 0 {
+                if word.read(w) != 0 {
                     nonzero[g] |= 1 << i;
-                    values.push(v);
+                    count += 1;
                 }
             }
         }
+        let values = Values::new(|| bytes.chunks_exact(word.size).map(|w| word.read(w)).filter(|&v| v != 0));
         Some(Held { bits, nonzero, rank, values })
     }
 
@@ -97,11 +106,13 @@ impl Region {
     /// The region of a ScanRegion record (`kind` with its flags) of a
     /// target with pointers as `word` says; an error for a sparse payload
     /// that does not parse (the reader has already checked it). A plain
-    /// region (but the registers) a quarter or more of whose words are 0
-    /// is kept as a sparse one holding every word ([`Held`]): the
-    /// producer writes memory that is mostly kept words plain (zeros are
-    /// kept: docs/SCAN.md), and a heap of small blocks not written yet is
-    /// mostly zeros.
+    /// region (but the registers) of 8-byte words, or of 4-byte words a
+    /// quarter or more of which are 0, is kept as a sparse one holding
+    /// every word ([`Held`]): the producer writes memory that is mostly
+    /// kept words plain (zeros are kept: docs/SCAN.md), a heap of small
+    /// blocks not written yet is mostly zeros, and a held value takes
+    /// about half a word (values.rs): the array of 20 M pointers
+    /// scripts/bench_scale.c keeps took 152 MiB as it was, 82 held.
     pub fn of_record(kind: u8, addr: u64, bytes: Vec<u8>, word: Word) -> Result<Region, String> {
         let continues = kind & region_kind::SAME_MAPPING != 0;
         let plain = kind & !(region_kind::SAME_MAPPING | region_kind::SPARSE);
@@ -121,7 +132,6 @@ impl Region {
         let groups = s.bits.len().div_ceil(8);
         let (mut bits, mut nonzero, mut rank) =
             (Vec::with_capacity(groups), Vec::with_capacity(groups), Vec::with_capacity(groups));
-        let mut values = Vec::new();
         let mut held = s.values();
         let mut count = 0u32;
         for chunk in s.bits.chunks(8) {
@@ -138,21 +148,19 @@ impl Region {
                 let v = held.next().unwrap_or(0);
                 if v != 0 {
                     nz |= bit;
-                    values.push(v);
                     count += 1;
                 }
             }
             bits.push(b);
             nonzero.push(nz);
         }
-        values.shrink_to_fit();
         Ok(Region {
             kind: plain,
             continues,
             addr,
             len: s.len,
             bytes: Vec::new(),
-            held: Some(Held { bits, nonzero, rank, values }),
+            held: Some(Held { bits, nonzero, rank, values: Values::new(|| s.values().filter(|&v| v != 0)) }),
         })
     }
 
@@ -222,7 +230,7 @@ impl Region {
             }
             let mut at = h.index(first.max(g * 64));
             while b != 0 {
-                f(h.values[at]);
+                f(h.values.get(at));
                 at += 1;
                 b &= b - 1;
             }
@@ -248,7 +256,13 @@ impl Word {
     }
 
     /// The pointer in `b` (exactly `size` bytes).
+    #[inline]
     pub fn read(self, b: &[u8]) -> u64 {
+        if self.size == 8 {
+            // Without a copy of a length only known at run time (a call to
+            // memmove for each word).
+            return self.read8(b);
+        }
         let mut w = [0u8; 8];
         if self.big {
             w[8 - self.size..].copy_from_slice(b);
@@ -260,6 +274,7 @@ impl Word {
     }
 
     /// The 8-byte number in `b` (exactly 8 bytes), in the target's order.
+    #[inline]
     pub fn read8(self, b: &[u8]) -> u64 {
         let w: [u8; 8] = b.try_into().unwrap_or_default();
         if self.big {
