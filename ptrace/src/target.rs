@@ -20,7 +20,7 @@ pub fn set_regs(tid: Pid, r: &Regs) -> Result<()> {
 
 /// Whether `st` is the stop a `PTRACE_INTERRUPT` of the tracer's causes
 /// (`PTRACE_EVENT_STOP` with SIGTRAP; a group stop has its stop signal).
-pub fn is_interrupt(st: &WaitStatus) -> bool {
+fn is_interrupt(st: &WaitStatus) -> bool {
     matches!(*st, WaitStatus::PtraceEvent(_, nix::sys::signal::Signal::SIGTRAP, ev)
         if ev == ptrace::Event::PTRACE_EVENT_STOP as i32)
 }
