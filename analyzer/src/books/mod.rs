@@ -588,12 +588,31 @@ impl Books {
 
     /// Live bytes and blocks per backtrace, with the family of its blocks.
     pub fn live_by_stack(&self) -> HashMap<u32, LiveTotals> {
+        // Summed a run of blocks of one backtrace at a time: blocks next to
+        // each other in the books mostly share one (see `report::build_view`).
         let mut m: HashMap<u32, LiveTotals> = HashMap::default();
-        for (_, b) in self.live_blocks() {
+        let mut run: Option<(u32, LiveTotals)> = None;
+        let add = |m: &mut HashMap<u32, LiveTotals>, (stack, l): (u32, LiveTotals)| {
+            let e = m.entry(stack).or_insert(LiveTotals { bytes: 0, blocks: 0, family: l.family });
+            e.bytes = e.bytes.saturating_add(l.bytes);
+            e.blocks += l.blocks;
+        };
+        self.live_blocks().for_each(|(_, b)| {
             let (bytes, n) = b.estimate(self.sample_rate);
-            let e = m.entry(b.stack).or_insert(LiveTotals { bytes: 0, blocks: 0, family: b.family });
-            e.bytes = e.bytes.saturating_add(bytes);
-            e.blocks += n;
+            match &mut run {
+                Some((stack, l)) if *stack == b.stack => {
+                    l.bytes = l.bytes.saturating_add(bytes);
+                    l.blocks += n;
+                }
+                _ => {
+                    if let Some(r) = run.replace((b.stack, LiveTotals { bytes, blocks: n, family: b.family })) {
+                        add(&mut m, r);
+                    }
+                }
+            }
+        });
+        if let Some(r) = run {
+            add(&mut m, r);
         }
         m
     }

@@ -347,16 +347,25 @@ pub fn build_view(
 ) -> Report {
     // With a leak scan, entries are per (backtrace, kind).
     let classes = view.classes;
-    let mut groups: HashMap<(u32, Option<Kind>), Group> = HashMap::default();
+    // Each group's place in `list`, and the latest block's group: blocks
+    // next to each other in the books (allocated one after the other)
+    // mostly share a backtrace, and a lookup by key per block was 40% of
+    // this walk (20 M live blocks of one backtrace: 0.40 -> 0.24 s).
+    let mut places: HashMap<(u32, Option<Kind>), usize> = HashMap::default();
+    let mut list: Vec<((u32, Option<Kind>), Group)> = Vec::new();
+    let mut latest_group: Option<((u32, Option<Kind>), usize)> = None;
     let mut kinds = classes.as_ref().map(|_| crate::scan::Kinds::default());
     // Indirect bytes per owning definitely lost block.
     let mut owned: HashMap<u64, u64> = HashMap::default();
     let mut owner_group: HashMap<u64, u32> = HashMap::default();
     let mut live_total = (0i64, 0i64);
     let mut live_var = (0.0f64, 0.0f64);
-    for (place, (addr, b)) in t.books.live_blocks().enumerate() {
+    // `for_each`, not a `for` loop: the loop's `next` through the books'
+    // chain of iterators handed each block over through the stack, and
+    // reading it back stalled (the walk of 20 M blocks 0.51 -> 0.40 s).
+    t.books.live_blocks().enumerate().for_each(|(place, (addr, b))| {
         if view.keep.is_some_and(|k| !k(addr, &b)) {
-            continue;
+            return;
         }
         // In a sampled trace, what the block stands for.
         let (size, n) = b.estimate(t.books.sample_rate);
@@ -391,7 +400,7 @@ pub fn build_view(
             }
             // (`stacks` lists every backtrace, each as it stands.)
             if *k == Kind::Reachable && !show_reachable && sort != SortKey::Stacks {
-                continue;
+                return;
             }
         }
         // The program's own mappings are roots to the scan, not blocks it
@@ -403,17 +412,30 @@ pub fn build_view(
                 all.mappings.blocks += n;
             }
             if !show_reachable {
-                continue;
+                return;
             }
         }
-        let g = groups.entry((b.stack, kind)).or_insert(Group {
-            bytes: 0,
-            blocks: 0,
-            family: b.family,
-            latest: 0,
-            lost: Default::default(),
-            var: (0.0, 0.0),
-        });
+        let key = (b.stack, kind);
+        let at = match latest_group {
+            Some((k, at)) if k == key => at,
+            _ => {
+                let at = *places.entry(key).or_insert_with(|| {
+                    let g = Group {
+                        bytes: 0,
+                        blocks: 0,
+                        family: b.family,
+                        latest: 0,
+                        lost: Default::default(),
+                        var: (0.0, 0.0),
+                    };
+                    list.push((key, g));
+                    list.len() - 1
+                });
+                latest_group = Some((key, at));
+                at
+            }
+        };
+        let g = &mut list[at].1;
         g.bytes = g.bytes.saturating_add(signed(size));
         g.blocks += n as i64;
         g.latest = g.latest.max(b.time);
@@ -423,7 +445,9 @@ pub fn build_view(
             g.lost.bytes = g.lost.bytes.saturating_add(size);
             g.lost.blocks += n;
         }
-    }
+    });
+    drop(places);
+    let mut groups: HashMap<(u32, Option<Kind>), Group> = list.into_iter().collect();
     let mut indirect_of: HashMap<u32, u64> = HashMap::default();
     for (o, bytes) in owned {
         if let Some(&st) = owner_group.get(&o) {
