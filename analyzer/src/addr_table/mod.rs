@@ -363,7 +363,10 @@ impl<V> Table<V> {
             populate_soon(self.index.as_ptr().cast::<u8>().wrapping_add(from), POPULATE_STEP.min(bytes - from));
         }
         self.shift = shift_for(buckets);
-        for &e in old.iter().filter(|&&e| e != 0) {
+        // From the last bucket down, while the helper faults pages in
+        // from the first up: the moves outran it, and took most of the
+        // index's new pages on this thread.
+        for &e in old.iter().rev().filter(|&&e| e != 0) {
             let mut i = self.home_of_tag(tag_of(e));
             while self.index[i] != 0 {
                 i = self.next(i);
