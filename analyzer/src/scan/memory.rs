@@ -5,11 +5,22 @@ use crate::trace::{Region, Word};
 
 /// The snapshot's memory, sorted by address.
 pub(super) struct Memory<'a> {
-    pub regions: Vec<&'a Region>,
+    regions: Vec<&'a Region>,
+    /// Each region's [start, end), side by side: the binary search for a
+    /// block's region reads these 16 bytes a region (2,726 regions, 43
+    /// KiB, for 20 M blocks: in the cache) where reading the regions'
+    /// own fields was a cache miss a step (a sixth of the marking's time).
+    bounds: Vec<(u64, u64)>,
     pub word: Word,
 }
 
-impl Memory<'_> {
+impl<'a> Memory<'a> {
+    /// The memory of `regions`, sorted by address (none overlapping).
+    pub fn new(regions: Vec<&'a Region>, word: Word) -> Memory<'a> {
+        let bounds = regions.iter().map(|r| (r.addr, r.end())).collect();
+        Memory { regions, bounds, word }
+    }
+
     /// The pointer-sized word at `a`, if the snapshot holds it.
     pub fn word_at(&self, a: u64) -> Option<u64> {
         let r = self.region_at(a)?;
@@ -23,13 +34,13 @@ impl Memory<'_> {
     }
 
     fn region_at(&self, a: u64) -> Option<&Region> {
-        let i = self.regions.partition_point(|r| r.addr <= a).checked_sub(1)?;
+        let i = self.bounds.partition_point(|b| b.0 <= a).checked_sub(1)?;
         Some(self.regions[i])
     }
 
     /// Aligned words in `[lo, hi)` that the snapshot holds.
     pub fn words(&self, lo: u64, hi: u64, mut f: impl FnMut(u64)) {
-        let i = self.regions.partition_point(|r| r.end() <= lo);
+        let i = self.bounds.partition_point(|b| b.1 <= lo);
         for r in &self.regions[i..] {
             if r.addr >= hi {
                 break;
@@ -64,7 +75,7 @@ mod tests {
         let held = [(0, 10), (63, 11), (64, 12), (70, 13), (199, 14)];
         let r = sparse_region(0x1000, 200, &held);
         assert_eq!((r.kind, r.len, r.end()), (region_kind::MAPPING, 1600, 0x1000 + 1600));
-        let mem = Memory { regions: vec![&r], word: Word { size: 8, big: false } };
+        let mem = Memory::new(vec![&r], Word { size: 8, big: false });
         for &(i, v) in &held {
             assert_eq!(mem.word_at(0x1000 + 8 * i as u64), Some(v));
         }
@@ -92,7 +103,7 @@ mod tests {
     fn a_held_zero_reads_as_zero_and_is_no_pointer_to_walk() {
         // Words 1, 2, 64 and 65 held: 0, 7, 0, 0x5000.
         let r = sparse_region(0x1000, 70, &[(1, 0), (2, 7), (64, 0), (65, 0x5000)]);
-        let mem = Memory { regions: vec![&r], word: Word { size: 8, big: false } };
+        let mem = Memory::new(vec![&r], Word { size: 8, big: false });
         let at = |i: u64| mem.word_at(0x1000 + 8 * i);
         assert_eq!([at(0), at(1), at(2), at(3), at(64), at(65)], [None, Some(0), Some(7), None, Some(0), Some(0x5000)]);
         assert_eq!(mem.u64_at(0x1000 + 8 * 64), Some(0));
@@ -110,7 +121,7 @@ mod tests {
         let plain = Region::dense(region_kind::MAPPING, false, 0x1000, bytes.clone());
         let kept = Region::of_record(region_kind::MAPPING, 0x1000, bytes.clone(), word).unwrap();
         assert!(kept.dense_bytes().is_none(), "kept as held words");
-        let (a, b) = (Memory { regions: vec![&plain], word }, Memory { regions: vec![&kept], word });
+        let (a, b) = (Memory::new(vec![&plain], word), Memory::new(vec![&kept], word));
         for o in (0..130 * 8 + 8).step_by(8) {
             assert_eq!(a.word_at(0x1000 + o), b.word_at(0x1000 + o), "{o}");
             assert_eq!(a.u64_at(0x1000 + o), b.u64_at(0x1000 + o), "{o}");
@@ -125,7 +136,7 @@ mod tests {
         let held = Region::of_record(region_kind::MAPPING, 0, full.clone(), word).unwrap();
         assert!(held.dense_bytes().is_none());
         let dense = Region::dense(region_kind::MAPPING, false, 0, full);
-        let (a, b) = (Memory { regions: vec![&dense], word }, Memory { regions: vec![&held], word });
+        let (a, b) = (Memory::new(vec![&dense], word), Memory::new(vec![&held], word));
         assert!((0..64 * 8 + 8).step_by(8).all(|o| a.word_at(o) == b.word_at(o)));
         // 4-byte words with few zeros, or the registers: as they are.
         let w4 = Word { size: 4, big: false };
@@ -147,7 +158,7 @@ mod tests {
         }
         let r =
             Region::of_record(region_kind::STACK | region_kind::SPARSE, 0x100, p, Word { size: 4, big: true }).unwrap();
-        let mem = Memory { regions: vec![&r], word: Word { size: 4, big: true } };
+        let mem = Memory::new(vec![&r], Word { size: 4, big: true });
         assert_eq!(mem.word_at(0x104), Some(0x8000_0010));
         assert_eq!(mem.word_at(0x10c), Some(0xffff_fff0));
         assert_eq!(mem.u64_at(0x104), Some(0x8000_0010_0000_0020));

@@ -197,7 +197,7 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Classes> {
     let mut regions: Vec<&Region> = snap.iter().filter(|r| r.kind != region_kind::REGISTERS).collect();
     regions.sort_by_key(|r| r.addr);
     let word = Word::of(&t.header);
-    let mem = Memory { regions, word };
+    let mem = Memory::new(regions, word);
     let n = heap.len();
     let mut state = vec![State::Unreached; n];
     let mut via: Vec<Option<Heuristic>> = vec![None; n];
