@@ -2,6 +2,7 @@
 //! glibc's layout of them tells the marking (the chunk after a block,
 //! blocks mapped on their own).
 
+use std::cell::Cell;
 use std::collections::HashMap;
 
 /// A block as the marking holds it: its start, its size, and its place
@@ -46,6 +47,12 @@ pub(super) struct Heap {
     /// with 20 M blocks: marking 6.57 -> 6.27 s, though its pointers come
     /// in address order, where the full search's path stays cached.
     runs: Vec<u64>,
+    /// The run of the latest block found: the pointers the marking reads
+    /// one after the other mostly lead to blocks in the same run, or the
+    /// next or the one before (an array's pointers to blocks allocated in
+    /// turn), found without a search (20 M blocks: the search was a tenth
+    /// of the report's time).
+    latest_run: Cell<usize>,
 }
 
 /// Blocks per run of [`Heap::runs`].
@@ -57,7 +64,7 @@ impl Heap {
     /// not hold, by place.
     pub fn new(mut blocks: Vec<Block>, huge: HashMap<u32, u64>) -> Heap {
         blocks.sort_unstable_by_key(|b| b.start);
-        let mut heap = Heap { blocks, huge, lo: u64::MAX, hi: 0, runs: Vec::new() };
+        let mut heap = Heap { blocks, huge, lo: u64::MAX, hi: 0, runs: Vec::new(), latest_run: Cell::new(0) };
         heap.lo = heap.blocks.first().map_or(u64::MAX, |b| b.start);
         heap.hi = (0..heap.len()).map(|i| heap.end(i)).max().unwrap_or(0);
         heap.runs = heap.blocks.iter().step_by(RUN).map(|b| b.start).collect();
@@ -103,10 +110,11 @@ impl Heap {
         if p < self.lo || p >= self.hi {
             return None;
         }
-        let run = self.runs.partition_point(|&s| s <= p);
+        let run = self.run_after(p);
         if run == 0 {
             return None;
         }
+        self.latest_run.set(run - 1);
         let first = (run - 1) * RUN;
         let blocks = &self.blocks[first..(first + RUN).min(self.blocks.len())];
         // At least 1: the run's first block starts at or below `p`.
@@ -117,6 +125,21 @@ impl Heap {
         }
         // A zero-sized block still has a start.
         (p < start + size.max(1)).then_some((i, p == start))
+    }
+
+    /// The number of the first run starting above `p` (0: none starts at
+    /// or below it), as a search of [`Heap::runs`] would give.
+    #[inline]
+    fn run_after(&self, p: u64) -> usize {
+        let latest = self.latest_run.get();
+        // Run r holds `p` if it starts at or below it and the next does not.
+        let holds = |r: usize| self.runs[r] <= p && self.runs.get(r + 1).is_none_or(|&next| next > p);
+        for r in [latest, latest + 1, latest.wrapping_sub(1)] {
+            if r < self.runs.len() && holds(r) {
+                return r + 1;
+            }
+        }
+        self.runs.partition_point(|&s| s <= p)
     }
 
     /// The blocks' places, by address, and their starts: the 16 bytes a
@@ -191,5 +214,27 @@ mod tests {
         assert!(heap.overlaps(0x1018, 0x1020) && !heap.overlaps(0x1020, 0x2000) && heap.overlaps(0x2000, 0x2001));
         let (places, starts) = heap.into_places_and_starts();
         assert_eq!((places, starts), (vec![2, 4, 7], vec![0x1000, 0x2000, 0x9000_0000]));
+    }
+
+    #[test]
+    fn finds_in_any_order_agree_with_a_search() {
+        // 1,000 blocks of 48 bytes, 64 bytes apart (16 runs), looked up
+        // forwards, backwards and by jumps, at starts, insides, the gaps
+        // between blocks and past both ends.
+        let blocks = (0..1000u64).map(|i| Block::new(0x10_0000 + 64 * i, 48, i as u32).0).collect();
+        let heap = Heap::new(blocks, HashMap::new());
+        let want = |p: u64| {
+            let off = p.checked_sub(0x10_0000)?;
+            (off < 64 * 1000 && off % 64 < 48).then_some(((off / 64) as usize, off % 64 == 0))
+        };
+        let forwards: Vec<u64> = (0x0f_ff00..0x11_0000u64).step_by(8).collect();
+        let mut x = 12345u64;
+        let jumps = (0..5000).map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            0x0f_ff00 + (x >> 33) % 0x1_0200
+        });
+        for p in forwards.iter().copied().chain(forwards.iter().rev().copied()).chain(jumps) {
+            assert_eq!(heap.find(p), want(p), "{p:#x}");
+        }
     }
 }
