@@ -45,8 +45,10 @@ impl Values {
         let mut count = 0usize;
         // Neighbouring words mostly share their high half: the map is asked
         // only when it changes.
+        // (`for_each`: a `for` loop's `next` through a filter of a
+        // region's words was 6% of reporting a snapshot of 20 M blocks.)
         let mut last = None;
-        for x in each() {
+        each().for_each(|x| {
             count += 1;
             let h = (x >> 32) as u32;
             if last != Some(h) && highs.len() <= MAX_HIGHS {
@@ -56,7 +58,7 @@ impl Values {
                 });
                 last = Some(h);
             }
-        }
+        });
         let width = if highs.len() > MAX_HIGHS {
             highs.clear();
             number.clear();
@@ -70,10 +72,10 @@ impl Values {
         let mut lo = Vec::with_capacity(count);
         let mut packed = vec![0u64; (count * width as usize).div_ceil(64)];
         let mut last: Option<(u32, u32)> = None;
-        for (j, x) in each().enumerate() {
+        each().enumerate().for_each(|(j, x)| {
             lo.push(x as u32);
             if width == 0 {
-                continue;
+                return;
             }
             let h = (x >> 32) as u32;
             let n = match last {
@@ -84,7 +86,7 @@ impl Values {
             last = Some((h, n));
             let bit = j * width as usize;
             packed[bit / 64] |= u64::from(n) << (bit % 64);
-        }
+        });
         Values { lo, highs, width, packed }
     }
 
