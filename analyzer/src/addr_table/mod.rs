@@ -58,10 +58,6 @@ fn tag(h: u64) -> u32 {
     (h >> 32) as u32
 }
 
-/// Bytes of a grown index the helper thread faults in at a time
-/// ([`Table::grow_from_entries`]).
-const POPULATE_STEP: usize = 2 << 20;
-
 /// Buckets of a new index (a power of two).
 const MIN_BUCKETS: usize = 1 << 12;
 
@@ -136,11 +132,13 @@ fn hashed_alike(from: usize, to: usize) -> bool {
 }
 
 /// Where [`Table::find`] found an address: its bucket, and the slot number
-/// it holds (valid until the next insertion).
+/// it holds (valid until the next insertion), with the address's tag for
+/// the entry an insertion writes there.
 #[derive(Clone, Copy)]
 pub struct Found {
     bucket: usize,
     id: u32,
+    tag: u32,
 }
 
 impl Found {
@@ -194,19 +192,17 @@ impl<V> Table<V> {
         (i + 1) & (self.index.len() - 1)
     }
 
-    /// The bucket holding `key`, or the free one ending its probe.
+    /// The bucket holding `key`, or the free one ending its probe; and
+    /// `key`'s tag.
     #[inline]
-    fn bucket(&self, key: u64) -> (usize, bool) {
+    fn bucket(&self, key: u64) -> (usize, u32) {
         let h = self.hash(key);
         let t = tag(h);
         let mut i = self.home(h);
         loop {
             let e = self.index[i];
-            if e == 0 {
-                return (i, false);
-            }
-            if tag_of(e) == t && self.slab.at(id_of(e)).0 == key {
-                return (i, true);
+            if e == 0 || tag_of(e) == t && self.slab.at(id_of(e)).0 == key {
+                return (i, t);
             }
             i = self.next(i);
         }
@@ -241,8 +237,8 @@ impl<V> Table<V> {
     /// Where `key` is, in an index that is there.
     #[inline]
     fn locate(&self, key: u64) -> Found {
-        let (bucket, _) = self.bucket(key);
-        Found { bucket, id: id_of(self.index[bucket]) }
+        let (bucket, tag) = self.bucket(key);
+        Found { bucket, id: id_of(self.index[bucket]), tag }
     }
 
     /// Frees the index, for a table that is only walked from now on (the
@@ -283,19 +279,20 @@ impl<V> Table<V> {
     /// Gives vacant `f`'s address (`key`) the slot `v`.
     pub fn insert(&mut self, f: Found, key: u64, v: V) {
         debug_assert!(f.vacant());
-        let bucket = if full(self.slab.len() + 1, self.index.len()) {
+        // (The tag changes with the hash when the index becomes large.)
+        let (bucket, tag) = if full(self.slab.len() + 1, self.index.len()) {
             let buckets = grown(self.index.len());
             if hashed_alike(self.index.len(), buckets) {
                 self.grow_from_entries(buckets);
             } else {
                 self.rebuild(buckets);
             }
-            self.bucket(key).0
+            self.bucket(key)
         } else {
-            f.bucket
+            (f.bucket, f.tag)
         };
         let id = self.slab.put(key, v);
-        self.index[bucket] = entry(tag(self.hash(key)), id);
+        self.index[bucket] = entry(tag, id);
     }
 
     /// Every address with its slot, in the order they were inserted.
@@ -359,8 +356,8 @@ impl<V> Table<V> {
         self.index = vec![0; buckets];
         huge_pages(&self.index);
         let bytes = buckets * std::mem::size_of::<u64>();
-        for from in (0..bytes).step_by(POPULATE_STEP).filter(|_| bytes >= POPULATE_FROM) {
-            populate_soon(self.index.as_ptr().cast::<u8>().wrapping_add(from), POPULATE_STEP.min(bytes - from));
+        if bytes >= POPULATE_FROM {
+            populate_soon(self.index.as_ptr().cast::<u8>(), bytes);
         }
         self.shift = shift_for(buckets);
         // From the last bucket down, while the helper faults pages in
