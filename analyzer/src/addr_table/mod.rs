@@ -22,8 +22,8 @@ mod slab;
 use hint::{huge_pages, populate_soon, prefetch, POPULATE_FROM};
 use slab::Slab;
 
-/// One bucket of the index, a u64: 32 bits of the address's hash (its
-/// tag) in the high half, its slot number plus one in the low half (0: a
+/// One bucket of the index, a u64: the top 32 bits of the address's hash
+/// (its tag, [`tag`]) in the high half, its slot number plus one in the low half (0: a
 /// free bucket). 8 bytes, so that the index costs half what it would with
 /// the whole address in it (issue 43: the books' bytes per live block;
 /// see [`LARGE`]). A tag that matches is confirmed against the address
@@ -62,26 +62,20 @@ fn tag(h: u64) -> u32 {
 const MIN_BUCKETS: usize = 1 << 12;
 
 /// From this many buckets (64 MiB of index) on, the index is "large": up
-/// to three quarters full, its homes from a stronger hash.
+/// to three quarters full, where a smaller one is at most half full.
 ///
-/// Below it, at most half full and Fibonacci hashing (one multiply): the
-/// fastest for the tables of real programs, where memory is not the
-/// question. At most half full, an index of a power of two costs 16 to 32
-/// bytes an address (16 to 64 as it grows by four, [`grown`]; 27 at 20 M
-/// addresses if it were not large: with the heap's 32-byte slot,
-/// 68 bytes a block in all); three quarters full, 10.7 to 21 (13.4 at 5 M
-/// and 20 M: 44 to 45 bytes a block, issue 43's target 48). Fibonacci
-/// hashing clusters there: jq's 1.6 M addresses took 22 probes a lookup
-/// at three quarters full (2.5 at half full), 2.5 with murmur3's
-/// finalizer, which still made `mtrace report` of jq 0.28 -> 0.35 s; at
-/// half full murmur's second multiply alone made it 0.33 s. So only the
-/// large index pays for either.
+/// At most half full, an index of a power of two costs 16 to 32 bytes an
+/// address (16 to 64 as it grows by four, [`grown`]; 27 at 20 M addresses
+/// if it were not large: with the heap's 32-byte slot, 68 bytes a block
+/// in all); three quarters full, 10.7 to 21 (13.4 at 5 M and 20 M: 44 to
+/// 45 bytes a block, issue 43's target 48). Below it memory is not the
+/// question, and shorter probes are faster.
 const LARGE: usize = 1 << 23;
 
 /// The buckets of the index that replaces a full one of `buckets`: four
-/// times as many below [`LARGE`], twice from it on. Each rebuild writes
-/// every address again at a random bucket, and growing by four rehashes a
-/// third of the addresses that growing by two does (`mtrace report`,
+/// times as many below [`LARGE`], twice from it on. Growing by four moves
+/// a third of the entries that growing by two does (measured when each
+/// growth wrote every address again at a random bucket: `mtrace report`,
 /// `perf stat -r 8`, three alternated rounds: python3-malloc 0.242-0.262
 /// -> 0.219-0.234 s, jq 0.173-0.183 -> 0.168-0.182, cxx the same at
 /// 0.13-0.14, sqlite3's 10 ms 1 ms slower: a larger index to zero at its
@@ -111,24 +105,26 @@ fn full(len: usize, buckets: usize) -> bool {
 /// a slot's 32-bit number allows in memory that exists.
 const MAX_BUCKETS: usize = 1 << 32;
 
-/// The hash of `key` in an index of `buckets` (see [`LARGE`] for which).
+/// The hash of `key`, in an index of any size: Fibonacci hashing of the
+/// address in 8-byte units (one multiply; the top bits are the home,
+/// [`Table::home`], and the tag, [`tag`]).
+///
+/// In units of 8 bytes, not of bytes: blocks are 8- or 16-byte aligned,
+/// and the multiplier of their numbers then stays (twice) the golden
+/// ratio's, which spreads the neighbours a heap hands out evenly over
+/// the index; the bytes' multiplier, 8 or 16 times it, does not (jq's 1.6
+/// M addresses took 22 probes a lookup at three quarters full; in 8-byte
+/// units they lie 1.3 buckets past their home on average, jq's with the
+/// leak scan 4.7, uniform hashing's 1.5; `tests.rs` has the patterns). So one hash
+/// serves every size, where large indexes had murmur3's finalizer (two
+/// multiplies more, and a rebuild from the slots when an index became
+/// large): `mtrace report` of 20 M live blocks 2.72-2.86 -> 2.23-2.38 s
+/// (the middle three of five runs, alternated), of the random churn over
+/// 1 M blocks 3.31-3.46 -> 2.91-3.19 s, 5 M, jq and python3-malloc within
+/// noise; the same reports.
 #[inline]
-fn hash_for(key: u64, buckets: usize) -> u64 {
-    if buckets < LARGE {
-        key.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-    } else {
-        let mut h = key ^ (key >> 33);
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-        h ^ (h >> 33)
-    }
-}
-
-/// Whether an index of `from` buckets can become one of `to` by moving its
-/// entries ([`Table::grow_from_entries`]): the same hash for both.
-fn hashed_alike(from: usize, to: usize) -> bool {
-    (from < LARGE) == (to < LARGE) && to <= MAX_BUCKETS
+fn hash(key: u64) -> u64 {
+    (key >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// Where [`Table::find`] found an address: its bucket, and the slot number
@@ -171,15 +167,6 @@ fn shift_for(buckets: usize) -> u32 {
 }
 
 impl<V> Table<V> {
-    /// The hash of `key` whose top bits are its home bucket and its tag:
-    /// Fibonacci hashing (blocks are 16-byte aligned, so the low bits
-    /// alone would crowd), or murmur3's 64-bit finalizer when the index is
-    /// large ([`LARGE`]).
-    #[inline]
-    fn hash(&self, key: u64) -> u64 {
-        hash_for(key, self.index.len())
-    }
-
     /// The home bucket of an address whose hash is `h`.
     #[inline]
     fn home(&self, h: u64) -> usize {
@@ -196,7 +183,7 @@ impl<V> Table<V> {
     /// `key`'s tag.
     #[inline]
     fn bucket(&self, key: u64) -> (usize, u32) {
-        let h = self.hash(key);
+        let h = hash(key);
         let t = tag(h);
         let mut i = self.home(h);
         loop {
@@ -213,7 +200,7 @@ impl<V> Table<V> {
     /// for the slot's line to read the address in it.
     #[inline]
     fn likely(&self, key: u64) -> u32 {
-        let h = self.hash(key);
+        let h = hash(key);
         let t = tag(h);
         let mut i = self.home(h);
         loop {
@@ -279,20 +266,14 @@ impl<V> Table<V> {
     /// Gives vacant `f`'s address (`key`) the slot `v`.
     pub fn insert(&mut self, f: Found, key: u64, v: V) {
         debug_assert!(f.vacant());
-        // (The tag changes with the hash when the index becomes large.)
-        let (bucket, tag) = if full(self.slab.len() + 1, self.index.len()) {
-            let buckets = grown(self.index.len());
-            if hashed_alike(self.index.len(), buckets) {
-                self.grow_from_entries(buckets);
-            } else {
-                self.rebuild(buckets);
-            }
-            self.bucket(key)
+        let bucket = if full(self.slab.len() + 1, self.index.len()) {
+            self.grow_from_entries(grown(self.index.len()));
+            self.bucket(key).0
         } else {
-            (f.bucket, f.tag)
+            f.bucket
         };
         let id = self.slab.put(key, v);
-        self.index[bucket] = entry(tag, id);
+        self.index[bucket] = entry(f.tag, id);
     }
 
     /// Every address with its slot, in the order they were inserted.
@@ -301,7 +282,8 @@ impl<V> Table<V> {
     }
 
     /// A new index of `buckets` over every slot (each address has one, and
-    /// no two the same address: no key is compared).
+    /// no two the same address: no key is compared), for an index that
+    /// was dropped ([`Table::drop_index`]).
     fn rebuild(&mut self, buckets: usize) {
         // The old index goes first: the new one is built from the slab,
         // and both at once would be the books' peak.
@@ -320,9 +302,9 @@ impl<V> Table<V> {
         let len = self.slab.len();
         for (id, (key, _)) in self.slab.iter().enumerate() {
             if id + AHEAD < len {
-                prefetch(&self.index[self.home(self.hash(self.slab.at((id + AHEAD) as u32).0))]);
+                prefetch(&self.index[self.home(hash(self.slab.at((id + AHEAD) as u32).0))]);
             }
-            let h = self.hash(*key);
+            let h = hash(*key);
             let mut i = self.home(h);
             while self.index[i] != 0 {
                 i = self.next(i);
@@ -331,8 +313,8 @@ impl<V> Table<V> {
         }
     }
 
-    /// A new index of `buckets` (2 or 4 times as many, hashed alike:
-    /// [`hashed_alike`]) from the entries of the old one, without the
+    /// A new index of `buckets` (2 or 4 times as many, at most
+    /// [`MAX_BUCKETS`]) from the entries of the old one, without the
     /// slots: each entry's home in the new index is in its tag ([`tag`]),
     /// and it lands at about twice (four times) its old bucket, so both
     /// indexes are walked in order, where a rebuild from the slots
@@ -346,7 +328,7 @@ impl<V> Table<V> {
     /// small ones (370 -> 244 MiB of huge pages in that report, and no
     /// faster).
     fn grow_from_entries(&mut self, buckets: usize) {
-        debug_assert!(buckets > self.index.len() && hashed_alike(self.index.len(), buckets));
+        debug_assert!(buckets > self.index.len() && buckets <= MAX_BUCKETS);
         let old = std::mem::take(&mut self.index);
         // Zeroed by the kernel (calloc maps new memory), and a large one
         // faulted in by the helper thread ahead of the moves, which write
@@ -382,7 +364,7 @@ impl<V> Table<V> {
     /// Asks the CPU for the index's line where `key`'s probe starts.
     #[inline]
     pub fn prefetch_index(&self, key: u64) {
-        if let Some(e) = self.index.get(self.home(self.hash(key))) {
+        if let Some(e) = self.index.get(self.home(hash(key))) {
             prefetch(e);
         }
     }
