@@ -281,6 +281,12 @@ impl<V> Table<V> {
         self.slab.iter().map(|(k, v)| (*k, v))
     }
 
+    /// Every (address, slot), in the order they were inserted, as slices:
+    /// for a walk whose loop over a slice keeps its sums in registers.
+    pub fn slices(&self) -> impl Iterator<Item = &[(u64, V)]> {
+        self.slab.chunks()
+    }
+
     /// A new index of `buckets` over every slot (each address has one, and
     /// no two the same address: no key is compared), for an index that
     /// was dropped ([`Table::drop_index`]).

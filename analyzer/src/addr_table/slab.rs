@@ -125,6 +125,11 @@ impl<V> Slab<V> {
     pub fn iter(&self) -> impl Iterator<Item = &(u64, V)> {
         self.chunks.iter().flatten()
     }
+
+    /// Every slot, in the order they were put, a chunk's slice at a time.
+    pub fn chunks(&self) -> impl Iterator<Item = &[(u64, V)]> {
+        self.chunks.iter().map(Vec::as_slice)
+    }
 }
 
 #[cfg(test)]

@@ -16,6 +16,30 @@ use mtrace_format::Family;
 
 use crate::addr_table::Table;
 
+/// Live blocks of one backtrace and family that follow each other in the
+/// books ([`Heap::live_runs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveRun {
+    /// Their canonical backtrace.
+    pub stack: u32,
+    /// Their allocator family.
+    pub family: Family,
+    /// Bytes requested by them, in all.
+    pub bytes: u64,
+    /// How many.
+    pub blocks: u64,
+    /// The latest allocation of them, ns since the trace started.
+    pub latest: u64,
+}
+
+impl LiveRun {
+    /// A run from its key (family bits above the backtrace) and sums.
+    fn of(key: u64, bytes: u64, blocks: u64, latest: u64) -> LiveRun {
+        let family = Family::from_u64(key >> 32).unwrap_or(Family::Malloc);
+        LiveRun { stack: key as u32, family, bytes, blocks, latest }
+    }
+}
+
 /// Events of different threads closer than this (ns) are ordered by the
 /// allocator's contract, not by their times: it covers the skew between
 /// two threads' stamps (11 ns seen with a bare `rdtsc`; an unfenced `rdtsc`
@@ -231,6 +255,44 @@ impl Heap {
         // Nothing live (a program that freed everything): no walk at all.
         let slots = (self.live_slots > 0).then(|| self.slots.iter()).into_iter().flatten();
         slots.filter(|(_, s)| s.is_live()).map(|(a, s)| (a, s.block()))
+    }
+
+    /// The live blocks of [`Heap::live`], in its order, summed in runs: each
+    /// run the blocks of one backtrace and family that follow each other,
+    /// handed to `f` when it ends.
+    ///
+    /// Why runs: blocks next to each other in the books were mostly
+    /// allocated one after the other from one place, and a walk that hands
+    /// each block over ([`Heap::live`]) spent 12 ns a block of reporting 20
+    /// M of them, mostly reading back what it had just stored.
+    pub fn live_runs(&self, mut f: impl FnMut(LiveRun)) {
+        if self.live_slots == 0 {
+            return;
+        }
+        // The run's backtrace and family bits in one word (none yet:
+        // u64::MAX, which no slot makes).
+        let mut key = u64::MAX;
+        let (mut bytes, mut blocks, mut latest) = (0u64, 0u64, 0u64);
+        for chunk in self.slots.slices() {
+            for (_, s) in chunk {
+                if !s.is_live() {
+                    continue;
+                }
+                let k = (s.word >> FAMILY_SHIFT & 0xf) << 32 | u64::from(s.stack);
+                if k != key {
+                    if blocks > 0 {
+                        f(LiveRun::of(key, bytes, blocks, latest));
+                    }
+                    (key, bytes, blocks, latest) = (k, 0, 0, 0);
+                }
+                bytes = bytes.saturating_add(s.size);
+                blocks += 1;
+                latest = latest.max(s.time());
+            }
+        }
+        if blocks > 0 {
+            f(LiveRun::of(key, bytes, blocks, latest));
+        }
     }
 }
 

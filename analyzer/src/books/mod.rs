@@ -11,10 +11,11 @@ use std::collections::BTreeMap;
 mod checkpoint;
 mod heap;
 pub mod lifetimes;
+mod runs;
 mod ties;
 pub mod wrong;
 
-pub use heap::EPS;
+pub use heap::{LiveRun, EPS};
 use mtrace_format::Family;
 use wrong::{Concerned, Dealloc, WrongFree, WrongKind};
 // FxHash: the keys are addresses and ids from our own producer, not
@@ -584,37 +585,6 @@ impl Books {
     /// Everything still live: heap blocks and mappings, with their addresses.
     pub fn live_blocks(&self) -> impl Iterator<Item = (u64, Block)> + '_ {
         self.heap.live().filter(|(_, b)| b.family != Family::Internal).chain(self.maps.iter().map(|(&a, &b)| (a, b)))
-    }
-
-    /// Live bytes and blocks per backtrace, with the family of its blocks.
-    pub fn live_by_stack(&self) -> HashMap<u32, LiveTotals> {
-        // Summed a run of blocks of one backtrace at a time: blocks next to
-        // each other in the books mostly share one (see `report::build_view`).
-        let mut m: HashMap<u32, LiveTotals> = HashMap::default();
-        let mut run: Option<(u32, LiveTotals)> = None;
-        let add = |m: &mut HashMap<u32, LiveTotals>, (stack, l): (u32, LiveTotals)| {
-            let e = m.entry(stack).or_insert(LiveTotals { bytes: 0, blocks: 0, family: l.family });
-            e.bytes = e.bytes.saturating_add(l.bytes);
-            e.blocks += l.blocks;
-        };
-        self.live_blocks().for_each(|(_, b)| {
-            let (bytes, n) = b.estimate(self.sample_rate);
-            match &mut run {
-                Some((stack, l)) if *stack == b.stack => {
-                    l.bytes = l.bytes.saturating_add(bytes);
-                    l.blocks += n;
-                }
-                _ => {
-                    if let Some(r) = run.replace((b.stack, LiveTotals { bytes, blocks: n, family: b.family })) {
-                        add(&mut m, r);
-                    }
-                }
-            }
-        });
-        if let Some(r) = run {
-            add(&mut m, r);
-        }
-        m
     }
 
     /// Frees whose block was never seen and that are not wrong frees:

@@ -319,3 +319,51 @@ fn pool_frees_and_munmaps_are_never_wrong() {
     b.munmap(0x7000_1000, 4096, 0);
     assert_eq!(b.unknown_munmaps, 1);
 }
+
+#[test]
+fn live_runs_sum_the_live_blocks_in_order() {
+    // Backtraces 1 1 2 1 (the second 1 freed), a block glibc made inside
+    // a hook (left out, as from every walk), one of `new` at backtrace 2,
+    // and a mapping: runs break where the backtrace or the family changes.
+    let mut b = Books::default();
+    let at = |stack, family, size, time| Block { size, stack, family, time, align: 0 };
+    b.alloc(0, 0x10, at(1, Family::Malloc, 8, 100));
+    b.alloc(0, 0x20, at(1, Family::Malloc, 16, 300));
+    b.alloc(0, 0x30, at(1, Family::Malloc, 32, 200));
+    b.alloc(0, 0x40, at(2, Family::Malloc, 64, 400));
+    b.alloc(0, 0x50, at(1, Family::Malloc, 128, 500));
+    b.alloc(0, 0x60, at(1, Family::Malloc, 256, 600));
+    b.alloc(0, 0x70, at(1, Family::Internal, 32, 650));
+    b.alloc(0, 0x80, at(1, Family::Malloc, 512, 700));
+    b.alloc(0, 0x90, at(2, Family::New, 1024, 800));
+    b.free(0, 0x50, 900);
+    b.mmap(0x7000_0000, at(3, Family::Mmap, 4096, 1000));
+    b.settle();
+    let mut runs = Vec::new();
+    b.live_runs(|r| runs.push((r.stack, r.family, r.bytes, r.blocks, r.latest)));
+    // The freed block splits no run; the hook's block ends one (a run of
+    // its family, left out).
+    assert_eq!(
+        runs,
+        vec![
+            (1, Family::Malloc, 56, 3, 300),
+            (2, Family::Malloc, 64, 1, 400),
+            (1, Family::Malloc, 256, 1, 600),
+            (1, Family::Malloc, 512, 1, 700),
+            (2, Family::New, 1024, 1, 800),
+            (3, Family::Mmap, 4096, 1, 1000),
+        ]
+    );
+    // The same sums as the blocks one at a time, by backtrace.
+    let by_stack = b.live_by_stack();
+    let mut one_at_a_time: HashMap<u32, (u64, u64)> = HashMap::default();
+    for (_, blk) in b.live_blocks() {
+        let e = one_at_a_time.entry(blk.stack).or_default();
+        *e = (e.0 + blk.size, e.1 + 1);
+    }
+    assert_eq!(by_stack.len(), 3);
+    for (s, l) in &by_stack {
+        assert_eq!((l.bytes, l.blocks), one_at_a_time[s]);
+    }
+    assert_eq!((by_stack[&1].bytes, by_stack[&2].family), (824, Family::Malloc));
+}
