@@ -23,8 +23,8 @@ use hint::{huge_pages, populate_soon, prefetch, POPULATE_FROM};
 use slab::Slab;
 
 /// One bucket of the index, a u64: the top 32 bits of the address's hash
-/// (its tag, [`tag`]) in the high half, its slot number plus one in the low half (0: a
-/// free bucket). 8 bytes, so that the index costs half what it would with
+/// (its tag, [`tag`]) in the high half, its slot number plus one in the
+/// low half (0: a free bucket). 8 bytes, so that the index costs half what it would with
 /// the whole address in it (issue 43: the books' bytes per live block;
 /// see [`LARGE`]). A tag that matches is confirmed against the address
 /// kept in the slot, a line the event reads next anyway.
@@ -115,8 +115,8 @@ const MAX_BUCKETS: usize = 1 << 32;
 /// the index; the bytes' multiplier, 8 or 16 times it, does not (jq's 1.6
 /// M addresses took 22 probes a lookup at three quarters full; in 8-byte
 /// units they lie 1.3 buckets past their home on average, jq's with the
-/// leak scan 4.7, uniform hashing's 1.5; `tests.rs` has the patterns). So one hash
-/// serves every size, where large indexes had murmur3's finalizer (two
+/// leak scan 4.7, uniform hashing's 1.5; `tests.rs` has the patterns).
+/// So one hash serves every size, where large indexes had murmur3's finalizer (two
 /// multiplies more, and a rebuild from the slots when an index became
 /// large): `mtrace report` of 20 M live blocks 2.72-2.86 -> 2.23-2.38 s
 /// (the middle three of five runs, alternated), of the random churn over

@@ -336,7 +336,7 @@ pub fn build_view(
 ) -> Report {
     // With a leak scan, entries are per (backtrace, kind).
     let classes = view.classes;
-    let mut all = Groups::default();
+    let mut grouped = Groups::default();
     let mut kinds = classes.as_ref().map(|_| crate::scan::Kinds::default());
     // Indirect bytes per owning definitely lost block.
     let mut owned: HashMap<u64, u64> = HashMap::default();
@@ -352,7 +352,7 @@ pub fn build_view(
         t.books.live_runs(|r| {
             live_total.0 = live_total.0.saturating_add(signed(r.bytes));
             live_total.1 += r.blocks as i64;
-            let g = all.at((r.stack, None), r.family);
+            let g = grouped.at((r.stack, None), r.family);
             g.bytes = g.bytes.saturating_add(signed(r.bytes));
             g.blocks += r.blocks as i64;
             g.latest = g.latest.max(r.latest);
@@ -413,7 +413,7 @@ pub fn build_view(
                     return;
                 }
             }
-            let g = all.at((b.stack, kind), b.family);
+            let g = grouped.at((b.stack, kind), b.family);
             g.bytes = g.bytes.saturating_add(signed(size));
             g.blocks += n as i64;
             g.latest = g.latest.max(b.time);
@@ -425,7 +425,7 @@ pub fn build_view(
             }
         });
     }
-    let mut groups = all.into_map();
+    let mut groups = grouped.into_map();
     let mut indirect_of: HashMap<u32, u64> = HashMap::default();
     for (o, bytes) in owned {
         if let Some(&st) = owner_group.get(&o) {
