@@ -317,6 +317,13 @@ impl Books {
 
     /// A block came into existence (malloc, new, the new half of realloc)
     /// in thread `tid`.
+    ///
+    /// Always inlined: apart, `b` came in through memory, written by the
+    /// caller a field at a time and copied into the ties' event in 16-byte
+    /// loads (a stalled load, 40% of its samples). Reporting 20 M live
+    /// blocks 1.66-2.18 -> 1.63-1.75 s, 5 M 0.411-0.428 -> 0.387-0.421 s,
+    /// jq and the churn the same (alternated).
+    #[inline(always)]
     pub fn alloc(&mut self, tid: u32, addr: u64, b: Block) {
         if b.family != Family::Internal {
             self.count_alloc(&b);
