@@ -225,7 +225,9 @@ impl Books {
         &mut self.per_stack[i]
     }
 
-    /// Counts allocation `b` (its estimate, in a sampled trace).
+    /// Counts allocation `b` (its estimate, in a sampled trace). Inlined
+    /// ([`Books::alloc`]): its reference to `b` kept the block in memory.
+    #[inline(always)]
     fn count_alloc(&mut self, b: &Block) {
         let (size, n) = b.estimate(self.sample_rate);
         // Saturating: a damaged trace may claim any size.
