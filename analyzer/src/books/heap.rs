@@ -32,11 +32,16 @@ pub struct LiveRun {
     pub latest: u64,
 }
 
+/// The family of a slot's family bits ([`Slot::family_bits`]).
+#[inline]
+fn family_of(bits: u64) -> Family {
+    Family::from_u64(bits).unwrap_or(Family::Malloc)
+}
+
 impl LiveRun {
     /// A run from its key (family bits above the backtrace) and sums.
     fn of(key: u64, bytes: u64, blocks: u64, latest: u64) -> LiveRun {
-        let family = Family::from_u64(key >> 32).unwrap_or(Family::Malloc);
-        LiveRun { stack: key as u32, family, bytes, blocks, latest }
+        LiveRun { stack: key as u32, family: family_of(key >> 32), bytes, blocks, latest }
     }
 }
 
@@ -104,10 +109,16 @@ impl Slot {
         self.word & MAX_TIME
     }
 
+    /// The family's bits of `word`.
+    #[inline]
+    fn family_bits(&self) -> u64 {
+        (self.word >> FAMILY_SHIFT) & 0xf
+    }
+
     /// The block as allocated; once freed its time is not kept (0).
     #[inline]
     fn block(&self) -> Block {
-        let family = Family::from_u64((self.word >> FAMILY_SHIFT) & 0xf).unwrap_or(Family::Malloc);
+        let family = family_of(self.family_bits());
         let (time, align) = if self.is_live() { (self.time(), self.aux as u8) } else { (0, 0) };
         Block { size: self.size, stack: self.stack, family, time, align }
     }
@@ -287,7 +298,7 @@ impl Heap {
                 if !s.is_live() {
                     continue;
                 }
-                let k = (s.word >> FAMILY_SHIFT & 0xf) << 32 | u64::from(s.stack);
+                let k = s.family_bits() << 32 | u64::from(s.stack);
                 if k != key {
                     if blocks > 0 {
                         f(LiveRun::of(key, bytes, blocks, latest));
