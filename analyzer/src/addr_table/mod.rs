@@ -18,9 +18,12 @@
 //! in by a helper thread ahead of their use (`hint.rs`).
 
 mod hint;
+mod reserved;
 mod slab;
 use hint::{huge_pages, populate_soon, prefetch, POPULATE_FROM};
+use reserved::{Reserved, ROOM};
 use slab::Slab;
+use std::ops::{Deref, DerefMut};
 
 /// One bucket of the index, a u64: the top 32 bits of the address's hash
 /// (its tag, [`tag`]) in the high half, its slot number plus one in the
@@ -150,7 +153,7 @@ impl Found {
 pub struct Table<V> {
     /// A power of two in length, at most half full, or three quarters
     /// when large ([`full`]).
-    index: Vec<u64>,
+    index: Index,
     /// 64 − log2(index.len()): the hash is the product's top bits.
     shift: u32,
     slab: Slab<V>,
@@ -158,7 +161,41 @@ pub struct Table<V> {
 
 impl<V> Default for Table<V> {
     fn default() -> Table<V> {
-        Table { index: vec![0; MIN_BUCKETS], shift: shift_for(MIN_BUCKETS), slab: Slab::default() }
+        Table { index: Index::Heap(vec![0; MIN_BUCKETS]), shift: shift_for(MIN_BUCKETS), slab: Slab::default() }
+    }
+}
+
+/// The index's buckets: on the heap while small, in a mapping with room
+/// to double in place from [`LARGE`] on (`reserved.rs`).
+enum Index {
+    Heap(Vec<u64>),
+    Reserved(Reserved),
+}
+
+impl Default for Index {
+    fn default() -> Index {
+        Index::Heap(Vec::new())
+    }
+}
+
+impl Deref for Index {
+    type Target = [u64];
+    #[inline]
+    fn deref(&self) -> &[u64] {
+        match self {
+            Index::Heap(v) => v,
+            Index::Reserved(r) => r,
+        }
+    }
+}
+
+impl DerefMut for Index {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [u64] {
+        match self {
+            Index::Heap(v) => v,
+            Index::Reserved(r) => r,
+        }
     }
 }
 
@@ -234,7 +271,7 @@ impl<V> Table<V> {
     /// still right: [`Table::find`] builds the index again, [`Table::get`]
     /// walks the slots.
     pub fn drop_index(&mut self) {
-        self.index = Vec::new();
+        self.index = Index::default();
     }
 
     #[cold]
@@ -293,13 +330,14 @@ impl<V> Table<V> {
     fn rebuild(&mut self, buckets: usize) {
         // The old index goes first: the new one is built from the slab,
         // and both at once would be the books' peak.
-        self.index = Vec::new();
+        self.index = Index::default();
         // Zeros written in order: zeroed memory from the kernel (`vec![0;
         // n]`, calloc) is faulted in a page at a time by the scattered
         // writes below, which made reporting jq 0.30 -> 0.34 s.
-        self.index = Vec::with_capacity(buckets);
-        huge_pages(&self.index);
-        self.index.resize(buckets, 0);
+        let mut index = Vec::with_capacity(buckets);
+        huge_pages(&index);
+        index.resize(buckets, 0);
+        self.index = Index::Heap(index);
         self.shift = shift_for(buckets);
         // The homes are random: each is a cache miss unless asked for
         // ahead (rebuilds of an index that grew by half, tried on the way,
@@ -328,30 +366,96 @@ impl<V> Table<V> {
     /// a random bucket (`mtrace report` of 20 M live blocks: the rebuilds
     /// 6% of the samples before, these moves under 1%).
     ///
-    /// Why not in place (`realloc`, the added part the only new memory):
-    /// glibc moves a large block with `mremap` to an address the kernel
-    /// picks, and a huge page moved off a 2 MiB boundary is split into
-    /// small ones (370 -> 244 MiB of huge pages in that report, and no
-    /// faster).
+    /// A large index grows in place, in its mapping's room
+    /// ([`Table::spread_in_place`]); a small one, or one whose room is
+    /// used up, is moved to a new one. Why not in place on the heap
+    /// (`realloc`): glibc moves a large block with `mremap` to an address
+    /// the kernel picks, and a huge page moved off a 2 MiB boundary is
+    /// split into small ones (370 -> 244 MiB of huge pages in that
+    /// report, and no faster).
     fn grow_from_entries(&mut self, buckets: usize) {
         debug_assert!(buckets > self.index.len() && buckets <= MAX_BUCKETS);
-        let old = std::mem::take(&mut self.index);
-        // Zeroed by the kernel (calloc maps new memory), and a large one
-        // faulted in by the helper thread ahead of the moves, which write
-        // in order: written with zeros here, its first touch was on this
-        // thread, and with the slab's (`slab.rs`) 8% of the samples of
-        // reporting 20 M live blocks.
-        self.index = vec![0; buckets];
-        huge_pages(&self.index);
-        let bytes = buckets * std::mem::size_of::<u64>();
-        if bytes >= POPULATE_FROM {
-            populate_soon(self.index.as_ptr().cast::<u8>(), bytes);
+        let before = self.index.len();
+        if let Index::Reserved(r) = &mut self.index {
+            if r.grow_to(buckets) {
+                self.populate_after(before);
+                self.shift = shift_for(buckets);
+                return self.spread_in_place(before);
+            }
         }
+        let old = std::mem::take(&mut self.index);
+        // Zeroed by the kernel (calloc and mmap map new memory), and a
+        // large one faulted in by the helper thread ahead of the moves,
+        // which write in order: written with zeros here, its first touch
+        // was on this thread, and with the slab's (`slab.rs`) 8% of the
+        // samples of reporting 20 M live blocks.
+        let room = buckets.saturating_mul(ROOM).min(MAX_BUCKETS);
+        self.index = match (buckets >= LARGE).then(|| Reserved::new(buckets, room)).flatten() {
+            Some(r) => Index::Reserved(r),
+            None => {
+                let index = vec![0; buckets];
+                huge_pages(&index);
+                Index::Heap(index)
+            }
+        };
+        self.populate_after(0);
         self.shift = shift_for(buckets);
         // From the last bucket down, while the helper faults pages in
         // from the first up: the moves outran it, and took most of the
         // index's new pages on this thread.
         for &e in old.iter().rev().filter(|&&e| e != 0) {
+            let mut i = self.home_of_tag(tag_of(e));
+            while self.index[i] != 0 {
+                i = self.next(i);
+            }
+            self.index[i] = e;
+        }
+    }
+
+    /// Has the helper thread fault in the index's buckets from `from` on,
+    /// new ones about to be written, if they are many.
+    fn populate_after(&self, from: usize) {
+        let bytes = (self.index.len() - from) * std::mem::size_of::<u64>();
+        if bytes >= POPULATE_FROM {
+            populate_soon(self.index[from..].as_ptr().cast::<u8>(), bytes);
+        }
+    }
+
+    /// Moves the entries of the index's first `old` buckets, an index of
+    /// `old` buckets, to their places in the whole (2 or 4 times as many,
+    /// the rest zero), in place.
+    ///
+    /// From the last old bucket down: an entry whose home in the new index
+    /// is at or past its old bucket `p` is placed there by the usual probe,
+    /// which meets only entries already placed (every bucket from `p` on
+    /// holds only those: the old ones there were moved, and none is placed
+    /// below `p`), so the new index holds its invariant (no free bucket
+    /// between an entry's home and its bucket) at each step. An entry with
+    /// a new home below `p` (one far from its old home near the start, as
+    /// such probes grow), or whose probe would wrap past the end into
+    /// buckets not moved yet, is placed after all the others, by the
+    /// usual probe: a few of the millions.
+    fn spread_in_place(&mut self, old: usize) {
+        let n = self.index.len();
+        let mut later = Vec::new();
+        for p in (0..old).rev() {
+            let e = std::mem::replace(&mut self.index[p], 0);
+            if e == 0 {
+                continue;
+            }
+            let mut q = self.home_of_tag(tag_of(e));
+            if q >= p {
+                while q < n && self.index[q] != 0 {
+                    q += 1;
+                }
+            }
+            if q < p || q == n {
+                later.push(e);
+            } else {
+                self.index[q] = e;
+            }
+        }
+        for e in later {
             let mut i = self.home_of_tag(tag_of(e));
             while self.index[i] != 0 {
                 i = self.next(i);

@@ -166,6 +166,41 @@ fn an_index_grown_from_its_entries_keeps_walks_that_wrapped_and_long_runs() {
 }
 
 #[test]
+fn an_index_grown_in_place_keeps_walks_that_wrapped_and_long_runs() {
+    // As above, in a mapping with room: runs that wrap into bucket 0 (their
+    // new homes near the end, where a probe may wrap onto buckets not moved
+    // yet), a run from bucket 0 whose entries lie far past twice their home
+    // (placed last), and addresses spread over the whole index.
+    let buckets = MIN_BUCKETS;
+    let mut keys = homing(buckets, &[buckets - 2, buckets - 1, 0, 2, 3, 700, 701], 12);
+    keys.extend((0..1_000u64).map(|k| 0x7777_0000_0000 + k * 48));
+    let index = Index::Reserved(Reserved::new(buckets, 64 * buckets).expect("a mapping of 2 MiB"));
+    let mut t: Table<u64> = Table { index, ..Table::default() };
+    for &k in &keys {
+        let f = t.find(k);
+        assert!(f.vacant());
+        t.insert(f, k, k);
+    }
+    assert_ne!(t.index[0], 0, "nothing wrapped: the test tests nothing");
+    let at = t.index.as_ptr();
+    // By two, then by four, then by the table's own growth.
+    grows_and_finds(&mut t, &keys, 2 * buckets);
+    grows_and_finds(&mut t, &keys, 8 * buckets);
+    assert_eq!(t.index.as_ptr(), at, "moved, not grown in place");
+    let more: Vec<u64> = (0..50_000u64).map(|k| 0x9999_0000_0000 + k * 16).collect();
+    for &k in &more {
+        let f = t.find(k);
+        t.insert(f, k, k);
+    }
+    assert_eq!((t.index.len(), t.index.as_ptr()), (32 * buckets, at));
+    assert!(keys.iter().chain(&more).all(|k| t.get(*k) == Some(k)));
+    // Past its room, it moves to a new mapping.
+    grows_and_finds(&mut t, &keys, 128 * buckets);
+    assert!(matches!(t.index, Index::Heap(_)) || t.index.as_ptr() != at);
+    assert!(more.iter().all(|k| t.get(*k) == Some(k)));
+}
+
+#[test]
 fn a_large_index_grows_from_its_entries() {
     let keys = homing(LARGE, &[LARGE - 1, 0, 1, 5, LARGE / 2], 8);
     let mut t: Table<u64> = Table::default();
