@@ -12,7 +12,8 @@
 //! lookup itself. Here the bucket is a computable position
 //! ([`Table::prefetch_index`]), and once the index's line is in the cache
 //! the slot's lines can be fetched too ([`Table::prefetch_slot`]). Growing
-//! the index moves its 8-byte entries, in order; the slab grows by chunks,
+//! the index moves its 8-byte entries, in order (a large index in place,
+//! `reserved.rs`); the slab grows by chunks,
 //! and its slots never move (`slab.rs`). Both are backed by huge pages
 //! where the system allows, and large ones have their new pages faulted
 //! in by a helper thread ahead of their use (`hint.rs`).

@@ -13,10 +13,11 @@ use std::ops::{Deref, DerefMut};
 /// Room reserved beyond a new index: room for this many times its buckets,
 /// so that it doubles in place three times (2^23 buckets, 64 MiB, grows
 /// to 2^26, 50 M addresses, in its 512 MiB) before it is moved once more.
-/// Address space only: untouched, none of it is memory (a mapping made
-/// with `MAP_NORESERVE` is not counted against the commit limit either,
-/// `Documentation/mm/overcommit-accounting.rst`); a limit on it (`ulimit
-/// -v`) is where more would fail the program's later allocations.
+/// Address space only: untouched, none of it is memory, and a mapping
+/// made with `MAP_NORESERVE` is not counted against the commit limit
+/// unless overcommit is strict (`Documentation/mm/overcommit-accounting.rst`),
+/// where a mapping refused leaves the index on the heap. Not more: a
+/// limit on address space (`ulimit -v`) counts the room.
 pub const ROOM: usize = 8;
 
 /// Huge pages' size and alignment on x86-64 and arm64 with 4 KiB pages.
