@@ -70,10 +70,20 @@ pub fn pick(left: &mut u64, rng: &mut u64, size: u64, rate: u64, seed: impl FnOn
 /// proportion to the fraction: a sum over many allocations stays
 /// unbiased, and the same allocation always counts the same (its
 /// allocation and its free cancel).
+///
+/// Inlined where it is called (another crate's, the analyzer's books, for
+/// every block of an unsampled trace too): apart, the call was 2% of the
+/// samples of the books' thread reporting 20 M live blocks.
+#[inline]
 pub fn estimate(size: u64, rate: u64, key: u64) -> (u64, u64) {
     if rate == 0 {
         return (size, 1);
     }
+    estimate_sampled(size, rate, key)
+}
+
+/// [`estimate`] at a rate that is not 0.
+fn estimate_sampled(size: u64, rate: u64, key: u64) -> (u64, u64) {
     let w = weight(size, rate);
     let whole = w.floor();
     // A uniform number in [0, 1) from the key.
