@@ -13,18 +13,17 @@
 //! ([`Table::prefetch_index`]), and once the index's line is in the cache
 //! the slot's lines can be fetched too ([`Table::prefetch_slot`]). Growing
 //! the index moves its 8-byte entries, in order (a large index in place,
-//! `reserved.rs`); the slab grows by chunks,
+//! `buckets.rs`); the slab grows by chunks,
 //! and its slots never move (`slab.rs`). Both are backed by huge pages
 //! where the system allows, and large ones have their new pages faulted
 //! in by a helper thread ahead of their use (`hint.rs`).
 
+mod buckets;
 mod hint;
-mod reserved;
 mod slab;
+use buckets::{Buckets, ROOM};
 use hint::{huge_pages, populate_soon, prefetch, POPULATE_FROM};
-use reserved::{Reserved, ROOM};
 use slab::Slab;
-use std::ops::{Deref, DerefMut};
 
 /// One bucket of the index, a u64: the top 32 bits of the address's hash
 /// (its tag, [`tag`]) in the high half, its slot number plus one in the
@@ -154,7 +153,7 @@ impl Found {
 pub struct Table<V> {
     /// A power of two in length, at most half full, or three quarters
     /// when large ([`full`]).
-    index: Index,
+    index: Buckets,
     /// 64 − log2(index.len()): the hash is the product's top bits.
     shift: u32,
     slab: Slab<V>,
@@ -162,41 +161,7 @@ pub struct Table<V> {
 
 impl<V> Default for Table<V> {
     fn default() -> Table<V> {
-        Table { index: Index::Heap(vec![0; MIN_BUCKETS]), shift: shift_for(MIN_BUCKETS), slab: Slab::default() }
-    }
-}
-
-/// The index's buckets: on the heap while small, in a mapping with room
-/// to double in place from [`LARGE`] on (`reserved.rs`).
-enum Index {
-    Heap(Vec<u64>),
-    Reserved(Reserved),
-}
-
-impl Default for Index {
-    fn default() -> Index {
-        Index::Heap(Vec::new())
-    }
-}
-
-impl Deref for Index {
-    type Target = [u64];
-    #[inline]
-    fn deref(&self) -> &[u64] {
-        match self {
-            Index::Heap(v) => v,
-            Index::Reserved(r) => r,
-        }
-    }
-}
-
-impl DerefMut for Index {
-    #[inline]
-    fn deref_mut(&mut self) -> &mut [u64] {
-        match self {
-            Index::Heap(v) => v,
-            Index::Reserved(r) => r,
-        }
+        Table { index: Buckets::on_heap(vec![0; MIN_BUCKETS]), shift: shift_for(MIN_BUCKETS), slab: Slab::default() }
     }
 }
 
@@ -272,7 +237,7 @@ impl<V> Table<V> {
     /// still right: [`Table::find`] builds the index again, [`Table::get`]
     /// walks the slots.
     pub fn drop_index(&mut self) {
-        self.index = Index::default();
+        self.index = Buckets::default();
     }
 
     #[cold]
@@ -331,14 +296,14 @@ impl<V> Table<V> {
     fn rebuild(&mut self, buckets: usize) {
         // The old index goes first: the new one is built from the slab,
         // and both at once would be the books' peak.
-        self.index = Index::default();
+        self.index = Buckets::default();
         // Zeros written in order: zeroed memory from the kernel (`vec![0;
         // n]`, calloc) is faulted in a page at a time by the scattered
         // writes below, which made reporting jq 0.30 -> 0.34 s.
         let mut index = Vec::with_capacity(buckets);
         huge_pages(&index);
         index.resize(buckets, 0);
-        self.index = Index::Heap(index);
+        self.index = Buckets::on_heap(index);
         self.shift = shift_for(buckets);
         // The homes are random: each is a cache miss unless asked for
         // ahead (rebuilds of an index that grew by half, tried on the way,
@@ -377,12 +342,10 @@ impl<V> Table<V> {
     fn grow_from_entries(&mut self, buckets: usize) {
         debug_assert!(buckets > self.index.len() && buckets <= MAX_BUCKETS);
         let before = self.index.len();
-        if let Index::Reserved(r) = &mut self.index {
-            if r.grow_to(buckets) {
-                self.populate_after(before);
-                self.shift = shift_for(buckets);
-                return self.spread_in_place(before);
-            }
+        if self.index.grow_in_place(buckets) {
+            self.populate_after(before);
+            self.shift = shift_for(buckets);
+            return self.spread_in_place(before);
         }
         let old = std::mem::take(&mut self.index);
         // Zeroed by the kernel (calloc and mmap map new memory), and a
@@ -391,14 +354,11 @@ impl<V> Table<V> {
         // was on this thread, and with the slab's (`slab.rs`) 8% of the
         // samples of reporting 20 M live blocks.
         let room = buckets.saturating_mul(ROOM).min(MAX_BUCKETS);
-        self.index = match (buckets >= LARGE).then(|| Reserved::new(buckets, room)).flatten() {
-            Some(r) => Index::Reserved(r),
-            None => {
-                let index = vec![0; buckets];
-                huge_pages(&index);
-                Index::Heap(index)
-            }
-        };
+        self.index = (buckets >= LARGE).then(|| Buckets::mapped(buckets, room)).flatten().unwrap_or_else(|| {
+            let index = vec![0; buckets];
+            huge_pages(&index);
+            Buckets::on_heap(index)
+        });
         self.populate_after(0);
         self.shift = shift_for(buckets);
         // From the last bucket down, while the helper faults pages in
