@@ -356,3 +356,43 @@ fn allocs_and_frees_of_extreme_values_read_back() {
     }
     assert_eq!(r.next_record().unwrap(), None);
 }
+
+#[test]
+fn many_compressed_blocks_keep_the_buffers_bounded() {
+    // Blocks that hardly compress (a region of random bytes each), 10 MiB
+    // in all: the bytes read past a block are copied after its contents,
+    // so reads as long as the buffer would grow the buffers block by block.
+    let (plain, _) = sample();
+    let mut r = Reader::new(&plain[..]);
+    r.header().unwrap();
+    let mut out = plain[..r.offset() as usize].to_vec();
+    let mut e = Encoder::new();
+    let mut x = 88172645463325252u64;
+    const BLOCKS: usize = 40;
+    const REGION: usize = 256 << 10;
+    for i in 0..BLOCKS {
+        let bytes = (0..REGION)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let mut raw = Vec::new();
+        e.encode(&mut raw, &Record::ScanRegion { time_ns: (i as u64 + 1) << 6, kind: 2, addr: 0x1000, bytes });
+        crate::encode_compressed(&mut out, &raw, 1).unwrap();
+    }
+    let mut r = Reader::new(&out[..]);
+    r.header().unwrap();
+    let (mut n, mut most) = (0, 0);
+    while let Some(rec) = r.next_record().unwrap() {
+        assert!(matches!(rec, Record::ScanRegion { ref bytes, .. } if bytes.len() == REGION));
+        n += 1;
+        most = most.max(r.buf.len() + r.spare.len());
+    }
+    assert_eq!(n, BLOCKS);
+    // Each buffer holds at most a block's contents, the bytes read after
+    // it and a chunk to read into.
+    assert!(most <= 2 * (REGION + 3 * CHUNK), "buffers of {most} bytes");
+}
