@@ -16,10 +16,27 @@ use std::ops::{Deref, DerefMut};
 /// to 2^26, 50 M addresses, in its 512 MiB) before it is moved once more.
 /// Address space only: untouched, none of it is memory, and a mapping
 /// made with `MAP_NORESERVE` is not counted against the commit limit
-/// unless overcommit is strict (`Documentation/mm/overcommit-accounting.rst`),
-/// where a mapping refused leaves the index on the heap. Not more: a
-/// limit on address space (`ulimit -v`) counts the room.
+/// unless overcommit is strict (`Documentation/mm/overcommit-accounting.rst`).
+/// Where either is limited, no room is taken ([`affordable_room`]).
 pub const ROOM: usize = 8;
+
+/// The room a new index of `len` buckets may reserve: `room`, unless the
+/// address space is limited (`ulimit -v`: RLIMIT_AS, getrlimit(2)) or
+/// overcommit is strict (`vm.overcommit_memory` 2), where room reserved
+/// counts as used and could make the report's later allocations fail (a
+/// report of 5 M blocks under `ulimit -v 900000` aborted with the room);
+/// then `len`, and the index is moved at each growth, as on the heap.
+pub fn affordable_room(len: usize, room: usize) -> usize {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit only writes the limit into `limit`, a valid rlimit.
+    let limited = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } != 0 || limit.rlim_cur != libc::RLIM_INFINITY;
+    let strict = std::fs::read_to_string("/proc/sys/vm/overcommit_memory").is_ok_and(|s| s.trim() == "2");
+    if limited || strict {
+        len
+    } else {
+        room
+    }
+}
 
 /// Huge pages' size and alignment on x86-64 and arm64 with 4 KiB pages.
 const HUGE: usize = 2 << 20;

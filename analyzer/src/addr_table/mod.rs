@@ -21,7 +21,7 @@
 mod buckets;
 mod hint;
 mod slab;
-use buckets::{Buckets, ROOM};
+use buckets::{affordable_room, Buckets, ROOM};
 use hint::{huge_pages, populate_soon, prefetch, POPULATE_FROM};
 use slab::Slab;
 
@@ -353,7 +353,7 @@ impl<V> Table<V> {
         // which write in order: written with zeros here, its first touch
         // was on this thread, and with the slab's (`slab.rs`) 8% of the
         // samples of reporting 20 M live blocks.
-        let room = buckets.saturating_mul(ROOM).min(MAX_BUCKETS);
+        let room = affordable_room(buckets, buckets.saturating_mul(ROOM).min(MAX_BUCKETS));
         self.index = (buckets >= LARGE).then(|| Buckets::mapped(buckets, room)).flatten().unwrap_or_else(|| {
             let index = vec![0; buckets];
             huge_pages(&index);
