@@ -353,8 +353,9 @@ impl<V> Table<V> {
         // which write in order: written with zeros here, its first touch
         // was on this thread, and with the slab's (`slab.rs`) 8% of the
         // samples of reporting 20 M live blocks.
-        let room = affordable_room(buckets, buckets.saturating_mul(ROOM).min(MAX_BUCKETS));
-        self.index = (buckets >= LARGE).then(|| Buckets::mapped(buckets, room)).flatten().unwrap_or_else(|| {
+        let mapped =
+            || Buckets::mapped(buckets, affordable_room(buckets, buckets.saturating_mul(ROOM).min(MAX_BUCKETS)));
+        self.index = (buckets >= LARGE).then(mapped).flatten().unwrap_or_else(|| {
             let index = vec![0; buckets];
             huge_pages(&index);
             Buckets::on_heap(index)
@@ -365,12 +366,17 @@ impl<V> Table<V> {
         // from the first up: the moves outran it, and took most of the
         // index's new pages on this thread.
         for &e in old.iter().rev().filter(|&&e| e != 0) {
-            let mut i = self.home_of_tag(tag_of(e));
-            while self.index[i] != 0 {
-                i = self.next(i);
-            }
-            self.index[i] = e;
+            self.place(e);
         }
+    }
+
+    /// Puts entry `e` in the first free bucket from its home on.
+    fn place(&mut self, e: u64) {
+        let mut i = self.home_of_tag(tag_of(e));
+        while self.index[i] != 0 {
+            i = self.next(i);
+        }
+        self.index[i] = e;
     }
 
     /// Has the helper thread fault in the index's buckets from `from` on,
@@ -417,11 +423,7 @@ impl<V> Table<V> {
             }
         }
         for e in later {
-            let mut i = self.home_of_tag(tag_of(e));
-            while self.index[i] != 0 {
-                i = self.next(i);
-            }
-            self.index[i] = e;
+            self.place(e);
         }
     }
 
