@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
+use mtrace_analyzer::report;
 use mtrace_format::protocol::MAX_DEPTH;
 use mtrace_format::recording::Recording;
 use mtrace_format::settings;
@@ -77,6 +78,25 @@ impl RecordingArgs {
             v.extend(["--ptrace".to_owned(), "--hooks".to_owned(), self.hooks.name().to_owned()]);
         }
         v
+    }
+
+    /// Turns `--ptrace` on when the program to run, `exec`, is a static
+    /// executable, and says so in one line on standard error: no loader
+    /// runs in it to preload libmtrace.so, and without `--ptrace` its run
+    /// left no trace at all (only "no trace was written"). Nothing when
+    /// `--ptrace` was given, or the program is not one
+    /// ([`report::processes::static_executable`]).
+    pub fn ptrace_if_static(&mut self, exec: &str) {
+        if self.ptrace {
+            return;
+        }
+        if let Some(path) = report::processes::static_executable(exec) {
+            eprintln!(
+                "mtrace: {}: a static executable, which libmtrace.so cannot be preloaded into: traced with --ptrace",
+                path.display()
+            );
+            self.ptrace = true;
+        }
     }
 
     /// The ptrace tracer's options for recording `r`; each setting of `r`

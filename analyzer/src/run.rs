@@ -134,8 +134,9 @@ fn run_interactive(a: RunArgs) -> Result<ExitCode> {
     code
 }
 
-pub fn run(a: RunArgs) -> Result<ExitCode> {
+pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     a.opts.check_inputs()?;
+    a.rec.ptrace_if_static(&a.command[0]);
     // The text goes to standard error after the program's own lines; a
     // JSON document there would not parse (valgrind's --xml needs a file
     // or descriptor of its own too).

@@ -174,6 +174,34 @@ fn a_static_program_is_traced_with_whole_backtraces_with(h: &str) {
 }
 
 #[test]
+fn a_static_program_run_without_ptrace_is_traced_with_it() {
+    // `mtrace run -- ./static` as a newcomer types it: no loader runs in
+    // the program to preload the library, so mtrace says so and traces it
+    // from outside, where it used to say only that no trace was written.
+    let dir = scratch("ptrace-static-auto");
+    let prog = build("families.c", &dir.join("families"), &["-g", "-O0", "-static"]);
+    let m = markers("families.c");
+    let (r, out) = run_json(&dir, &[], &prog, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let note = format!(
+        "mtrace: {}: a static executable, which libmtrace.so cannot be preloaded into: traced with --ptrace",
+        prog.display()
+    );
+    assert_eq!(err.lines().filter(|l| *l == note).count(), 1, "{err}");
+    let got = leaks_in(&r, "families.c");
+    assert_eq!(got.len(), 9, "{got:?}");
+    assert!(got.contains(&leak(101, 1, "malloc", "leak_malloc", m["malloc"])), "{got:?}");
+    assert!(got.contains(&leak(109, 1, "aligned", "leak_pvalloc", m["pvalloc"])), "{got:?}");
+    // A dynamic build of the same program is left to the preload: no note.
+    let dynamic = build("families.c", &dir.join("families-dyn"), &["-g", "-O0"]);
+    let (r, out) = run_json(&dir, &[], &dynamic, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("traced with --ptrace"), "{err}");
+    assert_eq!(leaks_in(&r, "families.c"), got);
+}
+
+#[test]
 fn threads_hand_blocks_over_without_a_wrong_free() {
     for h in ptrace_hooks() {
         threads_hand_blocks_over_without_a_wrong_free_with(h);

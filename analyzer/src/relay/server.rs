@@ -151,7 +151,8 @@ impl Listener {
     }
 }
 
-pub fn server(a: ServerArgs) -> Result<ExitCode> {
+pub fn server(mut a: ServerArgs) -> Result<ExitCode> {
+    a.rec.ptrace_if_static(&a.command[0]);
     let mut rec = a.rec.recording(a.depth)?;
     // The scan runs in the target and its snapshot travels in the stream:
     // the client's report has the leak kinds as `run`'s has.

@@ -214,6 +214,39 @@ pub fn why_not_traced(exec: &str) -> Option<String> {
     None
 }
 
+/// The file of `exec` (looked up in `PATH` as [`why_not_traced`] does)
+/// when it is a static executable of this machine's architecture: a
+/// 64-bit ELF file without `PT_INTERP`, into which no loader runs to
+/// preload libmtrace.so (static-pie too). `None` for a dynamic
+/// executable, a script, another architecture, or a file not found or
+/// not readable. Reads the file's first 64 KiB only (the ELF header and
+/// the program headers after it): the program may be a 250 MB browser.
+pub fn static_executable(exec: &str) -> Option<PathBuf> {
+    use object::read::elf::{FileHeader, ProgramHeader};
+    use std::io::Read;
+    let path = find(exec)?;
+    let mut head = Vec::with_capacity(64 << 10);
+    std::fs::File::open(&path).ok()?.take(64 << 10).read_to_end(&mut head).ok()?;
+    let elf = object::elf::FileHeader64::<object::Endianness>::parse(&*head).ok()?;
+    let endian = elf.endian().ok()?;
+    let machine = match host_architecture() {
+        object::Architecture::X86_64 => object::elf::EM_X86_64,
+        object::Architecture::Aarch64 => object::elf::EM_AARCH64,
+        _ => return None,
+    };
+    let kind = elf.e_type(endian);
+    if elf.e_machine(endian) != machine || !(kind == object::elf::ET_EXEC || kind == object::elf::ET_DYN) {
+        return None;
+    }
+    let phdrs = elf.program_headers(endian, &*head).ok()?;
+    // A shared library is ET_DYN without PT_INTERP too, but it has no
+    // entry point of its own to run (`mtrace run -- libfoo.so` fails as it
+    // does natively); an executable has a PT_LOAD and an entry.
+    let loads = phdrs.iter().any(|p| p.p_type(endian) == object::elf::PT_LOAD);
+    let interp = phdrs.iter().any(|p| p.p_type(endian) == object::elf::PT_INTERP);
+    (loads && !interp && elf.e_entry(endian) != 0).then_some(path)
+}
+
 /// Whether an ELF file names a program interpreter (PT_INTERP): the
 /// loader runs then, and with it the preload. False for what is not a
 /// 64-bit ELF file.
@@ -284,6 +317,20 @@ mod tests {
         assert_eq!(ls.children[0].pid, 13);
         assert_eq!(ls.children[0].ended_by, None);
         assert_eq!(sh.children[1].ended_by.as_deref(), Some("signal 9"));
+    }
+
+    #[test]
+    fn only_an_elf_file_without_an_interpreter_is_a_static_executable() {
+        // A dynamic executable, by path and by name in PATH; a script; a
+        // shared library; nothing there. (The static one: tests/ptrace.rs.)
+        let lib = "/lib/x86_64-linux-gnu/libm.so.6";
+        for exec in ["/bin/sh", "sh", "/usr/bin/ldd", lib, "/nonexistent/prog"] {
+            assert_eq!(static_executable(exec), None, "{exec}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let text = dir.path().join("text");
+        std::fs::write(&text, "not an ELF file").unwrap();
+        assert_eq!(static_executable(text.to_str().unwrap()), None);
     }
 
     #[test]
