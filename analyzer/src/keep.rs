@@ -5,8 +5,8 @@
 //! get `MTRACE_OUTPUT=unix:PATH`, and a day-long run leaves a trace within
 //! its bound instead of one that only grows.
 
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -53,7 +53,7 @@ pub fn keep(a: KeepArgs) -> Result<ExitCode> {
     let dir = a.trace_dir.clone().unwrap_or_else(|| PathBuf::from("."));
     let dir = dir.canonicalize().with_context(|| format!("{}: not a folder mtrace can use", dir.display()))?;
     tempfile::tempfile_in(&dir).with_context(|| format!("{}: cannot write trace files there", dir.display()))?;
-    replace_stale(&sock)?;
+    crate::relay::replace_stale(&sock)?;
     let l = UnixListener::bind(&sock).with_context(|| format!("{}: cannot listen", sock.display()))?;
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
     crate::attach::catch_stop_signals();
@@ -92,17 +92,4 @@ fn say(keepers: &Keepers) {
             Err(e) => eprintln!("mtrace keep: {e:#}"),
         }
     }
-}
-
-/// Removes a socket at `sock` that nobody listens on (a keeper that died);
-/// refuses one in use and any other file.
-fn replace_stale(sock: &std::path::Path) -> Result<()> {
-    let Ok(meta) = std::fs::symlink_metadata(sock) else { return Ok(()) };
-    if !meta.file_type().is_socket() {
-        bail!("{}: exists and is not a socket", sock.display());
-    }
-    if UnixStream::connect(sock).is_ok() {
-        bail!("{}: another process listens there", sock.display());
-    }
-    std::fs::remove_file(sock).with_context(|| format!("{}: cannot replace the stale socket", sock.display()))
 }

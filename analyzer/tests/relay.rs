@@ -316,6 +316,47 @@ fn console_on_a_served_program() {
 }
 
 #[test]
+fn a_unix_socket_is_made_only_in_place_of_a_stale_one_and_goes_at_the_end() {
+    let dir = scratch("relay-socket-file");
+    let prog = build("families.c", &dir.join("families"), &["-g", "-O0"]);
+    // A file of the user's where the socket was asked for: refused in one
+    // line, the file left as it was (it used to be removed).
+    let report = dir.join("report.txt");
+    std::fs::write(&report, "the user's\n").unwrap();
+    let mut refused = Command::new(mtrace())
+        .args(["server", "--listen", &format!("unix:{}", report.display()), "--"])
+        .arg(&prog)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    while refused.try_wait().unwrap().is_none() {
+        if Instant::now() > until {
+            let _ = refused.kill();
+            panic!("the server listens in place of the user's file");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = refused.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim(), format!("mtrace: {}: exists and is not a socket", report.display()));
+    assert_eq!(std::fs::read_to_string(&report).unwrap(), "the user's\n");
+    // A stale socket (nobody listens) is replaced; the server's own goes
+    // when it is done.
+    let sock = dir.join("s.sock");
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    assert!(sock.exists());
+    let addr = format!("unix:{}", sock.display());
+    let mut s = server(&addr, &["--wait"], &prog, false);
+    let (r, out) = client(&addr, &dir, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(leaks_in(&r, "families.c").len(), 9);
+    assert!(s.wait().unwrap().success());
+    assert!(!sock.exists(), "the server's socket was left behind");
+}
+
+#[test]
 fn refusals_are_one_line_and_the_server_keeps_running() {
     let dir = scratch("relay-refused");
     let prog = build("families.c", &dir.join("families"), &["-g", "-O0"]);

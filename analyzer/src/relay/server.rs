@@ -112,7 +112,8 @@ impl Shared {
 }
 
 enum Listener {
-    Unix(UnixListener),
+    /// The listener and its socket's path, removed when the server ends.
+    Unix(UnixListener, PathBuf),
     Tcp(std::net::TcpListener),
 }
 
@@ -121,13 +122,10 @@ impl Listener {
         Ok(match addr {
             Address::Unix(p) => {
                 let p = std::path::Path::new(p);
-                if p.exists() && UnixStream::connect(p).is_err() {
-                    // A socket nobody listens on any more (an old server's).
-                    let _ = std::fs::remove_file(p);
-                }
+                super::replace_stale(p)?;
                 let l = UnixListener::bind(p).with_context(|| format!("cannot listen on {addr}"))?;
                 std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600))?;
-                Listener::Unix(l)
+                Listener::Unix(l, p.to_owned())
             }
             Address::Tcp { host, port } => {
                 let l = std::net::TcpListener::bind(format!("{host}:{port}"))
@@ -142,7 +140,7 @@ impl Listener {
 
     fn accept(&self) -> std::io::Result<(Socket, String)> {
         Ok(match self {
-            Listener::Unix(l) => (Socket::Unix(l.accept()?.0), "a local client".to_owned()),
+            Listener::Unix(l, _) => (Socket::Unix(l.accept()?.0), "a local client".to_owned()),
             Listener::Tcp(l) => {
                 let (s, from) = l.accept()?;
                 (Socket::Tcp(s), from.to_string())
@@ -247,6 +245,9 @@ pub fn server(mut a: ServerArgs) -> Result<ExitCode> {
         say(format!("{who} connected"));
         if serve(conn, &shared) {
             say(format!("{who} has the whole trace; done"));
+            if let Listener::Unix(_, p) = &listener {
+                let _ = std::fs::remove_file(p);
+            }
             return Ok(ExitCode::from(shared.exit_status.load(Ordering::Acquire) as u8));
         }
         say(format!("{who} left; waiting for another client"));
