@@ -284,7 +284,8 @@ fn refusals_name_their_cause_and_leave_the_process_alone() {
         .status();
     if ok.is_ok_and(|s| s.success()) {
         let mut t = AttachTarget::start(&stat);
-        refused(&[&t.child.id().to_string()], "statically linked");
+        let pid = t.child.id().to_string();
+        refused(&[&pid], &format!("statically linked (no libc.so mapped), so libmtrace.so cannot be loaded into it; mtrace attach --ptrace {pid} traces it from outside"));
         assert_eq!(t.ask("leak 1"), "ok leak 1\n");
         t.ask("quit");
         t.child.wait().unwrap();

@@ -67,7 +67,7 @@ pub fn inspect(pid: i32) -> Result<Target> {
     let Some(base) = maps.iter().find(|m| is_libc(m) && m.offset == 0) else {
         bail!(
             "process {pid} is statically linked (no libc.so mapped), so libmtrace.so cannot be loaded into it; \
-             the ptrace tracer (not built yet) is the way there"
+             mtrace attach --ptrace {pid} traces it from outside (slower)"
         );
     };
     let libc_path = base.path.clone();
@@ -83,7 +83,7 @@ pub fn inspect(pid: i32) -> Result<Target> {
     let (Some(dlopen), Some(dlsym), Some(dlerror)) = (find("dlopen"), find("dlsym"), find("dlerror")) else {
         bail!(
             "process {pid}: its libc ({libc_path}) has no dlopen (glibc before 2.34 keeps it in libdl, not \
-             supported yet); the ptrace tracer (not built yet) is the way there"
+             supported); mtrace attach --ptrace {pid} traces it from outside (slower)"
         );
     };
     let busy = maps
