@@ -64,6 +64,7 @@ fn line(p: &ProcessNode) -> String {
         (Some(how), Some(status), None) => format!("{how} {status}"),
         (Some(how), None, None) if how.starts_with("signal ") => format!("killed by {how}"),
         (Some(how), None, None) => how.clone(),
+        (None, _, None) if p.running => "still running (its trace so far)".to_owned(),
         (None, _, None) => "no end record (killed by SIGKILL?)".to_owned(),
     };
     let left = match (p.not_freed_blocks, p.blind) {
@@ -107,6 +108,7 @@ mod tests {
             not_freed_bytes: 0,
             not_freed_blocks: 0,
             blind: false,
+            running: false,
             reported: pid == 1,
             children,
         }

@@ -32,7 +32,7 @@ pub struct ProcessNode {
     pub images: Vec<Image>,
     /// How it ended: exit, _exit, abort, signal N, exec (into an image
     /// that wrote no trace), detach; none without an End record (killed by
-    /// SIGKILL, or still running).
+    /// SIGKILL, or still running: [`ProcessNode::running`]).
     pub ended_by: Option<String>,
     /// The exit status of an exit or _exit, where known.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -51,6 +51,11 @@ pub struct ProcessNode {
     /// mtrace did not see every allocator of its last image (that image's
     /// report says which).
     pub blind: bool,
+    /// No End record because it was still running when the report was
+    /// made (a daemon the program forked and left behind): its last
+    /// image's trace is the part written so far.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub running: bool,
     /// The process reported in full (the program's).
     pub reported: bool,
     /// The processes it forked, in the order they started.
@@ -90,6 +95,20 @@ pub struct ImageFacts {
     pub not_freed: (u64, u64),
     /// Not every allocator of it was seen.
     pub blind: bool,
+    /// It wrote no End record and still has its trace open
+    /// ([`holds_open`]): running when the report was made.
+    pub running: bool,
+}
+
+/// Whether process `pid` has the file at `path` open (one of the links
+/// in `/proc/PID/fd`): a traced process that wrote no End record and
+/// still holds its trace is running, not killed; a pid used again by
+/// another process since does not hold it. False where `/proc` cannot
+/// tell (another user's process, no such process).
+pub fn holds_open(pid: u32, path: &Path) -> bool {
+    let Ok(want) = std::fs::canonicalize(path) else { return false };
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l == want))
 }
 
 /// The processes of `images` (any order) as a forest: each process under
@@ -120,6 +139,7 @@ pub fn tree(mut images: Vec<ImageFacts>, reported: u32) -> Vec<ProcessNode> {
         // The last image's end and heap.
         (p.not_freed_bytes, p.not_freed_blocks) = i.not_freed;
         p.blind = i.blind;
+        p.running = i.running;
         p.ended_by = i.end.map(end_text);
         p.exit_status = match i.end {
             Some(EndReason::Exit(s) | EndReason::UnderscoreExit(s)) => s,
@@ -173,6 +193,7 @@ fn node(pid: u32, ppid: u32, reported: u32) -> ProcessNode {
         not_freed_bytes: 0,
         not_freed_blocks: 0,
         blind: false,
+        running: false,
         reported: pid == reported,
         children: Vec::new(),
     }
@@ -291,6 +312,7 @@ mod tests {
             allocations: 10,
             not_freed: (100, 1),
             blind: false,
+            running: false,
         }
     }
 
