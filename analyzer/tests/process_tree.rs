@@ -256,6 +256,14 @@ fn a_child_left_running_is_said_to_be_running() {
     let child = text.lines().find(|l| l.contains(" sleep 2 (")).unwrap_or_else(|| panic!("{text}"));
     assert!(child.contains(": still running (its trace so far); "), "{text}");
     assert!(!text.contains("no end record"), "{text}");
+    // Its own report (--children) says so too, not that it was killed.
+    let text = text_report(&dir, &txt, "sleep 2 & exit 3", &["--children"]);
+    let own = &text[text.find("mtrace report for /usr/bin/sleep").unwrap_or_else(|| panic!("{text}"))..];
+    assert!(
+        own.contains("\n  ended by:         nothing yet: still running (the report covers what it wrote so far)\n"),
+        "{own}"
+    );
+    assert!(!text.contains("WARNING: the trace has no end record"), "{text}");
     let json = dir.join("report.json");
     let _ = text_report(&dir, &json, "sleep 2 & exit 3", &["--json"]);
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();

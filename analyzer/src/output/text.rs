@@ -203,6 +203,9 @@ fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         (Some(e), _) => writeln!(w, "  WARNING: {e}; the report covers what was read before it")?,
         // Stopped at --until-marker, before any end.
         (None, None) if s.until_marker.is_some() || s.to_ns.is_some() => {}
+        (None, None) if s.running => {
+            writeln!(w, "  ended by:         nothing yet: still running (the report covers what it wrote so far)")?
+        }
         (None, None) => writeln!(
             w,
             "  WARNING: the trace has no end record (the process was killed?); the report covers what was written"

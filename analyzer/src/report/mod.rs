@@ -112,6 +112,11 @@ pub struct Summary {
     pub error: Option<String>,
     /// How the process ended: exit, _exit, abort, signal N, exec, detach.
     pub ended_by: Option<String>,
+    /// No End record because the process is still running (it holds its
+    /// trace open: [`processes::holds_open`]): the report is of what it
+    /// wrote so far, not of a process that was killed.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub running: bool,
     /// The exit status of an exit or _exit, where the producer knew it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exit_status: Option<u8>,
@@ -542,6 +547,7 @@ pub fn build_view(
             truncated: t.error.is_some() || (t.end.is_none() && !t.reached_until),
             error: t.error.as_ref().map(|e| format!("{}: {e}", t.path.display())),
             ended_by: t.end.map(end_text),
+            running: t.end.is_none() && t.error.is_none() && processes::holds_open(h.pid, &t.path),
             exit_status: match t.end {
                 Some(mtrace_format::EndReason::Exit(s) | mtrace_format::EndReason::UnderscoreExit(s)) => s,
                 _ => None,
