@@ -73,7 +73,7 @@ pub extern "C" fn after_fork_child() {
     HELD.with(|h| h.set(false));
     let Some(parent) = current() else { return };
     let _g = Guard::enter();
-    stream::restart_in_child(parent.follow_fork);
+    stream::restart_in_child(parent.follow_fork, parent.pid);
 }
 
 /// Registers the fork handlers, once per process (from the constructor, or

@@ -166,7 +166,7 @@ pub fn get() -> Option<&'static Session> {
                 if STATE.compare_exchange(UNINIT, INITIALIZING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
                     // The first event of a process that loaded the library
                     // at its start: the stream has all of its heap.
-                    install(Session::create(true));
+                    install(Session::create(true, None));
                 }
             }
             _ => std::thread::yield_now(),
@@ -267,8 +267,9 @@ impl Session {
     /// or an attach's): with collection on, the stream says it is whole
     /// ([`Record::Coverage`]), so that the analyzer can call a free of an
     /// unknown address invalid. With `MTRACE_START=off` it says that
-    /// allocations are not collected.
-    fn create(from_start: bool) -> Option<Session> {
+    /// allocations are not collected. `parent`: a fork child's parent pid,
+    /// for its header (else the kernel's `getppid`).
+    fn create(from_start: bool, parent: Option<u32>) -> Option<Session> {
         crate::platform::real::init();
         let cfg = config::load();
         let pid = sys::getpid();
@@ -280,7 +281,12 @@ impl Session {
         unwind::init();
         let start_mono = sys::monotonic_ns();
         let exe = sys::readlink(c"/proc/self/exe").unwrap_or_default();
-        let header = Header::of_process(pid, sys::getppid(), exe, cmdline, (sys::realtime_ns(), start_mono));
+        // A fork's child names the process it was copied from: asked of
+        // the kernel here, after the work above, a parent that exited
+        // meanwhile (a shell's `cmd &` then `exit`) was init, and the
+        // child a root of the report's process tree.
+        let ppid = parent.unwrap_or_else(sys::getppid);
+        let header = Header::of_process(pid, ppid, exe, cmdline, (sys::realtime_ns(), start_mono));
         let mut out = Vec::with_capacity(4096);
         encode_header(&mut out, &header);
         // Read the generation before listing so that a concurrent dlopen is
@@ -496,17 +502,18 @@ pub fn start_attached() -> bool {
     if state == READY || STATE.compare_exchange(state, INITIALIZING, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return false;
     }
-    install(Session::create(false));
+    install(Session::create(false, None));
     STATE.load(Ordering::Acquire) == READY
 }
 
-/// In a forked child: a session of its own (its own file), or tracing off.
-pub fn restart_in_child(follow: bool) {
+/// In a forked child: a session of its own (its own file), or tracing off;
+/// `parent` is the pid of the process it was forked from.
+pub fn restart_in_child(follow: bool, parent: u32) {
     if !follow {
         STATE.store(DISABLED, Ordering::Release);
         return;
     }
     // The parent's blocks are the child's too, unseen by its stream. The
     // child has one thread: solo, as at a process's start.
-    install(Session::create(false));
+    install(Session::create(false, Some(parent)));
 }
