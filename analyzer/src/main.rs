@@ -287,7 +287,8 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("mtrace: {e:#}");
-            ExitCode::from(2)
+            // A program that could not be started: a shell's codes.
+            e.downcast_ref::<mtrace_ptrace::ExecFailed>().map_or(ExitCode::from(2), |e| ExitCode::from(e.exit_code()))
         }
     };
     // Everything written and cleaned up: the program's death is ours.

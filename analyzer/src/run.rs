@@ -216,7 +216,8 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
         // Before the spawn (the program's exec resets the handlers): mtrace
         // stays to report, and passes on what was sent to it.
         forward_signals(&rec);
-        let mut child = cmd.spawn().with_context(|| format!("cannot run {}", a.command[0]))?;
+        let mut child =
+            cmd.spawn().map_err(|error| mtrace_ptrace::ExecFailed { program: a.command[0].clone(), error })?;
         let status = wait_forwarding(&mut child)?;
         (child.id(), status)
     };

@@ -255,3 +255,32 @@ fn kept_traces_are_named_on_the_terminal_not_in_the_report() {
     assert!(text.contains(&format!("\n  trace:            {kept}/true.")), "{text}");
     std::fs::remove_dir_all(kept).unwrap();
 }
+
+#[test]
+fn a_program_that_cannot_be_started_exits_as_a_shell_would() {
+    // 127 for a program not found, 126 for one that cannot run (a shell's,
+    // env(1)'s and valgrind's codes), with one line that says why; the
+    // same under --ptrace, where it was 127 and "no trace was written".
+    let dir = scratch("cli-cannot-run");
+    let plain = dir.join("plain.txt");
+    std::fs::write(&plain, "not a program\n").unwrap();
+    let (dir_s, plain_s) = (dir.to_str().unwrap(), plain.to_str().unwrap());
+    for mode in [&[][..], &["--ptrace"][..]] {
+        for (prog, code, why) in [
+            ("/nonexistent/prog", 127, "No such file or directory"),
+            ("no-such-program-of-mtrace", 127, "No such file or directory"),
+            (dir_s, 126, "Permission denied"),
+            (plain_s, 126, "Permission denied"),
+        ] {
+            let mut args = vec!["run", "--no-scan", "-o", "/dev/null"];
+            args.extend(mode);
+            args.extend(["--", prog]);
+            let o = mtrace_with(&args);
+            assert_eq!(
+                (o.status.code(), stderr(&o)),
+                (Some(code), format!("mtrace: cannot run {prog}: {why}\n")),
+                "{args:?}"
+            );
+        }
+    }
+}

@@ -354,6 +354,18 @@ fn a_unix_socket_is_made_only_in_place_of_a_stale_one_and_goes_at_the_end() {
     assert_eq!(leaks_in(&r, "families.c").len(), 9);
     assert!(s.wait().unwrap().success());
     assert!(!sock.exists(), "the server's socket was left behind");
+    // A program that cannot be started: a shell's 127, and the socket
+    // goes too.
+    let out = Command::new(mtrace())
+        .args(["server", "--quiet", "--listen", &addr, "--", "/nonexistent/prog"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        (out.status.code(), err.as_ref()),
+        (Some(127), "mtrace: cannot run /nonexistent/prog: No such file or directory\n")
+    );
+    assert!(!sock.exists(), "the server's socket was left behind");
 }
 
 #[test]

@@ -44,5 +44,5 @@ mod unwind;
 mod uprobes;
 
 pub use mtrace_format::recording::Recording;
-pub use spawn::{pass_on, signals_to_pass_on, take_passed_on};
+pub use spawn::{pass_on, signals_to_pass_on, take_passed_on, ExecFailed};
 pub use tracer::{attach, run, Hooks, Options, Outcome};

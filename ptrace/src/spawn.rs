@@ -22,30 +22,95 @@ pub fn options() -> Options {
         | Options::PTRACE_O_TRACEEXIT
 }
 
+/// The program could not be started: its exec failed (`error`: ENOENT,
+/// EACCES, ENOEXEC…). The caller exits as a shell would (and env(1),
+/// valgrind): 127 for a program not found, 126 for one that cannot run.
+#[derive(Debug)]
+pub struct ExecFailed {
+    /// The program as given (`cmd[0]`).
+    pub program: String,
+    /// What the exec (or the spawn) returned.
+    pub error: std::io::Error,
+}
+
+impl ExecFailed {
+    /// 127 if the program was not found (ENOENT), else 126.
+    pub fn exit_code(&self) -> u8 {
+        if self.error.kind() == std::io::ErrorKind::NotFound {
+            127
+        } else {
+            126
+        }
+    }
+}
+
+impl std::fmt::Display for ExecFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The OS's words without Rust's "(os error N)".
+        let words = match self.error.raw_os_error() {
+            Some(n) => nix::errno::Errno::from_raw(n).desc().to_string(),
+            None => self.error.to_string(),
+        };
+        write!(f, "cannot run {}: {words}", self.program)
+    }
+}
+
+impl std::error::Error for ExecFailed {}
+
 /// Forks `cmd` seized by this process; its first stop is its exec.
+/// Errors: [`ExecFailed`] if the exec failed (the child is reaped).
 pub fn spawn(cmd: &[String]) -> Result<Pid> {
     let args: Vec<CString> =
         cmd.iter().map(|a| CString::new(a.as_bytes())).collect::<Result<_, _>>().context("a NUL in the command")?;
     let (r, w) = nix::unistd::pipe()?;
-    // SAFETY: the child only closes, reads, execs and exits (all
+    // The exec's errno comes back on this one; a successful exec closes it.
+    let (er, ew) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    // SAFETY: the child only closes, reads, execs, writes and exits (all
     // async-signal-safe; execvp's PATH search does not allocate in glibc),
     // and this process has no other threads yet.
     match unsafe { fork() }? {
         ForkResult::Child => {
             drop(w);
+            drop(er);
             let mut b = [0u8; 1];
             let _ = nix::unistd::read(std::os::fd::AsRawFd::as_raw_fd(&r), &mut b);
-            let _ = nix::unistd::execvp(&args[0], &args);
+            let e = nix::unistd::execvp(&args[0], &args).err().map_or(0, |e| e as i32);
+            let _ = nix::unistd::write(&ew, &e.to_ne_bytes());
             // SAFETY: _exit is async-signal-safe.
             unsafe { libc::_exit(127) }
         }
         ForkResult::Parent { child } => {
             drop(r);
+            drop(ew);
             let seized = ptrace::seize(child, options());
             // The child goes on either way (untraced if the seize failed).
             drop(w);
             seized.with_context(|| format!("cannot trace {child} (ptrace PTRACE_SEIZE)"))?;
+            // Nothing stops the child before its exec closes the pipe
+            // (close-on-exec comes before the exec's ptrace stop) or its
+            // errno is written (before its exit's stop): this read ends.
+            let mut b = [0u8; 4];
+            let n = nix::unistd::read(std::os::fd::AsRawFd::as_raw_fd(&er), &mut b).unwrap_or(0);
+            if n == b.len() {
+                reap(child);
+                let error = std::io::Error::from_raw_os_error(i32::from_ne_bytes(b));
+                return Err(ExecFailed { program: cmd[0].clone(), error }.into());
+            }
             Ok(child)
+        }
+    }
+}
+
+/// Lets a seized child whose exec failed end (it stops at its exit, and
+/// before that maybe at a signal) and reaps it.
+fn reap(child: Pid) {
+    use nix::sys::wait::{waitpid, WaitStatus};
+    loop {
+        match waitpid(child, None) {
+            Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) | Err(_) => return,
+            Ok(_) => {
+                let _ = ptrace::cont(child, None);
+            }
         }
     }
 }

@@ -117,6 +117,16 @@ enum Listener {
     Tcp(std::net::TcpListener),
 }
 
+impl Drop for Listener {
+    /// The socket goes with the server, whichever way it ends (the client
+    /// has the whole trace, the program could not be started).
+    fn drop(&mut self) {
+        if let Listener::Unix(_, p) = self {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
 impl Listener {
     fn bind(addr: &Address, token: &str) -> Result<Listener> {
         Ok(match addr {
@@ -229,7 +239,8 @@ pub fn server(mut a: ServerArgs) -> Result<ExitCode> {
         let mut cmd = Command::new(&a.command[0]);
         cmd.args(&a.command[1..]).env("LD_PRELOAD", &lib);
         hand_to(&mut cmd, &rec);
-        let mut child = cmd.spawn().with_context(|| format!("cannot run {}", a.command[0]))?;
+        let mut child =
+            cmd.spawn().map_err(|error| mtrace_ptrace::ExecFailed { program: a.command[0].clone(), error })?;
         std::thread::spawn(move || {
             use std::os::unix::process::ExitStatusExt;
             let st = child.wait().ok();
@@ -245,9 +256,6 @@ pub fn server(mut a: ServerArgs) -> Result<ExitCode> {
         say(format!("{who} connected"));
         if serve(conn, &shared) {
             say(format!("{who} has the whole trace; done"));
-            if let Listener::Unix(_, p) = &listener {
-                let _ = std::fs::remove_file(p);
-            }
             return Ok(ExitCode::from(shared.exit_status.load(Ordering::Acquire) as u8));
         }
         say(format!("{who} left; waiting for another client"));
