@@ -146,7 +146,7 @@ pub fn tree(mut images: Vec<ImageFacts>, reported: u32) -> Vec<ProcessNode> {
             _ => None,
         };
         p.not_traced = match (i.end, i.exec) {
-            (Some(EndReason::Exec), Some(exec)) => Some(NotTraced { why: why_not_traced(&exec), exec }),
+            (Some(EndReason::Exec), Some(exec)) => Some(NotTraced { why: None, exec }),
             _ => None,
         };
     }
@@ -165,9 +165,15 @@ pub fn tree(mut images: Vec<ImageFacts>, reported: u32) -> Vec<ProcessNode> {
         }
         let mut n = node(pid, ppid, reported);
         n.ended_by = Some("exec".into());
-        n.not_traced = Some(NotTraced { why: why_not_traced(&path), exec: path });
+        n.not_traced = Some(NotTraced { why: None, exec: path });
         let at = procs.iter().position(|(s, _)| *s > start).unwrap_or(procs.len());
         procs.insert(at, (start, n));
+    }
+    // Why, for the execs left untraced only (each a look at a file).
+    for (_, p) in &mut procs {
+        if let Some(n) = &mut p.not_traced {
+            n.why = why_not_traced(&n.exec);
+        }
     }
     // Children under parents, from the last started: each moves into its
     // parent, which started before it.
@@ -215,7 +221,8 @@ pub fn end_text(r: EndReason) -> String {
 /// `PATH` when it is a bare name, as `execvp` does): a static executable
 /// (no `PT_INTERP`: the loader, which preloads, never runs), setuid or
 /// setgid (the loader drops `LD_PRELOAD`), another architecture; `None`
-/// when the file is not found or none of these.
+/// when the file is not found or none of these. Reads the file's headers
+/// only ([`ElfHead`]).
 pub fn why_not_traced(exec: &str) -> Option<String> {
     use std::os::unix::fs::PermissionsExt;
     let path = find(exec)?;
@@ -223,16 +230,16 @@ pub fn why_not_traced(exec: &str) -> Option<String> {
     if meta.permissions().mode() & 0o6000 != 0 {
         return Some(format!("{}: setuid or setgid (the loader ignores LD_PRELOAD)", path.display()));
     }
-    let data = std::fs::read(&path).ok()?;
-    let file = object::File::parse(&*data).ok()?;
-    use object::Object;
-    if file.architecture() != host_architecture() {
-        return Some(format!("{}: another architecture ({:?})", path.display(), file.architecture()));
-    }
-    if !has_interpreter(&data) {
-        return Some(format!("{}: a static executable (mtrace run --ptrace traces it)", path.display()));
-    }
-    None
+    let cache = object::ReadCache::new(std::fs::File::open(&path).ok()?);
+    let Some(head) = ElfHead::read(&cache) else {
+        // Not a 64-bit ELF file of this machine: which one, if ELF at all
+        // (the section headers too, on this rare path).
+        use object::Object;
+        let file = object::File::parse(&cache).ok()?;
+        let arch = file.architecture();
+        return (arch != host_architecture()).then(|| format!("{}: another architecture ({arch:?})", path.display()));
+    };
+    head.is_static().then(|| format!("{}: a static executable (mtrace run --ptrace traces it)", path.display()))
 }
 
 /// The file of `exec` (looked up in `PATH` as [`why_not_traced`] does)
@@ -240,43 +247,60 @@ pub fn why_not_traced(exec: &str) -> Option<String> {
 /// 64-bit ELF file without `PT_INTERP`, into which no loader runs to
 /// preload libmtrace.so (static-pie too). `None` for a dynamic
 /// executable, a script, another architecture, or a file not found or
-/// not readable. Reads the file's first 64 KiB only (the ELF header and
-/// the program headers after it): the program may be a 250 MB browser.
+/// not readable.
 pub fn static_executable(exec: &str) -> Option<PathBuf> {
-    use object::read::elf::{FileHeader, ProgramHeader};
-    use std::io::Read;
     let path = find(exec)?;
-    let mut head = Vec::with_capacity(64 << 10);
-    std::fs::File::open(&path).ok()?.take(64 << 10).read_to_end(&mut head).ok()?;
-    let elf = object::elf::FileHeader64::<object::Endianness>::parse(&*head).ok()?;
-    let endian = elf.endian().ok()?;
-    let machine = match host_architecture() {
-        object::Architecture::X86_64 => object::elf::EM_X86_64,
-        object::Architecture::Aarch64 => object::elf::EM_AARCH64,
-        _ => return None,
-    };
-    let kind = elf.e_type(endian);
-    if elf.e_machine(endian) != machine || !(kind == object::elf::ET_EXEC || kind == object::elf::ET_DYN) {
-        return None;
-    }
-    let phdrs = elf.program_headers(endian, &*head).ok()?;
-    // A shared library is ET_DYN without PT_INTERP too, but it has no
-    // entry point of its own to run (`mtrace run -- libfoo.so` fails as it
-    // does natively); an executable has a PT_LOAD and an entry.
-    let loads = phdrs.iter().any(|p| p.p_type(endian) == object::elf::PT_LOAD);
-    let interp = phdrs.iter().any(|p| p.p_type(endian) == object::elf::PT_INTERP);
-    (loads && !interp && elf.e_entry(endian) != 0).then_some(path)
+    let cache = object::ReadCache::new(std::fs::File::open(&path).ok()?);
+    ElfHead::read(&cache)?.is_static().then_some(path)
 }
 
-/// Whether an ELF file names a program interpreter (PT_INTERP): the
-/// loader runs then, and with it the preload. False for what is not a
-/// 64-bit ELF file.
-fn has_interpreter(data: &[u8]) -> bool {
-    use object::read::elf::{ElfFile64, FileHeader, ProgramHeader};
-    let Ok(elf) = ElfFile64::<object::Endianness>::parse(data) else { return false };
-    let endian = elf.endian();
-    let Ok(phdrs) = elf.elf_header().program_headers(endian, data) else { return false };
-    phdrs.iter().any(|p| p.p_type(endian) == object::elf::PT_INTERP)
+/// What the ELF header and program headers of an executable of this
+/// machine say of how it starts. Read through object's `ReadCache`, which
+/// reads just the byte ranges parsed: the file may be a 250 MB browser
+/// (reading it whole took 0.6 s of a Chromium run's report).
+struct ElfHead {
+    /// `ET_EXEC` or `ET_DYN`.
+    executable_kind: bool,
+    /// A `PT_LOAD` segment.
+    loads: bool,
+    /// A `PT_INTERP` segment: the loader runs, and with it the preload.
+    interp: bool,
+    /// `e_entry`.
+    entry: u64,
+}
+
+impl ElfHead {
+    /// `None` for what is not a 64-bit ELF file of this machine's
+    /// architecture (x86-64, AArch64).
+    fn read<'a, R: object::ReadRef<'a>>(data: R) -> Option<ElfHead> {
+        use object::read::elf::{FileHeader, ProgramHeader};
+        let elf = object::elf::FileHeader64::<object::Endianness>::parse(data).ok()?;
+        let endian = elf.endian().ok()?;
+        let machine = match host_architecture() {
+            object::Architecture::X86_64 => object::elf::EM_X86_64,
+            object::Architecture::Aarch64 => object::elf::EM_AARCH64,
+            _ => return None,
+        };
+        if elf.e_machine(endian) != machine {
+            return None;
+        }
+        let kind = elf.e_type(endian);
+        let phdrs = elf.program_headers(endian, data).ok()?;
+        Some(ElfHead {
+            executable_kind: kind == object::elf::ET_EXEC || kind == object::elf::ET_DYN,
+            loads: phdrs.iter().any(|p| p.p_type(endian) == object::elf::PT_LOAD),
+            interp: phdrs.iter().any(|p| p.p_type(endian) == object::elf::PT_INTERP),
+            entry: elf.e_entry(endian),
+        })
+    }
+
+    /// No loader runs in it. A shared library is `ET_DYN` without
+    /// `PT_INTERP` too, but it has no entry point of its own to run
+    /// (`mtrace run -- libfoo.so` fails as it does natively); an
+    /// executable has a `PT_LOAD` and an entry.
+    fn is_static(&self) -> bool {
+        self.executable_kind && self.loads && !self.interp && self.entry != 0
+    }
 }
 
 fn host_architecture() -> object::Architecture {
