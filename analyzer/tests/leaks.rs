@@ -197,6 +197,37 @@ fn dwarf_unwinding_without_frame_pointers() {
 }
 
 #[test]
+fn frame_pointers_where_no_fde_covers_the_code() {
+    // No unwind tables (Chromium's executable's way): the fast unwinder
+    // follows the frame pointers, and each walk reuses the previous one's
+    // frames as far as they still hold.
+    let dir = scratch("fponly");
+    let flags = ["-g", "-O2", "-fno-omit-frame-pointer", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables"];
+    let prog = build("fponly.c", &dir.join("fponly"), &flags);
+    let m = markers("fponly.c");
+    let (r, _) = run_json(&dir, &[], &prog, &[]);
+    let entry = |bytes: u64| {
+        let e = r["stacks"].as_array().unwrap().iter().find(|e| e["bytes"] == bytes).unwrap_or_else(|| panic!("{r}"));
+        let frames: Vec<(String, u64)> = e["frames"].as_array().unwrap()[..4]
+            .iter()
+            .map(|f| (f["function"].as_str().unwrap().to_owned(), f["line"].as_u64().unwrap()))
+            .collect();
+        (e["blocks"].as_u64().unwrap(), frames)
+    };
+    let want = |via: &str, call: &str| {
+        [("level3", "level3"), ("level2", "level2"), (via, via), ("main", call)]
+            .iter()
+            .map(|(f, k)| (f.to_string(), m[*k] as u64))
+            .collect::<Vec<_>>()
+    };
+    // level1(801) → level3(803) 10 times; other(901) → level3(904) 20 times.
+    assert_eq!(entry(10 * 803), (10, want("level1", "main1")));
+    assert_eq!(entry(20 * 904), (20, want("other", "main2")));
+    let s = &r["summary"];
+    assert!(s["allocations"].as_u64().unwrap() >= 20_030, "{s}");
+}
+
+#[test]
 fn callers_with_identical_frames_are_told_apart() {
     let dir = scratch("same_frames");
     let prog = build("same_frames.c", &dir.join("same_frames"), &["-g", "-O2", "-fomit-frame-pointer"]);

@@ -54,10 +54,22 @@ pub enum Rule {
     /// The outermost frame: the return address is undefined (`_start`,
     /// `clone`, the thread start of glibc mark theirs so).
     End,
+    /// No FDE covers the address: code built without unwind tables
+    /// (Chromium's executable has FDEs for 8,850 of its functions, in
+    /// 236 MB of code, and frame pointers), or code outside every module
+    /// (V8's JIT). A caller's frame is found by the frame pointer, as
+    /// framehop does for such an address (its `rule_if_uncovered_by_fde`
+    /// and its fallback outside modules): [`FRAME_POINTER`]. A first
+    /// frame (not after a call) goes to framehop.
+    Uncovered,
     /// Anything else (a CFA expression such as a PLT's or a signal frame's,
-    /// registers other than rsp/rbp, no FDE): framehop unwinds this frame.
+    /// registers other than rsp/rbp): framehop unwinds this frame.
     Other,
 }
+
+/// The frame-pointer walk's rule: CFA = rbp + 16, the return address
+/// below it and the caller's rbp at rbp (`push rbp; mov rbp, rsp`).
+pub const FRAME_POINTER: Rule = Rule::Cfa { from_bp: true, cfa_off: 16, bp_off: -16 };
 
 /// Call frame information of one loaded module.
 pub struct Cfi {
@@ -89,7 +101,11 @@ impl Cfi {
         let bases = BaseAddresses::default().set_eh_frame_hdr(self.hdr_avma).set_eh_frame(self.eh_avma);
         let hdr = EhFrameHdr::new(&self.hdr, LittleEndian).parse(&bases, 8).ok()?;
         let eh = EhFrame::new(&self.eh, LittleEndian);
-        let fde = hdr.table()?.fde_for_address(&eh, &bases, addr, EhFrame::cie_from_offset).ok()?;
+        let fde = match hdr.table()?.fde_for_address(&eh, &bases, addr, EhFrame::cie_from_offset) {
+            Ok(fde) => fde,
+            Err(gimli::Error::NoUnwindInfoForAddress) => return Some(Rule::Uncovered),
+            Err(_) => return None,
+        };
         if fde.cie().is_signal_trampoline() {
             return None;
         }

@@ -1,6 +1,7 @@
 //! The fast unwinder (x86_64): DWARF CFI rules cached per thread by code
-//! address, executed in a tight loop; framehop for the frames those rules
-//! cannot express.
+//! address, executed in a tight loop; the frame pointer where no FDE
+//! covers the code (as framehop would); framehop for the frames those
+//! rules cannot express.
 //!
 //! Why a loop of our own in front of framehop: framehop also caches a rule
 //! per address, but its per-frame path (iterator, frame-address and error
@@ -25,7 +26,7 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use parking_lot::Mutex;
 
-use super::cfi::{Bytes, Cfi, Context, Rule};
+use super::cfi::{Bytes, Cfi, Context, Rule, FRAME_POINTER};
 use super::rule_cache::RuleCache;
 use super::walk::{exec, Kind, Reads, Regs, Step, Unwind, Walker};
 use super::Here;
@@ -254,7 +255,8 @@ impl Unwind for Steps {
             None => self.miss(lookup),
         };
         match rule {
-            Rule::Other => self.framehop_frame(r, first, reads),
+            Rule::Uncovered if !first => exec(FRAME_POINTER, r, reads),
+            Rule::Other | Rule::Uncovered => self.framehop_frame(r, first, reads),
             rule => exec(rule, r, reads),
         }
     }
@@ -268,7 +270,7 @@ impl Steps {
     /// The rule for `lookup` from its module's CFI, cached.
     #[inline(never)]
     fn miss(&mut self, lookup: u64) -> Rule {
-        let rule = module_of(&self.cfis, lookup).map_or(Rule::Other, |c| c.rule(lookup, &mut self.ctx));
+        let rule = module_of(&self.cfis, lookup).map_or(Rule::Uncovered, |c| c.rule(lookup, &mut self.ctx));
         self.rules.insert(lookup, rule);
         rule
     }
