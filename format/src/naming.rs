@@ -21,14 +21,36 @@ pub fn cmdline_args(bytes: &[u8]) -> Vec<String> {
     v
 }
 
+/// The most bytes of a program name in a file name: the file's whole
+/// name must stay within NAME_MAX (255) with the pid and the suffixes.
+pub const MAX_PROGRAM_NAME: usize = 64;
+
 /// The program name of a file name: argv[0]'s last path component, or
-/// `program` when there is none.
+/// `program` when there is none. Of a process title ([`cmdline_args`]'s
+/// one argument with spaces), its first word: Chromium's zygote children
+/// write their whole command line into argv[0] (`/usr/lib/chromium/chromium
+/// --type=zygote … --user-data-dir=/tmp/…`), whose last component was a
+/// 200-byte name with spaces; `redis-server *:6379` is `redis-server`,
+/// `nginx: master process …` `nginx`. At most [`MAX_PROGRAM_NAME`] bytes,
+/// without control characters.
 pub fn program_name(cmdline: &[String]) -> String {
-    let a0 = cmdline.first().map(String::as_str).unwrap_or("program");
-    match a0.rsplit('/').next() {
-        Some(base) if !base.is_empty() => base.into(),
-        _ => "program".into(),
+    let mut a0 = cmdline.first().map(String::as_str).unwrap_or("");
+    if cmdline.len() == 1 {
+        a0 = a0.split(' ').next().unwrap_or("");
     }
+    let base = a0.rsplit('/').next().unwrap_or("").trim_end_matches(':');
+    let mut name: String = base.chars().filter(|c| !c.is_control()).collect();
+    if name.len() > MAX_PROGRAM_NAME {
+        let mut end = MAX_PROGRAM_NAME;
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        name.truncate(end);
+    }
+    if name.is_empty() {
+        name = "program".into();
+    }
+    name
 }
 
 /// Output pattern `pattern` with `%p` the pid, `%e` the program name and
@@ -86,6 +108,20 @@ mod tests {
         assert_eq!(super::cmdline_args(b"prog\0\0\0"), ["prog", "", ""]);
         assert_eq!(super::cmdline_args(b"redis-server *:6391\0\0\0\0\0\0"), ["redis-server *:6391"]);
         assert_eq!(super::program_name(&args), "jq");
+        let name = |a0: &str| super::program_name(&super::cmdline_args(a0.as_bytes()));
+        // Process titles: the program they name.
+        assert_eq!(name("redis-server *:6391\0\0\0"), "redis-server");
+        assert_eq!(name("nginx: master process /usr/sbin/nginx\0\0"), "nginx");
+        assert_eq!(
+            name("/usr/lib/chromium/chromium --type=zygote --user-data-dir=/tmp/.org.chromium.x\0\0"),
+            "chromium"
+        );
+        // A name within bounds, with no control characters.
+        assert_eq!(name(&format!("/bin/{}\0", "é".repeat(40))), "é".repeat(32));
+        assert_eq!(name("/bin/a\tb\nc\0"), "abc");
+        // A program's own argv[0] with a space keeps its last component
+        // when it has arguments.
+        assert_eq!(name("/opt/My App/prog\0-v\0"), "prog");
         assert_eq!(super::program_name(&["dir/".to_string()]), "program");
         assert_eq!(super::program_name(&[]), "program");
     }
