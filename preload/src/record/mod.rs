@@ -12,4 +12,5 @@ pub mod nested;
 pub mod recorder;
 pub mod sample;
 pub mod sampled;
+pub mod stack_ids;
 pub mod thread;

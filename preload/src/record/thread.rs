@@ -5,11 +5,11 @@
 use std::sync::Arc;
 
 use mtrace_format::{Encoder, Family, Record};
-use rustc_hash::FxHashMap;
 
 use crate::platform::config::MAX_DEPTH;
 use crate::platform::spin::SpinMutex;
 use crate::record::guard::Slot;
+use crate::record::stack_ids::StackIds;
 use crate::stream::{order, BufInner, Session, ThreadBuf, BUF_CAP, FLUSH_AT};
 use crate::unwind::Here;
 use crate::{platform::sys, unwind};
@@ -19,7 +19,7 @@ pub struct ThreadState {
     tid: u32,
     buf: Arc<ThreadBuf>,
     /// Backtrace → id, for the backtraces this thread has defined in the stream.
-    stacks: FxHashMap<Box<[u64]>, u32>,
+    stacks: StackIds,
     unwinding: unwind::Unwinding,
     /// Events pushed, counted only for `MTRACE_TEST_ORDER`'s stalls.
     events: u64,
@@ -172,7 +172,7 @@ fn state_in(s: &Session, slot: Slot) -> Option<&'static mut ThreadState> {
         gen: s.gen,
         tid,
         buf: s.register(),
-        stacks: FxHashMap::default(),
+        stacks: StackIds::default(),
         unwinding: unwind::Unwinding::default(),
         events: 0,
         exit_registered: false,
@@ -234,16 +234,8 @@ pub fn intern(s: &Session, at: Here) -> u32 {
 }
 
 /// The id of backtrace `f` in this thread's table, defined in buffer `b` if new.
-fn intern_in(s: &Session, stacks: &mut FxHashMap<Box<[u64]>, u32>, b: &mut BufInner, f: &[u64]) -> u32 {
-    match stacks.get(f) {
-        Some(&id) => id,
-        None => {
-            let id = s.new_stack_id();
-            stacks.insert(f.into(), id);
-            b.enc.stack(&mut b.cur, id, f);
-            id
-        }
-    }
+fn intern_in(s: &Session, stacks: &mut StackIds, b: &mut BufInner, f: &[u64]) -> u32 {
+    stacks.intern(f, || s.new_stack_id(), |id, f| b.enc.stack(&mut b.cur, id, f))
 }
 
 /// An event to append: written into a buffer with its time (ns) and
