@@ -108,6 +108,10 @@ fn trace_with_ptrace(a: &RunArgs, r: Recording) -> Result<(u32, Option<std::proc
 /// `mtrace run -i`: the program under a server of our own on a private
 /// socket, this process its client with the console.
 fn run_interactive(a: RunArgs) -> Result<ExitCode> {
+    // The program is started by the server: one that cannot be is said
+    // here, in one line, as `run` says it (the client would only see the
+    // connection end).
+    cannot_run(&a.command[0])?;
     let dir = tempfile::Builder::new().prefix("mtrace-run.").tempdir()?;
     let sock = format!("unix:{}", dir.path().join("s.sock").display());
     let mut server = Command::new(std::env::current_exe()?);
@@ -132,6 +136,22 @@ fn run_interactive(a: RunArgs) -> Result<ExitCode> {
     }
     let _ = server.wait();
     code
+}
+
+/// `Err` when `prog` could not be run: not found (`PATH` searched as
+/// execvp does), or not an executable file (a directory, no execute
+/// permission), with the errno execve gives for it.
+fn cannot_run(prog: &str) -> Result<(), mtrace_ptrace::ExecFailed> {
+    let fail = |errno| {
+        Err(mtrace_ptrace::ExecFailed { program: prog.to_owned(), error: std::io::Error::from_raw_os_error(errno) })
+    };
+    let Some(path) = crate::report::processes::find(prog) else { return fail(libc::ENOENT) };
+    let runnable = path.is_file() && nix::unistd::access(&path, nix::unistd::AccessFlags::X_OK).is_ok();
+    if runnable {
+        Ok(())
+    } else {
+        fail(libc::EACCES)
+    }
 }
 
 pub fn run(mut a: RunArgs) -> Result<ExitCode> {

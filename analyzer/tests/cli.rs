@@ -260,12 +260,13 @@ fn kept_traces_are_named_on_the_terminal_not_in_the_report() {
 fn a_program_that_cannot_be_started_exits_as_a_shell_would() {
     // 127 for a program not found, 126 for one that cannot run (a shell's,
     // env(1)'s and valgrind's codes), with one line that says why; the
-    // same under --ptrace, where it was 127 and "no trace was written".
+    // same under --ptrace, where it was 127 and "no trace was written",
+    // and -i, where the client said the connection ended.
     let dir = scratch("cli-cannot-run");
     let plain = dir.join("plain.txt");
     std::fs::write(&plain, "not a program\n").unwrap();
     let (dir_s, plain_s) = (dir.to_str().unwrap(), plain.to_str().unwrap());
-    for mode in [&[][..], &["--ptrace"][..]] {
+    for mode in [&[][..], &["--ptrace"][..], &["-i"][..]] {
         for (prog, code, why) in [
             ("/nonexistent/prog", 127, "No such file or directory"),
             ("no-such-program-of-mtrace", 127, "No such file or directory"),

@@ -314,7 +314,7 @@ fn host_architecture() -> object::Architecture {
 
 /// `exec` as a file: itself when it has a slash, else the first match in
 /// `PATH` (as `execvp` looks it up).
-fn find(exec: &str) -> Option<PathBuf> {
+pub fn find(exec: &str) -> Option<PathBuf> {
     if exec.contains('/') {
         return Path::new(exec).exists().then(|| PathBuf::from(exec));
     }
