@@ -302,6 +302,28 @@ fn a_child_left_running_is_said_to_be_running() {
 }
 
 #[test]
+fn a_long_tree_shows_what_matters_and_counts_the_rest() {
+    // A shell loop (30 processes that leave nothing) and a killed child:
+    // the text tree shows the program, what left blocks and the killed
+    // one, and counts the rest; JSON has every process.
+    let dir = scratch("tree-long");
+    let txt = dir.join("report.txt");
+    let script = "for i in $(seq 30); do /bin/true; done; sh -c 'kill -9 $$'; exit 3";
+    let text = text_report(&dir, &txt, script, &[]);
+    let tree: Vec<&str> = text.lines().take_while(|l| !l.is_empty()).collect();
+    assert_eq!(tree[0], "Processes traced (33; the program's, marked *, is reported below):", "{text}");
+    assert!(tree[1].starts_with("* ") && tree[1].contains(" sh -c 'for i in"), "{text}");
+    assert!(tree[2].starts_with("  ├─ ") && tree[2].contains(" seq 30 ("), "{text}");
+    assert!(tree[3].starts_with("  └─ ") && tree[3].contains(": no end record (killed by SIGKILL?); "), "{text}");
+    assert_eq!(tree[4], "  … 30 more processes (nothing left among them): the JSON report lists every process");
+    assert_eq!(tree.len(), 5, "{text}");
+    let json = dir.join("report.json");
+    let _ = text_report(&dir, &json, script, &["--json"]);
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(r["processes"][0]["children"].as_array().map(Vec::len), Some(32), "{r}");
+}
+
+#[test]
 fn make_j2_of_a_small_project() {
     let dir = scratch("tree-make");
     let proj = dir.join("proj");
