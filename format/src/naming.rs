@@ -32,11 +32,17 @@ pub const MAX_PROGRAM_NAME: usize = 64;
 /// --type=zygote … --user-data-dir=/tmp/…`), whose last component was a
 /// 200-byte name with spaces; `redis-server *:6379` is `redis-server`,
 /// `nginx: master process …` `nginx`. At most [`MAX_PROGRAM_NAME`] bytes,
-/// without control characters.
-pub fn program_name(cmdline: &[String]) -> String {
+/// without control characters. An argv[0] of `/proc/self/exe` (or
+/// `/proc/PID/exe`: Chromium starts its utility processes so) names the
+/// program by `exe`, the file the process runs, where given.
+pub fn program_name(cmdline: &[String], exe: &str) -> String {
     let mut a0 = cmdline.first().map(String::as_str).unwrap_or("");
     if cmdline.len() == 1 {
         a0 = a0.split(' ').next().unwrap_or("");
+    }
+    let proc_exe = a0.strip_prefix("/proc/").and_then(|r| r.strip_suffix("/exe")).is_some_and(|p| !p.contains('/'));
+    if proc_exe && !exe.is_empty() {
+        a0 = exe;
     }
     let base = a0.rsplit('/').next().unwrap_or("").trim_end_matches(':');
     let mut name: String = base.chars().filter(|c| !c.is_control()).collect();
@@ -107,8 +113,8 @@ mod tests {
         assert_eq!(super::cmdline_args(b"prog\0a b\0\0"), ["prog", "a b", ""]);
         assert_eq!(super::cmdline_args(b"prog\0\0\0"), ["prog", "", ""]);
         assert_eq!(super::cmdline_args(b"redis-server *:6391\0\0\0\0\0\0"), ["redis-server *:6391"]);
-        assert_eq!(super::program_name(&args), "jq");
-        let name = |a0: &str| super::program_name(&super::cmdline_args(a0.as_bytes()));
+        assert_eq!(super::program_name(&args, "/usr/bin/jq"), "jq");
+        let name = |a0: &str| super::program_name(&super::cmdline_args(a0.as_bytes()), "/usr/lib/chromium/chromium");
         // Process titles: the program they name.
         assert_eq!(name("redis-server *:6391\0\0\0"), "redis-server");
         assert_eq!(name("nginx: master process /usr/sbin/nginx\0\0"), "nginx");
@@ -122,8 +128,13 @@ mod tests {
         // A program's own argv[0] with a space keeps its last component
         // when it has arguments.
         assert_eq!(name("/opt/My App/prog\0-v\0"), "prog");
-        assert_eq!(super::program_name(&["dir/".to_string()]), "program");
-        assert_eq!(super::program_name(&[]), "program");
+        assert_eq!(super::program_name(&["dir/".to_string()], ""), "program");
+        assert_eq!(super::program_name(&[], ""), "program");
+        // The file the process runs, for an argv[0] that names it through
+        // /proc; without it, the name as it is.
+        assert_eq!(name("/proc/self/exe\0--type=utility\0"), "chromium");
+        assert_eq!(name("/proc/42/exe\0--type=utility\0"), "chromium");
+        assert_eq!(super::program_name(&["/proc/self/exe".into()], ""), "exe");
     }
 
     #[test]

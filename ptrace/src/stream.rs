@@ -81,7 +81,7 @@ impl Stream {
     pub fn create(pattern: &str, pid: u32, ppid: u32) -> Result<Stream> {
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.display().to_string()).unwrap_or_default();
         let cmdline = naming::cmdline_args(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default());
-        let program = naming::program_name(&cmdline);
+        let program = naming::program_name(&cmdline, &exe);
         if let Some(addr) = Address::parse(pattern) {
             let addr = addr.map_err(|why| anyhow::anyhow!("{pattern}: {why}"))?;
             let sock = addr.connect().with_context(|| format!("{addr}: cannot connect"))?;

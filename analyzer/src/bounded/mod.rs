@@ -202,7 +202,11 @@ pub fn keep(src: impl Read + Send, dest: Dest, bound: Bound, mut points: Option<
     let head = r.source_mut().take(at);
     let mut f = match dest {
         Dest::Dir(dir) => {
-            let base = dir.join(naming::expand("%e.%p.mtrace", header.pid, &naming::program_name(&header.cmdline)));
+            let base = dir.join(naming::expand(
+                "%e.%p.mtrace",
+                header.pid,
+                &naming::program_name(&header.cmdline, &header.exe),
+            ));
             TraceFile::create(naming::candidates(&base.display().to_string()), head)?
         }
         Dest::File(p) => TraceFile::create(std::iter::once(p.display().to_string()), head)?,

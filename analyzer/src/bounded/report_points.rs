@@ -67,7 +67,7 @@ impl ReportPoints {
             return;
         }
         let pid = t.header.pid;
-        let prog = mtrace_format::naming::program_name(&t.header.cmdline);
+        let prog = mtrace_format::naming::program_name(&t.header.cmdline, &t.header.exe);
         let cwd = || std::fs::read_link(format!("/proc/{pid}/cwd")).ok().or_else(|| self.cwd.clone());
         let Some(dir) = self.dir.clone().or_else(cwd) else {
             self.problems.push(format!("report point {seq} of process {pid}: its working directory is unknown"));

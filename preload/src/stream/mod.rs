@@ -275,12 +275,12 @@ impl Session {
         let pid = sys::getpid();
         let cmdline = naming::cmdline_args(&sys::read_file(c"/proc/self/cmdline").unwrap_or_default());
         (crate::UP.starting)(&cfg);
-        let prog = naming::program_name(&cmdline);
+        let exe = sys::readlink(c"/proc/self/exe").unwrap_or_default();
+        let prog = naming::program_name(&cmdline, &exe);
         let (out_file, path) = open_output(&cfg, pid, &prog)?;
         sys::open_statm();
         unwind::init();
         let start_mono = sys::monotonic_ns();
-        let exe = sys::readlink(c"/proc/self/exe").unwrap_or_default();
         // A fork's child names the process it was copied from: asked of
         // the kernel here, after the work above, a parent that exited
         // meanwhile (a shell's `cmd &` then `exit`) was init, and the
