@@ -35,7 +35,7 @@ pub fn write_tree(roots: &[ProcessNode], w: &mut dyn Write) -> io::Result<()> {
         let odd = hidden.iter().filter(|p| notable(p)).count();
         let odd = match odd {
             0 => String::new(),
-            n => format!("; {n} of them killed, not traced or still running"),
+            n => format!("; {n} of them killed, not traced, still running or with an allocator mtrace did not see"),
         };
         let more = if hidden.len() == 1 { "process" } else { "processes" };
         let n = thousands(hidden.len() as u64);
@@ -263,5 +263,16 @@ mod tests {
              \x20    └─ 99 cat: exit 0; 1,234 calls, 200 bytes in 2 blocks not freed\n\
              \x20 … 26 more processes (nothing left among them): the JSON report lists every process\n\n"
         );
+        // More notable processes than lines: the rest are counted as such.
+        let kids: Vec<ProcessNode> = (0..12).map(|i| p(10 + i, &["true"], Some("signal 9"), None, vec![])).collect();
+        let tree = vec![p(1, &["sh", "-c", "loop"], Some("exit"), Some(0), kids)];
+        let mut out = Vec::new();
+        write_tree(&tree, &mut out).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert_eq!(out.lines().count(), 1 + 10 + 1 + 1, "{out}");
+        assert!(out.ends_with(
+            "  … 3 more processes (nothing left among them; 3 of them killed, not traced, still running or with an \
+             allocator mtrace did not see): the JSON report lists every process\n\n"
+        ));
     }
 }
