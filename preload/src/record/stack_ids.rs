@@ -2,7 +2,6 @@
 
 use std::hash::BuildHasher;
 
-use hashbrown::hash_table::Entry;
 use rustc_hash::FxBuildHasher;
 
 /// Backtrace (return addresses, innermost first) → id, each with its
@@ -22,16 +21,15 @@ impl StackIds {
     #[inline]
     pub fn intern(&mut self, frames: &[u64], new_id: impl FnOnce() -> u32, define: impl FnOnce(u32, &[u64])) -> u32 {
         let hash = FxBuildHasher.hash_one(frames);
-        let found = self.table.entry(hash, |(f, _, h)| *h == hash && **f == *frames, |(_, _, h)| *h);
-        match found {
-            Entry::Occupied(e) => e.get().1,
-            Entry::Vacant(e) => {
-                let id = new_id();
-                e.insert((frames.into(), id, hash));
-                define(id, frames);
-                id
-            }
+        // A lookup first: the hit, by far the common case, then makes no
+        // room for an insertion.
+        if let Some((_, id, _)) = self.table.find(hash, |(f, _, h)| *h == hash && **f == *frames) {
+            return *id;
         }
+        let id = new_id();
+        self.table.insert_unique(hash, (frames.into(), id, hash), |(_, _, h)| *h);
+        define(id, frames);
+        id
     }
 
     /// Forgets every backtrace (a forked child's stream starts over).
