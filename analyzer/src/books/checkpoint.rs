@@ -16,7 +16,7 @@ pub type StackAtCheckpoint = (u32, StackTotals, (u64, u64));
 /// wrong frees before the checkpoint are counted there, not listed.
 type Counter = (&'static str, fn(&Books) -> u64, fn(&mut Books, u64));
 
-const COUNTERS: [Counter; 11] = [
+const COUNTERS: [Counter; 12] = [
     ("allocations", |b| b.allocations, |b, v| b.allocations = v),
     ("frees", |b| b.frees, |b, v| b.frees = v),
     ("realloc_frees", |b| b.realloc_frees, |b, v| b.realloc_frees = v),
@@ -26,6 +26,7 @@ const COUNTERS: [Counter; 11] = [
     ("peak_time", |b| b.peak_time, |b, v| b.peak_time = v),
     ("unknown_munmaps", |b| b.unknown_munmaps, |b, v| b.unknown_munmaps = v),
     ("frees_again", |b| b.frees_again, |b, v| b.frees_again = v),
+    ("frees_unjudged", |b| b.frees_unjudged, |b, v| b.frees_unjudged = v),
     ("wrong_frees", |b| b.wrong_free_counts().0 + b.dropped_wrong.0, |b, v| b.dropped_wrong.0 = v),
     ("mismatched_frees", |b| b.wrong_free_counts().1 + b.dropped_wrong.1, |b, v| b.dropped_wrong.1 = v),
 ];

@@ -218,6 +218,26 @@ fn a_mismatched_free_names_both_backtraces() {
 }
 
 #[test]
+fn where_not_every_path_is_seen_no_free_is_judged_by_a_block_that_may_be_gone() {
+    // An allocator of the program's own may free a block and hand its
+    // address out again through functions no producer follows: the block
+    // the books hold there says nothing of the one freed.
+    let mut b = whole();
+    b.every_path_seen = false;
+    b.alloc(0, 0x10, of(Family::New, 40, 7, 1));
+    b.dealloc(0, 0x10, 2, dealloc(Family::Malloc, 9));
+    b.alloc(0, 0x20, of(Family::New, 40, 7, 3));
+    b.dealloc(0, 0x20, 4, Dealloc { size: 24, ..dealloc(Family::New, 9) });
+    b.dealloc(0, 0x20, 5, dealloc(Family::New, 9));
+    b.settle();
+    assert_eq!((b.wrong_free_counts(), b.frees_unjudged, b.frees_again), ((0, 0), 2, 1));
+    assert_eq!((b.live_blocks().count(), b.cur_bytes), (0, 0));
+    // A checkpoint carries the count.
+    let n = b.counters().into_iter().find(|(name, _)| *name == "frees_unjudged");
+    assert_eq!(n, Some(("frees_unjudged", 2)));
+}
+
+#[test]
 fn a_double_free_names_the_first_free() {
     let mut b = whole();
     b.alloc(0, 0x10, of(Family::Malloc, 24, 1, 1));

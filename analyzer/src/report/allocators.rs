@@ -238,14 +238,31 @@ pub fn notices(t: &Trace, found: &Survey) -> Vec<String> {
             ));
         }
     }
-    if t.books.frees_again > 0 {
-        let exe = t.patched.first().map_or(t.header.exe.as_str(), |p| p.path.as_str());
-        out.push(format!(
-            "{} frees of an address mtrace had seen freed already are not called double frees: \
-             the program's own allocator in {exe} may hand out blocks through functions of its own, \
-             which mtrace does not see",
-            t.books.frees_again
-        ));
+    let exe = t.patched.first().map_or(t.header.exe.as_str(), |p| p.path.as_str());
+    let unseen = format!(
+        "the program's own allocator in {exe} may hand out and take back blocks through functions of its own, \
+         which mtrace does not see"
+    );
+    match t.books.frees_again {
+        0 => {}
+        1 => out
+            .push(format!("1 free of an address mtrace had seen freed already is not called a double free: {unseen}")),
+        n => out.push(format!(
+            "{n} frees of an address mtrace had seen freed already are not called double frees: {unseen}"
+        )),
+    }
+    // The block mtrace holds at the address may be gone, and the address
+    // handed out again, unseen.
+    match t.books.frees_unjudged {
+        0 => {}
+        1 => out.push(format!(
+            "1 free by another family than the block's allocation (or told another size) is not called \
+             mismatched: {unseen}"
+        )),
+        n => out.push(format!(
+            "{n} frees by another family than their blocks' allocations (or told other sizes) are not called \
+             mismatched: {unseen}"
+        )),
     }
     if t.stacks.undefined > 0 {
         out.push(format!(

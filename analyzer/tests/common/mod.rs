@@ -193,6 +193,14 @@ pub fn line_in(entry: &Value, src: &str) -> Option<u64> {
         .as_u64()
 }
 
+/// The leaks of report `r` allocated at `line` of `src`: (bytes, blocks),
+/// whatever their kinds (definitely or possibly lost: a stale pointer may
+/// make one of them possible, as under memcheck).
+pub fn lost_at(r: &serde_json::Value, src: &str, line: u32) -> (u64, u64) {
+    let at = r["stacks"].as_array().unwrap().iter().filter(|e| line_in(e, src) == Some(line as u64));
+    at.fold((0, 0), |(b, n), e| (b + e["bytes"].as_u64().unwrap(), n + e["blocks"].as_u64().unwrap()))
+}
+
 /// The report's leaks whose backtrace passes through `src` (a file name),
 /// sorted. Leaks made wholly inside libraries (libstdc++'s pool) are left
 /// out, and so is the block the dynamic loader allocates in pthread_create
