@@ -213,6 +213,8 @@ fn a_shell_pipeline_a_static_program_and_a_killed_child() {
     assert!(text.contains("static_prog: not traced: "), "{text}");
     let summary = lines.iter().position(|l| l.starts_with("mtrace report for ")).unwrap();
     assert!(summary > 5, "{text}");
+    // What dash left, without the leak kinds no scan gave.
+    assert!(text.contains("\nNot freed at _exit (not scanned: no leak kinds), by backtrace ("), "{text}");
     // seq left blocks (its stdout buffer): said, with the way to see them.
     assert!(text.contains("\nOther processes left blocks not freed: --children reports each in full"), "{text}");
     // --children: each other process's report after the program's, in

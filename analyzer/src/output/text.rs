@@ -278,6 +278,9 @@ fn write_heading(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         (false, Some("detach")) if r.summary.attached => "Allocated while attached and not freed at detach",
         (false, Some("detach")) => "Not freed when tracing stopped (detach)",
         (false, None) => "Live at the end of the trace so far",
+        // The preload scans in exit's path (its handlers, a return from
+        // main) and at a fatal signal; _exit runs none of it.
+        (false, Some("_exit")) => "Not freed at _exit (not scanned: no leak kinds)",
         _ => "Not freed at exit",
     };
     writeln!(w, "\n{heading}, by backtrace ({n}{}):", estimated(r))
