@@ -230,27 +230,49 @@ fn frees_an_allocator_of_its_own_may_explain_are_not_called_wrong() {
     // before: 1 Chromium run in some 65, its browser process's report.
     let dir = scratch("alloc-own-shim");
     let prog = build("own_shim.cpp", &dir.join("own_shim"), &["-g", "-O0"]);
-    let (r, out) = run_json(&dir, &[], &prog, &[]);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "own_shim: done\n");
-    assert_eq!(r["allocators"][0]["seen"], true, "{}", r["allocators"]);
-    assert!(r["allocators"][0]["how"].as_str().unwrap().starts_with("hooked by patching"), "{}", r["allocators"]);
-    assert_eq!((&r["summary"]["bad_frees"], &r["summary"]["mismatched_frees"]), (&0.into(), &0.into()));
-    assert_eq!(r["errors"], serde_json::json!([]));
-    // Said, with why.
     let exe = prog.display();
     let why = format!(
         "the program's own allocator in {exe} may hand out and take back blocks through functions of its own, \
          which mtrace does not see"
     );
-    assert_eq!(
-        r["notices"],
-        serde_json::json!([
-            format!("1 free of an address mtrace had seen freed already is not called a double free: {why}"),
-            format!(
-                "1 free by another family than the block's allocation (or told another size) is not called \
-                 mismatched: {why}"
-            ),
-        ])
-    );
+    // The ptrace tracer's breakpoints see the same calls (and say so in
+    // the stream as the preload's patch does).
+    for (mode, how) in [(None, "hooked by patching"), (Some("--ptrace"), "breakpoints on its malloc family")] {
+        let (r, out) = run_json(&dir, &Vec::from_iter(mode), &prog, &[]);
+        assert_eq!(out.status.code(), Some(0), "{mode:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "own_shim: done\n");
+        assert_eq!(r["allocators"][0]["seen"], true, "{mode:?}: {}", r["allocators"]);
+        assert!(r["allocators"][0]["how"].as_str().unwrap().starts_with(how), "{mode:?}: {}", r["allocators"]);
+        assert_eq!((&r["summary"]["bad_frees"], &r["summary"]["mismatched_frees"]), (&0.into(), &0.into()));
+        assert_eq!(r["errors"], serde_json::json!([]), "{mode:?}");
+        // Said, with why.
+        assert_eq!(
+            r["notices"],
+            serde_json::json!([
+                format!("1 free of an address mtrace had seen freed already is not called a double free: {why}"),
+                format!(
+                    "1 free by another family than the block's allocation (or told another size) is not called \
+                     mismatched: {why}"
+                ),
+            ]),
+            "{mode:?}"
+        );
+    }
+}
+
+#[test]
+fn under_ptrace_the_executables_own_calls_to_its_allocator_are_seen() {
+    // A PIE calls the malloc it defines directly, not through its PLT: the
+    // tracer took such calls for the allocator's own, as glibc's direct
+    // calls inside libc.so are, and saw none of own_malloc.c's 1,024
+    // blocks (only the mappings, and libc's calls).
+    let dir = scratch("alloc-own-ptrace");
+    let prog = build("own_malloc.c", &dir.join("own_malloc"), &["-g", "-O0"]);
+    let m = markers("own_malloc.c");
+    let (r, out) = run_json(&dir, &["--ptrace"], &prog, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "own_malloc: done\n");
+    assert_eq!(r["allocators"][0]["how"], "breakpoints on its malloc family");
+    assert_eq!(lost_at(&r, "own_malloc.c", m["keep"]), (102_400_000, 1024));
+    assert_eq!(r["errors"], serde_json::json!([]));
 }

@@ -363,7 +363,9 @@ pub struct StackSum {
     pub peak_blocks: u64,
 }
 
-/// What a producer hooked by patching in one module ([`Record::Patched`]).
+/// What a producer hooked by patching in one module ([`Record::Patched`]);
+/// from the ptrace tracer, the functions of a dynamic executable's own
+/// allocator it put breakpoints on (docs/FORMAT.md).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Patch {
     /// The module's path.

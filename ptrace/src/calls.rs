@@ -118,7 +118,9 @@ pub(crate) fn backtrace(p: &mut Process, tid: u32, at: &Entry, ret: u64, depth: 
 /// shared library, a direct call to the function (glibc's `__libc_free`
 /// of the blocks in a thread's cache when it exits, which the program
 /// freed already), where calls that go through the PLT are the ones
-/// interposition reaches.
+/// interposition reaches. In the executable every call is the program's
+/// (the preload patches the functions it defines, and sees each one):
+/// a PIE calls the malloc it defines directly.
 fn own_call(p: &Process, b: &Hook, ret: u64) -> bool {
     let inside = b.module.0 <= ret && ret < b.module.1;
     if !inside {
@@ -127,7 +129,7 @@ fn own_call(p: &Process, b: &Hook, ret: u64) -> bool {
     if b.call.mapping() {
         return true;
     }
-    if p.static_exe {
+    if p.static_exe || p.exe_range == Some(b.module) {
         return false;
     }
     let mut before = [0u8; arch::CALL_LEN];

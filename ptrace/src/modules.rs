@@ -36,6 +36,9 @@ pub struct Loaded {
     pub range: (u64, u64),
     /// Interposed functions it defines: (address, call).
     pub funcs: Vec<(u64, Call)>,
+    /// The names of those of the malloc family and the C++ operators (not
+    /// the mappings, the loader's or `exit`), with their aliases.
+    pub allocation_names: Vec<String>,
     /// .eh_frame_hdr and .eh_frame: (file address, bytes).
     pub eh_frame_hdr: Option<(u64, Bytes)>,
     pub eh_frame: Option<(u64, Bytes)>,
@@ -123,12 +126,19 @@ fn load(path: &str, start: u64, end: u64, off: u64) -> Result<Option<Loaded>> {
     let segments =
         file.segments().map(|s| Segment { vaddr: s.address(), memsz: s.size(), flags: segment_flags(&s) }).collect();
     let mut funcs: Vec<(u64, Call)> = Vec::new();
+    let mut allocation_names: Vec<String> = Vec::new();
     for sym in file.dynamic_symbols().chain(file.symbols()) {
         if sym.is_undefined() || sym.kind() != SymbolKind::Text || sym.address() == 0 {
             continue;
         }
         let Ok(name) = sym.name() else { continue };
         if let Some(call) = funcs::lookup(name) {
+            if !call.mapping()
+                && !matches!(call, Call::LoaderState | Call::Exit)
+                && !allocation_names.iter().any(|n| n == name)
+            {
+                allocation_names.push(name.to_owned());
+            }
             let at = bias.wrapping_add(sym.address());
             match funcs.iter_mut().find(|f| f.0 == at) {
                 Some(f) => f.1 = aliased(f.1, call),
@@ -155,6 +165,7 @@ fn load(path: &str, start: u64, end: u64, off: u64) -> Result<Option<Loaded>> {
         module: Module { path: path.to_owned(), bias, build_id, segments },
         range: (start, end),
         funcs,
+        allocation_names,
         eh_frame_hdr: section(".eh_frame_hdr"),
         eh_frame: section(".eh_frame"),
         text,

@@ -62,6 +62,10 @@ pub struct Process {
     /// A statically linked program: the allocator is part of the
     /// executable, and its own calls cannot be told from the program's.
     pub static_exe: bool,
+    /// [start, end) of the executable's mappings: a call its own code
+    /// makes to a function it defines is the program's, direct or not
+    /// (an allocator of its own, as Chromium's or own_malloc.c's).
+    pub exe_range: Option<(u64, u64)>,
     /// For a static program, or under sampling, the blocks reported live:
     /// a free of any other address is the allocator's own (its caches) or
     /// of a block not sampled, and not recorded ([`Process::keeps_live`]).
@@ -113,6 +117,7 @@ impl Process {
             trampoline: 0,
             unwind: Unwind::default(),
             static_exe: false,
+            exe_range: None,
             live: Default::default(),
             sample_rate: 0,
             sampled: 0,
@@ -188,6 +193,8 @@ impl Process {
         p.set_uprobes(uprobes);
         p.update_modules(pid, signals)?;
         p.static_exe = p.no_loader();
+        p.exe_range = p.executable();
+        p.say_own_allocator(pid.as_raw() as u32);
         let time_ns = p.stream.now();
         p.stream.record(pid.as_raw() as u32, &Record::Coverage { time_ns, collecting: true, whole: true });
         Ok(p)
@@ -211,6 +218,8 @@ impl Process {
         p.stream.record(tid.as_raw() as u32, &Record::Marker { time_ns, seq: 0, name });
         p.update_modules(tid, signals)?;
         p.static_exe = p.no_loader();
+        p.exe_range = p.executable();
+        p.say_own_allocator(tid.as_raw() as u32);
         Ok(p)
     }
 
@@ -235,6 +244,7 @@ impl Process {
             trampoline: parent.trampoline,
             unwind,
             static_exe: parent.static_exe,
+            exe_range: parent.exe_range,
             live: parent.live.clone(),
             sample_rate: 0,
             sampled: 0,
@@ -250,6 +260,7 @@ impl Process {
             pools: Vec::new(),
         };
         p.write_modules(pid.as_raw() as u32);
+        p.say_own_allocator(pid.as_raw() as u32);
         p.sample_at(parent.sample_rate);
         Ok(p)
     }
@@ -415,6 +426,33 @@ impl Process {
     }
 
     /// No dynamic loader is mapped: a statically linked program.
+    /// A dynamic executable that defines `malloc` has an allocator of its
+    /// own, which may hand out and take back blocks through functions of
+    /// its own, as Chromium's does: the stream says which of its functions
+    /// have breakpoints, as the preload's Patched record says which it
+    /// patched, and the analyzer judges its frees accordingly
+    /// (`Books::every_path_seen`). A static one's `malloc` is libc's.
+    fn say_own_allocator(&mut self, tid: u32) {
+        let Some(exe) = self.exe_range.and_then(|r| self.modules.iter().find(|m| m.range == r)) else { return };
+        if self.static_exe || !exe.allocation_names.iter().any(|n| n == "malloc") {
+            return;
+        }
+        let patch = mtrace_format::Patch {
+            path: exe.module.path.clone(),
+            hooked: exe.allocation_names.clone(),
+            refused: Vec::new(),
+        };
+        let time_ns = self.stream.now();
+        self.stream.record(tid, &Record::Patched { time_ns, patch: Box::new(patch) });
+    }
+
+    /// The executable's mappings among the modules (`/proc/PID/exe` names
+    /// the file its maps do).
+    fn executable(&self) -> Option<(u64, u64)> {
+        let exe = std::fs::read_link(format!("/proc/{}/exe", self.pid)).ok()?;
+        self.modules.iter().find(|m| std::path::Path::new(&m.module.path) == exe).map(|m| m.range)
+    }
+
     fn no_loader(&self) -> bool {
         !self.modules.iter().any(|m| m.module.path.contains("/ld-linux") || m.module.path.contains("/ld-musl"))
     }

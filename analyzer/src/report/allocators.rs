@@ -114,6 +114,9 @@ pub fn survey(t: &Trace, sym: &Symbolizer) -> Survey {
             },
         };
         out.malloc_defined |= defined.contains("malloc");
+        // The ptrace tracer's Patched record names its breakpoints, which
+        // classify words already.
+        let patched = patched.filter(|_| preloaded);
         if let Some(a) = classify(&defined, path, is_exe, preloaded).map(|a| with_patch(a, patched)) {
             out.allocators.push(a);
         }
