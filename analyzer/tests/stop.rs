@@ -258,6 +258,58 @@ fn a_thread_in_the_loader_at_exit_hangs_nothing() {
     }
 }
 
+/// The scan waits for the trace file, which the writer takes round after
+/// round while it is behind: four copies of ctests/scan_busy.c at once on
+/// this 2-core machine (each thread allocating without pause, its scan by
+/// `mtrace_scan()` and at exit) hung 16 of 16 copies (release) and 22 of
+/// 32 (debug), the scan waiting at exit for the file; CI saw one copy hang.
+#[test]
+fn a_writer_that_is_behind_lets_the_scan_have_the_file() {
+    let dir = scratch("stop-behind");
+    let prog = build("scan_busy.c", &dir.join("scan_busy"), &["-g", "-O0", "-pthread"]);
+    let copies: Vec<_> = (0..4)
+        .map(|i| {
+            let d = dir.join(format!("copy-{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            let child = Command::new(&prog)
+                .current_dir(&d)
+                .env("LD_PRELOAD", lib())
+                .env("MTRACE_OUTPUT", d.join("busy.mtrace"))
+                .env("MTRACE_BIN", mtrace())
+                .env("MTRACE_SCAN", "1")
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            (d, child)
+        })
+        .collect();
+    let (dirs, mut children): (Vec<_>, Vec<_>) = copies.into_iter().unzip();
+    let until = Instant::now() + Duration::from_secs(90);
+    let mut statuses = vec![None; children.len()];
+    while statuses.iter().any(Option::is_none) {
+        for (c, st) in children.iter_mut().zip(statuses.iter_mut()).filter(|(_, st)| st.is_none()) {
+            *st = c.try_wait().unwrap();
+        }
+        if Instant::now() > until {
+            // None left running to slow the tests after this one.
+            children.iter_mut().for_each(|c| drop(c.kill()));
+            panic!("hung: {statuses:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for (i, (d, status)) in dirs.iter().zip(statuses).enumerate() {
+        assert_eq!(status.and_then(|s| s.code()), Some(0), "copy {i}");
+        // Both scans found the one block main drops.
+        let memlog = std::fs::read_to_string(d.join("busy.memlog")).unwrap();
+        assert!(memlog.contains("definitely lost: 4,242 bytes in 1 block\n"), "copy {i}: {memlog}");
+        let r = report_json(&d.join("busy.mtrace"));
+        assert_eq!(
+            (r["kinds"]["definite"]["bytes"].as_u64(), r["scan"]["threads_stopped"].as_u64()),
+            (Some(4242), Some(5))
+        );
+    }
+}
+
 /// 1,000 threads starting and ending while a thread asks for 100 scans:
 /// none hangs or stays stopped (main joins them all), and the scan at
 /// exit finds exactly the block main drops.

@@ -27,7 +27,7 @@ impl Session {
         // modules_if_changed).
         let modules = if in_signal { None } else { self.modules_if_changed() };
         self.finished.store(true, Ordering::SeqCst);
-        let Some(_f) = lock(&self.file, in_signal) else { return };
+        let Some(_f) = self.lock_file_in(in_signal) else { return };
         if let Some(m) = modules {
             self.write_unordered(&m);
         }

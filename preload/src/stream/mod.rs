@@ -114,6 +114,9 @@ pub struct Session {
     /// Held while anything writes to `out`, so that buffers never
     /// interleave, and while the hooks of `close` and `dup2` move it.
     file: Mutex<()>,
+    /// Threads other than the writer waiting for `file` (writer.rs,
+    /// `lock_file`): the writer lets them go first.
+    file_wanted: AtomicU32,
     /// The writer's compression context (made on first use), and its
     /// mapping's range for the snapshot to leave out.
     zstd: Mutex<Option<zstd::Zstd>>,
@@ -349,6 +352,7 @@ impl Session {
             ),
             out: out_file,
             file: Mutex::new(()),
+            file_wanted: AtomicU32::new(0),
             zstd: Mutex::new(None),
             zstd_range: [AtomicU64::new(0), AtomicU64::new(0)],
             threads: Mutex::new(Vec::new()),
@@ -444,7 +448,7 @@ impl Session {
     /// Used after the final flush and by threads whose state is gone.
     pub fn write_sync(&self, bytes: &[u8]) {
         // A hook (platform/spin.rs: why not park).
-        let _f = crate::platform::spin::lock_unparked(&self.file);
+        let _f = self.lock_file();
         if !self.is_finished() {
             self.collect(true);
         }

@@ -328,7 +328,7 @@ impl super::Session {
     pub fn make_way(&self, fd: i32) {
         if fd == self.out.fd() {
             // A hook (platform/spin.rs: why not park).
-            let _f = crate::platform::spin::lock_unparked(&self.file);
+            let _f = self.lock_file();
             self.out.make_way(fd);
         }
     }
@@ -336,7 +336,7 @@ impl super::Session {
     /// Keeps the trace's descriptor where it is while held (the session's
     /// file lock), for a hook that closes a range around it.
     pub fn hold_file_number(&self) -> NumberHold<'_> {
-        let g = crate::platform::spin::lock_unparked(&self.file);
+        let g = self.lock_file();
         NumberHold { fd: (!self.out.is_lost()).then(|| self.out.fd()).and_then(|fd| u32::try_from(fd).ok()), _g: g }
     }
 }

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use mtrace_format::{Encoder, Record};
+use parking_lot::MutexGuard;
 
 use super::{
     current, order, Session, ThreadBuf, BUF_CAP, PENDING_MAX, QUIET_COLLECT_MS, REAP_EVERY, SAMPLE_EVERY,
@@ -60,9 +61,48 @@ impl Session {
     /// when the file stays locked for ~2 s, and a buffer whose owner was
     /// interrupted in an append is left as it is (see [`super::end::lock`]).
     pub fn hold_file(&self, patient: bool) -> Option<FileHold<'_>> {
-        let g = super::end::lock(&self.file, !patient)?;
+        let g = self.lock_file_in(!patient)?;
         self.collect_with(false, patient);
         Some(FileHold { s: self, _g: g })
+    }
+
+    /// The file lock, for a thread other than the writer (a hook's
+    /// `close`, the leak scan's snapshot): the writer lets it go first
+    /// ([`Session::let_waiters_first`]).
+    pub(crate) fn lock_file(&self) -> MutexGuard<'_, ()> {
+        self.file_wanted.fetch_add(1, Ordering::SeqCst);
+        // A hook's call comes here (platform/spin.rs: why not park).
+        let g = crate::platform::spin::lock_unparked(&self.file);
+        self.file_wanted.fetch_sub(1, Ordering::SeqCst);
+        g
+    }
+
+    /// [`Session::lock_file`]; in a signal handler (`in_signal`) `None`
+    /// once the file has stayed locked for ~2 s (`end::lock`).
+    pub(crate) fn lock_file_in(&self, in_signal: bool) -> Option<MutexGuard<'_, ()>> {
+        if !in_signal {
+            return Some(self.lock_file());
+        }
+        self.file_wanted.fetch_add(1, Ordering::SeqCst);
+        let g = super::end::lock(&self.file, true);
+        self.file_wanted.fetch_sub(1, Ordering::SeqCst);
+        g
+    }
+
+    /// Before the writer takes the file lock: sleeps while another thread
+    /// waits for it, 20 ms at most a round (a waiter stopped before it
+    /// got the lock must not stop the writer). Behind, the writer took the
+    /// lock again microseconds after it let it go, round after round, and
+    /// a waiter trying once a millisecond (`lock_unparked`) could wait for
+    /// ever: CI saw the scan at exit of ctests/scan_busy.c wait 12 minutes
+    /// while its four threads allocated.
+    fn let_waiters_first(&self) {
+        for _ in 0..20 {
+            if self.file_wanted.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            sys::sleep_ms(1);
+        }
     }
 
     /// Writes every thread's buffered records, the buffer being filled
@@ -211,6 +251,7 @@ impl Session {
         // waits for the file.
         let modules = self.modules_if_changed();
         {
+            self.let_waiters_first();
             // A program's thread comes here from a hook (platform/spin.rs: why not park).
             let _f = crate::platform::spin::lock_unparked(&self.file);
             if self.is_finished() {
@@ -240,6 +281,7 @@ impl Session {
         }
         let spawned = self.spawned_records();
         if !spawned.is_empty() {
+            self.let_waiters_first();
             let _f = crate::platform::spin::lock_unparked(&self.file);
             self.write_unordered(&spawned);
         }
