@@ -180,8 +180,11 @@ pub fn entry(
     // address (nothing wrote there since), so that alone would take any
     // later call deeper down for the outer's (python3 lost a third of its
     // allocations so).
+    // A call inside one the outer made whose return is still awaited is
+    // the outer's too (`operator new` → an executable's own malloc →
+    // mmap: the allocator's own mapping, as under the preload).
     let its = |o: &Outer| {
-        th.pending.iter().any(|q| q.slot == o.sp)
+        th.pending.iter().any(|q| q.slot == o.sp || (slot < q.slot && q.slot < o.sp))
             || (!o.done && (o.new.is_some() || (matches!(b.call, Call::Free { .. }) && args[0] == o.arg)))
     };
     // And its return address is still there, or the trampoline's it was
