@@ -320,6 +320,8 @@ fn without_os_error_codes(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     #[test]
     fn system_errors_lose_their_numbers_only() {
         let f = super::without_os_error_codes;
@@ -330,8 +332,6 @@ mod tests {
         assert_eq!(f("a (os error 21): b (os error 13)"), "a: b");
         assert_eq!(f("a (os error x) b (os error"), "a (os error x) b (os error");
     }
-
-    use clap::Parser;
 
     /// The command line the preload runs for a report point is one this
     /// binary takes, with the markers and output it means.

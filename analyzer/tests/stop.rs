@@ -271,12 +271,9 @@ fn a_writer_that_is_behind_lets_the_scan_have_the_file() {
         .map(|i| {
             let d = dir.join(format!("copy-{i}"));
             std::fs::create_dir_all(&d).unwrap();
-            let child = Command::new(&prog)
+            let child = preloaded(&prog, &d.join("busy.mtrace"))
                 .current_dir(&d)
-                .env("LD_PRELOAD", lib())
-                .env("MTRACE_OUTPUT", d.join("busy.mtrace"))
                 .env("MTRACE_BIN", mtrace())
-                .env("MTRACE_SCAN", "1")
                 .stderr(Stdio::piped())
                 .spawn()
                 .unwrap();

@@ -46,12 +46,8 @@ impl ExecFailed {
 
 impl std::fmt::Display for ExecFailed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The OS's words without Rust's "(os error N)".
-        let words = match self.error.raw_os_error() {
-            Some(n) => nix::errno::Errno::from_raw(n).desc().to_string(),
-            None => self.error.to_string(),
-        };
-        write!(f, "cannot run {}: {words}", self.program)
+        // mtrace's main drops Rust's " (os error N)", as of every error.
+        write!(f, "cannot run {}: {}", self.program, self.error)
     }
 }
 

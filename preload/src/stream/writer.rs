@@ -70,21 +70,21 @@ impl Session {
     /// `close`, the leak scan's snapshot): the writer lets it go first
     /// ([`Session::let_waiters_first`]).
     pub(crate) fn lock_file(&self) -> MutexGuard<'_, ()> {
-        self.file_wanted.fetch_add(1, Ordering::SeqCst);
         // A hook's call comes here (platform/spin.rs: why not park).
-        let g = crate::platform::spin::lock_unparked(&self.file);
-        self.file_wanted.fetch_sub(1, Ordering::SeqCst);
-        g
+        self.wanting_file(|| crate::platform::spin::lock_unparked(&self.file))
     }
 
     /// [`Session::lock_file`]; in a signal handler (`in_signal`) `None`
     /// once the file has stayed locked for ~2 s (`end::lock`).
     pub(crate) fn lock_file_in(&self, in_signal: bool) -> Option<MutexGuard<'_, ()>> {
-        if !in_signal {
-            return Some(self.lock_file());
-        }
+        self.wanting_file(|| super::end::lock(&self.file, in_signal))
+    }
+
+    /// `take` (a wait for the file lock), counted in `file_wanted` while
+    /// it runs.
+    fn wanting_file<T>(&self, take: impl FnOnce() -> T) -> T {
         self.file_wanted.fetch_add(1, Ordering::SeqCst);
-        let g = super::end::lock(&self.file, true);
+        let g = take();
         self.file_wanted.fetch_sub(1, Ordering::SeqCst);
         g
     }
