@@ -15,6 +15,10 @@
    "holder": a thread that blocks every signal and holds a 777-byte block
    only in a register (r12, x86-64) while it sleeps, for ever.
 
+   MODE "solo": no thread is started; main makes each KIND's wait in
+   turn, in the order given (a process with one thread, idle in each
+   call; "read" and "holder" are not for this mode), and returns 0.
+
    MODE "wait": main sleeps MS too, writes the byte the reader waits for,
    joins the waiting threads and returns 0. Only main leaves SIGUSR2
    unblocked: the scan signal's own handler runs there (where it
@@ -183,13 +187,8 @@ static void *holder(void *arg) {
     return NULL;
 }
 
-static void *waiter(void *arg) {
-    const char *kind = arg;
-    sigset_t usr2;
-    sigemptyset(&usr2);
-    sigaddset(&usr2, SIGUSR2);
-    pthread_sigmask(SIG_BLOCK, &usr2, NULL);
-    __atomic_add_fetch(&waiting, 1, __ATOMIC_SEQ_CST);
+/* Makes one wait of KIND and prints how it went. */
+static void wait_and_say(const char *kind) {
     double t0 = now_ms();
     int rc = wait_in(kind);
     int e = rc == -1 ? errno : 0;
@@ -200,6 +199,15 @@ static void *waiter(void *arg) {
             _exit(3);
     }
     printf("%s rc=%d errno=%d ms=%.0f\n", kind, rc, e, took);
+}
+
+static void *waiter(void *arg) {
+    sigset_t usr2;
+    sigemptyset(&usr2);
+    sigaddset(&usr2, SIGUSR2);
+    pthread_sigmask(SIG_BLOCK, &usr2, NULL);
+    __atomic_add_fetch(&waiting, 1, __ATOMIC_SEQ_CST);
+    wait_and_say(arg);
     return NULL;
 }
 
@@ -215,7 +223,7 @@ static void seccomp_allow_all(void) {
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: waits wait|exit MS KIND...\n");
+        fprintf(stderr, "usage: waits wait|exit|solo MS KIND...\n");
         return 2;
     }
     exit_mode = !strcmp(argv[1], "exit");
@@ -241,6 +249,18 @@ int main(int argc, char **argv) {
     semid = semget(IPC_PRIVATE, 1, 0600);
     sem_init(&sem, 0, 0);
     int n = argc - first;
+    if (!strcmp(argv[1], "solo")) {
+        /* The scan signal may come to main: unblocked (SIGUSR1 stays
+           blocked, for sigtimedwait). */
+        sigdelset(&sigs, SIGUSR1);
+        pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
+        printf("ready\n");
+        for (int i = first; i < argc; i++)
+            wait_and_say(argv[i]);
+        if (semid >= 0)
+            semctl(semid, 0, IPC_RMID);
+        return 0;
+    }
     pthread_t t[64];
     int joinable[64];
     for (int i = 0; i < n && i < 64; i++) {

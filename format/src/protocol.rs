@@ -20,6 +20,12 @@ pub mod marker {
     pub const REPORT: &str = "report";
     /// The console's `reset`: its reports count from here.
     pub const RESET: &str = "reset";
+    /// The console's question before a view (`top`, `dump`, `status`…):
+    /// the process writes what it buffered, then this marker, and the
+    /// console's books that took it hold every event made before the
+    /// process read the command. An answer, not a point of the program's:
+    /// the books list none.
+    pub const SYNC: &str = "mtrace:sync";
 }
 
 /// The largest backtrace depth a producer records (frames): the bound of

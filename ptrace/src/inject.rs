@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Result};
 use nix::sys::ptrace;
 use nix::sys::signal::Signal;
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 /// `NT_X86_XSTATE` (linux/elf.h): the extended register state.
@@ -71,6 +71,12 @@ pub struct Tracee {
     /// Threads [`Tracee::hold_others`] stopped, with the signal each
     /// stopped for instead (delivered when they go on).
     held: Vec<(i32, Option<Signal>)>,
+    /// The calls leave the chosen thread's restart block as they found
+    /// it ([`Tracee::keep_restart_block`]).
+    restart_block_kept: bool,
+    /// This process is the tracee's parent: its end is left for the
+    /// thread that waits for it (`wait_stop`).
+    parent: bool,
 }
 
 /// Text ranges of libc and the loader, where a stopped thread may hold a lock.
@@ -84,11 +90,22 @@ fn tasks(pid: i32) -> Result<Vec<i32>> {
 /// Waits for a stop of `tid` (ptrace-stop), up to `limit`. At an
 /// interrupt's stop, a system call the interrupt made fail with EINTR is
 /// set to be made again ([`crate::target::at_stop`]): every thread the
-/// attach stops goes on as it was.
-fn wait_stop(tid: i32, limit: Duration) -> Result<WaitStatus> {
+/// attach stops goes on as it was. With `leave_exits` (the caller is the
+/// process's parent, `mtrace server`), its end is left for the thread
+/// that waits for the program: a wait here would take its exit status.
+fn wait_stop(tid: i32, limit: Duration, leave_exits: bool) -> Result<WaitStatus> {
     let start = Instant::now();
+    let any = WaitPidFlag::__WALL | WaitPidFlag::WNOHANG;
     loop {
-        match waitpid(Pid::from_raw(tid), Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
+        if leave_exits {
+            let peek = any | WaitPidFlag::WEXITED | WaitPidFlag::WSTOPPED | WaitPidFlag::WNOWAIT;
+            if let Ok(s @ (WaitStatus::Exited(..) | WaitStatus::Signaled(..))) =
+                waitid(Id::Pid(Pid::from_raw(tid)), peek)
+            {
+                bail!("thread {tid} ended ({s:?})");
+            }
+        }
+        match waitpid(Pid::from_raw(tid), Some(any)) {
             Ok(WaitStatus::StillAlive) => {}
             Ok(s @ (WaitStatus::Exited(..) | WaitStatus::Signaled(..))) => bail!("thread {tid} ended ({s:?})"),
             Ok(s) => {
@@ -108,7 +125,10 @@ impl Tracee {
     /// Seizes every thread of `pid`. Fails (touching nothing) when the
     /// first cannot be seized: no such process, or no permission.
     pub fn seize(pid: i32) -> Result<Tracee> {
-        let mut t = Tracee { pid, tids: Vec::new(), victim: None, held: Vec::new() };
+        let parent = std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|st| {
+            st.lines().find_map(|l| l.strip_prefix("PPid:")).is_some_and(|p| p.trim() == std::process::id().to_string())
+        });
+        let mut t = Tracee { pid, tids: Vec::new(), victim: None, held: Vec::new(), restart_block_kept: false, parent };
         for tid in tasks(pid)? {
             match ptrace::seize(Pid::from_raw(tid), ptrace::Options::empty()) {
                 Ok(()) => t.tids.push(tid),
@@ -131,19 +151,28 @@ impl Tracee {
     /// (see the module's comment), retrying for up to 2 s while every
     /// thread is busy inside libc or the loader (`busy`).
     pub fn choose(&mut self, busy: &Ranges) -> Result<()> {
+        self.choose_among(busy, &[])
+    }
+
+    /// [`Tracee::choose`], a thread stopped in one of the system calls
+    /// `also_safe` taken too (in a process with one thread, a futex wait
+    /// is no wait for a lock another thread of it holds).
+    pub fn choose_among(&mut self, busy: &Ranges, also_safe: &[i64]) -> Result<()> {
         let start = Instant::now();
         loop {
             let mut stopped = Vec::new();
             let mut pick = None;
             for &tid in &self.tids {
-                if ptrace::interrupt(Pid::from_raw(tid)).is_err() || wait_stop(tid, Duration::from_secs(2)).is_err() {
+                if ptrace::interrupt(Pid::from_raw(tid)).is_err()
+                    || wait_stop(tid, Duration::from_secs(2), self.parent).is_err()
+                {
                     continue;
                 }
                 stopped.push(tid);
                 let Ok(regs) = ptrace::getregs(Pid::from_raw(tid)) else { continue };
                 let in_syscall = regs.orig_rax as i64 >= 0;
                 let safe = if in_syscall {
-                    SAFE_SYSCALLS.contains(&(regs.orig_rax as i64))
+                    SAFE_SYSCALLS.contains(&(regs.orig_rax as i64)) || also_safe.contains(&(regs.orig_rax as i64))
                 } else {
                     !busy.iter().any(|&(a, b)| (a..b).contains(&regs.rip))
                 };
@@ -195,7 +224,7 @@ impl Tracee {
         ptrace::cont(p, None)?;
         let start = Instant::now();
         loop {
-            let st = wait_stop(tid, CALL_TIMEOUT.saturating_sub(start.elapsed()))?;
+            let st = wait_stop(tid, CALL_TIMEOUT.saturating_sub(start.elapsed()), self.parent)?;
             match st {
                 WaitStatus::Stopped(_, Signal::SIGSEGV) => {
                     let r = ptrace::getregs(p)?;
@@ -233,7 +262,8 @@ impl Tracee {
                     continue;
                 }
                 let p = Pid::from_raw(tid);
-                let stop = ptrace::interrupt(p).ok().and_then(|()| wait_stop(tid, Duration::from_secs(2)).ok());
+                let stop =
+                    ptrace::interrupt(p).ok().and_then(|()| wait_stop(tid, Duration::from_secs(2), self.parent).ok());
                 let sig = match stop {
                     Some(WaitStatus::Stopped(_, s)) => Some(s),
                     Some(_) => None,
@@ -260,6 +290,25 @@ impl Tracee {
         }
     }
 
+    /// The functions this tracee is made to call make no call that
+    /// replaces the chosen thread's restart block (libmtrace.so's own:
+    /// crate::library_call): a call it was stopped in that the kernel
+    /// restarts from that block (a poll or a sleep with a timeout) goes on
+    /// from it at the release, for the time it had left, as after any
+    /// stop ([`resumed`] makes it again from its arguments otherwise).
+    pub fn keep_restart_block(&mut self) {
+        self.restart_block_kept = true;
+    }
+
+    /// The registers the chosen thread, stopped with `saved`, goes on with.
+    fn going_on(&self, saved: libc::user_regs_struct) -> libc::user_regs_struct {
+        if self.restart_block_kept {
+            saved
+        } else {
+            resumed(saved)
+        }
+    }
+
     /// Reads a NUL-terminated string at `addr` (up to 4 KiB).
     pub fn read_string(&self, addr: u64) -> String {
         let Some((tid, ..)) = &self.victim else { return String::new() };
@@ -281,11 +330,11 @@ impl Tracee {
         let mut res = Ok(());
         let victim = self.victim.take().map(|(tid, regs, xstate)| {
             let p = Pid::from_raw(tid);
-            res = set_xstate(tid, &xstate).and_then(|_| Ok(ptrace::setregs(p, resumed(regs))?));
+            res = set_xstate(tid, &xstate).and_then(|_| Ok(ptrace::setregs(p, self.going_on(regs))?));
             tid
         });
         for &tid in &self.tids {
-            detach_running(tid, Some(tid) == victim);
+            detach_running(tid, Some(tid) == victim, self.parent);
         }
         self.tids.clear();
         res
@@ -297,14 +346,14 @@ impl Tracee {
 /// let run stayed traced by `mtrace attach` until it exited, so the leak
 /// scan's own ptrace stop was refused for them). A signal that stops it
 /// meanwhile is delivered at the detach.
-fn detach_running(tid: i32, stopped: bool) {
+fn detach_running(tid: i32, stopped: bool, parent: bool) {
     let p = Pid::from_raw(tid);
     let mut sig = None;
     if !stopped {
         if ptrace::interrupt(p).is_err() {
             return;
         }
-        match wait_stop(tid, Duration::from_secs(2)) {
+        match wait_stop(tid, Duration::from_secs(2), parent) {
             Ok(WaitStatus::Stopped(_, s)) => sig = Some(s),
             Ok(_) => {}
             // Ended, or never stopped: it is let go when this process exits.
@@ -318,11 +367,11 @@ impl Drop for Tracee {
     fn drop(&mut self) {
         let victim = self.victim.take().map(|(tid, regs, xstate)| {
             let _ = set_xstate(tid, &xstate);
-            let _ = ptrace::setregs(Pid::from_raw(tid), resumed(regs));
+            let _ = ptrace::setregs(Pid::from_raw(tid), self.going_on(regs));
             tid
         });
         for &tid in &self.tids {
-            detach_running(tid, Some(tid) == victim);
+            detach_running(tid, Some(tid) == victim, self.parent);
         }
     }
 }

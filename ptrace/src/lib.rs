@@ -20,7 +20,9 @@
 //! And for `mtrace attach` (the preload's way in): [`inspect`] looks a
 //! running process over (its libc's loader functions, whether it can be
 //! attached to), [`inject`] calls a function inside it (`dlopen` of
-//! libmtrace.so) from a thread that holds no lock the call needs.
+//! libmtrace.so) from a thread that holds no lock the call needs, and
+//! [`library_call`] calls one of libmtrace.so's own functions there (a
+//! round of an idle process with one thread, for its reader).
 
 mod api;
 mod arch;
@@ -28,6 +30,7 @@ mod calls;
 mod funcs;
 pub mod inject;
 pub mod inspect;
+pub mod library_call;
 mod live;
 mod modules;
 mod perf;

@@ -218,7 +218,7 @@ fn watch(
         std::thread::sleep(Duration::from_millis(20));
         if let Some((at, every)) = next_view.filter(|(at, _)| Instant::now() >= *at) {
             // What an idle process with one thread buffered, written now.
-            if let Some(lib) = lib.filter(|_| solo(a.pid)) {
+            if let Some(lib) = lib.filter(|_| mtrace_ptrace::library_call::single_threaded(a.pid)) {
                 round_in(a.pid, lib);
                 std::thread::sleep(Duration::from_millis(30));
             }
@@ -260,14 +260,6 @@ impl crate::console::Live for Session<'_> {
             round_in(self.pid, lib);
         }
         Ok(())
-    }
-
-    fn refresh(&mut self) {
-        if let Some(lib) = self.lib.filter(|_| solo(self.pid) && !self.copier.is_finished()) {
-            round_in(self.pid, lib);
-            // The copier and the live books take what the round wrote.
-            std::thread::sleep(Duration::from_millis(30));
-        }
     }
 
     fn trace(&self) -> PathBuf {
@@ -333,56 +325,20 @@ fn inject_library(pid: i32, t: &mtrace_ptrace::inspect::Target, lib: &std::path:
 /// libmtrace.so's `mtrace_attach_detach` (the leak scan first with
 /// `scan`).
 fn detach_by_call(pid: i32, lib: &std::path::Path, scan: bool) -> Result<()> {
-    call_in(pid, lib, b"mtrace_attach_detach\0", u64::from(scan))
-}
-
-/// Whether process `pid` has one thread: its tracing then has no writer
-/// thread, and it reads commands and writes what it buffered only at its
-/// allocation calls (docs/PROCESSES.md).
-fn solo(pid: i32) -> bool {
-    std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|d| d.count() == 1)
+    mtrace_ptrace::library_call::call(pid, lib, "mtrace_attach_detach", u64::from(scan))?;
+    Ok(())
 }
 
 /// In a process with one thread: a round of its tracing now
-/// (`mtrace_attach_round`), so that a command sent is carried out and what
+/// (`mtrace_round_now`), so that a command sent is carried out and what
 /// it buffered reaches the stream though it idles. Nothing where it has
 /// more threads (the writer thread's rounds come every 5 ms).
 fn round_in(pid: i32, lib: &std::path::Path) {
-    if solo(pid) {
-        if let Err(e) = call_in(pid, lib, b"mtrace_attach_round\0", 0) {
+    if mtrace_ptrace::library_call::single_threaded(pid) {
+        if let Err(e) = mtrace_ptrace::library_call::call(pid, lib, "mtrace_round_now", 0) {
             eprintln!("mtrace: {e:#}");
         }
     }
-}
-
-/// Makes process `pid` call libmtrace.so's function `func` (a
-/// NUL-terminated name) with `arg`, on a thread chosen as for the attach:
-/// stopped in a system call that holds no lock, or in the program's own
-/// code (not in libc, the loader, or the tracer's library, whose locks
-/// its functions take).
-fn call_in(pid: i32, lib: &std::path::Path, func: &[u8], arg: u64) -> Result<()> {
-    let mut t = mtrace_ptrace::inspect::inspect(pid)?;
-    let name = lib.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
-    for m in maps.lines().filter_map(mtrace_format::maps::Mapping::parse) {
-        if m.exec && m.path.ends_with(&name) {
-            t.busy.push((m.start, m.end));
-        }
-    }
-    let mut tracee = mtrace_ptrace::inject::Tracee::seize(pid)?;
-    tracee.choose(&t.busy)?;
-    let mut path = lib.as_os_str().as_encoded_bytes().to_vec();
-    path.push(0);
-    let flags = (libc::RTLD_NOW | libc::RTLD_NOLOAD) as u64;
-    let handle = tracee.call(t.libc.dlopen, &path, |p| vec![p, flags])?;
-    let f = match handle {
-        0 => 0,
-        h => tracee.call(t.libc.dlsym, func, |p| vec![h, p])?,
-    };
-    if f != 0 {
-        tracee.call(f, &[], |_| vec![arg])?;
-    }
-    tracee.release()
 }
 
 /// An allocator the executable defines (Chromium's, a static tcmalloc, a

@@ -236,7 +236,8 @@ pub fn keep(src: impl Read + Send, dest: Dest, bound: Bound, mut points: Option<
     std::thread::scope(|sc| -> Result<()> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Item>>(4);
         let gap = &gap;
-        sc.spawn(move || read(r, version, tx, gap));
+        let unbounded = bound == Bound::default();
+        sc.spawn(move || read(r, version, tx, gap, unbounded));
         for batch in rx {
             for item in batch {
                 match item {
@@ -301,7 +302,13 @@ pub fn keep(src: impl Read + Send, dest: Dest, bound: Bound, mut points: Option<
 /// `version`), merges its records, and sends them with the stream's bytes
 /// and the places a checkpoint may go. Reads to the end even when the
 /// keeping thread is gone (the program must not wait on a full socket).
-fn read<R: Read>(mut r: Reader<Tee<R>>, version: u64, tx: std::sync::mpsc::SyncSender<Vec<Item>>, gap: &AtomicU64) {
+fn read<R: Read>(
+    mut r: Reader<Tee<R>>,
+    version: u64,
+    tx: std::sync::mpsc::SyncSender<Vec<Item>>,
+    gap: &AtomicU64,
+    unbounded: bool,
+) {
     let mut merge = crate::order::Merge::new(version);
     let mut sections = Sections::default();
     let mut batch = Vec::with_capacity(BATCH);
@@ -347,7 +354,16 @@ fn read<R: Read>(mut r: Reader<Tee<R>>, version: u64, tx: std::sync::mpsc::SyncS
         if r.at_top() {
             // At the end of a block with a watermark, the merge holds
             // little (what was stamped after it).
-            if std::mem::take(&mut since_watermark) && r.offset() - offered >= gap.load(Ordering::Relaxed) {
+            if unbounded {
+                // No checkpoint to make room for: the bytes go on at each
+                // watermark, so that a console following the file (`mtrace
+                // client -i`, `attach -i`) gets an idle process's answer
+                // at once, not when a block fills.
+                if std::mem::take(&mut since_watermark) || r.source_mut().copy.len() >= BLOCK {
+                    let at = r.offset();
+                    batch.push(Item::Bytes(r.source_mut().take(at)));
+                }
+            } else if std::mem::take(&mut since_watermark) && r.offset() - offered >= gap.load(Ordering::Relaxed) {
                 quiet_at = Some(r.offset());
             } else if r.source_mut().copy.len() >= BLOCK {
                 let at = r.offset();

@@ -19,6 +19,10 @@ use crate::ReportOpts;
 
 /// How long a report point, a reset or a scan may take to answer.
 const ANSWER: Duration = Duration::from_secs(30);
+/// How long a view waits for the process to send what it buffered
+/// (`Console::synced`): an idle process with one thread is made to
+/// answer by its reader within milliseconds (docs/PROCESSES.md).
+const SYNC_WAIT: Duration = Duration::from_secs(2);
 
 /// What the last `scan` of a process found.
 struct LastScan {
@@ -71,6 +75,14 @@ impl<'a> Console<'a> {
         let mut words = line.split_whitespace();
         let verb = Verb::resolve(words.next().unwrap_or_default())?;
         let args: Vec<&str> = words.collect();
+        // The views of the books first have them take what the process
+        // buffered.
+        match verb {
+            Verb::Dump | Verb::Status | Verb::Pprof => self.synced(pid_arg(&args).0, out)?,
+            Verb::Top | Verb::Timeline | Verb::Markers => self.synced(None, out)?,
+            Verb::Show if args.first().is_some_and(|a| "info".starts_with(a)) => self.synced(None, out)?,
+            _ => {}
+        }
         match verb {
             Verb::Help => match args.first() {
                 Some(w) => writeln!(out, "{}", Verb::resolve(w)?.help())?,
@@ -157,6 +169,30 @@ impl<'a> Console<'a> {
             Verb::Wait => return Ok(Some(super::Leave::Wait)),
         }
         Ok(None)
+    }
+
+    /// Before a view of process `pid`'s books (default: the program's):
+    /// the process is asked to write what it buffered and a
+    /// [`marker::SYNC`] marker after it, and the books wait until they
+    /// took it. Where it did not answer within [`SYNC_WAIT`], the view
+    /// says first that it may lack the latest events; once the stream
+    /// ended the books are whole, and nothing is asked.
+    fn synced(&mut self, pid: Option<u32>, out: &mut dyn Write) -> Result<()> {
+        let path = self.books(pid)?;
+        let b = &self.books[&path];
+        if b.ended() {
+            return Ok(());
+        }
+        let live = &mut *self.live;
+        let question = Command::Marker(marker::SYNC.to_owned());
+        if !b.sync(SYNC_WAIT, || live.send_to(pid, &question))? && !b.ended() {
+            writeln!(
+                out,
+                "(the process did not send what it buffered within {} s: what follows may lack its latest events)",
+                SYNC_WAIT.as_secs()
+            )?;
+        }
+        Ok(())
     }
 
     /// `pprof FILE`: the books of process `pid` so far as a pprof heap

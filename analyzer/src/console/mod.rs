@@ -46,9 +46,6 @@ pub trait Live {
     fn trace_of(&self, _pid: u32) -> Option<PathBuf> {
         None
     }
-    /// Before each command: has the process write what it buffered, where
-    /// it would not by itself (an idle attached process with one thread).
-    fn refresh(&mut self) {}
 }
 
 /// The console's commands: the closed set, matched exhaustively where they
@@ -211,7 +208,6 @@ pub fn run(live: &mut dyn Live, opts: &ReportOpts) -> Result<Leave> {
                 }
             }
         }
-        c.live.refresh();
         // Output to the terminal is collected, for the pager if it is long.
         let mut collected = Vec::new();
         let res = match file.as_mut() {

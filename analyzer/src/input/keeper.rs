@@ -8,6 +8,7 @@ use mtrace_format::{region_kind, EndReason, Family, Record};
 use crate::books::wrong::Dealloc;
 use crate::books::Block;
 use mtrace_format::functions::INTERPOSED;
+use mtrace_format::protocol::marker::SYNC as SYNC_MARKER;
 
 use crate::trace::{MarkerSeen, ModuleSeen, TimePoint, Trace, Window, ATTACH_MARKER, SCAN_MARKER};
 
@@ -149,6 +150,11 @@ impl<'w> Keeper<'w> {
             if self.cross(t, time) == Flow::Until {
                 return Flow::Until;
             }
+        }
+        // The console's question (protocol::marker::SYNC): no point of the
+        // program's, listed nowhere.
+        if matches!(&rec, Record::Marker { name, .. } if name == SYNC_MARKER) {
+            return Flow::Go;
         }
         t.records += 1;
         let rec = match self.restoring {

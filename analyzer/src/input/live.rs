@@ -51,6 +51,8 @@ pub struct State {
     pub baselines: HashMap<String, HashMap<u32, LiveTotals>>,
     /// Stop after the marker `name` when there are this many of that name.
     hold: Option<(String, usize)>,
+    /// The console's questions ([`marker::SYNC`]) answered so far.
+    syncs: usize,
     /// The follower is stopped at `hold`'s marker.
     held: bool,
 }
@@ -109,7 +111,7 @@ impl LiveBooks {
     /// Starts following the trace at `path` (it may still be empty).
     pub fn follow(path: &Path) -> LiveBooks {
         let shared = Arc::new(Shared {
-            state: Mutex::new(State { trace: None, baselines: HashMap::default(), hold: None, held: false }),
+            state: Mutex::new(State { trace: None, baselines: HashMap::default(), hold: None, held: false, syncs: 0 }),
             cv: Condvar::new(),
             idle_at: AtomicU64::new(0),
             done: AtomicBool::new(false),
@@ -206,6 +208,35 @@ impl LiveBooks {
     }
 }
 
+impl LiveBooks {
+    /// Whether the follower ended: the stream's End record (or a broken
+    /// stream) came, and the books hold all there will be.
+    pub fn ended(&self) -> bool {
+        self.shared.stopped.load(Ordering::Acquire)
+    }
+
+    /// Runs `ask` (which makes the process write a [`marker::SYNC`]
+    /// marker after what it buffered) and waits up to `timeout` for the
+    /// books to take it: they then hold every event the process made
+    /// before it read the question. False when it did not come in time
+    /// (or the stream ended first).
+    pub fn sync(&self, timeout: Duration, ask: impl FnOnce() -> Result<()>) -> Result<bool> {
+        let sh = &self.shared;
+        let want = sh.lock().syncs + 1;
+        ask()?;
+        let until = Instant::now() + timeout;
+        let mut g = sh.lock();
+        while g.syncs < want {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() || sh.stopped.load(Ordering::Acquire) {
+                return Ok(false);
+            }
+            g = sh.cv.wait_timeout(g, left.min(Duration::from_millis(20))).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        Ok(true)
+    }
+}
+
 impl Drop for LiveBooks {
     fn drop(&mut self) {
         self.finish();
@@ -214,7 +245,15 @@ impl Drop for LiveBooks {
 
 /// The follower: reads the file at `path` record by record into the books.
 fn follow(path: &Path, sh: &Arc<Shared>) {
-    let Ok(file) = File::open(path) else { return };
+    // The file may not be there yet: a keeper makes it once the stream's
+    // header came (`mtrace attach`, `client`).
+    let file = loop {
+        match File::open(path) {
+            Ok(f) => break f,
+            Err(_) if !sh.done.load(Ordering::Acquire) => std::thread::sleep(POLL),
+            Err(_) => return,
+        }
+    };
     let mut r = Reader::new(Follow { file, delivered: 0, shared: sh.clone() });
     let Ok(header) = r.header() else { return };
     let mut merge = crate::order::Merge::new(header.version);
@@ -264,6 +303,11 @@ fn enter(sh: &Shared, keeper: &mut Keeper, tid: u32, rec: Record) {
     let mut g = sh.lock();
     let t = g.trace.as_mut().expect("set above");
     let _: Flow = keeper.apply(t, tid, rec);
+    if marker.as_deref() == Some(marker::SYNC) {
+        g.syncs += 1;
+        sh.cv.notify_all();
+        return;
+    }
     if let Some(name) = marker {
         let n = t.markers.iter().filter(|m| m.name == name).count();
         if g.hold.as_ref().is_some_and(|(h, k)| *h == name && n >= *k) {

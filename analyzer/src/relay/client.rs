@@ -6,13 +6,12 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context, Result};
-use mtrace_analyzer::bounded::Bound;
+use mtrace_analyzer::bounded::{Bound, ReportPoints};
 use mtrace_format::address::Socket;
 use mtrace_format::protocol::Command;
 
@@ -145,6 +144,16 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
     Ok(ExitCode::from(code as u8))
 }
 
+/// Where the report points' .memlog files go: `MTRACE_REPORT_DIR`, else
+/// the client's working directory (the program's may be on another
+/// machine).
+fn reports_dir() -> PathBuf {
+    std::env::var_os(mtrace_format::settings::REPORT_DIR.name())
+        .map(PathBuf::from)
+        .or_else(|| std::env::current_dir().ok())
+        .unwrap_or_default()
+}
+
 /// The pid in a stream's header.
 fn header_pid(p: &Path) -> Option<u32> {
     let mut r = mtrace_format::Reader::new(std::fs::File::open(p).ok()?);
@@ -170,24 +179,21 @@ fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>, bound: Option<Bound>)
                     std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                     std::collections::hash_map::Entry::Vacant(e) => {
                         let path = dir.join(format!("{id}.mtrace"));
-                        let sink: Box<dyn Write> = match bound {
-                            Some(bound) => {
-                                let (r, w) = std::io::pipe()?;
-                                let p = path.clone();
-                                keepers.push(std::thread::spawn(move || {
-                                    mtrace_analyzer::bounded::keep(
-                                        r,
-                                        mtrace_analyzer::bounded::Dest::File(&p),
-                                        bound,
-                                        None,
-                                    )
-                                }));
-                                Box::new(w)
-                            }
-                            None => Box::new(
-                                std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&path)?,
-                            ),
-                        };
+                        // A keeper (unbounded without a bound) writes the
+                        // file, and the .memlog of each report point (the
+                        // report signal, `mtrace_report()`) as it passes.
+                        let (r, w) = std::io::pipe()?;
+                        let p = path.clone();
+                        keepers.push(std::thread::spawn(move || {
+                            let mut points = ReportPoints::new(Some(reports_dir()), None);
+                            mtrace_analyzer::bounded::keep(
+                                r,
+                                mtrace_analyzer::bounded::Dest::File(&p),
+                                bound.unwrap_or_default(),
+                                Some(&mut points),
+                            )
+                        }));
+                        let sink: Box<dyn Write> = Box::new(w);
                         st.lock().expect("streams lock").files.insert(id, (path, false));
                         e.insert(sink)
                     }

@@ -7,6 +7,7 @@ pub mod attach;
 pub mod commands;
 pub mod fork;
 pub mod patch;
+pub mod requests;
 pub mod signals;
 
 use mtrace_format::EndReason;
@@ -15,7 +16,7 @@ use crate::platform::{real, sys};
 use crate::record::guard::Guard;
 use crate::record::recorder;
 use crate::snapshot;
-use crate::stream::{self, reports};
+use crate::stream;
 
 /// Library constructor. Events before it (other libraries' constructors)
 /// are already recorded: the session starts lazily on the first event; this
@@ -47,12 +48,7 @@ pub extern "C" fn init() {
     }
     real::resolve_the_end();
     signals::install();
-    if let Some(sig) = s.report_signal {
-        reports::install(sig);
-    }
-    if let Some(sig) = s.scan_signal {
-        reports::install_scan(sig);
-    }
+    requests::install(s);
     if !s.follow_exec {
         sys::drop_from_preload("libmtrace.so");
     }

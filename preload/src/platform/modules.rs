@@ -97,9 +97,24 @@ pub fn range_of(addr: usize) -> Option<(usize, usize)> {
 /// The loaded module whose segments span `addr`, with that span `[lo, hi)`.
 pub fn containing(addr: usize) -> Option<(Module, u64, u64)> {
     list().into_iter().find_map(|m| {
-        let lo = m.segments.iter().map(|s| m.bias + s.vaddr).min()?;
-        let hi = m.segments.iter().map(|s| m.bias + s.vaddr + s.memsz).max()?;
+        let (lo, hi) = span(&m)?;
         (lo as usize <= addr && addr < hi as usize).then_some((m, lo, hi))
+    })
+}
+
+/// The addresses a module's segments cover, [lo, hi).
+fn span(m: &Module) -> Option<(u64, u64)> {
+    let lo = m.segments.iter().map(|s| m.bias + s.vaddr).min()?;
+    let hi = m.segments.iter().map(|s| m.bias + s.vaddr + s.memsz).max()?;
+    Some((lo, hi))
+}
+
+/// The dynamic loader's mappings, [lo, hi): the module whose file name
+/// starts with `ld-` (glibc's `ld-linux-x86-64.so.2`, `ld-linux-aarch64.so.1`).
+pub fn loader_range() -> Option<(u64, u64)> {
+    list().into_iter().find_map(|m| {
+        let name = m.path.rsplit('/').next().unwrap_or_default();
+        name.starts_with("ld-").then(|| span(&m)).flatten()
     })
 }
 

@@ -209,11 +209,18 @@ pub fn sleep_ms(ms: u64) {
     sleep_us(ms * 1000);
 }
 
-/// Sleeps for `us` microseconds (less than a second).
+/// Sleeps for `us` microseconds (less than a second). By `ppoll` on no
+/// descriptors, not `nanosleep`: nanosleep writes the thread's restart
+/// block on entry (kernel/time/hrtimer.c), which the system call the
+/// program waits in (a poll or a sleep a ptrace stop interrupted) is
+/// restarted from. The tracer's code that a round made in an idle
+/// process runs (docs/PROCESSES.md) then leaves that wait to go on for
+/// its own time; ppoll keeps its time left in its own argument.
 pub fn sleep_us(us: u64) {
     let ts = libc::timespec { tv_sec: 0, tv_nsec: (us * 1000) as i64 };
-    // SAFETY: ts is valid; an early wake-up is harmless.
-    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+    // SAFETY: ts is valid; no descriptors and no signal mask are given;
+    // an early wake-up is harmless.
+    unsafe { libc::ppoll(std::ptr::null_mut(), 0, &ts, std::ptr::null()) };
 }
 
 /// Starts `f` on a new pthread with every signal blocked, so that the

@@ -59,10 +59,11 @@ pub enum By {
     Program([u64; 7]),
     /// The writer thread (on demand): the tracer's own, not a root.
     Writer,
-    /// A thread of the program in a fatal signal's handler: the registers
+    /// A thread of the program in a signal's handler (a fatal signal's;
+    /// the scan signal's in a process with one thread): the registers
     /// the signal interrupted (`stop::interrupted`), and its stack is live
-    /// from `live_from` up. Every lock is taken with a deadline (the
-    /// thread may have been interrupted holding one of the tracer's).
+    /// from `live_from` up. Every lock is taken with a deadline (a fatal
+    /// signal may have interrupted the thread holding one of the tracer's).
     Interrupted { regs: [u64; crate::snapshot::stop::REGS], len: usize, live_from: u64 },
 }
 

@@ -464,14 +464,17 @@ impl Session {
         if name == SIGNAL_REPORT {
             self.reporter.marked();
         }
-        match self.reporter.start(seq, out, name != SCAN_REPORT, wait) {
-            Some(pid) if wait => {
+        match self.reporter.start(seq, out, name != SCAN_REPORT) {
+            Some(started) if wait => {
                 // The report reads up to the marker once a watermark
                 // passes it: this thread must not hold it back meanwhile.
                 (crate::UP.unmark)();
-                self.reporter.wait(pid)
+                self.reporter.wait(started)
             }
-            Some(_) => true,
+            Some(started) => {
+                self.reporter.keep(started);
+                true
+            }
             None => false,
         }
     }

@@ -1,13 +1,13 @@
 //! Incremental reports while the program runs (.memlog files).
 //!
 //! A report point is a Marker record in the stream, written by the writer
-//! thread after it collected every thread's buffer. The report itself is
-//! made by the analyzer, not here (the recorder stays thin): the writer
-//! starts `mtrace report TRACE --since-marker N-1 --until-marker N -o
-//! <program>-<pid>-<N>.memlog` in a child process. The child is created with
-//! a raw `clone` whose exit signal is 0 (the analyzer runs in a grandchild:
-//! see [`spawn`]), so the program gets no SIGCHLD and
-//! its `waitpid(-1, …)` never sees it; the writer reaps it with `__WCLONE`.
+//! thread (or, in a process with one thread, by that thread's round)
+//! after it collected every thread's buffer. The report itself is made by
+//! the analyzer, not here (the recorder stays thin): `mtrace report TRACE
+//! --since-marker N-1 --until-marker N -o <program>-<pid>-<N>.memlog`,
+//! started in a process that is not the program's child (see [`spawn`]):
+//! the program's `wait()` and `waitpid(-1, …, __WALL)` never see it, and
+//! it learns the analyzer's exit status through a pipe.
 
 use std::ffi::{c_char, CString};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,43 +21,35 @@ static REQUESTS: AtomicU64 = AtomicU64::new(0);
 /// Requests whose Marker is in the file.
 static MARKED: AtomicU64 = AtomicU64::new(0);
 
-/// The report signal's handler. It waits (up to 2 s) until the writer has
-/// put the report's Marker in the file, so that the report shows the
-/// program as it was when the signal arrived, not a few milliseconds of
-/// work later. It only touches atomics and nanosleep (async-signal-safe);
-/// should the writer be held up (the interrupted code held a lock it
-/// needs), the timeout lets the program go on and the report follows.
-extern "C" fn on_report_signal(_: i32) {
-    // No session (tracing off in this process): nobody would answer.
-    let Some(s) = crate::stream::current() else { return };
-    let errno = sys::errno();
-    let mine = REQUESTS.fetch_add(1, Ordering::AcqRel) + 1;
-    if s.is_solo() {
-        // No writer: the program's thread writes the Marker at its next
-        // event of the malloc family, after this handler.
-        s.round_soon();
-        return;
-    }
+/// The report signal came (its handler, lifecycle/signals.rs): the
+/// request's number.
+pub fn request() -> u64 {
+    REQUESTS.fetch_add(1, Ordering::AcqRel) + 1
+}
+
+/// In the report signal's handler, with a writer thread: waits (up to
+/// 2 s) until the writer has put request `mine`'s Marker in the file, so
+/// that the report shows the program as it was when the signal arrived,
+/// not a few milliseconds of work later. Only atomics and sleeps
+/// (async-signal-safe); should the writer be held up (the interrupted
+/// code held a lock it needs), the timeout lets the program go on and the
+/// report follows.
+pub fn wait_marked(mine: u64) {
     for _ in 0..400 {
         if MARKED.load(Ordering::Acquire) >= mine {
-            break;
+            return;
         }
         sys::sleep_ms(5);
     }
-    sys::set_errno(errno);
 }
 
 /// Leak scan requests from the scan signal's handler, counted.
 static SCAN_REQUESTS: AtomicU64 = AtomicU64::new(0);
 static SCANS_HANDLED: AtomicU64 = AtomicU64::new(0);
 
-/// The scan signal's handler: counts the request for the writer. It does
-/// not wait: the scan stops this thread like every other.
-extern "C" fn on_scan_signal(_: i32) {
+/// The scan signal came (its handler): counted for whoever answers.
+pub fn request_scan() {
     SCAN_REQUESTS.fetch_add(1, Ordering::AcqRel);
-    if let Some(s) = crate::stream::current() {
-        s.round_soon();
-    }
 }
 
 /// True once per scan signal received since the last call.
@@ -65,31 +57,6 @@ pub fn take_scan_request() -> bool {
     let done = SCANS_HANDLED.load(Ordering::Relaxed);
     SCAN_REQUESTS.load(Ordering::Acquire) > done
         && SCANS_HANDLED.compare_exchange(done, done + 1, Ordering::AcqRel, Ordering::Relaxed).is_ok()
-}
-
-/// Installs the scan signal's handler, unless the program has its own.
-pub fn install_scan(sig: i32) {
-    set_handler(sig, on_scan_signal);
-}
-
-/// Installs the report signal's handler, unless the program has its own.
-pub fn install(sig: i32) {
-    set_handler(sig, on_report_signal);
-}
-
-fn set_handler(sig: i32, handler: extern "C" fn(i32)) {
-    // SAFETY: sigaction with valid pointers; replaces only SIG_DFL.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
-            return;
-        }
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = handler as usize;
-        sa.sa_flags = libc::SA_RESTART;
-        libc::sigemptyset(&mut sa.sa_mask);
-        libc::sigaction(sig, &sa, std::ptr::null_mut());
-    }
 }
 
 /// Where reports go and how they are made.
@@ -105,7 +72,22 @@ pub struct Reporter {
     /// Reports made so far (the last report's number).
     seq: AtomicU64,
     handled: AtomicU64,
-    children: Mutex<Vec<i32>>,
+    /// The reports under way that nobody waits for.
+    children: Mutex<Vec<Started>>,
+    /// The analyzer's environment: the program's at the session's start,
+    /// without LD_PRELOAD (built once: a report may start in a signal's
+    /// handler, which must not read `environ` while the program's
+    /// `setenv` may be replacing it).
+    env: Vec<CString>,
+}
+
+/// A report under way: the read end of the pipe its analyzer's exit
+/// status comes through, with the pipe's identity (the program may close
+/// the descriptor and reuse its number: a descriptor that is no longer
+/// that pipe is never read or closed).
+pub struct Started {
+    fd: i32,
+    ino: u64,
 }
 
 const WCLONE: i32 = 0x8000_0000u32 as i32;
@@ -141,6 +123,7 @@ impl Reporter {
             seq: AtomicU64::new(0),
             handled: AtomicU64::new(0),
             children: Mutex::new(Vec::new()),
+            env: analyzer_env(),
         }
     }
 
@@ -163,11 +146,10 @@ impl Reporter {
     }
 
     /// Starts the analyzer on report `seq` (its Marker is in the file).
-    /// Writes to `out`, or the default .memlog name. Returns the child's pid.
-    /// With `since_previous`, the report is the change since report `seq - 1`.
-    /// With `waited`, the caller reaps the child with [`Reporter::wait`]
-    /// (the writer's [`Reporter::reap`] must not take it first).
-    pub fn start(&self, seq: u64, out: Option<&str>, since_previous: bool, waited: bool) -> Option<i32> {
+    /// Writes to `out`, or the default .memlog name. With
+    /// `since_previous`, the report is the change since report `seq - 1`.
+    /// The caller waits for it ([`Reporter::wait`]) or [`Reporter::keep`]s it.
+    pub fn start(&self, seq: u64, out: Option<&str>, since_previous: bool) -> Option<Started> {
         let Some(analyzer) = &self.analyzer else {
             if seq == 1 && !self.on_socket && sys::getenv(mtrace_format::settings::BIN.var).is_none() {
                 sys::warn("no mtrace binary next to libmtrace.so (set MTRACE_BIN); report points are only markers");
@@ -176,29 +158,80 @@ impl Reporter {
         };
         let out = out.map_or_else(|| format!("{}{seq}.memlog", self.prefix), str::to_owned);
         let args = mtrace_format::protocol::report_point_argv(&self.trace, seq, &out, since_previous);
-        let pid = spawn(analyzer, &args)?;
-        if !waited {
-            self.children.lock().push(pid);
-        }
-        Some(pid)
+        spawn(analyzer, &args, &self.env)
     }
 
-    /// Reaps finished analyzers without blocking.
+    /// Report `r` goes on without anybody waiting: [`Reporter::reap`]
+    /// lets it go when it is done.
+    pub fn keep(&self, r: Started) {
+        self.children.lock().push(r);
+    }
+
+    /// Lets go of the reports that ended, without blocking.
     pub fn reap(&self) {
-        self.children.lock().retain(|&pid| {
-            let mut status = 0;
-            // SAFETY: waitpid on our own clone child.
-            unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG | WCLONE) == 0 }
-        });
+        self.children.lock().retain(|c| c.status(false).is_none());
     }
 
-    /// Waits for analyzer `pid`; true when it exited with status 0.
-    pub fn wait(&self, pid: i32) -> bool {
-        let mut status = 0;
-        // SAFETY: waitpid on our own clone child.
-        let rc = unsafe { libc::waitpid(pid, &mut status, WCLONE) };
-        rc == pid && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
+    /// Waits for report `r`; true when its analyzer exited with status 0.
+    pub fn wait(&self, r: Started) -> bool {
+        r.status(true) == Some(0)
     }
+}
+
+impl Started {
+    /// The analyzer's exit status, once it ended (waiting for it with
+    /// `block`); 127 when it could not tell (the program closed the
+    /// descriptor). Closes the pipe once it answered.
+    fn status(&self, block: bool) -> Option<u8> {
+        if pipe_ino(self.fd) != Some(self.ino) {
+            return Some(127);
+        }
+        let mut code = [127u8];
+        // SAFETY: poll and read on our pipe with buffers of their size.
+        let n = unsafe {
+            let mut p = libc::pollfd { fd: self.fd, events: libc::POLLIN, revents: 0 };
+            if !block && libc::poll(&mut p, 1, 0) == 0 {
+                return None;
+            }
+            loop {
+                let n = libc::read(self.fd, code.as_mut_ptr().cast(), 1);
+                if n >= 0 || sys::errno() != libc::EINTR {
+                    break n;
+                }
+            }
+        };
+        // SAFETY: our pipe's read end, checked above.
+        unsafe { libc::close(self.fd) };
+        Some(if n == 1 { code[0] } else { 127 })
+    }
+}
+
+/// The inode of the pipe open at `fd`, if it is one.
+fn pipe_ino(fd: i32) -> Option<u64> {
+    // SAFETY: fstat writes a struct stat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
+    (ok && st.st_mode & libc::S_IFMT == libc::S_IFIFO).then_some(st.st_ino)
+}
+
+/// The analyzer's environment: the program's without LD_PRELOAD, and no
+/// symbol cache in the program's home (a service's) unless asked.
+fn analyzer_env() -> Vec<CString> {
+    let mut env: Vec<CString> = std::env::vars_os()
+        .filter(|(k, _)| k != "LD_PRELOAD")
+        .filter_map(|(k, v)| {
+            let mut kv = k.into_encoded_bytes();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_encoded_bytes());
+            CString::new(kv).ok()
+        })
+        .collect();
+    let cache = mtrace_format::settings::SYMBOL_CACHE.name();
+    if std::env::var_os(cache).is_none() {
+        env.extend(CString::new(format!("{cache}=off")).ok());
+    }
+    env
 }
 
 /// `mtrace` in the folder of libmtrace.so.
@@ -209,67 +242,94 @@ fn next_to_library() -> Option<String> {
     bin.is_file().then(|| bin.to_string_lossy().into_owned())
 }
 
-/// Starts `path` with `args` and the environment minus LD_PRELOAD, as a
-/// clone child that sends no SIGCHLD. Exec makes a process's exit signal
-/// SIGCHLD again, so the analyzer is a grandchild: the clone child (exit
-/// signal 0, never execs) starts it, waits for it and exits with its status.
-/// Everything the children need is built
-/// before the clone: in a copy of a threaded process only raw system calls
-/// are safe.
-fn spawn(path: &CString, args: &[String]) -> Option<i32> {
+/// Starts `path` with `args` and `env` in a process that is not the
+/// program's child, and returns the pipe its exit status will come
+/// through. A child the program could see would be reaped by its
+/// `waitpid(-1, …, __WALL)` (and a child's exit signal becomes SIGCHLD at
+/// exec): so a clone child with exit signal 0 (the go-between) starts the
+/// waiter and exits at once, reaped here; the waiter, an orphan that init
+/// (or the nearest subreaper) adopts, starts the analyzer, waits for it
+/// and writes its exit status into the pipe. The waiter keeps the
+/// standard streams and the pipe, no other descriptor of the program's
+/// (a pipe's write end held open would keep its reader from its end of
+/// file). Everything the children need is built before the clone: in a
+/// copy of a threaded process only raw system calls are safe.
+fn spawn(path: &CString, args: &[String], env: &[CString]) -> Option<Started> {
     let args: Vec<CString> = args.iter().filter_map(|a| CString::new(a.as_bytes()).ok()).collect();
-    let mut env: Vec<CString> = std::env::vars_os()
-        .filter(|(k, _)| k != "LD_PRELOAD")
-        .filter_map(|(k, v)| {
-            let mut kv = k.into_encoded_bytes();
-            kv.push(b'=');
-            kv.extend_from_slice(v.as_encoded_bytes());
-            CString::new(kv).ok()
-        })
-        .collect();
-    // The analyzer runs in the program's environment: it keeps no
-    // symbolized frames in the program's home (a service's) unless asked.
-    let cache = mtrace_format::settings::SYMBOL_CACHE.name();
-    if std::env::var_os(cache).is_none() {
-        env.extend(CString::new(format!("{cache}=off")).ok());
-    }
     let mut argv: Vec<*const c_char> = args.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
     let mut envp: Vec<*const c_char> = env.iter().map(|e| e.as_ptr()).collect();
     envp.push(std::ptr::null());
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 writes two descriptors into `fds`.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return None;
+    }
+    let [rd, wr] = fds;
+    let ino = pipe_ino(rd)?;
     // SAFETY: clone without CLONE_VM is a fork; the children make only raw
     // system calls on memory prepared above, then exec or exit.
     unsafe {
-        let pid = libc::syscall(libc::SYS_clone, 0 as libc::c_ulong, 0usize, 0usize, 0usize, 0usize);
-        if pid == 0 {
-            // The go-between: every signal blocked (the program's handlers
-            // must never run in this copy), it waits for the analyzer and
-            // exits with its status.
+        let go_between = libc::syscall(libc::SYS_clone, 0 as libc::c_ulong, 0usize, 0usize, 0usize, 0usize);
+        if go_between == 0 {
+            // Every signal blocked: the program's handlers must never run
+            // in these copies.
             let full = [u64::MAX; 16];
             libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, full.as_ptr(), 0usize, 8usize);
-            let analyzer =
-                libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0usize, 0usize, 0usize, 0usize);
-            if analyzer == 0 {
-                let empty = [0u64; 16];
-                libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, empty.as_ptr(), 0usize, 8usize);
-                libc::syscall(libc::SYS_execve, path.as_ptr(), argv.as_ptr(), envp.as_ptr());
-                libc::syscall(libc::SYS_exit_group, 127);
+            let waiter = libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0usize, 0usize, 0usize, 0usize);
+            if waiter == 0 {
+                wait_for_analyzer(path, &argv, &envp, wr);
             }
-            let mut status = 0i32;
-            let code = loop {
-                if analyzer < 0 {
-                    break 127;
-                }
-                let r = libc::syscall(libc::SYS_wait4, analyzer, &mut status as *mut i32, 0usize, 0usize);
-                if r == analyzer {
-                    break if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 126 };
-                }
-                if r != -1 || sys::errno() != libc::EINTR {
-                    break 127;
-                }
-            };
-            libc::syscall(libc::SYS_exit_group, code);
+            libc::syscall(libc::SYS_exit_group, if waiter > 0 { 0 } else { 1 });
         }
-        (pid > 0).then_some(pid as i32)
+        libc::close(wr);
+        if go_between <= 0 {
+            libc::close(rd);
+            return None;
+        }
+        let mut status = 0i32;
+        while libc::syscall(libc::SYS_wait4, go_between, &mut status as *mut i32, WCLONE, 0usize) < 0
+            && sys::errno() == libc::EINTR
+        {}
+    }
+    Some(Started { fd: rd, ino })
+}
+
+/// The waiter of [`spawn`]: starts the analyzer, waits for it, writes its
+/// exit status (one byte) into `wr` and exits.
+///
+/// # Safety
+/// In a fresh copy of the program made by `clone`; `argv` and `envp` are
+/// NULL-terminated arrays of NUL-terminated strings that live in it.
+unsafe fn wait_for_analyzer(path: &CString, argv: &[*const c_char], envp: &[*const c_char], wr: i32) -> ! {
+    // SAFETY: raw system calls on this copy's own memory, per the contract.
+    unsafe {
+        // Every descriptor but the standard streams and `wr` (a failure,
+        // before Linux 5.9, leaves them open: harmless).
+        libc::syscall(libc::SYS_close_range, 3usize, (wr as usize).saturating_sub(1), 0usize);
+        libc::syscall(libc::SYS_close_range, wr as usize + 1, u32::MAX as usize, 0usize);
+        let analyzer = libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0usize, 0usize, 0usize, 0usize);
+        if analyzer == 0 {
+            let empty = [0u64; 16];
+            libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, empty.as_ptr(), 0usize, 8usize);
+            libc::syscall(libc::SYS_execve, path.as_ptr(), argv.as_ptr(), envp.as_ptr());
+            libc::syscall(libc::SYS_exit_group, 127);
+        }
+        let mut status = 0i32;
+        let code: u8 = loop {
+            if analyzer < 0 {
+                break 127;
+            }
+            let r = libc::syscall(libc::SYS_wait4, analyzer, &mut status as *mut i32, 0usize, 0usize);
+            if r == analyzer {
+                break if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) as u8 } else { 126 };
+            }
+            if r != -1 || sys::errno() != libc::EINTR {
+                break 127;
+            }
+        };
+        libc::syscall(libc::SYS_write, wr, &code as *const u8, 1usize);
+        libc::syscall(libc::SYS_exit_group, 0);
+        std::hint::unreachable_unchecked()
     }
 }

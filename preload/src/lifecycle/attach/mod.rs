@@ -233,6 +233,7 @@ pub fn undo() {
     if !ATTACHED.swap(false, Ordering::AcqRel) {
         return;
     }
+    crate::lifecycle::requests::uninstall();
     crate::lifecycle::patch::undo();
     let mut st = STATE.lock();
     let mut relro: HashMap<u64, Option<Option<(u64, u64)>>> = HashMap::new();
@@ -265,18 +266,25 @@ pub extern "C" fn mtrace_attach_detach(scan: i32) -> i32 {
     0
 }
 
-/// Called by `mtrace attach` in a process whose tracing has no writer
-/// thread, when its console or its views need what the program buffered
-/// (an idle program with one thread makes no round of its own): a round
-/// now on the calling thread (the program's, stopped outside the tracer,
-/// libc and the loader), its commands read and carried out, its buffer
-/// written. Returns 0, or 1 when there was nothing to do.
+/// Called by the reader of a process whose tracing has no writer thread
+/// (`mtrace attach`, `mtrace server`), by ptrace, when a command it sent
+/// or its console's views need what the program buffered (an idle
+/// program with one thread makes no round of its own: docs/PROCESSES.md):
+/// a round now on the calling thread (the program's, stopped outside the
+/// tracer, libc and the loader), its commands read and carried out, its
+/// buffer written. Makes no `nanosleep` (platform/sys.rs's sleeps): the
+/// call the thread was stopped in goes on from its restart block, for its
+/// own time. Returns 0, or 1 when there was nothing to do (no session, or
+/// one with a writer thread).
 #[no_mangle]
-pub extern "C" fn mtrace_attach_round() -> i32 {
-    let _g = crate::record::guard::Guard::enter();
-    let Some(s) = crate::stream::current().filter(|s| attached() && s.is_solo() && !s.is_finished()) else {
+pub extern "C" fn mtrace_round_now() -> i32 {
+    let Some(_g) = crate::record::guard::Guard::enter() else { return 1 };
+    let Some(s) = crate::stream::current().filter(|s| s.is_solo() && !s.is_finished()) else {
         return 1;
     };
+    if s.pid != sys::getpid() {
+        return 1;
+    }
     s.solo_round_now();
     0
 }
@@ -318,6 +326,11 @@ pub unsafe extern "C" fn mtrace_attach_init(settings: *const c_char) -> i32 {
         crate::stream::leave_solo();
     }
     crate::lifecycle::fork::install_once();
+    if let Some(s) = crate::stream::current() {
+        // Its reports go to the attacher's socket as markers: `mtrace
+        // attach` writes their .memlog files.
+        crate::lifecycle::requests::install(s);
+    }
     ATTACHED.store(true, Ordering::Release);
     redirect_new();
     0

@@ -17,7 +17,7 @@ mod helper;
 mod ptrace;
 mod signal;
 
-pub use signal::{interrupted, park_here, park_in_signal, reset_in_child};
+pub use signal::{interrupted, interrupted_pc, park_here, park_in_signal, reset_in_child};
 
 use parking_lot::{Mutex, MutexGuard};
 

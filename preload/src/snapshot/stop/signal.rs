@@ -209,6 +209,18 @@ pub fn interrupted(ctx: *mut libc::c_void) -> ([u64; REGS], u64) {
     (regs, sp.saturating_sub(RED_ZONE))
 }
 
+/// The instruction pointer among registers [`interrupted`] read; `None`
+/// where they are not a signal's (other architectures).
+pub fn interrupted_pc(regs: &[u64; REGS]) -> Option<u64> {
+    #[cfg(target_arch = "x86_64")]
+    return Some(regs[libc::REG_RIP as usize]);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = regs;
+        None
+    }
+}
+
 /// The interrupted registers in a signal's ucontext, and the stack pointer.
 #[cfg(target_arch = "x86_64")]
 fn interrupted_regs(ctx: *mut libc::c_void) -> ([u64; REGS], u64) {

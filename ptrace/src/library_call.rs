@@ -1,0 +1,97 @@
+//! Calling a function of libmtrace.so inside a process it is loaded in
+//! (preloaded or attached), by ptrace: how its reader (`mtrace server`,
+//! `mtrace attach`) makes a process with one thread, idle in a system
+//! call, do the round its commands wait for (docs/PROCESSES.md).
+//!
+//! The function's address comes from the library's dynamic symbols and
+//! where the process mapped it: nothing but the library's own code runs
+//! in the process (no `dlopen` or `dlsym`). That code makes no
+//! `nanosleep`, the one system call that replaces a thread's restart
+//! block without being interrupted (kernel/time/hrtimer.c), so the call
+//! the thread was stopped in (a poll or a sleep with a timeout) goes on
+//! from its restart block, for its own time, as after any stop
+//! ([`Tracee::keep_restart_block`]).
+
+use std::path::Path;
+
+use anyhow::{anyhow, Context, Result};
+use mtrace_format::maps::Mapping;
+use object::{Object, ObjectSegment, ObjectSymbol};
+
+use crate::inject::Tracee;
+
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// The address of `name`, a function `lib` exports, in process `pid`
+/// (found among its mappings by `lib`'s file name), and the text of
+/// libc, the loader and that library, where a stopped thread may hold a
+/// lock the function takes. Errors: the library is not mapped, or has no
+/// such symbol.
+fn locate(pid: i32, lib: &Path, name: &str) -> Result<(u64, Vec<(u64, u64)>)> {
+    let maps = crate::inspect::maps(pid)?;
+    let lib_name = lib.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mapped = maps
+        .iter()
+        .find(|m| m.offset == 0 && file_name(&m.path) == lib_name)
+        .ok_or_else(|| anyhow!("process {pid} has no {lib_name} loaded"))?;
+    // Read as the process sees it (another mount namespace), else here.
+    let inside = format!("/proc/{pid}/root{}", mapped.path);
+    let data = std::fs::read(&inside).or_else(|_| std::fs::read(&mapped.path)).context(mapped.path.clone())?;
+    let elf = object::File::parse(&*data).with_context(|| mapped.path.clone())?;
+    let first_load = elf.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
+    let sym = elf
+        .dynamic_symbols()
+        .find(|s| s.name() == Ok(name) && s.address() != 0)
+        .ok_or_else(|| anyhow!("{}: no function {name}", mapped.path))?;
+    let busy = maps
+        .iter()
+        .filter(|m: &&Mapping| {
+            let n = file_name(&m.path);
+            m.exec && (n.starts_with("libc.so") || n.starts_with("ld-linux") || n == lib_name)
+        })
+        .map(|m| (m.start, m.end))
+        .collect();
+    Ok((mapped.start - first_load + sym.address(), busy))
+}
+
+/// System calls a process with one thread may wait in, beyond those
+/// [`Tracee::choose`] takes, with no lock held that the library's
+/// functions take: a futex wait (no other thread of the process holds a
+/// lock it waits for), and the restart of an interrupted wait (a poll or
+/// a sleep a stop interrupted before, this call's last time among them).
+const ALONE_SAFE: &[i64] = &[libc::SYS_futex, libc::SYS_restart_syscall];
+
+/// Calls `name(arg)`, a function of the library `lib` loaded in process
+/// `pid` that takes one integer, on a thread chosen as for the attach (a
+/// thread in a system call that holds no lock, or in the program's own
+/// code: [`Tracee::choose`]), and returns its result. For a process with
+/// one thread: its futex waits are taken as safe ([`ALONE_SAFE`]).
+/// Errors: ptrace refused (another tracer: a debugger, strace; no
+/// permission), the library or the function not found, no thread free
+/// within 2 s.
+pub fn call(pid: i32, lib: &Path, name: &str, arg: u64) -> Result<u64> {
+    let (func, busy) = locate(pid, lib, name)?;
+    let mut tracee = Tracee::seize(pid)?;
+    tracee.choose_among(&busy, ALONE_SAFE)?;
+    tracee.keep_restart_block();
+    let rc = tracee.call(func, &[], |_| vec![arg])?;
+    tracee.release()?;
+    Ok(rc)
+}
+
+/// The pid of the process tracing process `pid` (a debugger, strace), if
+/// one does: `TracerPid` in its status.
+pub fn tracer_of(pid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let t: i32 = status.lines().find_map(|l| l.strip_prefix("TracerPid:"))?.trim().parse().ok()?;
+    (t != 0).then_some(t)
+}
+
+/// Whether process `pid` has one thread: its tracing then has no writer
+/// thread, and it reads commands and writes what it buffered only at its
+/// allocation calls, or when its reader makes it ([`call`]).
+pub fn single_threaded(pid: i32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|d| d.count() == 1)
+}
