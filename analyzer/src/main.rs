@@ -8,6 +8,7 @@ mod mistakes;
 mod recording;
 mod relay;
 mod run;
+mod wake;
 
 pub use pipeline::ReportOpts;
 

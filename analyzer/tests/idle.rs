@@ -383,3 +383,43 @@ fn the_programs_children_are_its_own() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), expected, "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(0));
 }
+
+#[test]
+fn what_an_idle_process_made_reaches_the_stream_though_it_is_killed() {
+    let m = markers("attach_target.c");
+    for way in ["server", "attach"] {
+        let dir = scratch(&format!("idle-killed-{way}"));
+        let prog = build("attach_target.c", &dir.join("attach_target"), &["-g", "-O0"]);
+        let report = dir.join("report.json");
+        let addr = format!("unix:{}", dir.join("s.sock").display());
+        let (mut t, mut reader) = if way == "server" {
+            let t = AttachTarget::spawn(Command::new(mtrace()).args(["server", "--listen", &addr, "--"]).arg(&prog));
+            let c = Command::new(mtrace()).args(["client", &addr, "--json", "-o"]).arg(&report).spawn().unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            (t, c)
+        } else {
+            let t = AttachTarget::spawn(&mut Command::new(&prog));
+            let pid = t.child.id().to_string();
+            let c = spawn_until(
+                Command::new(mtrace()).args(["attach", &pid, "--json", "-o"]).arg(&report),
+                "mtrace: attached",
+            );
+            (t, c)
+        };
+        assert_eq!(t.ask("leak 100"), "ok leak 100\n");
+        // The allocation's event waits in the thread's buffer (its round
+        // came before it); the process idles in read, then is killed.
+        std::thread::sleep(Duration::from_millis(300));
+        let pid = if way == "server" { child_of(t.child.id()) } else { t.child.id() as i32 };
+        signal(pid, libc::SIGKILL);
+        let status = reader.wait().unwrap();
+        let _ = t.child.wait();
+        let text = std::fs::read_to_string(&report).unwrap_or_else(|e| panic!("{way} ({status}): {e}"));
+        let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert!(
+            leaks_in(&r, "attach_target.c").contains(&leak(100, 1, "malloc", "keep", m["window"])),
+            "{way}: {:?}",
+            leaks_in(&r, "attach_target.c")
+        );
+    }
+}

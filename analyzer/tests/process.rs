@@ -306,3 +306,41 @@ fn the_preload_interposes_on_every_function_of_the_shared_table() {
     let taken: Vec<&str> = entry.filter(|n| exported.contains(n)).collect();
     assert_eq!(taken, Vec::<&str>::new());
 }
+
+/// (steps done when main returned, last step written) of a run of
+/// ctests/exit_busy.c's output.
+fn exit_steps(out: &[u8]) -> (u32, u32) {
+    let text = String::from_utf8_lossy(out);
+    let at = text.lines().find_map(|l| l.strip_prefix("exit at step ")).expect("its exit line").parse().unwrap();
+    let last = text.lines().filter_map(|l| l.strip_prefix("step ")).filter_map(|n| n.parse().ok()).max().unwrap_or(0);
+    (at, last)
+}
+
+#[test]
+fn threads_make_no_progress_while_the_exit_is_traced() {
+    let dir = scratch("process-exit-busy");
+    let prog = build("exit_busy.c", &dir.join("exit_busy"), &["-g", "-O0", "-pthread"]);
+    // Natively the process ends within the step its thread was in.
+    let native = Command::new(&prog).output().unwrap();
+    let (at, last) = exit_steps(&native.stdout);
+    assert!(last <= at + 1, "natively: {}", String::from_utf8_lossy(&native.stdout));
+    for (extra, runs) in [(&["--scan"][..], 5), (&["--no-scan"][..], 3)] {
+        for _ in 0..runs {
+            let out = Command::new(mtrace())
+                .current_dir(&dir)
+                .args(["run"])
+                .args(extra)
+                .arg("--")
+                .arg(&prog)
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+            // The thread held from the end of exit on: before, it made all
+            // its 50 steps while mtrace scanned and wrote the trace's end.
+            let (at, last) = exit_steps(&out.stdout);
+            assert!(last <= at + 1, "{extra:?}: exit at step {at}, then step {last}");
+            let report = String::from_utf8_lossy(&out.stderr);
+            assert!(report.contains("ended by:         exit, status 0"), "{report}");
+        }
+    }
+}

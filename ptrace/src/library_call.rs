@@ -10,7 +10,8 @@
 //! block without being interrupted (kernel/time/hrtimer.c), so the call
 //! the thread was stopped in (a poll or a sleep with a timeout) goes on
 //! from its restart block, for its own time, as after any stop
-//! ([`Tracee::keep_restart_block`]).
+//! ([`Tracee::keep_restart_block`]). A word of the library's is read
+//! from outside too ([`InProcess::read_u32`]), the process running on.
 
 use std::path::Path;
 
@@ -24,36 +25,75 @@ fn file_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
-/// The address of `name`, a function `lib` exports, in process `pid`
-/// (found among its mappings by `lib`'s file name), and the text of
-/// libc, the loader and that library, where a stopped thread may hold a
-/// lock the function takes. Errors: the library is not mapped, or has no
-/// such symbol.
-fn locate(pid: i32, lib: &Path, name: &str) -> Result<(u64, Vec<(u64, u64)>)> {
-    let maps = crate::inspect::maps(pid)?;
-    let lib_name = lib.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let mapped = maps
-        .iter()
-        .find(|m| m.offset == 0 && file_name(&m.path) == lib_name)
-        .ok_or_else(|| anyhow!("process {pid} has no {lib_name} loaded"))?;
-    // Read as the process sees it (another mount namespace), else here.
-    let inside = format!("/proc/{pid}/root{}", mapped.path);
-    let data = std::fs::read(&inside).or_else(|_| std::fs::read(&mapped.path)).context(mapped.path.clone())?;
-    let elf = object::File::parse(&*data).with_context(|| mapped.path.clone())?;
-    let first_load = elf.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
-    let sym = elf
-        .dynamic_symbols()
-        .find(|s| s.name() == Ok(name) && s.address() != 0)
-        .ok_or_else(|| anyhow!("{}: no function {name}", mapped.path))?;
-    let busy = maps
-        .iter()
-        .filter(|m: &&Mapping| {
-            let n = file_name(&m.path);
-            m.exec && (n.starts_with("libc.so") || n.starts_with("ld-linux") || n == lib_name)
-        })
-        .map(|m| (m.start, m.end))
-        .collect();
-    Ok((mapped.start - first_load + sym.address(), busy))
+/// libmtrace.so as loaded in one process: the text of libc, the loader
+/// and the library, where a stopped thread may hold a lock the library's
+/// functions take.
+pub struct InProcess {
+    pid: i32,
+    busy: Vec<(u64, u64)>,
+}
+
+impl InProcess {
+    /// The library `lib` (found among process `pid`'s mappings by its file
+    /// name), and where each of the symbols `names` it exports is in the
+    /// process. Errors: it is not mapped, not readable as ELF, or lacks
+    /// one of them.
+    pub fn find(pid: i32, lib: &Path, names: &[&str]) -> Result<(InProcess, Vec<u64>)> {
+        let maps = crate::inspect::maps(pid)?;
+        let lib_name = lib.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let mapped = maps
+            .iter()
+            .find(|m| m.offset == 0 && file_name(&m.path) == lib_name)
+            .ok_or_else(|| anyhow!("process {pid} has no {lib_name} loaded"))?;
+        // Read as the process sees it (another mount namespace), else here.
+        let inside = format!("/proc/{pid}/root{}", mapped.path);
+        let data = std::fs::read(&inside).or_else(|_| std::fs::read(&mapped.path)).context(mapped.path.clone())?;
+        let elf = object::File::parse(&*data).with_context(|| mapped.path.clone())?;
+        let bias = mapped.start - (elf.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff);
+        let addrs = names
+            .iter()
+            .map(|&name| {
+                let sym = elf.dynamic_symbols().find(|s| s.name() == Ok(name) && s.address() != 0);
+                sym.map(|s| bias + s.address()).ok_or_else(|| anyhow!("{}: no symbol {name}", mapped.path))
+            })
+            .collect::<Result<Vec<u64>>>()?;
+        let busy = maps
+            .iter()
+            .filter(|m: &&Mapping| {
+                let n = file_name(&m.path);
+                m.exec && (n.starts_with("libc.so") || n.starts_with("ld-linux") || n == lib_name)
+            })
+            .map(|m| (m.start, m.end))
+            .collect();
+        Ok((InProcess { pid, busy }, addrs))
+    }
+
+    /// Calls the function at `func` (one of the library's, taking one
+    /// integer) with `arg` on a thread chosen as for the attach (a thread
+    /// in a system call that holds no lock, or in the program's own code:
+    /// [`Tracee::choose`]; for a process with one thread, its futex waits
+    /// too: [`ALONE_SAFE`]); its result. Errors: ptrace refused (another
+    /// tracer: a debugger, strace; no permission), no thread free within
+    /// 2 s.
+    pub fn call(&self, func: u64, arg: u64) -> Result<u64> {
+        let mut tracee = Tracee::seize(self.pid)?;
+        tracee.choose_among(&self.busy, ALONE_SAFE)?;
+        tracee.keep_restart_block();
+        let rc = tracee.call(func, &[], |_| vec![arg])?;
+        tracee.release()?;
+        Ok(rc)
+    }
+
+    /// The 32-bit word at `addr` in the process (read from outside, as a
+    /// debugger does: the process is not stopped); `None` where it cannot
+    /// be read.
+    pub fn read_u32(&self, addr: u64) -> Option<u32> {
+        let mut word = [0u8; 4];
+        let local = [std::io::IoSliceMut::new(&mut word)];
+        let remote = [nix::sys::uio::RemoteIoVec { base: addr as usize, len: 4 }];
+        let n = nix::sys::uio::process_vm_readv(nix::unistd::Pid::from_raw(self.pid), &mut { local }, &remote).ok()?;
+        (n == 4).then(|| u32::from_ne_bytes(word))
+    }
 }
 
 /// System calls a process with one thread may wait in, beyond those
@@ -64,21 +104,11 @@ fn locate(pid: i32, lib: &Path, name: &str) -> Result<(u64, Vec<(u64, u64)>)> {
 const ALONE_SAFE: &[i64] = &[libc::SYS_futex, libc::SYS_restart_syscall];
 
 /// Calls `name(arg)`, a function of the library `lib` loaded in process
-/// `pid` that takes one integer, on a thread chosen as for the attach (a
-/// thread in a system call that holds no lock, or in the program's own
-/// code: [`Tracee::choose`]), and returns its result. For a process with
-/// one thread: its futex waits are taken as safe ([`ALONE_SAFE`]).
-/// Errors: ptrace refused (another tracer: a debugger, strace; no
-/// permission), the library or the function not found, no thread free
-/// within 2 s.
+/// `pid` that takes one integer (see [`InProcess::call`]), and returns its
+/// result. Errors: those of [`InProcess::find`] and [`InProcess::call`].
 pub fn call(pid: i32, lib: &Path, name: &str, arg: u64) -> Result<u64> {
-    let (func, busy) = locate(pid, lib, name)?;
-    let mut tracee = Tracee::seize(pid)?;
-    tracee.choose_among(&busy, ALONE_SAFE)?;
-    tracee.keep_restart_block();
-    let rc = tracee.call(func, &[], |_| vec![arg])?;
-    tracee.release()?;
-    Ok(rc)
+    let (l, at) = InProcess::find(pid, lib, &[name])?;
+    l.call(at[0], arg)
 }
 
 /// The pid of the process tracing process `pid` (a debugger, strace), if

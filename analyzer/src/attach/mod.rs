@@ -27,6 +27,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use mtrace_format::protocol::Command;
 
 use crate::recording::{find_lib, RecordingArgs};
+use crate::wake::Waker;
 use crate::ReportOpts;
 
 #[derive(clap::Args)]
@@ -146,45 +147,28 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     );
     let mut control = stream.try_clone()?;
     let (trace, copier) = save::start(&a, dir.path(), stream)?;
-    if a.interactive {
-        let mut live = Session {
-            control: control.try_clone()?,
-            trace: trace.clone(),
-            copier: &copier,
-            pid: a.pid,
-            lib: Some(&lib),
-        };
-        let _ = crate::console::run(&mut live, &a.opts)?;
-        // Leaving the console ends the attach (quit detaches).
-        STOP.store(true, Ordering::Relaxed);
-    }
-    watch(&a, &trace, &copier, Some(&lib));
-    if !copier.is_finished() {
-        // The process is still there: detach, and wait for its End record.
-        let detach = Command::Detach.line();
-        let cmds = if a.scan { Command::Scan.line() + &detach } else { detach };
-        let _ = control.write_all(cmds.as_bytes());
-        let until = Instant::now() + DETACH_TIMEOUT;
-        let answered = Instant::now() + ANSWER_WAIT;
-        while !copier.is_finished() && Instant::now() < answered {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        if !copier.is_finished() {
-            // A process with one thread (no writer thread of the tracer's)
-            // answers at its next allocation call: an idle one is detached
-            // by a call made in it, as the attach was.
-            if let Err(e) = detach_by_call(a.pid, &lib, a.scan) {
-                eprintln!("mtrace: {e:#}; waiting for process {} to answer the detach", a.pid);
-            }
-        }
-        while !copier.is_finished() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        if !copier.is_finished() {
-            let _ = control.shutdown(std::net::Shutdown::Both);
-        }
-    }
+    // The report points' .memlog files (the report signal, mtrace_report())
+    // into the process's working directory, as the library writes them.
+    let points = crate::bounded::follow_report_points(&trace, None);
+    // Events an idle process with one thread made just before it went
+    // idle are written within about 50 ms, as a writer thread would.
+    let detaching = AtomicBool::new(false);
+    let waker = crate::wake::Waker::new("mtrace", lib.clone());
+    std::thread::scope(|sc| -> Result<()> {
+        sc.spawn(|| {
+            let streams = || {
+                let bytes = std::fs::metadata(&trace).map_or(0, |m| m.len());
+                vec![(0, a.pid, bytes)]
+            };
+            waker.watch(streams, || detaching.load(Ordering::Acquire) || copier.is_finished());
+        });
+        attached(&a, &trace, &copier, &waker, &mut control)?;
+        detaching.store(true, Ordering::Release);
+        Ok(())
+    })?;
+    detach(&a, &copier, &lib, &mut control);
     let copied = copier.join().map_err(|_| anyhow!("the stream reader failed"))??;
+    points.finish_within(Duration::from_secs(10));
     if copied == 0 {
         bail!("process {} ended before libmtrace.so sent anything", a.pid);
     }
@@ -198,6 +182,61 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// While attached: the console (`-i`), then the wait for the end of the
+/// window ([`watch`]).
+fn attached(
+    a: &AttachArgs,
+    trace: &std::path::Path,
+    copier: &std::thread::JoinHandle<Result<u64>>,
+    waker: &Waker,
+    control: &mut UnixStream,
+) -> Result<()> {
+    if a.interactive {
+        let mut live =
+            Session { control: control.try_clone()?, trace: trace.to_owned(), copier, pid: a.pid, waker: Some(waker) };
+        let _ = crate::console::run(&mut live, &a.opts)?;
+        // Leaving the console ends the attach (quit detaches).
+        STOP.store(true, Ordering::Relaxed);
+    }
+    watch(a, trace, copier, Some(waker));
+    Ok(())
+}
+
+/// The end of the window: the process, if it is still there, is told to
+/// detach (the scan first with `--scan`), and its End record waited for.
+fn detach(
+    a: &AttachArgs,
+    copier: &std::thread::JoinHandle<Result<u64>>,
+    lib: &std::path::Path,
+    control: &mut UnixStream,
+) {
+    if copier.is_finished() {
+        return;
+    }
+    let detach = Command::Detach.line();
+    let cmds = if a.scan { Command::Scan.line() + &detach } else { detach };
+    let _ = control.write_all(cmds.as_bytes());
+    let until = Instant::now() + DETACH_TIMEOUT;
+    let answered = Instant::now() + ANSWER_WAIT;
+    while !copier.is_finished() && Instant::now() < answered {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if !copier.is_finished() {
+        // A process with one thread (no writer thread of the tracer's)
+        // answers at its next allocation call: an idle one is detached by
+        // a call made in it, as the attach was.
+        if let Err(e) = detach_by_call(a.pid, lib, a.scan) {
+            eprintln!("mtrace: {e:#}; waiting for process {} to answer the detach", a.pid);
+        }
+    }
+    while !copier.is_finished() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if !copier.is_finished() {
+        let _ = control.shutdown(std::net::Shutdown::Both);
+    }
+}
+
 /// Waits while the stream comes into `trace` (`copier` copying it) until
 /// the process ends, a signal asks to detach, or `--duration` is over;
 /// every `--interval`, prints the view of what stays live (and writes a
@@ -206,7 +245,7 @@ fn watch(
     a: &AttachArgs,
     trace: &std::path::Path,
     copier: &std::thread::JoinHandle<Result<u64>>,
-    lib: Option<&std::path::Path>,
+    waker: Option<&Waker>,
 ) {
     let deadline = a.duration.map(|ns| Instant::now() + Duration::from_nanos(ns));
     let mut next_view = a.interval.map(|ns| (Instant::now() + Duration::from_nanos(ns), ns));
@@ -218,8 +257,8 @@ fn watch(
         std::thread::sleep(Duration::from_millis(20));
         if let Some((at, every)) = next_view.filter(|(at, _)| Instant::now() >= *at) {
             // What an idle process with one thread buffered, written now.
-            if let Some(lib) = lib.filter(|_| mtrace_ptrace::library_call::single_threaded(a.pid)) {
-                round_in(a.pid, lib);
+            if let Some(w) = waker.filter(|_| mtrace_ptrace::library_call::single_threaded(a.pid)) {
+                w.wake(0, a.pid);
                 std::thread::sleep(Duration::from_millis(30));
             }
             let older = a.opts.older_than.unwrap_or(every);
@@ -245,19 +284,19 @@ struct Session<'a> {
     control: UnixStream,
     trace: PathBuf,
     copier: &'a std::thread::JoinHandle<Result<u64>>,
-    /// The process, and the library in it (none under `--ptrace`): a
-    /// process with one thread is made to read its commands now
-    /// (`round_in`).
+    /// The process, and the library's rounds in it (none under
+    /// `--ptrace`): a process with one thread is made to read its
+    /// commands now.
     pid: i32,
-    lib: Option<&'a std::path::Path>,
+    waker: Option<&'a Waker>,
 }
 
 impl crate::console::Live for Session<'_> {
     fn send(&mut self, cmd: &Command) -> Result<()> {
         self.control.write_all(cmd.line().as_bytes())?;
         // Carried out now by a process with one thread, though it idles.
-        if let Some(lib) = self.lib {
-            round_in(self.pid, lib);
+        if let Some(w) = self.waker {
+            w.wake(0, self.pid);
         }
         Ok(())
     }
@@ -327,18 +366,6 @@ fn inject_library(pid: i32, t: &mtrace_ptrace::inspect::Target, lib: &std::path:
 fn detach_by_call(pid: i32, lib: &std::path::Path, scan: bool) -> Result<()> {
     mtrace_ptrace::library_call::call(pid, lib, "mtrace_attach_detach", u64::from(scan))?;
     Ok(())
-}
-
-/// In a process with one thread: a round of its tracing now
-/// (`mtrace_round_now`), so that a command sent is carried out and what
-/// it buffered reaches the stream though it idles. Nothing where it has
-/// more threads (the writer thread's rounds come every 5 ms).
-fn round_in(pid: i32, lib: &std::path::Path) {
-    if mtrace_ptrace::library_call::single_threaded(pid) {
-        if let Err(e) = mtrace_ptrace::library_call::call(pid, lib, "mtrace_round_now", 0) {
-            eprintln!("mtrace: {e:#}");
-        }
-    }
 }
 
 /// An allocator the executable defines (Chromium's, a static tcmalloc, a

@@ -97,7 +97,8 @@ fn live(a: AttachArgs) -> Result<ExitCode> {
     let mut control = stream.try_clone()?;
     let (trace, copier) = super::save::start(&a, dir.path(), stream)?;
     if a.interactive {
-        let mut live = Session { control: control.try_clone()?, trace: trace.clone(), copier: &copier, pid, lib: None };
+        let mut live =
+            Session { control: control.try_clone()?, trace: trace.clone(), copier: &copier, pid, waker: None };
         let _ = crate::console::run(&mut live, &a.opts)?;
         STOP.store(true, Ordering::Relaxed);
     } else {

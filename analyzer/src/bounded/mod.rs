@@ -22,7 +22,7 @@ mod checkpoint;
 mod file;
 mod report_points;
 
-pub use report_points::ReportPoints;
+pub use report_points::{follow as follow_report_points, ReportPoints};
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -236,8 +236,7 @@ pub fn keep(src: impl Read + Send, dest: Dest, bound: Bound, mut points: Option<
     std::thread::scope(|sc| -> Result<()> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Item>>(4);
         let gap = &gap;
-        let unbounded = bound == Bound::default();
-        sc.spawn(move || read(r, version, tx, gap, unbounded));
+        sc.spawn(move || read(r, version, tx, gap));
         for batch in rx {
             for item in batch {
                 match item {
@@ -302,13 +301,7 @@ pub fn keep(src: impl Read + Send, dest: Dest, bound: Bound, mut points: Option<
 /// `version`), merges its records, and sends them with the stream's bytes
 /// and the places a checkpoint may go. Reads to the end even when the
 /// keeping thread is gone (the program must not wait on a full socket).
-fn read<R: Read>(
-    mut r: Reader<Tee<R>>,
-    version: u64,
-    tx: std::sync::mpsc::SyncSender<Vec<Item>>,
-    gap: &AtomicU64,
-    unbounded: bool,
-) {
+fn read<R: Read>(mut r: Reader<Tee<R>>, version: u64, tx: std::sync::mpsc::SyncSender<Vec<Item>>, gap: &AtomicU64) {
     let mut merge = crate::order::Merge::new(version);
     let mut sections = Sections::default();
     let mut batch = Vec::with_capacity(BATCH);
@@ -354,16 +347,7 @@ fn read<R: Read>(
         if r.at_top() {
             // At the end of a block with a watermark, the merge holds
             // little (what was stamped after it).
-            if unbounded {
-                // No checkpoint to make room for: the bytes go on at each
-                // watermark, so that a console following the file (`mtrace
-                // client -i`, `attach -i`) gets an idle process's answer
-                // at once, not when a block fills.
-                if std::mem::take(&mut since_watermark) || r.source_mut().copy.len() >= BLOCK {
-                    let at = r.offset();
-                    batch.push(Item::Bytes(r.source_mut().take(at)));
-                }
-            } else if std::mem::take(&mut since_watermark) && r.offset() - offered >= gap.load(Ordering::Relaxed) {
+            if std::mem::take(&mut since_watermark) && r.offset() - offered >= gap.load(Ordering::Relaxed) {
                 quiet_at = Some(r.offset());
             } else if r.source_mut().copy.len() >= BLOCK {
                 let at = r.offset();

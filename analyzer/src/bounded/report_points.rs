@@ -93,3 +93,22 @@ impl ReportPoints {
         }
     }
 }
+
+/// Follows the trace at `path` as another thread writes it (a copy of a
+/// live stream: `mtrace attach`, `client`) and writes the .memlog of each
+/// report point as it passes, into `dir` (none: the process's working
+/// directory). The copy never waits for it; a report that cannot be
+/// written is said on standard error.
+pub fn follow(path: &std::path::Path, dir: Option<PathBuf>) -> crate::input::live::LiveBooks {
+    let mut points = ReportPoints::new(dir, None);
+    let on_marker = move |t: &mut Trace, seq: u64, name: &str| {
+        if points.cwd.is_none() {
+            points.started(t.header.pid);
+        }
+        points.marker(t, seq, name);
+        for p in points.problems.drain(..) {
+            eprintln!("mtrace: {p}");
+        }
+    };
+    crate::input::live::LiveBooks::follow_marking(path, Some(Box::new(on_marker)))
+}

@@ -107,9 +107,20 @@ impl Read for Follow {
     }
 }
 
+/// What a follower does at each marker it entered in its books: the
+/// books, the marker's report number (0 for a named point) and its name.
+pub type OnMarker = Box<dyn FnMut(&mut Trace, u64, &str) + Send>;
+
 impl LiveBooks {
     /// Starts following the trace at `path` (it may still be empty).
     pub fn follow(path: &Path) -> LiveBooks {
+        LiveBooks::follow_marking(path, None)
+    }
+
+    /// [`LiveBooks::follow`], calling `on_marker` after each marker entered
+    /// (`mtrace attach` and `client` write report points' .memlog files
+    /// so, beside the copy of the stream, which never waits for them).
+    pub fn follow_marking(path: &Path, mut on_marker: Option<OnMarker>) -> LiveBooks {
         let shared = Arc::new(Shared {
             state: Mutex::new(State { trace: None, baselines: HashMap::default(), hold: None, held: false, syncs: 0 }),
             cv: Condvar::new(),
@@ -119,7 +130,7 @@ impl LiveBooks {
         });
         let (s, p) = (shared.clone(), path.to_owned());
         std::thread::spawn(move || {
-            follow(&p, &s);
+            follow(&p, &s, &mut on_marker);
             s.stopped.store(true, Ordering::Release);
             let _g = s.lock();
             s.cv.notify_all();
@@ -215,6 +226,16 @@ impl LiveBooks {
         self.shared.stopped.load(Ordering::Acquire)
     }
 
+    /// [`LiveBooks::finish`], then waits (up to `limit`) for the follower
+    /// to have entered everything the file holds.
+    pub fn finish_within(&self, limit: Duration) {
+        self.finish();
+        let until = Instant::now() + limit;
+        while !self.ended() && Instant::now() < until {
+            std::thread::sleep(POLL);
+        }
+    }
+
     /// Runs `ask` (which makes the process write a [`marker::SYNC`]
     /// marker after what it buffered) and waits up to `timeout` for the
     /// books to take it: they then hold every event the process made
@@ -244,7 +265,7 @@ impl Drop for LiveBooks {
 }
 
 /// The follower: reads the file at `path` record by record into the books.
-fn follow(path: &Path, sh: &Arc<Shared>) {
+fn follow(path: &Path, sh: &Arc<Shared>, on_marker: &mut Option<OnMarker>) {
     // The file may not be there yet: a keeper makes it once the stream's
     // header came (`mtrace attach`, `client`).
     let file = loop {
@@ -285,7 +306,7 @@ fn follow(path: &Path, sh: &Arc<Shared>) {
             merge.finish(&mut |tid, rec| ready.push((tid, rec)));
         }
         for (tid, rec) in ready.drain(..) {
-            enter(sh, &mut keeper, tid, rec);
+            enter(sh, &mut keeper, tid, rec, on_marker);
         }
         if end {
             return;
@@ -295,14 +316,17 @@ fn follow(path: &Path, sh: &Arc<Shared>) {
 
 /// Enters record `rec` of thread `tid` into the books, holding at the
 /// marker a console command waits for.
-fn enter(sh: &Shared, keeper: &mut Keeper, tid: u32, rec: Record) {
-    let marker = match &rec {
-        Record::Marker { name, .. } => Some(name.clone()),
-        _ => None,
+fn enter(sh: &Shared, keeper: &mut Keeper, tid: u32, rec: Record, on_marker: &mut Option<OnMarker>) {
+    let (seq, marker) = match &rec {
+        Record::Marker { seq, name, .. } => (*seq, Some(name.clone())),
+        _ => (0, None),
     };
     let mut g = sh.lock();
     let t = g.trace.as_mut().expect("set above");
     let _: Flow = keeper.apply(t, tid, rec);
+    if let (Some(f), Some(name)) = (on_marker.as_mut(), &marker) {
+        f(t, seq, name);
+    }
     if marker.as_deref() == Some(marker::SYNC) {
         g.syncs += 1;
         sh.cv.notify_all();

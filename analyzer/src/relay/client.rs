@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
@@ -144,16 +145,6 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
     Ok(ExitCode::from(code as u8))
 }
 
-/// Where the report points' .memlog files go: `MTRACE_REPORT_DIR`, else
-/// the client's working directory (the program's may be on another
-/// machine).
-fn reports_dir() -> PathBuf {
-    std::env::var_os(mtrace_format::settings::REPORT_DIR.name())
-        .map(PathBuf::from)
-        .or_else(|| std::env::current_dir().ok())
-        .unwrap_or_default()
-}
-
 /// The pid in a stream's header.
 fn header_pid(p: &Path) -> Option<u32> {
     let mut r = mtrace_format::Reader::new(std::fs::File::open(p).ok()?);
@@ -167,6 +158,14 @@ fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>, bound: Option<Bound>)
     // A stream's file, or the pipe to the keeper that bounds it.
     let mut open: HashMap<u32, Box<dyn Write>> = HashMap::new();
     let mut keepers = Vec::new();
+    // Per stream, its report points' .memlog files (the report signal,
+    // `mtrace_report()`), written by its keeper or by a follower of its
+    // file, into MTRACE_REPORT_DIR, else the client's working directory
+    // (the program's may be on another machine).
+    let mut points = Vec::new();
+    let reports = std::env::var_os(mtrace_format::settings::REPORT_DIR.name())
+        .map(PathBuf::from)
+        .or_else(|| std::env::current_dir().ok());
     let res = loop {
         let frame = match read_frame(&mut c) {
             Ok(Some(f)) => f,
@@ -179,21 +178,28 @@ fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>, bound: Option<Bound>)
                     std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                     std::collections::hash_map::Entry::Vacant(e) => {
                         let path = dir.join(format!("{id}.mtrace"));
-                        // A keeper (unbounded without a bound) writes the
-                        // file, and the .memlog of each report point (the
-                        // report signal, `mtrace_report()`) as it passes.
-                        let (r, w) = std::io::pipe()?;
-                        let p = path.clone();
-                        keepers.push(std::thread::spawn(move || {
-                            let mut points = ReportPoints::new(Some(reports_dir()), None);
-                            mtrace_analyzer::bounded::keep(
-                                r,
-                                mtrace_analyzer::bounded::Dest::File(&p),
-                                bound.unwrap_or_default(),
-                                Some(&mut points),
-                            )
-                        }));
-                        let sink: Box<dyn Write> = Box::new(w);
+                        let sink: Box<dyn Write> = match bound {
+                            Some(bound) => {
+                                let (r, w) = std::io::pipe()?;
+                                let (p, dir) = (path.clone(), reports.clone());
+                                keepers.push(std::thread::spawn(move || {
+                                    let mut points = ReportPoints::new(dir, None);
+                                    mtrace_analyzer::bounded::keep(
+                                        r,
+                                        mtrace_analyzer::bounded::Dest::File(&p),
+                                        bound,
+                                        Some(&mut points),
+                                    )
+                                }));
+                                Box::new(w)
+                            }
+                            None => {
+                                let f =
+                                    std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&path)?;
+                                points.push(mtrace_analyzer::bounded::follow_report_points(&path, reports.clone()));
+                                Box::new(f)
+                            }
+                        };
                         st.lock().expect("streams lock").files.insert(id, (path, false));
                         e.insert(sink)
                     }
@@ -216,6 +222,9 @@ fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>, bound: Option<Bound>)
     };
     // The keepers end with their pipes, and have written every file then.
     drop(open);
+    for p in &points {
+        p.finish_within(std::time::Duration::from_secs(10));
+    }
     for k in keepers {
         match k.join() {
             Ok(Ok(kept)) => {

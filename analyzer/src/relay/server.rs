@@ -78,10 +78,9 @@ struct Shared {
     unbounded: AtomicBool,
     /// The processes' connections, by stream id, for commands.
     procs: Mutex<HashMap<u32, Proc>>,
-    /// libmtrace.so, which the processes preload (none under `--ptrace`).
-    lib: Option<PathBuf>,
-    /// Processes said to be ptraced by another program (said once each).
-    told_traced: Mutex<Vec<i32>>,
+    /// Makes a process with one thread do its round (none under
+    /// `--ptrace`, whose tracer answers for the process).
+    waker: Option<Arc<crate::wake::Waker>>,
     next_id: AtomicU32,
     /// The program exited (its EXIT frame is in the spool).
     exited: AtomicBool,
@@ -96,11 +95,6 @@ struct Proc {
     /// Bytes read from it so far.
     received: Arc<AtomicU64>,
 }
-
-/// How long a process with one thread may take to read a command by
-/// itself (at its next allocation call, its rounds 5 ms apart while it
-/// makes them) before the server makes it: an idle one makes none.
-const ANSWER_GRACE: Duration = Duration::from_millis(10);
 
 /// The smallest `--spool-max`, bytes: a few of the largest frames (256 KiB).
 const MIN_SPOOL: u64 = 1 << 20;
@@ -210,8 +204,7 @@ pub fn server(mut a: ServerArgs) -> Result<ExitCode> {
         dropped: AtomicU64::new(0),
         unbounded: AtomicBool::new(false),
         procs: Mutex::new(HashMap::new()),
-        lib: (!a.rec.ptrace).then(|| lib.clone()),
-        told_traced: Mutex::new(Vec::new()),
+        waker: (!a.rec.ptrace).then(|| Arc::new(crate::wake::Waker::new("mtrace server", lib.clone()))),
         next_id: AtomicU32::new(1),
         exited: AtomicBool::new(false),
         exit_status: AtomicU32::new(0),
@@ -224,6 +217,16 @@ pub fn server(mut a: ServerArgs) -> Result<ExitCode> {
     say(format!("listening on {addr}"));
     let sh = shared.clone();
     std::thread::spawn(move || accept_processes(procs, sh));
+    if let Some(w) = shared.waker.clone() {
+        let sh = shared.clone();
+        std::thread::spawn(move || {
+            let streams = || {
+                let procs = sh.procs.lock().expect("procs lock");
+                procs.iter().filter_map(|(&id, p)| Some((id, p.pid?, p.received.load(Ordering::Acquire)))).collect()
+            };
+            w.watch(streams, || sh.exited.load(Ordering::Acquire));
+        });
+    }
     let mut first = None;
     if a.wait {
         say(format!("waiting for a client before starting {}", a.command[0]));
@@ -263,7 +266,7 @@ pub fn server(mut a: ServerArgs) -> Result<ExitCode> {
             cmd.spawn().map_err(|error| mtrace_ptrace::ExecFailed { program: a.command[0].clone(), error })?;
         std::thread::spawn(move || {
             use std::os::unix::process::ExitStatusExt;
-            until_it_ends(child.id() as i32);
+            crate::wake::until_it_ends(child.id() as i32);
             let st = child.wait().ok();
             ended(&sh, st.map_or(1, |s| s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))));
         });
@@ -348,51 +351,11 @@ fn accept_processes(l: UnixListener, sh: Arc<Shared>) {
                 }
             }
             sh.procs.lock().expect("procs lock").remove(&id);
+            if let Some(w) = &sh.waker {
+                w.forget(id);
+            }
             sh.append(END, id, &[]);
         });
-    }
-}
-
-/// Waits until the program (process `pid`, the server's child) has
-/// ended, without taking its status. A plain wait would also take the
-/// stops of the calls `wake` makes in it: the kernel tells a parent whose
-/// thread group also traces its child of every ptrace stop, whatever the
-/// options; so the wait only looks (`WNOWAIT`), and lets a stop pass to
-/// the thread that made it.
-fn until_it_ends(pid: i32) {
-    use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
-    loop {
-        match waitid(Id::Pid(nix::unistd::Pid::from_raw(pid)), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
-            Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) | Err(nix::errno::Errno::ECHILD) => return,
-            _ => std::thread::sleep(Duration::from_millis(1)),
-        }
-    }
-}
-
-/// A process with one thread that did not answer a command: made to
-/// read it now (docs/PROCESSES.md), by a call of libmtrace.so's
-/// `mtrace_round_now` made in it with ptrace, as `mtrace attach` does;
-/// it idles in a system call (or its own code), which goes on as it was.
-/// A process another program traces (a debugger, strace) cannot be: it
-/// answers at its next allocation call or free, and the server says so
-/// once.
-fn wake(sh: &Shared, pid: i32) {
-    let Some(lib) = &sh.lib else { return };
-    if !mtrace_ptrace::library_call::single_threaded(pid) {
-        return;
-    }
-    let Err(e) = mtrace_ptrace::library_call::call(pid, lib, "mtrace_round_now", 0) else { return };
-    let mut told = sh.told_traced.lock().expect("told lock");
-    match mtrace_ptrace::library_call::tracer_of(pid) {
-        Some(t) if !told.contains(&pid) => {
-            told.push(pid);
-            eprintln!(
-                "mtrace server: process {pid} is traced by another program (pid {t}): it carries out \
-                 commands at its next allocation call or free"
-            );
-        }
-        Some(_) => {}
-        None => eprintln!("mtrace server: process {pid} did not take the command now: {e:#}"),
     }
 }
 
@@ -412,18 +375,20 @@ fn serve(c: Socket, sh: &Arc<Shared>) -> bool {
             let mut line = line;
             line.push(b'\n');
             let mut sent = Vec::new();
-            for (_, p) in procs.iter_mut().filter(|(&stream, _)| id == ALL || stream == id) {
+            for (&stream, p) in procs.iter_mut().filter(|(&stream, _)| id == ALL || stream == id) {
                 if p.conn.write_all(&line).is_ok() {
-                    sent.extend(p.pid.map(|pid| (pid, p.received.clone(), p.received.load(Ordering::Acquire))));
+                    sent.extend(p.pid.map(|pid| (stream, pid, p.received.clone(), p.received.load(Ordering::Acquire))));
                 }
             }
             drop(procs);
+            let Some(w) = &sh2.waker else { continue };
             if !sent.is_empty() {
-                std::thread::sleep(ANSWER_GRACE);
+                std::thread::sleep(crate::wake::ANSWER_GRACE);
             }
-            for (pid, received, before) in sent {
+            // Not taken within the grace: made to take it now.
+            for (stream, pid, received, before) in sent {
                 if received.load(Ordering::Acquire) == before {
-                    wake(&sh2, pid);
+                    w.wake(stream, pid);
                 }
             }
         }

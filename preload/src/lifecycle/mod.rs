@@ -95,14 +95,32 @@ fn end_of_exit(status: Option<u8>) {
         }
     }
     let _g = Guard::enter();
-    if let Some(s) = stream::current() {
-        if s.scan && s.pid == sys::getpid() && !s.is_finished() {
-            // The roots: the program's frame that called exit (a return
-            // from main calls it too), not the exit path below it.
-            snapshot::take(s, snapshot::By::program_calling(real::libc_exit()));
+    // Natively the process would be gone now: the program's other threads
+    // make no progress while the tracer scans and writes the trace's end
+    // (held until the exit_group ends them; LeakSanitizer's libdl_deadlock
+    // test's thread made 49 more steps of work under mtrace run).
+    let mut held = None;
+    if let Some(s) = stream::current().filter(|s| s.pid == sys::getpid() && !s.is_finished()) {
+        // The roots: the program's frame that called exit (a return from
+        // main calls it too), not the exit path below it. Found before
+        // the threads are held: the unwinder may ask the loader.
+        let by = s.scan.then(|| snapshot::By::program_calling(real::libc_exit()));
+        if !alone(s) {
+            // A thread that allocates stops at once, at its next hook.
+            stream::close_the_gate();
+            // A held thread may hold the loader's lock.
+            s.leave_the_loader();
+            held = snapshot::hold_for_exit(s);
+        }
+        match (by, &held) {
+            (Some(by), Some(h)) => _ = snapshot::take_held(s, by, h),
+            (Some(by), None) => _ = snapshot::take(s, by),
+            (None, _) => {}
         }
     }
     recorder::final_flush(EndReason::Exit(status), false);
+    // Never let go: the process ends with them.
+    std::mem::forget(held);
 }
 
 /// Whether the calling thread is the program's only one (the writer

@@ -223,6 +223,23 @@ pub fn sleep_us(us: u64) {
     unsafe { libc::ppoll(std::ptr::null_mut(), 0, &ts, std::ptr::null()) };
 }
 
+/// Waits while `word` holds `value` (a futex wait without a timeout; it
+/// may return early: the caller checks again).
+pub fn futex_wait_forever(word: &std::sync::atomic::AtomicU32, value: u32) {
+    // SAFETY: a futex wait on a live atomic word, no timeout.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            value,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+}
+
 /// Starts `f` on a new pthread with every signal blocked, so that the
 /// program's signals keep going to its own threads. Uses pthread_create
 /// directly: std's thread start would make calls (sigaltstack setup) before

@@ -138,9 +138,13 @@ struct Locks<'a> {
     file: FileHold<'a>,
 }
 
-/// Takes [`Locks`] (the heap too with `heap`); a warning if it could not.
-fn lock(s: &Session, patient: bool, heap: bool) -> Result<Locks<'_>, &'static str> {
-    let file = s.hold_file(patient).ok_or("the trace stayed locked for 2 s; no leak scan")?;
+/// Takes [`Locks`] (the heap too with `heap`; what the threads buffered
+/// written first with `collect`); a warning if it could not.
+fn lock(s: &Session, patient: bool, heap: bool, collect: bool) -> Result<Locks<'_>, &'static str> {
+    let file = match collect {
+        true => s.hold_file(patient).ok_or("the trace stayed locked for 2 s; no leak scan")?,
+        false => s.hold_file_as_is(),
+    };
     // Not patient: the signal's handler may have interrupted its holder.
     let stayed = "the tracer's heap stayed locked for 1 s; no leak scan";
     let heap = if heap { Some(crate::platform::allocator::hold(patient).ok_or(stayed)?) } else { None };
@@ -158,7 +162,12 @@ enum NotHeld {
 /// Holds the other threads from outside them, every lock of the tracer's
 /// that the snapshot needs taken first, while they run: a held thread may
 /// be anywhere, inside a hook too, and must hold none of them.
-fn hold_from_outside<'a>(s: &'a Session, patient: bool, skip: &[i32]) -> Result<(Stopped, Locks<'a>), NotHeld> {
+fn hold_from_outside<'a>(
+    s: &'a Session,
+    patient: bool,
+    skip: &[i32],
+    collect: bool,
+) -> Result<(Stopped, Locks<'a>), NotHeld> {
     if crate::platform::allocator::range().is_none() {
         // The tracer allocates from the program's malloc, whose lock a
         // held thread may hold.
@@ -167,10 +176,44 @@ fn hold_from_outside<'a>(s: &'a Session, patient: bool, skip: &[i32]) -> Result<
     if let Some(why) = stop::outside_precluded() {
         return Err(NotHeld::Refused(why));
     }
-    let locks = lock(s, patient, true).map_err(NotHeld::NoScan)?;
+    let locks = lock(s, patient, true, collect).map_err(NotHeld::NoScan)?;
     match stop::from_outside(skip) {
         Ok(stopped) => Ok((stopped, locks)),
         Err(why) => Err(NotHeld::Refused(why)),
+    }
+}
+
+/// The program's other threads, stopped, with what the snapshot must know
+/// of the time before they were.
+pub struct Held {
+    stopped: Stopped,
+    /// Why they were stopped by signal, not from outside (ptrace refused).
+    by_signal: Option<String>,
+    /// The stacks of threads that ended, listed before the stop (a
+    /// stopped thread may hold the list's lock).
+    dead: Vec<(u64, u64)>,
+}
+
+/// Stops every thread of the program but the calling one and the writer,
+/// with the tracer's locks the snapshot takes (a thread stopped from
+/// outside may be anywhere: it holds none of them then), what they
+/// buffered written first with `collect`; why not, when it could not (a
+/// lock stayed taken).
+fn hold(s: &Session, patient: bool, collect: bool) -> Result<(Held, Locks<'_>), &'static str> {
+    // Before stopping anybody: a stopped thread may hold the lock of the
+    // list of dead stacks.
+    let dead = dead_stacks::all();
+    let skip = [sys::gettid() as i32, s.writer_tid() as i32];
+    match hold_from_outside(s, patient, &skip, collect) {
+        Ok((stopped, locks)) => Ok((Held { stopped, by_signal: None, dead }, locks)),
+        Err(NotHeld::NoScan(why)) => Err(why),
+        Err(NotHeld::Refused(why)) => {
+            // The threads first, the locks after: a thread parks only when
+            // it leaves the tracer's code (signal.rs).
+            let stopped = stop::by_signal(&skip);
+            let locks = lock(s, patient, false, collect)?;
+            Ok((Held { stopped, by_signal: Some(why), dead }, locks))
+        }
     }
 }
 
@@ -178,47 +221,79 @@ fn hold_from_outside<'a>(s: &'a Session, patient: bool, skip: &[i32]) -> Result<
 /// ScanEnd into the trace; returns the ScanEnd's time, ns.
 pub fn take(s: &Session, by: By) -> u64 {
     let patient = !matches!(by, By::Interrupted { .. });
-    // Before stopping anybody: a stopped thread may hold the loader's lock,
-    // or the lock of the list of dead stacks.
-    let own = own_range(patient);
-    let me = sys::gettid();
-    let writer = s.writer_tid();
-    let writer_stack = (s.writer_stack[0].load(Ordering::Relaxed), s.writer_stack[1].load(Ordering::Relaxed));
+    // Before stopping anybody: a stopped thread may hold the loader's lock.
+    own_range(patient);
     let Some(_one) = stop::one_at_a_time(patient) else {
         sys::warn("another leak scan held the program's threads for 2 s; no scan");
         return s.now();
     };
-    let dead = dead_stacks::all();
-    let skip = [me as i32, writer as i32];
-    let (stopped, locks, by_signal) = match hold_from_outside(s, patient, &skip) {
-        Ok((stopped, locks)) => (stopped, locks, None),
-        Err(NotHeld::NoScan(why)) => {
+    let (held, locks) = match hold(s, patient, true) {
+        Ok(h) => h,
+        Err(why) => {
             sys::warn(why);
             return s.now();
         }
-        Err(NotHeld::Refused(why)) => {
-            // The threads first, the locks after: a thread parks only when
-            // it leaves the tracer's code (signal.rs).
-            let stopped = stop::by_signal(&skip);
-            match lock(s, patient, false) {
-                Ok(locks) => (stopped, locks, Some(why)),
-                Err(why) => {
-                    sys::warn(why);
-                    return s.now();
-                }
-            }
-        }
     };
+    let now = write(s, by, &held, &locks);
+    // The threads go first: one may be waiting for a lock taken here.
+    drop(held);
+    drop(locks);
+    now
+}
+
+/// At the end of `exit` (docs/PROCESSES.md): the program's other threads
+/// held until the process ends, so that they make no progress while the
+/// tracer scans and writes the end of the trace, as natively the process
+/// would be gone. A thread stopped inside an append to its buffer would
+/// hold the last collection up for good: the stop is made again (up to
+/// 50 times, a millisecond apart) until none is. `None`: they could not
+/// be held (a lock stayed taken, or a thread was always appending), and
+/// run on.
+pub fn hold_for_exit(s: &Session) -> Option<Held> {
+    let _one = stop::one_at_a_time(true)?;
+    for _ in 0..50 {
+        // Stopped first, collected after (by the scan, the final flush):
+        // a collection of everything the threads buffered took long
+        // enough for them to go on a step of work or two.
+        let (held, locks) = hold(s, true, false).ok()?;
+        if !s.appending() {
+            return Some(held);
+        }
+        drop(held);
+        drop(locks);
+        sys::sleep_ms(1);
+    }
+    None
+}
+
+/// [`take`] with the other threads `held` already ([`hold_for_exit`]),
+/// which stay so.
+pub fn take_held(s: &Session, by: By, held: &Held) -> u64 {
+    match lock(s, true, true, true) {
+        Ok(locks) => write(s, by, held, &locks),
+        Err(why) => {
+            sys::warn(why);
+            s.now()
+        }
+    }
+}
+
+/// Writes the snapshot of the process whose other threads are `held`
+/// (the calling thread taking it `by`) and a ScanEnd, the tracer's
+/// `locks` taken; the ScanEnd's time, ns.
+fn write(s: &Session, by: By, held: &Held, locks: &Locks) -> u64 {
+    let patient = !matches!(by, By::Interrupted { .. });
+    let own = own_range(patient);
+    let me = sys::gettid();
+    let writer_stack = (s.writer_stack[0].load(Ordering::Relaxed), s.writer_stack[1].load(Ordering::Relaxed));
+    let (stopped, by_signal, dead) = (&held.stopped, &held.by_signal, &held.dead);
     let now = s.now();
     let Some(mut scratch) = Scratch::new(me, now) else {
-        // The threads before the locks, as at the end.
-        drop(stopped);
-        drop(locks);
         sys::warn("no memory for the leak scan's snapshot; no scan");
         return now;
     };
     let file = &locks.file;
-    if let Some(why) = &by_signal {
+    if let Some(why) = by_signal {
         scratch.note(file, region_kind::STOPPED_BY_SIGNAL, why.as_bytes());
     }
     // Registers: the stopped threads', the calling thread's if it is the
@@ -252,7 +327,8 @@ pub fn take(s: &Session, by: By) -> u64 {
     // The set of sampled blocks holds their addresses: not a root.
     tracer.extend(crate::record::sampled::ranges());
     let me_sp = dead_stacks::stack_address();
-    tracer.extend(dead.into_iter().filter(|&(lo, hi)| !stacks.iter().chain([&me_sp]).any(|&sp| lo <= sp && sp < hi)));
+    tracer
+        .extend(dead.iter().copied().filter(|&(lo, hi)| !stacks.iter().chain([&me_sp]).any(|&sp| lo <= sp && sp < hi)));
     let maps = readable_mappings();
     if cfg!(target_pointer_width = "64") {
         let spans: Vec<(u64, u64, bool)> = maps.iter().map(|m| (m.0, m.1, m.2)).collect();
@@ -275,9 +351,6 @@ pub fn take(s: &Session, by: By) -> u64 {
         }
     }
     scratch.finish(file);
-    // The threads go first: one may be waiting for a lock taken here.
-    drop(stopped);
-    drop(locks);
     now
 }
 

@@ -36,6 +36,17 @@ pub struct BufInner {
     pub enc: Encoder,
 }
 
+/// 1 while events wait to be written: set when a thread's buffer gets
+/// its first record since the last collection, cleared by a collection
+/// of every buffer. A process with one thread has no writer thread: its
+/// reader (`mtrace server`) reads this word from outside, by its name
+/// among the library's symbols (`mtrace_ptrace::library_call`), and makes
+/// the process do a round when it stays set while the stream stands
+/// still (docs/PROCESSES.md).
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static mtrace_unwritten: AtomicU32 = AtomicU32::new(0);
+
 impl BufInner {
     /// Starts `cur` with the Thread record of `tid` if it is empty: every
     /// buffer says whose records it holds. `now` (ns) is asked only then,
@@ -43,6 +54,7 @@ impl BufInner {
     #[inline]
     pub fn begin(&mut self, tid: u32, now: impl FnOnce() -> u64) {
         if self.cur.is_empty() {
+            mtrace_unwritten.store(1, Ordering::Relaxed);
             self.enc.encode(&mut self.cur, &Record::Thread { tid, time_ns: now() });
         }
     }
@@ -160,6 +172,12 @@ impl ThreadBuf {
         let _g = crate::platform::spin::lock_unparked(&self.lock);
         // SAFETY: under the mutex, and the owner has no append in flight.
         f(unsafe { &mut *self.inner.get() })
+    }
+
+    /// Whether the owner is inside an append without the mutex (see the
+    /// module's comment).
+    pub fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::Acquire)
     }
 
     /// Runs `f` on the buffer of another thread, inside a collection

@@ -144,6 +144,8 @@ pub struct Session {
     end_buf: Mutex<Vec<u8>>,
     /// `modules::generation()` when the module list was last written.
     modules_gen: Mutex<(u64, u64)>,
+    /// The loader is asked no more ([`Session::leave_the_loader`]).
+    loader_off: AtomicBool,
 }
 
 const UNINIT: u8 = 0;
@@ -152,6 +154,10 @@ const READY: u8 = 2;
 const DISABLED: u8 = 3;
 
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+/// The thread that ends the process, from the end of its `exit` on (its
+/// tid; 0: none): every other thread of the program that asks for the
+/// session then stops there for good ([`close_the_gate`]).
+static EXIT_GATE: AtomicU32 = AtomicU32::new(0);
 static SESSION: AtomicPtr<Session> = AtomicPtr::new(std::ptr::null_mut());
 static GEN: AtomicU64 = AtomicU64::new(0);
 
@@ -162,7 +168,11 @@ pub fn get() -> Option<&'static Session> {
         match STATE.load(Ordering::Acquire) {
             READY => {
                 // SAFETY: SESSION is set before READY and sessions are never freed.
-                return Some(unsafe { &*SESSION.load(Ordering::Acquire) });
+                let s = unsafe { &*SESSION.load(Ordering::Acquire) };
+                if EXIT_GATE.load(Ordering::Relaxed) != 0 {
+                    at_the_gate(s);
+                }
+                return Some(s);
             }
             DISABLED => return None,
             UNINIT => {
@@ -184,6 +194,32 @@ fn install(s: Option<Session>) {
             STATE.store(READY, Ordering::Release);
         }
         None => STATE.store(DISABLED, Ordering::Release),
+    }
+}
+
+/// From the end of `exit` on, in a process with other threads: each of
+/// them that enters a hook (asks for the session) stops there for good,
+/// holding none of the tracer's locks, so that a thread that allocates
+/// makes no progress while the tracer scans and writes the end of the
+/// trace, as natively the process would be gone (the others are held from
+/// outside: `snapshot::hold_for_exit`). The calling thread and the writer
+/// go on.
+pub fn close_the_gate() {
+    EXIT_GATE.store(sys::gettid(), Ordering::Release);
+}
+
+/// A thread at the closed gate ([`close_the_gate`]): stops for good, but
+/// the thread ending the process and the writer. The exit_group ends it.
+#[cold]
+#[inline(never)]
+fn at_the_gate(s: &Session) {
+    let me = sys::gettid();
+    let exiting = EXIT_GATE.load(Ordering::Acquire);
+    if exiting == 0 || exiting == me || s.writer_tid.load(Ordering::Acquire) == me || s.pid != sys::getpid() {
+        return;
+    }
+    loop {
+        sys::futex_wait_forever(&EXIT_GATE, exiting);
     }
 }
 
@@ -367,6 +403,7 @@ impl Session {
             ended: AtomicBool::new(false),
             end_buf: Mutex::new(Vec::with_capacity(256)),
             modules_gen: Mutex::new(modules_gen),
+            loader_off: AtomicBool::new(false),
         })
     }
 
@@ -443,6 +480,25 @@ impl Session {
         b
     }
 
+    /// Before the program's other threads are held for good (the end of
+    /// `exit`: one may hold the loader's lock, in a `dl_iterate_phdr`
+    /// callback): the loader is asked nothing more, the writer's rounds
+    /// and the final flush look for loaded libraries no more. Not even
+    /// once now: asking waits for a thread inside such a callback to leave
+    /// it (ctests/exit_busy.c's made its 50 steps of work meanwhile). A
+    /// library loaded in the last round's 5 ms is not in the module list.
+    pub fn leave_the_loader(&self) {
+        self.loader_off.store(true, Ordering::Release);
+    }
+
+    /// Whether a thread may be inside an append to its buffer, or a change
+    /// of the list of buffers (its lock is taken): one held there for good
+    /// would hold up every later collection (`snapshot::hold_for_exit`).
+    pub fn appending(&self) -> bool {
+        let Some(list) = self.threads.try_lock() else { return true };
+        list.iter().any(|t| !t.exited.load(Ordering::Acquire) && t.is_busy())
+    }
+
     /// Writes `bytes` (complete records starting with a Thread record)
     /// straight to the file, after everything buffered by exited threads.
     /// Used after the final flush and by threads whose state is gone.
@@ -516,6 +572,8 @@ pub fn start_attached() -> bool {
 /// In a forked child: a session of its own (its own file), or tracing off;
 /// `parent` is the pid of the process it was forked from.
 pub fn restart_in_child(follow: bool, parent: u32) {
+    // A fork made after the gate closed: the child's own threads go on.
+    EXIT_GATE.store(0, Ordering::Release);
     if !follow {
         STATE.store(DISABLED, Ordering::Release);
         return;

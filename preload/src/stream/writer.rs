@@ -66,6 +66,13 @@ impl Session {
         Some(FileHold { s: self, _g: g })
     }
 
+    /// [`Session::hold_file`] without writing what the threads buffered
+    /// first: for stopping them before a collection (the end of `exit`
+    /// holds them for good, and then collects: `snapshot::hold_for_exit`).
+    pub fn hold_file_as_is(&self) -> FileHold<'_> {
+        FileHold { s: self, _g: self.lock_file() }
+    }
+
     /// The file lock, for a thread other than the writer (a hook's
     /// `close`, the leak scan's snapshot): the writer lets it go first
     /// ([`Session::let_waiters_first`]).
@@ -152,6 +159,11 @@ impl Session {
             taken.push(full.unwrap_or_default());
         }
         drop(claim);
+        if !exited_only {
+            // Every buffer taken (a process with one thread makes no event
+            // meanwhile: its own thread collects).
+            super::buffer::mtrace_unwritten.store(0, Ordering::Relaxed);
+        }
         for full in taken {
             for buf in &full {
                 // Blocks stay below the readers' bound (whole buffers, each
@@ -338,6 +350,9 @@ impl Session {
     /// `dl_iterate_phdr` callback), and a thread the leak scan holds may
     /// hold the loader's lock while the scan waits for the file.
     pub(super) fn modules_if_changed(&self) -> Option<Vec<u8>> {
+        if self.loader_off.load(Ordering::Acquire) {
+            return None;
+        }
         let g = modules::generation();
         let mut last = self.modules_gen.lock();
         if *last == g {
