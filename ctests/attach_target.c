@@ -12,6 +12,9 @@
      nudge    allocate a byte and free it (@leak:nudge): with one thread
               the tracer carries out what was asked of it at its next
               allocation call (docs/PROCESSES.md)
+     title    zero its environment's strings where the kernel put them, as
+              a process title does (redis-server's): /proc/PID/environ
+              shows no LD_PRELOAD then
      quit     print how many blocks it holds and exit with status 3
    It holds one block from before any attach (@leak:before). */
 #define _GNU_SOURCE
@@ -83,6 +86,10 @@ int main(void) {
             } else {
                 free(p);
             }
+        } else if (strncmp(line, "title", 5) == 0) {
+            extern char **environ;
+            for (char **e = environ; *e; e++)
+                memset(*e, 0, strlen(*e));
         } else if (strncmp(line, "nudge", 5) == 0) {
             nudge();
         } else if (strncmp(line, "free", 4) == 0 && first < nkept) {

@@ -304,7 +304,17 @@ fn refusals_name_their_cause_and_leave_the_process_alone() {
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     refused(&[&child.id().to_string()], "already runs with libmtrace.so preloaded");
-    drop(child.stdin.take());
+    // Its environment rewritten, as redis-server's title: the library
+    // itself tells (said "traced already (by another mtrace attach)").
+    let mut input = child.stdin.take().unwrap();
+    writeln!(input, "title").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ok title\n");
+    let environ = std::fs::read(format!("/proc/{}/environ", child.id())).unwrap();
+    assert!(!String::from_utf8_lossy(&environ).contains("LD_PRELOAD"));
+    refused(&[&child.id().to_string()], "already runs with libmtrace.so preloaded");
+    drop(input);
     assert_eq!(child.wait().unwrap().code(), Some(0));
     // Another tracer holds it.
     let mut t = AttachTarget::start(&prog);

@@ -40,6 +40,15 @@ pub struct Target {
     pub busy: Vec<(u64, u64)>,
 }
 
+/// Why process `pid` cannot be attached to: it runs with libmtrace.so
+/// preloaded (`mtrace run`, `LD_PRELOAD`) and is traced so already.
+pub fn preloaded_already(pid: i32) -> anyhow::Error {
+    anyhow!(
+        "process {pid} already runs with libmtrace.so preloaded: ask it for reports with its signals \
+         (kill -USR1 {pid}) or read its trace file"
+    )
+}
+
 /// Looks the process over. Errors name why it cannot be attached to:
 /// no such process, another architecture, statically linked or without
 /// `dlopen`, libmtrace.so preloaded already.
@@ -54,10 +63,7 @@ pub fn inspect(pid: i32) -> Result<Target> {
     if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
         let preload = env.split(|&b| b == 0).find_map(|v| v.strip_prefix(b"LD_PRELOAD="));
         if preload.is_some_and(|p| String::from_utf8_lossy(p).contains("libmtrace")) {
-            bail!(
-                "process {pid} already runs with libmtrace.so preloaded: ask it for reports with its signals \
-                 (kill -USR1 {pid}) or read its trace file"
-            );
+            return Err(preloaded_already(pid));
         }
     }
     let is_libc = |m: &Mapping| {

@@ -355,6 +355,9 @@ fn inject_library(pid: i32, t: &mtrace_ptrace::inspect::Target, lib: &std::path:
     match rc {
         0 => Ok(()),
         -2 => bail!("process {pid} is traced already (by another mtrace attach)"),
+        // (A program that rewrites its environment for its title, as
+        // redis-server does, passes inspect's look at LD_PRELOAD.)
+        -3 => Err(mtrace_ptrace::inspect::preloaded_already(pid)),
         _ => bail!("libmtrace.so could not start tracing in process {pid} (its stderr says why)"),
     }
 }

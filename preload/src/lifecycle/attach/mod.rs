@@ -26,6 +26,10 @@ struct Redirected {
 
 static STATE: Mutex<Redirected> = Mutex::new(Redirected { slots: Vec::new(), done: Vec::new() });
 static ATTACHED: AtomicBool = AtomicBool::new(false);
+/// Set by the constructor when [`preloaded`] held: the program may rewrite
+/// its environment later (a process title, as redis-server's), and the
+/// constructor itself drops the library from `LD_PRELOAD`.
+static PRELOADED: AtomicBool = AtomicBool::new(false);
 
 /// Whether this library was loaded by `mtrace attach` (not preloaded).
 pub fn attached() -> bool {
@@ -33,11 +37,17 @@ pub fn attached() -> bool {
 }
 
 /// Whether this library is named in `LD_PRELOAD` (else it was loaded by
-/// `dlopen`, and waits for [`mtrace_attach_init`]).
+/// `dlopen`, and waits for [`mtrace_attach_init`]). Read once, by the
+/// constructor, while the environment is the one the process started with.
 pub fn preloaded() -> bool {
     let Some(me) = own_path() else { return true };
     let base = me.rsplit('/').next().unwrap_or(&me).to_owned();
-    sys::getenv(c"LD_PRELOAD").is_some_and(|p| p.split([':', ' ']).any(|e| e.rsplit('/').next() == Some(&base)))
+    let named =
+        sys::getenv(c"LD_PRELOAD").is_some_and(|p| p.split([':', ' ']).any(|e| e.rsplit('/').next() == Some(&base)));
+    if named {
+        PRELOADED.store(true, Ordering::Release);
+    }
+    named
 }
 
 /// This library's path, from the loader.
@@ -293,15 +303,20 @@ pub extern "C" fn mtrace_round_now() -> i32 {
 /// environment variables; `MTRACE_OUTPUT` the attacher's socket) and
 /// redirects the process's calls to the hooks. Called by `mtrace attach`
 /// inside the process. Returns 0, or -1 when no session could start (the
-/// reason is on the program's stderr), -2 when it is already traced.
+/// reason is on the program's stderr), -2 when another attach traces it,
+/// -3 when it runs with the library preloaded (`mtrace run`,
+/// `LD_PRELOAD`) and traced.
 ///
 /// # Safety
 /// `settings` is a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn mtrace_attach_init(settings: *const c_char) -> i32 {
     let _g = crate::record::guard::Guard::enter();
-    if attached() || (preloaded() && crate::stream::current().is_some()) {
+    if attached() {
         return -2;
+    }
+    if PRELOADED.load(Ordering::Acquire) && crate::stream::current().is_some() {
+        return -3;
     }
     // SAFETY: per the contract.
     let text = unsafe { CStr::from_ptr(settings) }.to_string_lossy().into_owned();
