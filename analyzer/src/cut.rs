@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use mtrace_analyzer::bounded::{self, Dest};
+use mtrace_analysis::bounded::{self, Dest};
 
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("keep").required(true).multiple(true).args(["max_trace_size", "max_trace_age"])))]
@@ -19,7 +19,7 @@ pub struct CutArgs {
     /// The newest part of the trace kept (at least one of the two),
     /// starting at a checkpoint that restates every block live then.
     #[command(flatten)]
-    bound: bounded::BoundArgs,
+    bound: crate::flags::bound::BoundArgs,
 }
 
 pub fn cut(a: CutArgs) -> Result<ExitCode> {

@@ -1,18 +1,19 @@
 //! `mtrace keep --listen unix:PATH`: keeps the trace of every process that
 //! streams to PATH within a bound, as `mtrace run --max-trace-size` keeps
-//! its program's (`mtrace_analyzer::bounded`). For programs that cannot
+//! its program's (`mtrace_analysis::bounded`). For programs that cannot
 //! be started by mtrace (a service whose manager sets `LD_PRELOAD`): they
 //! get `MTRACE_OUTPUT=unix:PATH`, and a day-long run leaves a trace within
 //! its bound instead of one that only grows.
 
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use mtrace_analyzer::bounded::{BoundArgs, Keepers};
+use mtrace_format::address::Address;
+
+use crate::arriving::{keepers::Keepers, listen::Listener};
+use crate::flags::bound::BoundArgs;
 
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("keep").required(true).multiple(true).args(["max_trace_size", "max_trace_age"])))]
@@ -30,9 +31,8 @@ pub struct KeepArgs {
     /// mtrace_report()); default: each process's working directory.
     #[arg(long, value_name = "DIR")]
     report_dir: Option<PathBuf>,
-    /// Frames per backtrace in the .memlog reports.
-    #[arg(short = 'd', long = "depth", value_name = "N")]
-    depth: Option<usize>,
+    #[command(flatten)]
+    frames: crate::flags::Depth,
     /// The bound of each process's trace (at least one of the two).
     #[command(flatten)]
     bound: BoundArgs,
@@ -53,11 +53,9 @@ pub fn keep(a: KeepArgs) -> Result<ExitCode> {
     let dir = a.trace_dir.clone().unwrap_or_else(|| PathBuf::from("."));
     let dir = dir.canonicalize().with_context(|| format!("{}: not a folder mtrace can use", dir.display()))?;
     tempfile::tempfile_in(&dir).with_context(|| format!("{}: cannot write trace files there", dir.display()))?;
-    crate::relay::replace_stale(&sock)?;
-    let l = UnixListener::bind(&sock).with_context(|| format!("{}: cannot listen", sock.display()))?;
-    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
+    let l = Listener::bind(&Address::Unix(sock.display().to_string()), false)?;
     crate::attach::catch_stop_signals();
-    let keepers = Keepers::listen(l, &dir, bound, a.report_dir.clone(), a.depth, None);
+    let keepers = Keepers::listen(l, &dir, bound, a.report_dir.clone(), a.frames.depth)?;
     eprintln!("mtrace keep: listening on unix:{}; traces go to {} (Ctrl-C stops)", sock.display(), dir.display());
     while !crate::attach::stop_asked() {
         std::thread::sleep(Duration::from_millis(100));
@@ -69,7 +67,6 @@ pub fn keep(a: KeepArgs) -> Result<ExitCode> {
         say(&keepers);
     }
     say(&keepers);
-    let _ = std::fs::remove_file(&sock);
     if keepers.open() > 0 {
         eprintln!("mtrace keep: stopped with {} streams still open: their traces end where they were", keepers.open());
     }

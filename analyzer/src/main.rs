@@ -1,26 +1,28 @@
 //! `mtrace`: reads traces written by libmtrace.so and reports what leaked.
 
+mod arriving;
 mod attach;
 mod console;
 mod cut;
+mod diff;
+mod flags;
 mod keep;
+mod manual;
 mod mistakes;
 mod recording;
 mod relay;
+mod report;
 mod run;
 mod wake;
 
-pub use pipeline::ReportOpts;
+pub use flags::report::ReportFlags;
 
-use mtrace_analyzer::{books, bounded, input, output, pipeline, report, scan, symbolize, trace};
+use mtrace_analysis::{input, output};
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
-
-use symbolize::{SearchPaths, Symbolizer};
+use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "mtrace", version, about = "Memory tracer and leak finder for C and C++ programs")]
@@ -32,13 +34,13 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Print the report of a trace file.
-    Report(ReportArgs),
+    Report(report::ReportArgs),
     /// Run a program under the tracer and print its report when it ends.
     #[command(after_help = mtrace_format::settings::help())]
     Run(run::RunArgs),
     /// Compare two traces (two runs, or two builds): per backtrace, the
     /// change in bytes not freed, at the peak, and in allocation calls.
-    Diff(DiffArgs),
+    Diff(diff::DiffArgs),
     /// Trace a running process for a while, then report what it allocated
     /// meanwhile and still holds; the process goes on untraced.
     Attach(attach::AttachArgs),
@@ -65,133 +67,14 @@ enum Cmd {
     Manpage { dir: PathBuf },
 }
 
-#[derive(Args)]
-struct DiffArgs {
-    /// The trace of the earlier run.
-    old: PathBuf,
-    /// The trace of the later run.
-    new: PathBuf,
-    /// Print one JSON document instead of text.
-    #[arg(long)]
-    json: bool,
-    /// Write the comparison to FILE instead of standard output.
-    #[arg(short = 'o', long = "output", value_name = "FILE")]
-    output: Option<PathBuf>,
-    /// Match backtraces on at most this many recorded frames.
-    #[arg(short = 'd', long = "depth")]
-    depth: Option<usize>,
-    /// Show at most N backtraces in the text (JSON has all).
-    #[arg(long, value_name = "N", default_value = "30")]
-    limit: usize,
-    /// Root folder holding the traced machine's files.
-    #[arg(long)]
-    sysroot: Option<PathBuf>,
-    /// Folder to search for binaries by file name; may be repeated.
-    #[arg(long)]
-    binpath: Vec<PathBuf>,
-}
-
-/// `mtrace manpage DIR`: mtrace.1 and mtrace-SUBCOMMAND.1 (clap_mangen).
-fn write_manpages(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
-    let cmd = <Cli as clap::CommandFactory>::command();
-    let mut pages = vec![("mtrace".to_owned(), cmd.clone())];
-    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
-        let name = format!("mtrace-{}", sub.get_name());
-        let bin = format!("mtrace {}", sub.get_name());
-        pages.push((name.clone(), sub.clone().display_name(name).bin_name(bin)));
-    }
-    for (name, c) in pages {
-        let path = dir.join(format!("{name}.1"));
-        let mut page = Vec::new();
-        clap_mangen::Man::new(c).render(&mut page)?;
-        // clap_mangen heads the after-help "EXTRA"; ours is the
-        // environment (mtrace_format::settings::help), the section man(7)
-        // calls ENVIRONMENT.
-        let page = String::from_utf8_lossy(&page).replace("\n.SH EXTRA\n", "\n.SH ENVIRONMENT\n");
-        std::fs::write(&path, page).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        println!("{}", path.display());
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `mtrace diff OLD NEW`.
-fn diff(a: DiffArgs) -> anyhow::Result<ExitCode> {
-    let old = input::load(&a.old)?;
-    let new = input::load(&a.new)?;
-    let mut sym = Symbolizer::new(SearchPaths { sysroot: a.sysroot.clone(), binpath: a.binpath.clone() });
-    let d = report::diff::diff(&old, &new, &mut sym, a.depth);
-    let mut out = output::open(a.output.as_deref())?;
-    if a.json {
-        output::json(&d, &mut *out)?;
-    } else {
-        output::diff::write_text(&d, a.limit, &mut *out)?;
-    }
-    out.flush()?;
-    // As `report` does: a trace read only in part is said, and exits 1
-    // (the comparison above covers what could be read).
-    let mut whole = true;
-    for (path, t) in [(&a.old, &old), (&a.new, &new)] {
-        if let Some(e) = &t.error {
-            eprintln!("mtrace: {}: {e}; compared what was read before it", path.display());
-            whole = false;
-        } else if t.end.is_none() {
-            eprintln!(
-                "mtrace: {}: the trace has no end record (the process was killed, or is still running)",
-                path.display()
-            );
-            whole = false;
-        }
-    }
-    Ok(if whole { ExitCode::SUCCESS } else { ExitCode::from(1) })
-}
-
-#[derive(Args)]
-struct ReportArgs {
-    /// The trace file (`<program>.<pid>.mtrace`).
-    trace: PathBuf,
-    /// Write the report to FILE instead of standard output.
-    #[arg(short = 'o', long = "output", value_name = "FILE")]
-    output: Option<PathBuf>,
-    /// List the trace's markers (report points and named points) instead.
-    #[arg(long)]
-    markers: bool,
-    #[command(flatten)]
-    opts: ReportOpts,
-}
-
-/// `mtrace report --markers`: one line per marker (or a JSON array).
-fn list_markers(trace: &std::path::Path, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
-    let t = input::load(trace)?;
-    if json {
-        output::json(&t.markers, out)?;
-        return Ok(());
-    }
-    writeln!(out, "{:>6}  {:>12}  name", "report", "time")?;
-    for m in &t.markers {
-        let seq = if m.seq == 0 { "-".to_owned() } else { m.seq.to_string() };
-        writeln!(out, "{seq:>6}  {:>10.3} s  {}", m.time_ns as f64 / 1e9, m.name)?;
-    }
-    Ok(())
-}
-
 /// `mtrace [PROG] LOG` without a subcommand: glibc's mtrace script's usage.
 fn glibc_compat(args: &[String]) -> Option<ExitCode> {
-    let known = [
-        "report",
-        "run",
-        "diff",
-        "attach",
-        "server",
-        "client",
-        "completions",
-        "manpage",
-        "help",
-        "-h",
-        "--help",
-        "-V",
-        "--version",
-    ];
-    if args.len() < 2 || args.len() > 3 || known.contains(&args[1].as_str()) || args[1].starts_with('-') {
+    // A subcommand's name (or alias) is never a program: clap's own list.
+    let cli = <Cli as clap::CommandFactory>::command();
+    let known = |a: &str| {
+        a == "help" || cli.get_subcommands().any(|c| c.get_name() == a || c.get_all_aliases().any(|n| n == a))
+    };
+    if args.len() < 2 || args.len() > 3 || known(&args[1]) || args[1].starts_with('-') {
         return None;
     }
     // The glibc form only when its log is one (its first line); otherwise
@@ -244,45 +127,16 @@ fn main() -> ExitCode {
         }
     };
     let res = match cli.cmd {
-        Cmd::Report(a) => output::open(a.output.as_deref()).and_then(|mut out| {
-            // Into a pipe that closed (`| head`): end quietly, as Unix tools do.
-            // SAFETY: restoring a signal's default action has no preconditions.
-            unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-            if a.markers {
-                list_markers(&a.trace, a.opts.json, &mut *out)?;
-                return Ok(ExitCode::SUCCESS);
-            }
-            // A file of another form instead of the text.
-            let text = a.opts.files().is_empty().then_some(&mut *out as &mut dyn Write);
-            let r = a.opts.report(&a.trace, text)?;
-            out.flush()?;
-            let Some(r) = r else { return Ok(ExitCode::SUCCESS) };
-            if let Some(e) = &r.summary.error {
-                eprintln!("mtrace: {e}");
-                return Ok(ExitCode::from(1));
-            }
-            if r.summary.truncated {
-                eprintln!(
-                    "mtrace: {}: the trace has no end record (the process was killed, or is still running)",
-                    a.trace.display()
-                );
-                return Ok(ExitCode::from(1));
-            }
-            Ok(ExitCode::SUCCESS)
-        }),
+        Cmd::Report(a) => report::report(a),
         Cmd::Run(a) => run::run(a),
-        Cmd::Diff(a) => diff(a),
+        Cmd::Diff(a) => diff::diff(a),
         Cmd::Cut(a) => cut::cut(a),
         Cmd::Keep(a) => keep::keep(a),
         Cmd::Attach(a) => attach::attach(a),
         Cmd::Server(a) => relay::server::server(a),
         Cmd::Client(a) => relay::client::client(a),
-        Cmd::Completions { shell } => {
-            let mut cmd = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(shell, &mut cmd, "mtrace", &mut std::io::stdout());
-            Ok(ExitCode::SUCCESS)
-        }
-        Cmd::Manpage { dir } => write_manpages(&dir),
+        Cmd::Completions { shell } => Ok(manual::write_completions(<Cli as clap::CommandFactory>::command(), shell)),
+        Cmd::Manpage { dir } => manual::write_manpages(<Cli as clap::CommandFactory>::command(), &dir),
     };
     let code = match res {
         Ok(code) => code,
@@ -343,7 +197,7 @@ mod tests {
             let cli = super::Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
             let super::Cmd::Report(a) = cli.cmd else { panic!("{argv:?}: not `report`") };
             assert_eq!(a.trace, std::path::Path::new("/t/p.1.mtrace"));
-            assert_eq!(a.output.as_deref(), Some(std::path::Path::new("/t/p-1-3.memlog")));
+            assert_eq!(a.report_to.output.as_deref(), Some(std::path::Path::new("/t/p-1-3.memlog")));
             assert_eq!(a.opts.until_marker.as_deref(), Some(seq.to_string().as_str()));
             let since_marker = (seq > 1 && since).then(|| (seq - 1).to_string());
             assert_eq!(a.opts.since_marker, since_marker);

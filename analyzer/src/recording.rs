@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use mtrace_analyzer::report;
+use mtrace_analysis::report;
 use mtrace_format::protocol::MAX_DEPTH;
 use mtrace_format::recording::Recording;
 use mtrace_format::settings;

@@ -10,17 +10,15 @@ use anyhow::{bail, Context, Result};
 use mtrace_format::recording::Recording;
 use mtrace_format::settings;
 
-use crate::pipeline::Reporting;
 use crate::recording::{self, find_lib, AtExitArgs, RecordingArgs};
-use crate::scan::Kind;
-use crate::ReportOpts;
+use crate::ReportFlags;
+use mtrace_analysis::pipeline::Reporting;
+use mtrace_analysis::scan::Kind;
 
 #[derive(clap::Args)]
 pub struct RunArgs {
-    /// Write the report to FILE instead of standard error (needed with
-    /// --json: the program shares standard output and error).
-    #[arg(short = 'o', long = "output", value_name = "FILE")]
-    output: Option<PathBuf>,
+    #[command(flatten)]
+    report_to: crate::flags::ReportFile,
     /// Folder for the trace files (default: a temporary folder, removed at the end).
     #[arg(long, value_name = "DIR")]
     trace_dir: Option<PathBuf>,
@@ -28,7 +26,7 @@ pub struct RunArgs {
     #[arg(long)]
     keep_traces: bool,
     #[command(flatten)]
-    bound: crate::bounded::BoundArgs,
+    bound: crate::flags::bound::BoundArgs,
     /// After the program's report, report each other process it ran (its
     /// children, their children…) in full, in the order of the process
     /// tree the report starts with (text only).
@@ -53,15 +51,12 @@ pub struct RunArgs {
     /// reachable, all (comma-separated).
     #[arg(long, value_name = "KINDS", default_value = "definite,possible")]
     errors_for_leak_kinds: String,
-    /// The interactive console on the program while it runs (as
-    /// `mtrace attach -i`); the report when it ends. The console reads the
-    /// terminal, so the program's standard input is /dev/null.
-    #[arg(short = 'i', long = "interactive", conflicts_with_all = ["max_trace_size", "max_trace_age"])]
-    interactive: bool,
+    #[command(flatten)]
+    interactive: crate::flags::Interactive,
     #[command(flatten)]
     rec: RecordingArgs,
     #[command(flatten)]
-    opts: ReportOpts,
+    opts: ReportFlags,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, value_name = "PROG")]
     command: Vec<String>,
@@ -127,12 +122,19 @@ fn run_interactive(a: RunArgs) -> Result<ExitCode> {
     while !path.exists() && std::time::Instant::now() < until {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    let code = crate::relay::client::client(crate::relay::client::ClientArgs::interactive_on(sock, a.output, a.opts));
+    let code =
+        crate::relay::client::client(crate::relay::client::ClientArgs::interactive_on(sock, a.report_to, a.opts));
     if crate::relay::client::LEFT_RUNNING.load(std::sync::atomic::Ordering::Relaxed) {
         // `quit`: the program runs on under its server, which keeps the
         // socket in the temporary folder; it is left behind for it.
         let _ = dir.keep();
         return code;
+    }
+    if code.is_err() {
+        // The client could not take the program (it never connected, or
+        // the connection broke): the server would wait for one for ever.
+        // SAFETY: kill has no memory preconditions; the pid is our child's.
+        unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
     }
     let _ = server.wait();
     code
@@ -145,7 +147,7 @@ fn cannot_run(prog: &str) -> Result<(), mtrace_ptrace::ExecFailed> {
     let fail = |errno| {
         Err(mtrace_ptrace::ExecFailed { program: prog.to_owned(), error: std::io::Error::from_raw_os_error(errno) })
     };
-    let Some(path) = crate::report::processes::find(prog) else { return fail(libc::ENOENT) };
+    let Some(path) = mtrace_analysis::report::processes::find(prog) else { return fail(libc::ENOENT) };
     let runnable = path.is_file() && nix::unistd::access(&path, nix::unistd::AccessFlags::X_OK).is_ok();
     if runnable {
         Ok(())
@@ -160,13 +162,13 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     // The text goes to standard error after the program's own lines; a
     // JSON document there would not parse (valgrind's --xml needs a file
     // or descriptor of its own too).
-    if a.opts.json && a.output.is_none() {
+    if a.opts.json && a.report_to.output.is_none() {
         bail!(
             "--json needs -o FILE: the program writes to the same standard output and error \
              (-o /dev/fd/3 3>&1 >/dev/null gives it to a pipe)"
         );
     }
-    if a.interactive {
+    if a.interactive.interactive {
         return run_interactive(a);
     }
     let lib = find_lib()?;
@@ -191,8 +193,8 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     // itself, so that no other thread of mtrace's that says something
     // while the program runs (a keeper, a progress bar) waits for the end
     // of the run.
-    let mut out = crate::output::buffered(match &a.output {
-        Some(p) => Box::new(crate::output::create_private(p)?),
+    let mut out = mtrace_analysis::output::buffered(match &a.report_to.output {
+        Some(p) => Box::new(mtrace_analysis::output::create_private(p)?),
         None => Box::new(std::io::stderr()),
     });
     let preload = match std::env::var("LD_PRELOAD") {
@@ -203,7 +205,7 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     let keepers = match a.bound.bound()? {
         Some(bound) => {
             let reports = rec.report_dir.as_ref().map(PathBuf::from);
-            let (k, addr) = crate::bounded::Keepers::start(&dir, bound, reports, a.opts.depth)?;
+            let (k, addr) = crate::arriving::keepers::Keepers::start(&dir, bound, reports, a.opts.depth)?;
             rec.output = Some(addr);
             Some(k)
         }
@@ -227,7 +229,7 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
                 eprintln!("mtrace: detached from process {pid}: it runs on, untraced");
                 let how =
                     Reporting { kept: a.keep_traces || a.trace_dir.is_some(), children: a.children, main_trace: None };
-                let _ = crate::pipeline::report_processes(&dir, pid, &a.opts, how, &mut *out)?;
+                let _ = mtrace_analysis::pipeline::report_processes(&dir, pid, &a.opts, how, &mut *out)?;
                 out.flush()?;
                 return Ok(ExitCode::SUCCESS);
             }
@@ -258,7 +260,7 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     }
     let show_paths = a.keep_traces || a.trace_dir.is_some();
     let how = Reporting { kept: show_paths, children: a.children, main_trace: None };
-    let r = crate::pipeline::report_processes(&dir, pid, &a.opts, how, &mut *out)?;
+    let r = mtrace_analysis::pipeline::report_processes(&dir, pid, &a.opts, how, &mut *out)?;
     // From the kind totals (after suppressions): the entry list leaves out
     // reachable blocks unless --show-reachable.
     let leak_error =

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 
 use common::*;
-use mtrace_analyzer::{bounded, input, trace::Trace};
+use mtrace_analysis::{bounded, input, trace::Trace};
 use serde_json::Value;
 
 /// Every live block: address → (bytes, family, allocation time in ns, frames).

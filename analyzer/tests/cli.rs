@@ -114,6 +114,15 @@ fn the_glibc_form_is_taken_only_for_a_glibc_log() {
         "{}",
         stderr(&o)
     );
+    // Every subcommand is a subcommand, also beside a program of its name
+    // (said "keep: no such file (glibc's form...)" when the list of
+    // names was typed again and lacked `keep` and `cut`).
+    for sub in ["keep", "cut", "report"] {
+        std::fs::copy(&prog, dir.join(sub)).unwrap();
+        let o = std::process::Command::new(mtrace()).current_dir(&dir).args([sub, "--help"]).output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{sub}: {}", stderr(&o));
+        assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("Usage: mtrace {sub} ")), "{sub}");
+    }
     // A real log is still read (input.rs checks the table).
     let log = dir.join("trace.log");
     std::fs::write(&log, "= Start\n= End\n").unwrap();

@@ -1,8 +1,10 @@
-//! README's commands, run as written (issue 42): every fenced block of
-//! README.md is either run here — its commands through bash, with the
-//! `mtrace` under test first on PATH and a fresh HOME, and the output
-//! README shows beside it checked line by line — or named in [`NOT_RUN`]
-//! with the reason. A block README gains that is neither fails the test.
+//! README's commands, run as written (issue 42), and the user guide's
+//! they lead to (docs/GUIDE.md): every fenced block of either is run
+//! here — its commands through bash, with the `mtrace` under test first on
+//! PATH and a fresh HOME, and the output shown beside it checked line by
+//! line — or named in [`NOT_RUN`] with the reason. A block either gains
+//! that is neither fails the test. README stays a five-minute read:
+//! [`README_LINES`] at most.
 //!
 //! A shown output's lines must appear in the run's output in order
 //! ("..." lines stand for any lines); what differs from run to run is
@@ -24,8 +26,17 @@ const NOT_RUN: &[(&str, &str)] = &[
     ("target$ mtrace server", "two machines; relay.rs runs server and client on one"),
 ];
 
-/// One fenced block: the line its fence is on, and its text.
+/// README's length at most, lines (issue 64: what it is, the two
+/// commands, examples, how it compares, where to read on); the rest is
+/// the guide's.
+const README_LINES: usize = 250;
+
+/// The documents whose blocks are run: README, then the guide.
+const DOCS: [&str; 2] = ["README.md", "docs/GUIDE.md"];
+
+/// One fenced block: its document, the line its fence is on, and its text.
 struct Block {
+    doc: &'static str,
     line: usize,
     text: String,
 }
@@ -34,22 +45,27 @@ fn repo() -> PathBuf {
     ctests_dir().parent().unwrap().to_owned()
 }
 
+/// README and the guide, one after the other.
 fn readme() -> String {
-    std::fs::read_to_string(repo().join("README.md")).unwrap()
+    DOCS.iter().map(|d| std::fs::read_to_string(repo().join(d)).unwrap()).collect::<Vec<_>>().join("\n")
 }
 
-fn blocks(readme: &str) -> Vec<Block> {
+/// The fenced blocks of README, then of the guide.
+fn blocks_of_docs() -> Vec<Block> {
     let mut out = Vec::new();
-    let mut open: Option<Block> = None;
-    for (i, l) in readme.lines().enumerate() {
-        if l.starts_with("```") {
-            match open.take() {
-                Some(b) => out.push(b),
-                None => open = Some(Block { line: i + 1, text: String::new() }),
+    for doc in DOCS {
+        let text = std::fs::read_to_string(repo().join(doc)).unwrap();
+        let mut open: Option<Block> = None;
+        for (i, l) in text.lines().enumerate() {
+            if l.starts_with("```") {
+                match open.take() {
+                    Some(b) => out.push(b),
+                    None => open = Some(Block { doc, line: i + 1, text: String::new() }),
+                }
+            } else if let Some(b) = open.as_mut() {
+                b.text.push_str(l);
+                b.text.push('\n');
             }
-        } else if let Some(b) = open.as_mut() {
-            b.text.push_str(l);
-            b.text.push('\n');
         }
     }
     out
@@ -125,7 +141,9 @@ fn shows(out: &str, shown: &str, what: &str) {
 
 /// The block whose text starts with (or, for output, contains) `phrase`.
 fn block<'a>(all: &'a [Block], phrase: &str) -> &'a Block {
-    all.iter().find(|b| b.text.contains(phrase)).unwrap_or_else(|| panic!("README has no block with {phrase:?}"))
+    all.iter()
+        .find(|b| b.text.contains(phrase))
+        .unwrap_or_else(|| panic!("README and the guide have no block with {phrase:?}"))
 }
 
 #[test]
@@ -141,16 +159,28 @@ fn every_block_is_run_or_said_why_not() {
         "mtrace run --pprof heap.pb.gz",
         "mtrace report --markers TRACE",
     ];
-    for b in blocks(&readme()) {
+    for b in blocks_of_docs() {
         let known = covered.iter().any(|c| b.text.contains(c)) || NOT_RUN.iter().any(|(c, _)| b.text.contains(c));
-        assert!(known, "README.md:{}: a block this test neither runs nor excuses:\n{}", b.line, b.text);
+        assert!(known, "{}:{}: a block this test neither runs nor excuses:\n{}", b.doc, b.line, b.text);
+    }
+}
+
+#[test]
+fn readme_is_a_five_minute_read_and_leads_to_the_guide() {
+    let text = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    assert!(text.lines().count() <= README_LINES, "README.md: {} lines", text.lines().count());
+    assert!(text.contains("(docs/GUIDE.md)"), "README.md names no guide");
+    // Each of the guide's sections it links to exists.
+    let guide = std::fs::read_to_string(repo().join("docs/GUIDE.md")).unwrap();
+    for s in ["Sampling", "Environment", "Wrong frees"] {
+        assert!(guide.lines().any(|l| l.starts_with("## ") && l.contains(s)), "docs/GUIDE.md has no section {s:?}");
     }
 }
 
 #[test]
 fn quick_start_and_the_python_line_count() {
     let dir = scratch("readme-quick");
-    let all = blocks(&readme());
+    let all = blocks_of_docs();
     // The build is the test harness's; target/release/mtrace is the one under test.
     let cmd = block(&all, "cc -g ctests/families.c").text.trim().to_owned();
     let cmd =
@@ -171,7 +201,7 @@ fn quick_start_and_the_python_line_count() {
 fn manual_pages_and_completions_on_a_fresh_home() {
     let dir = scratch("readme-man");
     let _ = std::fs::remove_dir_all(dir.join("home"));
-    let all = blocks(&readme());
+    let all = blocks_of_docs();
     for cmd in block(&all, "mtrace manpage").text.lines() {
         let (out, code) = sh(&dir, cmd);
         assert_eq!(code, Some(0), "{cmd}: {out}");
@@ -186,7 +216,7 @@ fn manual_pages_and_completions_on_a_fresh_home() {
 fn the_process_tree_of_a_shell_pipeline() {
     let dir = scratch("readme-tree");
     build("families.c", &dir.join("static_prog"), &["-g", "-O0", "-static"]);
-    let all = blocks(&readme());
+    let all = blocks_of_docs();
     let shown = &block(&all, "Processes traced (").text;
     // The program is the first node's command line.
     let script = shown.lines().nth(1).unwrap().split_once(" sh -c '").unwrap().1.split_once("': ").unwrap().0;
@@ -208,7 +238,7 @@ fn the_process_tree_of_a_shell_pipeline() {
 fn a_double_free_with_where_it_was_freed() {
     let dir = scratch("readme-wrong");
     build("wrong_frees.cpp", &dir.join("wrong_frees"), &["-g", "-O0"]);
-    let all = blocks(&readme());
+    let all = blocks_of_docs();
     let shown = &block(&all, "$ mtrace run -S -- ./wrong_frees double").text;
     let (cmd, shown) = shown.split_once('\n').unwrap();
     let (out, _) = sh(&dir, cmd.trim_start_matches("$ "));
@@ -219,7 +249,7 @@ fn a_double_free_with_where_it_was_freed() {
 fn a_plain_preload_then_report() {
     let dir = scratch("readme-preload");
     build("families.c", &dir.join("prog"), &["-g", "-O0"]);
-    let all = blocks(&readme());
+    let all = blocks_of_docs();
     let text = &block(&all, "LD_PRELOAD=/path/to/libmtrace.so").text;
     let mut lines = text.lines();
     let run = lines.next().unwrap().replace("/path/to/libmtrace.so", lib().to_str().unwrap());
@@ -253,7 +283,7 @@ fn phases_trace(dir: &Path) -> PathBuf {
 fn flamegraphs_pprof_and_markers() {
     let dir = scratch("readme-views");
     let trace = phases_trace(&dir);
-    let all = blocks(&readme());
+    let all = blocks_of_docs();
     let with_trace = |l: &str| l.replace("TRACE", trace.to_str().unwrap());
     // Flamegraphs and folded stacks. The third line's inferno-flamegraph
     // is another project's tool (cargo install inferno): only mtrace's

@@ -1,4 +1,4 @@
-//! The frames kept between reports (`analyzer/src/symbolize/cache.rs`):
+//! The frames kept between reports (`analysis/src/symbolize/cache.rs`):
 //! a later report of a module's build reads them instead of its debug
 //! info; a binary changed in place since (stripped: the same build ID) is
 //! never given them; the folder is the environment's.

@@ -10,8 +10,8 @@
 //!
 //! Adding a setting is one entry of the `recording!` list below: its field
 //! and type, its variable (a [`Setting`], with the help line `mtrace run
-//! --help` prints and README's table must list), its default, and its
-//! parser. A test holds README's table, the help and the CLI to that entry.
+//! --help` prints and the guide's table (docs/GUIDE.md) must list), its default, and its
+//! parser. A test holds the guide's table, the help and the CLI to that entry.
 
 use std::ffi::CStr;
 

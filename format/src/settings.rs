@@ -5,7 +5,7 @@
 //! `mtrace run` (`MTRACE_BIN`, `MTRACE_LIB`, `MTRACE_WARN_DIR`), the
 //! analyzer's symbol cache (`MTRACE_SYMBOL_CACHE`) and the ptrace tracer's
 //! own knobs. `mtrace` prints [`help`] in `mtrace run
-//! --help`; a test checks README's table against [`documented`].
+//! --help`; a test checks the guide's table (docs/GUIDE.md) against [`documented`].
 
 pub use crate::recording::{
     parse_signal, Setting, CHECK_FREES, CLOCK, DEPTH, FOLLOW_EXEC, FOLLOW_FORK, FREERES, OUTPUT, REPORT_DIR,
@@ -36,7 +36,7 @@ setting!(
 );
 setting!(PTRACE_STATS, c"MTRACE_PTRACE_STATS", "1", "--ptrace: the tracer's counters on stderr at the end");
 
-/// The settings a user sets, in the order of the help (README's table
+/// The settings a user sets, in the order of the help (the guide's table
 /// lists the same): every setting of the recording but the tests' own,
 /// then where `mtrace run` finds its parts.
 pub fn documented() -> Vec<Setting> {
@@ -62,11 +62,11 @@ mod tests {
     use super::documented;
     use crate::recording::Recording;
 
-    /// README's table of variables: (name without `MTRACE_`, default
+    /// The guide's table of variables (docs/GUIDE.md): (name without `MTRACE_`, default
     /// cell, meaning cell).
-    fn readme_rows() -> Vec<(String, String, String)> {
-        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-        readme
+    fn guide_rows() -> Vec<(String, String, String)> {
+        let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/GUIDE.md")).unwrap();
+        guide
             .lines()
             .filter_map(|l| l.strip_prefix("| `MTRACE_"))
             .map(|l| {
@@ -78,20 +78,20 @@ mod tests {
     }
 
     #[test]
-    fn readmes_table_lists_exactly_the_documented_settings() {
-        let mut in_readme: Vec<String> = readme_rows().into_iter().map(|r| r.0).collect();
-        in_readme.sort_unstable();
+    fn the_guides_table_lists_exactly_the_documented_settings() {
+        let mut in_guide: Vec<String> = guide_rows().into_iter().map(|r| r.0).collect();
+        in_guide.sort_unstable();
         let mut ours: Vec<&str> = documented().iter().map(|s| &s.name()["MTRACE_".len()..]).collect();
         ours.sort_unstable();
-        assert_eq!(in_readme, ours);
+        assert_eq!(in_guide, ours);
     }
 
-    /// Each README row says the recording's default (read back by the
+    /// Each row of the guide's table says the recording's default (read back by the
     /// setting's own parser, where the default has a spelling) and names
     /// the option of `mtrace run` that sets it.
     #[test]
-    fn readmes_defaults_and_options_are_the_recordings() {
-        let rows = readme_rows();
+    fn the_guides_defaults_and_options_are_the_recordings() {
+        let rows = guide_rows();
         let defaults = Recording::default().rendered();
         for (s, rendered) in defaults {
             let Some((_, default, meaning)) = rows.iter().find(|r| s.name()["MTRACE_".len()..] == r.0) else {
@@ -105,7 +105,7 @@ mod tests {
                 assert_eq!(
                     (read, warnings),
                     (Recording::default(), vec![]),
-                    "{}: README's default {default}",
+                    "{}: the guide's default {default}",
                     s.name()
                 );
             }

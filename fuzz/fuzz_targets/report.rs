@@ -4,8 +4,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mtrace_analyzer::output::{self, Format};
-use mtrace_analyzer::{input, pipeline, report, symbolize, trace};
+use mtrace_analysis::output::{self, Format};
+use mtrace_analysis::{input, pipeline, report, symbolize, trace};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(t) = input::load_from(data, std::path::Path::new("fuzz.mtrace"), &trace::Window::default()) else {

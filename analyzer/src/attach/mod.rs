@@ -16,8 +16,8 @@ mod ptrace;
 mod save;
 
 use std::io::Write;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,9 +26,10 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use mtrace_format::protocol::Command;
 
+use crate::arriving::listen::Listener;
 use crate::recording::{find_lib, RecordingArgs};
 use crate::wake::Waker;
-use crate::ReportOpts;
+use crate::ReportFlags;
 
 #[derive(clap::Args)]
 pub struct AttachArgs {
@@ -36,24 +37,20 @@ pub struct AttachArgs {
     pid: i32,
     /// Detach after this long (500ms, 10s, 2m, …); default: at Ctrl-C or
     /// SIGTERM, or when the process ends.
-    #[arg(long, value_name = "DURATION", value_parser = crate::report::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = mtrace_analysis::report::parse_duration)]
     duration: Option<u64>,
-    /// Write the report to FILE instead of standard output.
-    #[arg(short = 'o', long = "output", value_name = "FILE")]
-    output: Option<PathBuf>,
-    /// Keep the trace of the window in FILE (it can be reported again with `mtrace report`).
-    #[arg(long, value_name = "FILE")]
-    save: Option<PathBuf>,
+    #[command(flatten)]
+    report_to: crate::flags::ReportFile,
+    #[command(flatten)]
+    save: crate::flags::Save,
     /// The window's trace kept within a bound as it arrives, as `mtrace
     /// run` keeps a long run's: the report is still of every block
     /// allocated while attached and not freed, the totals and the peak.
     /// Not with -i or --interval (their views follow the file).
     #[command(flatten)]
-    bound: crate::bounded::BoundArgs,
-    /// Open the interactive console on the process (report, dump, scan,
-    /// status, detach, …; `help` lists them) instead of waiting.
-    #[arg(short = 'i', long = "interactive", conflicts_with_all = ["max_trace_size", "max_trace_age"])]
-    interactive: bool,
+    bound: crate::flags::bound::BoundArgs,
+    #[command(flatten)]
+    interactive: crate::flags::Interactive,
     /// At the detach, scan memory and classify what was allocated while
     /// attached as memcheck does (definitely, indirectly, possibly lost,
     /// still reachable); memory of blocks from before the attach counts as
@@ -65,7 +62,7 @@ pub struct AttachArgs {
     #[arg(
         long,
         value_name = "DURATION",
-        value_parser = crate::report::parse_duration,
+        value_parser = mtrace_analysis::report::parse_duration,
         conflicts_with_all = ["max_trace_size", "max_trace_age"]
     )]
     interval: Option<u64>,
@@ -78,7 +75,7 @@ pub struct AttachArgs {
     #[command(flatten)]
     rec: RecordingArgs,
     #[command(flatten)]
-    opts: ReportOpts,
+    opts: ReportFlags,
 }
 
 /// Set by SIGINT, SIGTERM and SIGHUP: detach now (`mtrace keep`: stop).
@@ -126,12 +123,10 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     let t = mtrace_ptrace::inspect::inspect(a.pid)?;
     let mut rec = a.rec.recording(a.opts.depth)?;
     let dir = tempfile::Builder::new().prefix("mtrace-attach.").tempdir()?;
-    let sock = dir.path().join("stream.sock");
-    let listener = UnixListener::bind(&sock).with_context(|| format!("{}: cannot listen", sock.display()))?;
-    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
+    let listener = Listener::private("mtrace-attach.", "stream.sock")?;
     listener.set_nonblocking(true)?;
-    give_to_owner_of(a.pid, dir.path(), &sock)?;
-    rec.output = Some(format!("unix:{}", sock.display()));
+    give_to_owner_of(a.pid, &listener.files())?;
+    rec.output = Some(listener.address());
     // The process's children are not this window's.
     rec.follow_fork = false;
     rec.follow_exec = false;
@@ -149,7 +144,7 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     let (trace, copier) = save::start(&a, dir.path(), stream)?;
     // The report points' .memlog files (the report signal, mtrace_report())
     // into the process's working directory, as the library writes them.
-    let points = crate::bounded::follow_report_points(&trace, None);
+    let points = mtrace_analysis::bounded::follow_report_points(&trace, None);
     // Events an idle process with one thread made just before it went
     // idle are written within about 50 ms, as a writer thread would.
     let detaching = AtomicBool::new(false);
@@ -173,7 +168,7 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
         bail!("process {} ended before libmtrace.so sent anything", a.pid);
     }
     eprintln!("mtrace: detached from process {} ({} bytes of trace)", a.pid, copied);
-    let mut out = crate::output::open(a.output.as_deref())?;
+    let mut out = mtrace_analysis::output::open(a.report_to.output.as_deref())?;
     let r = a.opts.report(&trace, Some(&mut *out))?;
     out.flush()?;
     if let Some(e) = r.as_ref().and_then(|r| r.summary.error.as_ref()) {
@@ -191,7 +186,7 @@ fn attached(
     waker: &Waker,
     control: &mut UnixStream,
 ) -> Result<()> {
-    if a.interactive {
+    if a.interactive.interactive {
         let mut live =
             Session { control: control.try_clone()?, trace: trace.to_owned(), copier, pid: a.pid, waker: Some(waker) };
         let _ = crate::console::run(&mut live, &a.opts)?;
@@ -252,7 +247,7 @@ fn watch(
     let mut sym = a.opts.symbolizer();
     let mut seq = 0;
     // One follower for every view: the books grow with the stream.
-    let live = a.interval.map(|_| crate::input::live::LiveBooks::follow(trace));
+    let live = a.interval.map(|_| mtrace_analysis::input::live::LiveBooks::follow(trace));
     while !copier.is_finished() && !STOP.load(Ordering::Relaxed) && deadline.is_none_or(|d| Instant::now() < d) {
         std::thread::sleep(Duration::from_millis(20));
         if let Some((at, every)) = next_view.filter(|(at, _)| Instant::now() >= *at) {
@@ -262,7 +257,7 @@ fn watch(
                 std::thread::sleep(Duration::from_millis(30));
             }
             let older = a.opts.older_than.unwrap_or(every);
-            let view = |st: &mut crate::input::live::State| -> Result<()> {
+            let view = |st: &mut mtrace_analysis::input::live::State| -> Result<()> {
                 let t = st.trace.as_ref().expect("with() has the header");
                 interval::print(t, &mut sym, older, &mut std::io::stdout().lock())?;
                 if let Some(dir) = &a.pprof_dir {
@@ -313,13 +308,13 @@ impl crate::console::Live for Session<'_> {
 /// The process connects to the socket as its own user: when that is not
 /// us (we are root), the folder and the socket become its user's, still
 /// closed to everybody else (0700, 0600).
-fn give_to_owner_of(pid: i32, dir: &std::path::Path, sock: &std::path::Path) -> Result<()> {
+fn give_to_owner_of(pid: i32, files: &[&std::path::Path]) -> Result<()> {
     let owner = std::fs::metadata(format!("/proc/{pid}")).map_err(|e| anyhow!("process {pid}: {e}"))?;
     // SAFETY: geteuid has no preconditions.
     if owner.uid() == unsafe { libc::geteuid() } {
         return Ok(());
     }
-    for p in [dir, sock] {
+    for p in files {
         std::os::unix::fs::chown(p, Some(owner.uid()), Some(owner.gid()))
             .with_context(|| format!("{}: cannot give it to the process's user", p.display()))?;
     }
@@ -401,7 +396,7 @@ fn patch_executable(
 }
 
 /// The connection from the library, waited for up to [`CONNECT_TIMEOUT`].
-fn accept(listener: &UnixListener) -> Result<UnixStream> {
+fn accept(listener: &Listener) -> Result<UnixStream> {
     let until = Instant::now() + CONNECT_TIMEOUT;
     accept_while(listener, || Instant::now() < until)?.ok_or_else(|| {
         anyhow!("libmtrace.so was loaded but did not connect back within {} s", CONNECT_TIMEOUT.as_secs())
@@ -412,11 +407,11 @@ fn accept(listener: &UnixListener) -> Result<UnixStream> {
 /// holds; `None` when it stopped holding with none made. `waiting` is
 /// asked before each try, so a connection made before it turned false is
 /// still taken.
-fn accept_while(listener: &UnixListener, mut waiting: impl FnMut() -> bool) -> Result<Option<UnixStream>> {
+fn accept_while(listener: &Listener, mut waiting: impl FnMut() -> bool) -> Result<Option<UnixStream>> {
     loop {
         let more = waiting();
-        match listener.accept() {
-            Ok((s, _)) => {
+        match listener.accept_unix() {
+            Ok(s) => {
                 s.set_nonblocking(false)?;
                 return Ok(Some(s));
             }

@@ -5,17 +5,16 @@
 //! (ptrace/src/live.rs carries out the commands).
 
 use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use mtrace_format::protocol::Command;
 
 use super::{accept_while, catch_stop_signals, watch, AttachArgs, Session, DETACH_TIMEOUT, STOP};
+use crate::arriving::listen::Listener;
 
 /// The tracer's options for `a`, its stream going to `output`.
 fn options(a: &AttachArgs, output: String) -> Result<mtrace_ptrace::Options> {
@@ -27,7 +26,7 @@ fn options(a: &AttachArgs, output: String) -> Result<mtrace_ptrace::Options> {
 
 /// Writes the report of `trace` as `a` asks.
 fn report(a: &AttachArgs, trace: &std::path::Path) -> Result<ExitCode> {
-    let mut out = crate::output::open(a.output.as_deref())?;
+    let mut out = mtrace_analysis::output::open(a.report_to.output.as_deref())?;
     let r = a.opts.report(trace, Some(&mut *out))?;
     out.flush()?;
     if let Some(e) = r.as_ref().and_then(|r| r.summary.error.as_ref()) {
@@ -38,11 +37,11 @@ fn report(a: &AttachArgs, trace: &std::path::Path) -> Result<ExitCode> {
 
 /// `mtrace attach --ptrace`.
 pub fn attach(a: AttachArgs) -> Result<ExitCode> {
-    if a.interactive || a.interval.is_some() {
+    if a.interactive.interactive || a.interval.is_some() {
         return live(a);
     }
     let dir = tempfile::Builder::new().prefix("mtrace-attach.").tempdir()?;
-    let pattern = match &a.save {
+    let pattern = match &a.save.save {
         Some(p) => p.display().to_string(),
         None => dir.path().join("%p.mtrace").display().to_string(),
     };
@@ -63,17 +62,15 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
 /// stays live come every interval until the process ends, a signal or
 /// `--duration` (then the tracer detaches).
 fn live(a: AttachArgs) -> Result<ExitCode> {
-    if !a.interactive {
+    if !a.interactive.interactive {
         // From the start: a SIGTERM while the tracer attaches detaches
         // right after.
         catch_stop_signals();
     }
     let dir = tempfile::Builder::new().prefix("mtrace-attach.").tempdir()?;
-    let sock = dir.path().join("stream.sock");
-    let listener = UnixListener::bind(&sock).with_context(|| format!("{}: cannot listen", sock.display()))?;
-    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
+    let listener = Listener::private("mtrace-attach.", "stream.sock")?;
     listener.set_nonblocking(true)?;
-    let opts = options(&a, format!("unix:{}", sock.display()))?;
+    let opts = options(&a, listener.address())?;
     let pid = a.pid;
     let tracer = std::thread::spawn(move || mtrace_ptrace::attach(pid, opts, None));
     // Waited for as long as the tracer runs, not the library's timeout
@@ -92,11 +89,11 @@ fn live(a: AttachArgs) -> Result<ExitCode> {
         }
         Err(e) => return Err(e),
     };
-    let leave = if a.interactive { "quit" } else { "Ctrl-C" };
+    let leave = if a.interactive.interactive { "quit" } else { "Ctrl-C" };
     eprintln!("mtrace: attached to process {pid} from outside (ptrace); {leave} detaches");
     let mut control = stream.try_clone()?;
     let (trace, copier) = super::save::start(&a, dir.path(), stream)?;
-    if a.interactive {
+    if a.interactive.interactive {
         let mut live =
             Session { control: control.try_clone()?, trace: trace.clone(), copier: &copier, pid, waker: None };
         let _ = crate::console::run(&mut live, &a.opts)?;

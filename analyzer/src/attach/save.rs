@@ -12,14 +12,14 @@ use std::thread::JoinHandle;
 use anyhow::{Context, Result};
 
 use super::AttachArgs;
-use crate::bounded::{self, Bound, Dest};
+use mtrace_analysis::bounded::{self, Bound, Dest};
 
 /// Starts saving `stream` into the window's trace file (0600: `--save
 /// FILE`, else `PID.mtrace` in `dir`) on a thread of its own. Returns the
 /// file's path and the thread, which ends with the stream and returns the
 /// bytes it received (0: none came). Fails when the file cannot be made.
 pub fn start(a: &AttachArgs, dir: &Path, stream: UnixStream) -> Result<(PathBuf, JoinHandle<Result<u64>>)> {
-    let trace = match &a.save {
+    let trace = match &a.save.save {
         Some(p) => p.clone(),
         None => dir.join(format!("{}.mtrace", a.pid)),
     };

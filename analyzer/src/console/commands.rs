@@ -9,13 +9,13 @@ use mtrace_format::protocol::{marker, Command, MAX_DEPTH};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::{Live, Verb};
-use crate::books::Block;
-use crate::input::live::{LiveBooks, State};
-use crate::output::words::{plural, thousands};
-use crate::report::{SortKey, View};
-use crate::scan::Kind;
-use crate::trace::{Trace, SCAN_MARKER};
-use crate::ReportOpts;
+use mtrace_analysis::books::Block;
+use mtrace_analysis::input::live::{LiveBooks, State};
+use mtrace_analysis::output::words::{plural, thousands};
+use mtrace_analysis::pipeline::ReportOpts;
+use mtrace_analysis::report::{SortKey, View};
+use mtrace_analysis::scan::Kind;
+use mtrace_analysis::trace::{Trace, SCAN_MARKER};
 
 /// How long a report point, a reset or a scan may take to answer.
 const ANSWER: Duration = Duration::from_secs(30);
@@ -42,7 +42,7 @@ pub(super) struct Console<'a> {
     /// The last scan of each stream file.
     scans: HashMap<PathBuf, LastScan>,
     /// Kept between commands: the debug info it opened stays open.
-    sym: crate::symbolize::Symbolizer,
+    sym: mtrace_analysis::symbolize::Symbolizer,
 }
 
 impl<'a> Console<'a> {
@@ -95,7 +95,7 @@ impl<'a> Console<'a> {
             Verb::Report => self.report(out)?,
             Verb::Timeline => self.with(None, |_, t| -> Result<()> {
                 writeln!(out, "{:>12}  {:>12}  {:>14}  {:>8}", "time", "RSS", "heap", "blocks")?;
-                for p in crate::report::thin(&t.timeline, crate::report::TIMELINE_ROWS) {
+                for p in mtrace_analysis::report::thin(&t.timeline, mtrace_analysis::report::TIMELINE_ROWS) {
                     let mib = |b: u64| format!("{:.1} MiB", b as f64 / 1048576.0);
                     let (rss, heap) = (mib(p.rss_bytes), mib(p.heap_bytes));
                     let time = p.time_ns as f64 / 1e9;
@@ -108,7 +108,7 @@ impl<'a> Console<'a> {
                 let (pid, args) = pid_arg(&args);
                 let sort = match args.first() {
                     None => SortKey::Bytes,
-                    Some(s) => <SortKey as clap::ValueEnum>::from_str(s, true).map_err(|_| {
+                    Some(s) => SortKey::parse(s).ok_or_else(|| {
                         anyhow!("dump: unknown order {s:?} (usage, allocations, average, total, tsc, bytes-leaked, leaks, stacks, badfree, mismatched)")
                     })?,
                 };
@@ -202,10 +202,10 @@ impl<'a> Console<'a> {
         let path = self.books(pid)?;
         let sym = &mut self.sym;
         let depth = self.opts.depth;
-        let mut w = crate::output::open(Some(file))?;
+        let mut w = mtrace_analysis::output::open(Some(file))?;
         self.books[&path].with(|st| -> Result<()> {
             let t = st.trace.as_ref().expect("with() checks the header");
-            crate::output::pprof::write(t, None, sym, depth, &mut w)?;
+            mtrace_analysis::output::pprof::write(t, None, sym, depth, &mut w)?;
             Ok(w.flush()?)
         })?
     }
@@ -235,9 +235,9 @@ impl<'a> Console<'a> {
         let mut r = b.with(|st| {
             let base = since.as_ref().and_then(|_| st.baselines.get(marker::RESET)).cloned();
             let t = st.trace.as_mut().expect("with() checks the header");
-            crate::pipeline::view(t, base, false, |t| {
+            mtrace_analysis::pipeline::view(t, base, false, |t| {
                 let v = View { lost_before: lost, heuristics, ..View::default() };
-                crate::pipeline::build(t, sym, sort, depth, true, v)
+                mtrace_analysis::pipeline::build(t, sym, sort, depth, true, v)
             })
         })?;
         r.summary.since_marker = since;
@@ -248,10 +248,10 @@ impl<'a> Console<'a> {
                 writeln!(out, "No wrong frees.")?;
             }
             r.errors.truncate(n);
-            return Ok(crate::output::errors::write_text(&r.errors, r.text_callers, out)?);
+            return Ok(mtrace_analysis::output::errors::write_text(&r.errors, r.text_callers, out)?);
         }
         r.stacks.truncate(n);
-        crate::output::text::write_entries_only(&r, out)?;
+        mtrace_analysis::output::text::write_entries_only(&r, out)?;
         Ok(())
     }
 
@@ -273,8 +273,8 @@ impl<'a> Console<'a> {
                 let base = (n > 1).then(|| st.baselines.get(marker::REPORT).cloned()).flatten();
                 let t = st.trace.as_mut().expect("a marker came, so the header did");
                 let v = View { heuristics: opts.leak_check_heuristics, ..View::default() };
-                let mut r = crate::pipeline::view(t, base, false, |t| {
-                    crate::pipeline::build(t, sym, opts.sort, opts.depth, true, v)
+                let mut r = mtrace_analysis::pipeline::view(t, base, false, |t| {
+                    mtrace_analysis::pipeline::build(t, sym, opts.sort, opts.depth, true, v)
                 });
                 r.summary.since_marker = (n > 1).then(|| format!("{}#{}", marker::REPORT, n - 1));
                 r.summary.until_marker = Some(format!("{}#{n}", marker::REPORT));
@@ -284,10 +284,10 @@ impl<'a> Console<'a> {
         self.write(&r, out)
     }
 
-    fn write(&self, r: &crate::report::Report, out: &mut dyn Write) -> Result<()> {
+    fn write(&self, r: &mtrace_analysis::report::Report, out: &mut dyn Write) -> Result<()> {
         match self.opts.format() {
-            crate::output::Format::Json => crate::output::json(r, out)?,
-            _ => crate::output::text::write_text(r, out)?,
+            mtrace_analysis::output::Format::Json => mtrace_analysis::output::json(r, out)?,
+            _ => mtrace_analysis::output::text::write_text(r, out)?,
         }
         Ok(())
     }
@@ -318,22 +318,24 @@ impl<'a> Console<'a> {
             || live.send_to(pid, &Command::Scan),
             |st, n| {
                 let t = st.trace.as_mut().expect("a marker came, so the header did");
-                let res = crate::pipeline::view(t, None, true, |t| {
-                    let classes = crate::scan::classify(t, opts.leak_check_heuristics)?;
+                let res = mtrace_analysis::pipeline::view(t, None, true, |t| {
+                    let classes = mtrace_analysis::scan::classify(t, opts.leak_check_heuristics)?;
                     let keep = |addr: u64, b: &Block| match (mode, last) {
                         ("new", Some(l)) => b.time > l.snapshot_time,
                         ("leak", Some(l)) => l.lost.contains(&(addr, b.time)),
                         _ => true,
                     };
                     let v = View { keep: Some(&keep), classes: Some(&classes), ..View::default() };
-                    let mut r = crate::report::build_view(t, sym, opts.sort, opts.depth, opts.show_reachable, v);
+                    let mut r =
+                        mtrace_analysis::report::build_view(t, sym, opts.sort, opts.depth, opts.show_reachable, v);
                     r.summary.until_marker = Some(format!("{SCAN_MARKER}#{n}"));
                     let mut found =
                         LastScan { snapshot_time: t.snapshot_time, lost: HashSet::default(), lost_bytes: 0 };
-                    for (place, (addr, b)) in t.books.live_blocks().enumerate() {
-                        if classes.at(place, addr).is_some_and(|c| matches!(c.kind, Kind::Definite | Kind::Indirect)) {
-                            found.lost.insert((addr, b.time));
-                            found.lost_bytes += b.estimate(t.books.sample_rate).0;
+                    for (place, l) in t.books.live().enumerate() {
+                        if classes.at(place, l.addr).is_some_and(|c| matches!(c.kind, Kind::Definite | Kind::Indirect))
+                        {
+                            found.lost.insert((l.addr, l.block.time));
+                            found.lost_bytes += l.bytes;
                         }
                     }
                     Some((r, found))
@@ -367,7 +369,7 @@ impl<'a> Console<'a> {
             };
             writeln!(out, "process {} ({}): {state}", t.header.pid, t.header.exe)?;
             if k.sample_rate != 0 {
-                let rate = crate::output::words::size_unit(k.sample_rate);
+                let rate = mtrace_analysis::output::words::size_unit(k.sample_rate);
                 writeln!(out, "  sampled: one allocation per {rate} on average; the counts are estimates")?;
             }
             let (n, bytes) = (thousands, |v| plural(v, "byte", "bytes"));

@@ -6,7 +6,7 @@
 //! (well kept, and it falls back to plain lines when standard input is not
 //! a terminal).
 //!
-//! The books are kept while the stream arrives (`mtrace_analyzer::input::live`): a
+//! The books are kept while the stream arrives (`mtrace_analysis::input::live`): a
 //! command waits until they hold everything saved so far, and a report
 //! point or a scan describes the moment the process wrote its marker.
 
@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use mtrace_format::protocol::Command;
 
-use crate::ReportOpts;
+use mtrace_analysis::pipeline::ReportOpts;
 
 /// What the console acts on: a process sending its stream.
 pub trait Live {

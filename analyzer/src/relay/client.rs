@@ -12,37 +12,32 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context, Result};
-use mtrace_analyzer::bounded::{Bound, ReportPoints};
+use mtrace_analysis::bounded::{Bound, ReportPoints};
 use mtrace_format::address::Socket;
 use mtrace_format::protocol::Command;
 
 use super::{read_frame, read_line, write_frame, COMMAND, DATA, END, EXIT};
-use crate::ReportOpts;
+use crate::ReportFlags;
 
 #[derive(clap::Args)]
 pub struct ClientArgs {
     /// The server: unix:PATH or tcp:HOST:PORT (default: as `mtrace server`'s).
     addr: Option<String>,
-    /// The interactive console on the program while it runs.
-    #[arg(short = 'i', long = "interactive", conflicts_with_all = ["max_trace_size", "max_trace_age"])]
-    interactive: bool,
-    /// Keep the program's stream in FILE (other processes' in FILE.PID),
-    /// to report again offline with `mtrace report`.
-    #[arg(long, value_name = "FILE")]
-    save: Option<PathBuf>,
+    #[command(flatten)]
+    interactive: crate::flags::Interactive,
+    #[command(flatten)]
+    save: crate::flags::Save,
     /// Each process's trace kept within a bound as it arrives, as `mtrace
     /// run` keeps it: the report is still of the whole run for every
     /// block not freed, the totals and the peak. Not with -i.
     #[command(flatten)]
-    bound: mtrace_analyzer::bounded::BoundArgs,
-    /// The secret the server asks for (first line of FILE).
-    #[arg(long, value_name = "FILE")]
-    token_file: Option<PathBuf>,
-    /// Write the report to FILE instead of standard error.
-    #[arg(short = 'o', long = "output", value_name = "FILE")]
-    output: Option<PathBuf>,
+    bound: crate::flags::bound::BoundArgs,
     #[command(flatten)]
-    opts: ReportOpts,
+    token_file: crate::flags::TokenFile,
+    #[command(flatten)]
+    report_to: crate::flags::ReportFile,
+    #[command(flatten)]
+    opts: ReportFlags,
 }
 
 /// The streams received so far.
@@ -58,14 +53,14 @@ struct Streams {
 
 impl ClientArgs {
     /// A client of a local server with the console (`mtrace run -i`).
-    pub fn interactive_on(addr: String, output: Option<PathBuf>, opts: ReportOpts) -> ClientArgs {
+    pub fn interactive_on(addr: String, report_to: crate::flags::ReportFile, opts: ReportFlags) -> ClientArgs {
         ClientArgs {
             addr: Some(addr),
-            interactive: true,
-            save: None,
+            interactive: crate::flags::Interactive { interactive: true },
+            save: Default::default(),
             bound: Default::default(),
-            token_file: None,
-            output,
+            token_file: Default::default(),
+            report_to,
             opts,
         }
     }
@@ -84,7 +79,7 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
     a.opts.check_inputs()?;
     // Refused before the server gives this client its one place.
     let bound = a.bound.bound()?;
-    let token = super::token(&a.token_file)?;
+    let token = super::token(&a.token_file.token_file)?;
     let addr = super::address(a.addr.as_deref())?;
     let mut conn = super::connect(&addr)?;
     conn.write_all(format!("mtrace 1 {token}\n").as_bytes())?;
@@ -97,7 +92,7 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
     let reader = conn.try_clone()?;
     let (st, d) = (streams.clone(), dir.path().to_owned());
     let receiver = std::thread::spawn(move || receive(reader, &d, &st, bound));
-    if a.interactive {
+    if a.interactive.interactive {
         let mut live = Live { conn: conn.try_clone()?, streams: streams.clone() };
         if live.wait_first().is_some() && crate::console::run(&mut live, &a.opts)? == crate::console::Leave::Quit {
             // Leave now: the server keeps the program and its spool; the
@@ -116,7 +111,7 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
     };
     // Saved before the report, which names the saved file as its trace
     // (the received one is deleted with its temporary folder).
-    if let Some(save) = &a.save {
+    if let Some(save) = &a.save.save {
         for (id, (path, _)) in &s.files {
             let to = match (id, header_pid(path)) {
                 (1, _) => save.clone(),
@@ -126,18 +121,18 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
             std::fs::copy(path, &to).with_context(|| format!("{}: cannot save", to.display()))?;
         }
     }
-    let mut out = crate::output::open(a.output.as_deref())?;
+    let mut out = mtrace_analysis::output::open(a.report_to.output.as_deref())?;
     // The program's process is the first to connect; its pid is in its header.
     let main = s.files.get(&1).map(|(p, _)| p.clone());
     let pid = main.as_deref().and_then(header_pid);
     match pid {
         Some(pid) => {
-            let main_trace = Some(match &a.save {
+            let main_trace = Some(match &a.save.save {
                 Some(f) => f.display().to_string(),
                 None => "received, not kept (--save FILE keeps it)".to_owned(),
             });
-            let how = crate::pipeline::Reporting { main_trace, ..Default::default() };
-            crate::pipeline::report_processes(dir.path(), pid, &a.opts, how, &mut *out)?;
+            let how = mtrace_analysis::pipeline::Reporting { main_trace, ..Default::default() };
+            mtrace_analysis::pipeline::report_processes(dir.path(), pid, &a.opts, how, &mut *out)?;
         }
         None => writeln!(out, "mtrace: the program sent no trace (static executable, or preloading failed)")?,
     }
@@ -152,7 +147,7 @@ fn header_pid(p: &Path) -> Option<u32> {
 }
 
 /// Writes the frames' streams to files in `dir` (each kept within `bound`
-/// by a keeper of its own, `mtrace_analyzer::bounded`, if given)
+/// by a keeper of its own, `mtrace_analysis::bounded`, if given)
 /// until the program's exit or the end of the connection.
 fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>, bound: Option<Bound>) -> Result<()> {
     // A stream's file, or the pipe to the keeper that bounds it.
@@ -184,9 +179,9 @@ fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>, bound: Option<Bound>)
                                 let (p, dir) = (path.clone(), reports.clone());
                                 keepers.push(std::thread::spawn(move || {
                                     let mut points = ReportPoints::new(dir, None);
-                                    mtrace_analyzer::bounded::keep(
+                                    mtrace_analysis::bounded::keep(
                                         r,
-                                        mtrace_analyzer::bounded::Dest::File(&p),
+                                        mtrace_analysis::bounded::Dest::File(&p),
                                         bound,
                                         Some(&mut points),
                                     )
@@ -196,7 +191,7 @@ fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>, bound: Option<Bound>)
                             None => {
                                 let f =
                                     std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&path)?;
-                                points.push(mtrace_analyzer::bounded::follow_report_points(&path, reports.clone()));
+                                points.push(mtrace_analysis::bounded::follow_report_points(&path, reports.clone()));
                                 Box::new(f)
                             }
                         };

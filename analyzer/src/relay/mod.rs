@@ -105,23 +105,6 @@ pub fn connect(a: &Address) -> Result<Socket> {
     a.connect().map_err(|e| anyhow!("cannot connect to {a}: {e}"))
 }
 
-/// Makes way for a UNIX socket at `sock` (`mtrace server --listen
-/// unix:PATH`, `mtrace keep --listen`): removes a socket nobody listens on
-/// any more (a server or keeper that died); refuses, naming why, a socket
-/// another process listens on and any other file, which is the user's and
-/// stays (a mistyped `--listen unix:report.txt` removed the report).
-pub fn replace_stale(sock: &std::path::Path) -> Result<()> {
-    use std::os::unix::fs::FileTypeExt;
-    let Ok(meta) = std::fs::symlink_metadata(sock) else { return Ok(()) };
-    if !meta.file_type().is_socket() {
-        bail!("{}: exists and is not a socket", sock.display());
-    }
-    if std::os::unix::net::UnixStream::connect(sock).is_ok() {
-        bail!("{}: another process listens there", sock.display());
-    }
-    std::fs::remove_file(sock).with_context(|| format!("{}: cannot replace the stale socket", sock.display()))
-}
-
 /// Reads one line (up to 256 bytes) without reading past it.
 pub fn read_line(r: &mut dyn Read) -> Result<String> {
     let mut line = Vec::new();

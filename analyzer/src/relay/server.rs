@@ -16,8 +16,8 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -25,9 +25,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::{read_line, write_frame, ALL, COMMAND, DATA, END, EXIT};
+use crate::arriving::listen::Listener;
 use crate::recording::{find_lib, hand_to, AtExitArgs, RecordingArgs};
 use anyhow::{bail, Context, Result};
-use mtrace_format::address::{Address, Socket};
+use mtrace_format::address::Socket;
 
 #[derive(clap::Args)]
 pub struct ServerArgs {
@@ -44,15 +45,12 @@ pub struct ServerArgs {
     spool: Option<PathBuf>,
     /// Bytes the spool may hold on disk (K, M, G suffixes: powers of 1024);
     /// at the bound the program waits for a client.
-    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = mtrace_analyzer::bounded::parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = mtrace_analysis::bounded::parse_size)]
     spool_max: u64,
-    /// The secret clients must present (first line of FILE); required for a
-    /// TCP address other than loopback.
-    #[arg(long, value_name = "FILE")]
-    token_file: Option<PathBuf>,
-    /// Record at most N frames per backtrace (MTRACE_DEPTH).
-    #[arg(short = 'd', long = "depth")]
-    depth: Option<usize>,
+    #[command(flatten)]
+    token_file: crate::flags::TokenFile,
+    #[command(flatten)]
+    frames: crate::flags::Depth,
     #[command(flatten)]
     rec: RecordingArgs,
     #[command(flatten)]
@@ -123,57 +121,9 @@ impl Shared {
     }
 }
 
-enum Listener {
-    /// The listener and its socket's path, removed when the server ends.
-    Unix(UnixListener, PathBuf),
-    Tcp(std::net::TcpListener),
-}
-
-impl Drop for Listener {
-    /// The socket goes with the server, whichever way it ends (the client
-    /// has the whole trace, the program could not be started).
-    fn drop(&mut self) {
-        if let Listener::Unix(_, p) = self {
-            let _ = std::fs::remove_file(p);
-        }
-    }
-}
-
-impl Listener {
-    fn bind(addr: &Address, token: &str) -> Result<Listener> {
-        Ok(match addr {
-            Address::Unix(p) => {
-                let p = std::path::Path::new(p);
-                super::replace_stale(p)?;
-                let l = UnixListener::bind(p).with_context(|| format!("cannot listen on {addr}"))?;
-                std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600))?;
-                Listener::Unix(l, p.to_owned())
-            }
-            Address::Tcp { host, port } => {
-                let l = std::net::TcpListener::bind(format!("{host}:{port}"))
-                    .with_context(|| format!("cannot listen on {addr}"))?;
-                if !l.local_addr()?.ip().is_loopback() && token.is_empty() {
-                    bail!("{addr} is not a loopback address: give --token-file (clients must present its secret)");
-                }
-                Listener::Tcp(l)
-            }
-        })
-    }
-
-    fn accept(&self) -> std::io::Result<(Socket, String)> {
-        Ok(match self {
-            Listener::Unix(l, _) => (Socket::Unix(l.accept()?.0), "a local client".to_owned()),
-            Listener::Tcp(l) => {
-                let (s, from) = l.accept()?;
-                (Socket::Tcp(s), from.to_string())
-            }
-        })
-    }
-}
-
 pub fn server(mut a: ServerArgs) -> Result<ExitCode> {
     a.rec.ptrace_if_static(&a.command[0]);
-    let mut rec = a.rec.recording(a.depth)?;
+    let mut rec = a.rec.recording(a.frames.depth)?;
     // The scan runs in the target and its snapshot travels in the stream:
     // the client's report has the leak kinds as `run`'s has.
     a.at_exit.apply(&mut rec);
@@ -181,13 +131,13 @@ pub fn server(mut a: ServerArgs) -> Result<ExitCode> {
     if a.spool_max < MIN_SPOOL {
         bail!("--spool-max {}: at least 1M (the bound must hold a few frames)", a.spool_max);
     }
-    let token = super::token(&a.token_file)?;
+    let token = super::token(&a.token_file.token_file)?;
     let addr = super::address(a.listen.as_deref())?;
-    let listener = Listener::bind(&addr, &token)?;
+    let listener = Listener::bind(&addr, !token.is_empty())?;
     let dir = tempfile::Builder::new().prefix("mtrace-server.").tempdir()?;
-    let internal = dir.path().join("procs.sock");
-    let procs = UnixListener::bind(&internal)?;
-    std::fs::set_permissions(&internal, std::fs::Permissions::from_mode(0o600))?;
+    // The program's processes connect here, the client at `listener`.
+    let procs = Listener::private("mtrace-server.", "procs.sock")?;
+    let incoming = procs.incoming_unix()?;
     let spool_path = a.spool.clone().unwrap_or_else(|| dir.path().join("spool"));
     let spool = std::fs::OpenOptions::new()
         .read(true)
@@ -216,7 +166,7 @@ pub fn server(mut a: ServerArgs) -> Result<ExitCode> {
     };
     say(format!("listening on {addr}"));
     let sh = shared.clone();
-    std::thread::spawn(move || accept_processes(procs, sh));
+    std::thread::spawn(move || accept_processes(incoming, sh));
     if let Some(w) = shared.waker.clone() {
         let sh = shared.clone();
         std::thread::spawn(move || {
@@ -240,7 +190,7 @@ pub fn server(mut a: ServerArgs) -> Result<ExitCode> {
         sh.exited.store(true, Ordering::Release);
     };
     let sh = shared.clone();
-    rec.output = Some(format!("unix:{}", internal.display()));
+    rec.output = Some(procs.address());
     if a.rec.ptrace {
         let opts = a.rec.ptrace_options(rec, false);
         let command = a.command.clone();
@@ -326,8 +276,8 @@ fn accept_client(l: &Listener, token: &str, sh: &Shared) -> Option<(Socket, Stri
 }
 
 /// Accepts the program's processes: each connection is a stream of its own.
-fn accept_processes(l: UnixListener, sh: Arc<Shared>) {
-    for s in l.incoming().flatten() {
+fn accept_processes(incoming: impl Iterator<Item = UnixStream>, sh: Arc<Shared>) {
+    for s in incoming {
         let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
         let received = Arc::new(AtomicU64::new(0));
         if let Ok(conn) = s.try_clone() {

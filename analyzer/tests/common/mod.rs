@@ -311,10 +311,7 @@ pub fn memcheck_summary(stderr: &[u8]) -> [(u64, u64); 4] {
 }
 
 /// profile.proto's types, from the schema pprof reads.
-#[allow(missing_docs, clippy::all, dead_code)]
-pub mod proto {
-    include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
-}
+pub use mtrace_analysis::output::pprof::proto;
 
 /// The in-use objects and bytes of a pprof heap profile by the source
 /// file name and line of each sample's first location.

@@ -19,7 +19,7 @@
 //! producer/consumer program handing 2,000,000 blocks over, 1 run in 11).
 //! The analyzer merges the threads' events by time up to the watermarks
 //! (stream/order.rs), and orders events of different threads closer than
-//! `EPS` (250 ns) by the allocator's contract (analyzer/src/books/ties.rs).
+//! `EPS` (250 ns) by the allocator's contract (analysis/src/books/ties.rs).
 //! Until they did, every stamp was `lfence; rdtsc` (17 ns against 10).
 //! Invariant TSCs of one machine are synchronized across cores.
 

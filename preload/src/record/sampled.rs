@@ -29,7 +29,7 @@
 //! and removed before the real free (or realloc) lets another thread be
 //! given it, so an address is never in the table twice.
 //!
-//! Cost: `scripts/bench`'s "sampled" table (README, "Sampling").
+//! Cost: `scripts/bench`'s "sampled" table (docs/GUIDE.md, "Sampling").
 
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 

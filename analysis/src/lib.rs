@@ -1,5 +1,8 @@
-//! The analyzer's core, shared by the `mtrace` binary and the fuzzing
-//! targets (fuzz/). From the bottom up:
+//! mtrace's analysis library: a stream in (from any `Read` or file), a
+//! report out (to any `Write`), shared by the `mtrace` command (analyzer/)
+//! and the fuzzing targets (fuzz/). It has no command line, no socket and
+//! no ptrace: its options are a plain [`pipeline::ReportOpts`]. From the
+//! bottom up:
 //! - [`trace`]: the data model (one trace as read), which everything reads;
 //! - `addr_table`: values by address (the heap's blocks);
 //! - [`books`], [`order`], [`stats`]: what the records add up to;
@@ -8,10 +11,11 @@
 //! - [`scan`] (the leak scan), [`symbolize`];
 //! - [`report`]: the report model; [`output`]: its forms, behind one
 //!   [`output::Format`];
-//! - [`pipeline`]: load, classify, build, write — what every command runs.
+//! - [`pipeline`]: load, classify, build, write — what every command runs;
+//! - [`bounded`]: a stream kept within a size or an age as it arrives.
 //!
 //! The command-line front ends (`run`, `attach`, `server`, `client`, the
-//! console) live in the binary.
+//! console), the listeners and the producers live in the `mtrace` command.
 
 mod addr_table;
 pub mod books;

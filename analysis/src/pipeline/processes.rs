@@ -132,11 +132,7 @@ const FACTS_READ: usize = 500;
 
 /// What trace `t` (at `path`) says of its image, for the tree.
 fn facts(t: &Trace, path: &Path, sym: &Symbolizer) -> ImageFacts {
-    let rate = t.books.sample_rate;
-    let not_freed = t.books.live_blocks().fold((0, 0), |acc, (_, b)| {
-        let (size, n) = b.estimate(rate);
-        (acc.0 + size, acc.1 + n)
-    });
+    let not_freed = t.books.live().fold((0, 0), |acc, l| (acc.0 + l.bytes, acc.1 + l.blocks));
     ImageFacts {
         header: t.header.clone(),
         path: path.to_owned(),

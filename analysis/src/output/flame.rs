@@ -12,7 +12,7 @@ use crate::symbolize::{Frame, Symbolizer};
 use crate::trace::Trace;
 
 /// What a flamegraph's widths measure, per backtrace.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cost {
     /// Bytes still live at the end of the trace (or its `--until-marker`).
     Leaked,
@@ -25,6 +25,20 @@ pub enum Cost {
 }
 
 impl Cost {
+    /// Every cost, each with its name and what it measures (for
+    /// `--cost`'s help).
+    pub const ALL: [(Cost, &'static str, &'static str); 4] = [
+        (Cost::Leaked, "leaked", "Bytes still live at the end of the trace (or its `--until-marker`)"),
+        (Cost::Allocated, "allocated", "Bytes requested by all allocations over the run"),
+        (Cost::Calls, "calls", "Allocation calls over the run"),
+        (Cost::Peak, "peak", "Bytes live at the peak of live memory"),
+    ];
+
+    /// The cost named `s`, ASCII case ignored.
+    pub fn parse(s: &str) -> Option<Cost> {
+        Self::ALL.iter().find(|(_, n, _)| n.eq_ignore_ascii_case(s)).map(|e| e.0)
+    }
+
     fn unit(self) -> &'static str {
         match self {
             Cost::Calls => "calls",

@@ -23,13 +23,11 @@ use crate::symbolize::{Frame, Symbolizer};
 use crate::trace::Trace;
 
 /// Order of the "not freed" entries (the keys of mtrace-ng).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SortKey {
     /// Bytes not freed (default; mtrace-ng's `usage`).
-    #[value(alias = "usage")]
     Bytes,
     /// Blocks not freed (mtrace-ng's `allocations`).
-    #[value(alias = "allocations")]
     Count,
     /// All allocations made from the backtrace over the run.
     Total,
@@ -53,6 +51,52 @@ pub enum SortKey {
     /// then the others (mtrace-ng's `mismatched`); the not-freed entries
     /// by bytes.
     Mismatched,
+}
+
+impl SortKey {
+    /// Every key, each with its name, the names mtrace-ng gives it, and
+    /// what it orders by (for `--sort`'s help and the console's `sort`).
+    pub const ALL: [(SortKey, &'static str, &'static [&'static str], &'static str); 10] = [
+        (SortKey::Bytes, "bytes", &["usage"], "Bytes not freed (default; mtrace-ng's `usage`)"),
+        (SortKey::Count, "count", &["allocations"], "Blocks not freed (mtrace-ng's `allocations`)"),
+        (SortKey::Total, "total", &[], "All allocations made from the backtrace over the run"),
+        (SortKey::Average, "average", &[], "Average size of the blocks not freed"),
+        (SortKey::Tsc, "tsc", &[], "The backtrace with the most recent allocation first (mtrace-ng's `tsc`)"),
+        (
+            SortKey::BytesLeaked,
+            "bytes-leaked",
+            &[],
+            "Bytes lost (definitely or indirectly) at the leak scan; in the console, at the last `scan`",
+        ),
+        (SortKey::Leaks, "leaks", &[], "Blocks lost (definitely or indirectly) at the leak scan, or the last `scan`"),
+        (
+            SortKey::Stacks,
+            "stacks",
+            &[],
+            "Every backtrace that allocated, also those with nothing live now, by allocation calls (mtrace-ng's \
+             `stacks`)",
+        ),
+        (
+            SortKey::Badfree,
+            "badfree",
+            &[],
+            "The wrong frees by how many double and invalid frees each entry counts, then the mismatched ones \
+             (mtrace-ng's `badfree`); the not-freed entries by bytes",
+        ),
+        (
+            SortKey::Mismatched,
+            "mismatched",
+            &[],
+            "The wrong frees by how many mismatched frees each entry counts, then the others (mtrace-ng's \
+             `mismatched`); the not-freed entries by bytes",
+        ),
+    ];
+
+    /// The key named `s` or one of its aliases, ASCII case ignored.
+    pub fn parse(s: &str) -> Option<SortKey> {
+        let s = s.to_ascii_lowercase();
+        Self::ALL.iter().find(|(_, n, a, _)| *n == s || a.contains(&s.as_str())).map(|e| e.0)
+    }
 }
 
 /// Whether a live block (address, block) is shown.
@@ -366,12 +410,12 @@ pub fn build_view(
         // `for_each`, not a `for` loop: the loop's `next` through the books'
         // chain of iterators handed each block over through the stack, and
         // reading it back stalled (the walk of 20 M blocks 0.51 -> 0.40 s).
-        t.books.live_blocks().enumerate().for_each(|(place, (addr, b))| {
+        t.books.live().enumerate().for_each(|(place, l)| {
+            // In a sampled trace, what the block stands for: `size`, `n`.
+            let (addr, b, size, n) = (l.addr, l.block, l.bytes, l.blocks);
             if view.keep.is_some_and(|k| !k(addr, &b)) {
                 return;
             }
-            // In a sampled trace, what the block stands for.
-            let (size, n) = b.estimate(t.books.sample_rate);
             live_total.0 = live_total.0.saturating_add(signed(size));
             live_total.1 += n as i64;
             let var = b.variance(t.books.sample_rate);

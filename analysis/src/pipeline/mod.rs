@@ -8,7 +8,6 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use clap::Args;
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::input;
@@ -22,103 +21,87 @@ use crate::trace::{MarkerSel, Trace, Window};
 mod processes;
 pub use processes::{report_processes, Reporting};
 
-/// Options shared by `report` and `run`.
-#[derive(Args, Clone)]
+/// What a report reads, shows and writes: the report options that
+/// `report`, `run`, `attach`, `client` and the console share (the command
+/// line's `--json`, `--sort`, ... fill it; [`Default`] is their defaults).
+#[derive(Clone, Debug)]
 pub struct ReportOpts {
-    /// Print one JSON document instead of text.
-    #[arg(long)]
+    /// One JSON document instead of text on the command's own output.
     pub json: bool,
     /// Order of the "not freed" backtraces.
-    #[arg(long, value_enum, default_value = "bytes")]
     pub sort: SortKey,
-    /// Show at most this many recorded frames per backtrace (`run`,
-    /// `server` and `attach` also record only this many: MTRACE_DEPTH).
-    #[arg(short = 'd', long = "depth")]
+    /// At most this many recorded frames per backtrace (`None`: all).
     pub depth: Option<usize>,
-    /// In text, show at most N frames of a backtrace, 0 for all (valgrind's
-    /// option and default); frames below the program's entry (`main`, a
-    /// thread's start routine) are left out. JSON, HTML and flamegraphs
-    /// have every frame recorded (-d).
-    #[arg(long, value_name = "N", default_value_t = output::words::NUM_CALLERS)]
+    /// In text, at most this many frames of a backtrace, 0 for all.
     pub num_callers: usize,
-    /// Root folder holding the traced machine's files (for traces made elsewhere).
-    #[arg(long)]
+    /// Root folder holding the traced machine's files.
     pub sysroot: Option<PathBuf>,
-    /// Folder to search for binaries by file name; may be repeated.
-    #[arg(long)]
+    /// Folders searched for binaries by file name.
     pub binpath: Vec<PathBuf>,
-    /// Report the change in live blocks since this marker (a report number, or a marker's name).
-    #[arg(long, value_name = "MARKER")]
+    /// The change in live blocks since this marker (number or name).
     pub since_marker: Option<String>,
-    /// Stop at this marker (a report number, or a marker's name).
-    #[arg(long, value_name = "MARKER")]
+    /// Stop at this marker (number or name).
     pub until_marker: Option<String>,
-    /// Report the change in live blocks since TIME, as --since-marker does
-    /// at a marker: after the trace's start (seconds, or with a unit: 90,
-    /// 1.5m, 250ms) or on the wall clock (2026-11-29 13:05:00 in this
-    /// machine's time zone, 2026-11-29T13:05:00Z, @SECONDS since the epoch).
-    #[arg(long, value_name = "TIME", value_parser = report::trace_time::parse_trace_time, conflicts_with = "since_marker")]
+    /// The change in live blocks since this time.
     pub from: Option<TraceTime>,
-    /// Stop reading at TIME (as --from), as --until-marker does at a marker.
-    #[arg(long, value_name = "TIME", value_parser = report::trace_time::parse_trace_time, conflicts_with = "until_marker")]
+    /// Stop reading at this time.
     pub to: Option<TraceTime>,
-    /// Also show RSS and live heap over time (sampled every 10 ms).
-    #[arg(long)]
+    /// RSS and live heap over time too.
     pub timeline: bool,
-    /// Also list blocks still live that were allocated more than DURATION
-    /// before the end (500ms, 10s, 2m, …).
-    #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
+    /// Blocks still live allocated more than this many ns before the end.
     pub older_than: Option<u64>,
-    /// With a leak scan, also list the still reachable blocks (and the
-    /// program's own mappings).
-    #[arg(long)]
+    /// The still reachable blocks too (with a leak scan).
     pub show_reachable: bool,
-    /// In text, also the sections heaptrack users know: most allocation
-    /// calls, temporary allocations, peak consumers, allocation sizes
-    /// (JSON always has them).
-    #[arg(long)]
+    /// heaptrack's sections in text too.
     pub sections: bool,
-    /// Leave out entries matched by this file's `leak:PATTERN` lines
-    /// (LeakSanitizer's format; PATTERN against function, file or module).
-    #[arg(long, value_name = "FILE")]
+    /// A file of `leak:PATTERN` lines (LeakSanitizer's format) to leave out.
     pub suppressions: Option<PathBuf>,
-    /// memcheck's heuristics for interior pointers, with the leak scan: all,
-    /// none, or some of stdstring, length64, newarray, multipleinheritance
-    /// (comma-separated); a block a heuristic's pointer reaches is still
-    /// reachable, not possibly lost (docs/SCAN.md).
-    #[arg(long, value_name = "SET", default_value = "all", value_parser = scan::Heuristics::parse)]
+    /// memcheck's heuristics for interior pointers.
     pub leak_check_heuristics: scan::Heuristics,
-    /// Also show, per time window of DURATION, the allocations still live at
-    /// the end, backtraces that leak in every window first (at most 1,000
-    /// windows: a shorter DURATION is widened).
-    #[arg(long, value_name = "DURATION", value_parser = report::parse_window)]
+    /// Live allocations per time window of this many ns.
     pub intervals: Option<u64>,
-    /// Also write the report as one self-contained HTML page to FILE: memory
-    /// over time, flamegraphs, what a time range left live, the tables
-    /// (`mtrace report`: instead of the text).
-    #[arg(long, value_name = "FILE")]
+    /// The HTML page's file.
     pub html: Option<PathBuf>,
-    /// Also write the collapsed stacks of --cost to FILE (flamegraph.pl's,
-    /// inferno's and speedscope's input; `mtrace report`: instead of the
-    /// text); `-`: standard output.
-    #[arg(long, value_name = "FILE")]
+    /// The collapsed stacks' file (`-`: standard output).
     pub folded: Option<PathBuf>,
-    /// Also write an interactive flamegraph SVG of --cost to FILE
-    /// (`mtrace report`: instead of the text); `-`: standard output.
-    #[arg(long, value_name = "FILE")]
+    /// The flamegraph SVG's file (`-`: standard output).
     pub flamegraph: Option<PathBuf>,
-    /// What --folded and --flamegraph measure per backtrace.
-    #[arg(long, value_enum, default_value = "leaked")]
+    /// What the folded stacks and the flamegraph measure.
     pub cost: flame::Cost,
-    /// Draw the flamegraph upside down (roots at the top).
-    #[arg(long)]
+    /// The flamegraph upside down.
     pub icicle: bool,
-    /// Also write a pprof heap profile to FILE (gzip-compressed
-    /// profile.proto: alloc and in-use objects and bytes per backtrace,
-    /// the leak kind as label `kind`; `mtrace report`: instead of the
-    /// text); `-`: standard output.
-    #[arg(long, value_name = "FILE")]
+    /// The pprof profile's file (`-`: standard output).
     pub pprof: Option<PathBuf>,
+}
+
+impl Default for ReportOpts {
+    fn default() -> ReportOpts {
+        ReportOpts {
+            json: false,
+            sort: SortKey::Bytes,
+            depth: None,
+            num_callers: output::words::NUM_CALLERS,
+            sysroot: None,
+            binpath: Vec::new(),
+            since_marker: None,
+            until_marker: None,
+            from: None,
+            to: None,
+            timeline: false,
+            older_than: None,
+            show_reachable: false,
+            sections: false,
+            suppressions: None,
+            leak_check_heuristics: scan::Heuristics::ALL,
+            intervals: None,
+            html: None,
+            folded: None,
+            flamegraph: None,
+            cost: flame::Cost::Leaked,
+            icicle: false,
+            pprof: None,
+        }
+    }
 }
 
 impl ReportOpts {

@@ -86,14 +86,8 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, inp: &Inputs) -> Sections {
     let peak_consumers = entries(top(inp.at_peak.iter().map(|(&s, l)| (s, l.blocks, l.bytes)).collect(), true));
     let older_than = inp.older_than_ns.map(|d| {
         let cutoff = t.last_time.saturating_sub(d);
-        let mut g: HashMap<u32, (u64, u64)> = HashMap::default();
-        for (_, b) in t.books.live_blocks().filter(|(_, b)| b.time < cutoff) {
-            let (size, n) = b.estimate(t.books.sample_rate);
-            let e = g.entry(b.stack).or_default();
-            e.0 += n;
-            e.1 = e.1.saturating_add(size);
-        }
-        entries(top(g.into_iter().map(|(s, (n, b))| (s, n, b)).collect(), true))
+        let g = t.books.live_by_backtrace(|b| b.time < cutoff);
+        entries(top(g.into_iter().map(|(s, (bytes, n))| (s, n, bytes)).collect(), true))
     });
     let histogram = t
         .stats

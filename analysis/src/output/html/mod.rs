@@ -167,11 +167,7 @@ fn keep(costs: &HashMap<u32, [u64; 4]>) -> (Vec<u32>, [u64; 4]) {
 fn life(t: &Trace, l: &Lifetimes, index: &HashMap<u32, u32>, other: u32) -> Vec<(u32, u32, u32, u64, u64)> {
     let mut cells: HashMap<(u32, u32, u32), (u64, u64)> = HashMap::default();
     let q = l.quantum();
-    let rate = t.books.sample_rate;
-    let live = t.books.live_blocks().map(|(_, b)| {
-        let (size, n) = b.estimate(rate);
-        (b.stack, (b.time / q) as u32, NEVER, size, n)
-    });
+    let live = t.books.live().map(|l| (l.block.stack, (l.block.time / q) as u32, NEVER, l.bytes, l.blocks));
     for (s, a, f, bytes, n) in l.cells().chain(live) {
         let e = cells.entry((index.get(&s).copied().unwrap_or(other), a, f)).or_default();
         e.0 = e.0.saturating_add(bytes);

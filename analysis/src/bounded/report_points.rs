@@ -4,7 +4,7 @@
 //! writes what `mtrace report TRACE --since-marker N-1 --until-marker N`
 //! would: the first report everything live, each later one the change
 //! since the one before, in the same file (`<program>-<pid>-<N>.memlog`,
-//! docs/FORMAT.md "Files" and README "Reports while the program runs").
+//! docs/FORMAT.md "Files" and docs/GUIDE.md "Reports while the program runs").
 
 use std::io::Write;
 use std::path::PathBuf;

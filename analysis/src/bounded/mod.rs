@@ -25,12 +25,8 @@ mod report_points;
 pub use report_points::{follow as follow_report_points, ReportPoints};
 
 use std::io::Read;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Result;
 use mtrace_format::{encode_compressed, naming, Encoder, Reader, Record};
@@ -44,7 +40,7 @@ pub const MIN_BOUND: u64 = 64 << 10;
 
 /// `--max-trace-size`'s value (bytes), refused below [`MIN_BOUND`] in one
 /// line that names the option.
-fn check_bound(max: u64) -> Result<u64> {
+pub fn check_bound(max: u64) -> Result<u64> {
     anyhow::ensure!(max >= MIN_BOUND, "--max-trace-size {max}: at least 64K");
     Ok(max)
 }
@@ -72,41 +68,6 @@ pub struct Bound {
     pub bytes: Option<u64>,
     /// ns of the program's time, as the trace stamps it (`--max-trace-age`).
     pub age_ns: Option<u64>,
-}
-
-/// `--max-trace-size SIZE` and `--max-trace-age DURATION`: the options of
-/// every command that keeps a stream within a bound (`run`, `client`,
-/// `attach`, `cut`).
-#[derive(clap::Args, Clone, Debug, Default)]
-pub struct BoundArgs {
-    /// Keep each process's trace within SIZE bytes (K, M, G suffixes:
-    /// powers of 1024; at least 64K): mtrace writes it with checkpoints
-    /// and drops its oldest part, so a run of any length still reports
-    /// every block live at its end (docs/FORMAT.md, "Checkpoint").
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub max_trace_size: Option<u64>,
-    /// Keep the last DURATION of each process's trace (10s, 30m, 24h; at
-    /// least 1s), the same way: with a checkpoint every quarter of it, the
-    /// events before the newest checkpoint at least DURATION old are
-    /// dropped (so up to half as much again is kept). With
-    /// --max-trace-size, whichever keeps less.
-    #[arg(long, value_name = "DURATION", value_parser = crate::report::parse_duration)]
-    pub max_trace_age: Option<u64>,
-}
-
-impl BoundArgs {
-    /// The bound asked for (`None`: neither option), refused in one line
-    /// naming the option when too small.
-    pub fn bound(&self) -> Result<Option<Bound>> {
-        if let Some(max) = self.max_trace_size {
-            check_bound(max)?;
-        }
-        if let Some(age) = self.max_trace_age {
-            anyhow::ensure!(age >= MIN_AGE_NS, "--max-trace-age {:.3}s: at least 1s", age as f64 / 1e9);
-        }
-        let b = Bound { bytes: self.max_trace_size, age_ns: self.max_trace_age };
-        Ok((b != Bound::default()).then_some(b))
-    }
 }
 
 /// Raw bytes of records collected before they are compressed into a block.
@@ -394,89 +355,4 @@ fn write_checkpoint(t: &mut Trace, f: &mut TraceFile, pending: &[(u32, Record)])
     });
     result?;
     f.append(&out)
-}
-
-/// The streams of a program's processes, each kept by [`keep`] on a
-/// thread of its own as its process connects.
-pub struct Keepers {
-    /// Streams not ended yet.
-    open: Arc<AtomicUsize>,
-    /// What each ended one did.
-    done: Arc<Mutex<Vec<Result<Kept>>>>,
-    /// The private socket's folder (removed at the end), if the keepers
-    /// made it.
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl Keepers {
-    /// Listens on a private socket (0600, in a 0700 folder) for streams,
-    /// keeping each in `dir` within `bound`, and writing the .memlog of
-    /// each report point into `reports` (none: the process's working
-    /// directory) with at most `depth` frames per backtrace. Returns the keepers and
-    /// the socket's address for `MTRACE_OUTPUT` (`unix:PATH`).
-    pub fn start(
-        dir: &Path,
-        bound: Bound,
-        reports: Option<PathBuf>,
-        depth: Option<usize>,
-    ) -> Result<(Keepers, String)> {
-        let sock_dir = tempfile::Builder::new().prefix("mtrace-keep.").tempdir()?;
-        let sock = sock_dir.path().join("s.sock");
-        let l = UnixListener::bind(&sock)?;
-        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
-        let addr = format!("unix:{}", sock.display());
-        Ok((Keepers::listen(l, dir, bound, reports, depth, Some(sock_dir)), addr))
-    }
-
-    /// [`Keepers::start`] on listener `l` (`mtrace keep`'s socket), whose
-    /// private folder `owned`, if any, goes with the keepers.
-    pub fn listen(
-        l: UnixListener,
-        dir: &Path,
-        bound: Bound,
-        reports: Option<PathBuf>,
-        depth: Option<usize>,
-        owned: Option<tempfile::TempDir>,
-    ) -> Keepers {
-        let open = Arc::new(AtomicUsize::new(0));
-        let done = Arc::new(Mutex::new(Vec::new()));
-        let (o, d, dir) = (open.clone(), done.clone(), dir.to_owned());
-        std::thread::spawn(move || {
-            for s in l.incoming().flatten() {
-                o.fetch_add(1, Ordering::AcqRel);
-                let (o, d, dir, reports) = (o.clone(), d.clone(), dir.clone(), reports.clone());
-                std::thread::spawn(move || {
-                    let mut points = ReportPoints::new(reports, depth);
-                    let k = keep(s, Dest::Dir(&dir), bound, Some(&mut points));
-                    d.lock().unwrap_or_else(|e| e.into_inner()).push(k);
-                    o.fetch_sub(1, Ordering::AcqRel);
-                });
-            }
-        });
-        Keepers { open, done, _dir: owned }
-    }
-
-    /// Streams being kept now.
-    pub fn open(&self) -> usize {
-        self.open.load(Ordering::Acquire)
-    }
-
-    /// What each stream that ended since the last call did.
-    pub fn ended(&self) -> Vec<Result<Kept>> {
-        std::mem::take(&mut *self.done.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    /// Waits until every stream has ended, or `grace` has passed since the
-    /// call (a process that outlives the program keeps its stream open).
-    /// Returns what each ended stream did.
-    pub fn finish(self, grace: Duration) -> Vec<Result<Kept>> {
-        let until = Instant::now() + grace;
-        // A process that just connected is counted once the listening
-        // thread has accepted it.
-        std::thread::sleep(Duration::from_millis(20));
-        while self.open.load(Ordering::Acquire) > 0 && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        std::mem::take(&mut *self.done.lock().unwrap_or_else(|e| e.into_inner()))
-    }
 }

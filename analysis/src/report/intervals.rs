@@ -67,14 +67,14 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, duration_ns: u64, depth: Option<us
     let asked_ns = (d != asked).then_some(asked);
     let windows = t.last_time / d + 1;
     let mut per: HashMap<u32, Vec<Window>> = HashMap::default();
-    for (_, b) in t.books.live_blocks() {
+    for l in t.books.live() {
+        let b = l.block;
         let w = per
             .entry(b.stack)
             .or_insert_with(|| (0..windows).map(|i| Window { start_ns: i * d, ..Default::default() }).collect());
         let slot = &mut w[((b.time / d) as usize).min(windows as usize - 1)];
-        let (size, n) = b.estimate(t.books.sample_rate);
-        slot.allocations += n;
-        slot.bytes = slot.bytes.saturating_add(size);
+        slot.allocations += l.blocks;
+        slot.bytes = slot.bytes.saturating_add(l.bytes);
     }
     let run_s = (t.last_time.max(1)) as f64 / 1e9;
     let mut rows: Vec<(u32, u64, u64, Vec<Window>)> = per
