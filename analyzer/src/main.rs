@@ -94,7 +94,9 @@ fn glibc_compat(args: &[String]) -> Option<ExitCode> {
         _ => return None,
     };
     let mut out = std::io::stdout().lock();
-    Some(match output::glibc::print_compat(&log, prog.as_deref(), &mut out) {
+    let printed = input::glibc_log::load_with_complaints(&log, prog.as_deref())
+        .and_then(|(t, complaints)| Ok(output::glibc::print_compat(&t, &complaints, &mut out)?));
+    Some(match printed {
         Ok(anything) => ExitCode::from(anything as u8),
         Err(e) => {
             eprintln!("mtrace: {}", without_os_error_codes(&format!("{e:#}")));

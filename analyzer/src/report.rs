@@ -60,10 +60,5 @@ fn list_markers(trace: &std::path::Path, json: bool, out: &mut dyn Write) -> any
         output::json(&t.markers, out)?;
         return Ok(());
     }
-    writeln!(out, "{:>6}  {:>12}  name", "report", "time")?;
-    for m in &t.markers {
-        let seq = if m.seq == 0 { "-".to_owned() } else { m.seq.to_string() };
-        writeln!(out, "{seq:>6}  {:>10.3} s  {}", m.time_ns as f64 / 1e9, m.name)?;
-    }
-    Ok(())
+    Ok(output::text::write_markers(&t.markers, out)?)
 }

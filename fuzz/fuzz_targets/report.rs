@@ -16,9 +16,9 @@ fuzz_target!(|data: &[u8]| {
     // symbolizer is left to the end-to-end tests.
     let mut sym = symbolize::Symbolizer::new(symbolize::SearchPaths::default());
     let mut r = pipeline::build(&t, &mut sym, report::SortKey::Bytes, Some(0), true, report::View::default());
-    let shape = output::Shape { depth: Some(0), cost: output::flame::Cost::Leaked, icicle: false };
+    let style = output::Style { depth: Some(0), ..Default::default() };
     let mut src = output::Sources { trace: &t, report: Some(&mut r), classes: None };
     for f in [Format::Text, Format::Json, Format::Folded, Format::Pprof] {
-        let _ = output::write(f, &mut src, &mut sym, &shape, &mut std::io::sink());
+        let _ = output::write(f, &mut src, &mut sym, &style, &mut std::io::sink());
     }
 });

@@ -85,7 +85,7 @@ impl ReportPoints {
         self.last = Some(t.books.live_by_stack());
         let written = crate::output::create_private(&path).and_then(|f| {
             let mut w = std::io::BufWriter::new(f);
-            crate::output::text::write_text(&r, &mut w)?;
+            crate::output::text::write_text(&r, &crate::output::Style::default(), &mut w)?;
             Ok(w.flush()?)
         });
         if let Err(e) = written {

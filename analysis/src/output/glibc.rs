@@ -2,20 +2,18 @@
 //! script prints it, with callers resolved to file:line and function.
 
 use std::io::Write;
-use std::path::Path;
-
-use anyhow::Result;
 
 use crate::books::Block;
-use crate::input::glibc_log::load_with_complaints;
+use crate::input::glibc_log::Complaint;
 use crate::symbolize::Symbolizer;
+use crate::trace::Trace;
 
-/// `mtrace [PROG] LOG`: glibc's table of blocks not freed, callers resolved.
-/// Returns whether anything was found (leaks or complaints), which is the
-/// script's exit status.
-pub fn print_compat(log: &Path, prog: Option<&Path>, out: &mut dyn Write) -> Result<bool> {
-    let (t, complaints) = load_with_complaints(log, prog)?;
-    for c in &complaints {
+/// `mtrace [PROG] LOG`: glibc's table of the blocks `t` (a log read by
+/// `input::glibc_log::load_with_complaints`) did not free, callers
+/// resolved, after the log's `complaints`. Returns whether anything was
+/// found (leaks or complaints), which is the script's exit status.
+pub fn print_compat(t: &Trace, complaints: &[Complaint], out: &mut dyn Write) -> std::io::Result<bool> {
+    for c in complaints {
         writeln!(out, "{}", c.text)?;
     }
     let mut sym = Symbolizer::new(Default::default());

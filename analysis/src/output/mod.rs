@@ -61,16 +61,31 @@ impl Format {
     }
 }
 
-/// What shapes an output beyond the report: the recorded frames kept per
-/// backtrace, and what a flamegraph measures and which way up it is.
+/// How an output presents the report, which is the same whatever reads
+/// it: the recorded frames kept per backtrace, the frames the text shows,
+/// whether the text has heaptrack's sections, what a flamegraph measures
+/// and which way up it is. [`Default`]: every frame, no sections, bytes
+/// not freed, roots at the bottom.
 #[derive(Clone, Copy, Debug)]
-pub struct Shape {
+pub struct Style {
     /// At most this many recorded frames per backtrace (`-d`).
     pub depth: Option<usize>,
+    /// The text shows at most this many frames of a backtrace (0: all;
+    /// `--num-callers`); JSON and HTML have every recorded frame.
+    pub num_callers: usize,
+    /// The text shows the report's sections (`--sections`; JSON always has
+    /// them).
+    pub sections: bool,
     /// What the widths of folded stacks and flamegraphs measure.
     pub cost: flame::Cost,
     /// Roots at the top.
     pub icicle: bool,
+}
+
+impl Default for Style {
+    fn default() -> Style {
+        Style { depth: None, num_callers: 0, sections: false, cost: flame::Cost::Leaked, icicle: false }
+    }
 }
 
 /// What the outputs are made of: the trace, its report (`None` when no
@@ -87,25 +102,25 @@ pub struct Sources<'a> {
 
 /// Writes form `f` of `src` to `w`. Asking for a form that
 /// [`Format::needs_report`] without a report is an `InvalidInput` error.
-pub fn write(f: Format, src: &mut Sources, sym: &mut Symbolizer, shape: &Shape, w: &mut dyn Write) -> io::Result<()> {
+pub fn write(f: Format, src: &mut Sources, sym: &mut Symbolizer, style: &Style, w: &mut dyn Write) -> io::Result<()> {
     let t = src.trace;
     let r = src.report.as_deref_mut();
     let no_report = || io::Error::new(io::ErrorKind::InvalidInput, format!("{}: no report was built", f.name()));
     match f {
-        Format::Text => text::write_text(r.ok_or_else(no_report)?, w),
+        Format::Text => text::write_text(r.ok_or_else(no_report)?, style, w),
         Format::Json => json(&*r.ok_or_else(no_report)?, w),
-        Format::Html => html::write(t, r.ok_or_else(no_report)?, sym, shape.depth, w),
+        Format::Html => html::write(t, r.ok_or_else(no_report)?, sym, style.depth, w),
         Format::Folded => {
-            for l in flame::folded(t, sym, shape.cost, shape.depth) {
+            for l in flame::folded(t, sym, style.cost, style.depth) {
                 writeln!(w, "{l}")?;
             }
             Ok(())
         }
         Format::Flamegraph => {
-            let lines = flame::folded(t, sym, shape.cost, shape.depth);
-            flame::flamegraph(&lines, shape.cost, &t.header.exe, shape.icicle, w)
+            let lines = flame::folded(t, sym, style.cost, style.depth);
+            flame::flamegraph(&lines, style.cost, &t.header.exe, style.icicle, w)
         }
-        Format::Pprof => pprof::write(t, src.classes, sym, shape.depth, w),
+        Format::Pprof => pprof::write(t, src.classes, sym, style.depth, w),
     }
 }
 

@@ -4,11 +4,31 @@
 use std::io::{self, Write};
 
 use super::words::{count, frames, mib, plural, secs, thousands};
+use super::Style;
 use crate::report::Report;
+use crate::trace::{MarkerSeen, TimePoint};
+
+/// The markers, one line each: the report point's number (`-` for a
+/// marker of another kind), the time after the start, the name. `mtrace
+/// report --markers` and the console's `markers`.
+pub fn write_markers(markers: &[MarkerSeen], w: &mut dyn Write) -> io::Result<()> {
+    writeln!(w, "{:>6}  {:>12}  name", "report", "time")?;
+    for m in markers {
+        let seq = if m.seq == 0 { "-".to_owned() } else { m.seq.to_string() };
+        writeln!(w, "{seq:>6}  {:>10.3} s  {}", m.time_ns as f64 / 1e9, m.name)?;
+    }
+    Ok(())
+}
 
 fn write_timeline(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     let Some(points) = &r.timeline else { return Ok(()) };
     writeln!(w, "\nMemory over time ({} samples shown):", points.len())?;
+    write_timeline_table(points, w)
+}
+
+/// RSS and the live heap over time, one line per point: the report's
+/// `--timeline` and the console's `timeline`.
+pub fn write_timeline_table(points: &[TimePoint], w: &mut dyn Write) -> io::Result<()> {
     writeln!(w, "  {:>10}  {:>12}  {:>12}  {:>10}", "time", "RSS", "heap", "blocks")?;
     for p in points {
         writeln!(
@@ -23,20 +43,21 @@ fn write_timeline(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     Ok(())
 }
 
-/// Writes the text report to `w`.
-pub fn write_text(r: &Report, w: &mut dyn Write) -> io::Result<()> {
+/// Writes the text report to `w`, in style `s` (frames per backtrace, the
+/// sections).
+pub fn write_text(r: &Report, s: &Style, w: &mut dyn Write) -> io::Result<()> {
     if let Some(tree) = &r.processes {
         super::processes::write_tree(tree, w)?;
     }
     write_summary(r, w)?;
-    super::errors::write_text(&r.errors, r.text_callers, w)?;
+    super::errors::write_text(&r.errors, s.num_callers, w)?;
     write_timeline(r, w)?;
-    write_entries(r, w)?;
-    write_intervals(r, w)?;
-    write_sections(r, w)
+    write_entries(r, s, w)?;
+    write_intervals(r, s, w)?;
+    write_sections(r, s, w)
 }
 
-fn write_intervals(r: &Report, w: &mut dyn Write) -> io::Result<()> {
+fn write_intervals(r: &Report, s: &Style, w: &mut dyn Write) -> io::Result<()> {
     let Some(x) = &r.intervals else { return Ok(()) };
     writeln!(
         w,
@@ -65,21 +86,21 @@ fn write_intervals(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         )?;
         let cells: Vec<String> = g.per_window.iter().map(|p| thousands(p.bytes)).collect();
         writeln!(w, "    bytes per interval: {}", cells.join(" "))?;
-        frames(&g.frames, r.text_callers, w)?;
+        frames(&g.frames, s.num_callers, w)?;
     }
     Ok(())
 }
 
-fn write_sections(r: &Report, w: &mut dyn Write) -> io::Result<()> {
+fn write_sections(r: &Report, s: &Style, w: &mut dyn Write) -> io::Result<()> {
     let Some(x) = &r.sections else { return Ok(()) };
-    if !r.text_sections {
+    if !s.sections {
         // Asked for on its own.
-        return write_older_than(r, w);
+        return write_older_than(r, s, w);
     }
     writeln!(w, "\nMost allocation calls:")?;
     for (i, e) in x.most_calls.iter().enumerate() {
         writeln!(w, "#{}: {} ({})", i + 1, plural(e.count, "call", "calls"), plural(e.bytes, "byte", "bytes"))?;
-        frames(&e.frames, r.text_callers, w)?;
+        frames(&e.frames, s.num_callers, w)?;
     }
     writeln!(
         w,
@@ -89,14 +110,14 @@ fn write_sections(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     )?;
     for (i, e) in x.temporary.iter().enumerate() {
         writeln!(w, "#{}: {}", i + 1, plural(e.count, "temporary allocation", "temporary allocations"))?;
-        frames(&e.frames, r.text_callers, w)?;
+        frames(&e.frames, s.num_callers, w)?;
     }
     writeln!(w, "\nPeak memory consumers (at {}):", secs(r.summary.peak_time_ns))?;
     for (i, e) in x.peak_consumers.iter().enumerate() {
         writeln!(w, "#{}: {} in {}", i + 1, plural(e.bytes, "byte", "bytes"), plural(e.count, "block", "blocks"))?;
-        frames(&e.frames, r.text_callers, w)?;
+        frames(&e.frames, s.num_callers, w)?;
     }
-    write_older_than(r, w)?;
+    write_older_than(r, s, w)?;
     writeln!(w, "\nAllocation sizes:")?;
     for b in &x.histogram {
         let size = b.max_size.map_or_else(|| "larger".to_owned(), |m| format!("<= {}", plural(m, "byte", "bytes")));
@@ -110,12 +131,12 @@ fn write_sections(r: &Report, w: &mut dyn Write) -> io::Result<()> {
     Ok(())
 }
 
-fn write_older_than(r: &Report, w: &mut dyn Write) -> io::Result<()> {
+fn write_older_than(r: &Report, s: &Style, w: &mut dyn Write) -> io::Result<()> {
     let Some(old) = r.sections.as_ref().and_then(|x| x.older_than.as_ref()) else { return Ok(()) };
     writeln!(w, "\nStill live, allocated long before the end (--older-than):")?;
     for (i, e) in old.iter().enumerate() {
         writeln!(w, "#{}: {} in {}", i + 1, plural(e.bytes, "byte", "bytes"), plural(e.count, "block", "blocks"))?;
-        frames(&e.frames, r.text_callers, w)?;
+        frames(&e.frames, s.num_callers, w)?;
     }
     Ok(())
 }
@@ -226,8 +247,8 @@ fn write_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
 }
 
 /// The "not freed" entries of `r` alone (the console's `dump` and `top`).
-pub fn write_entries_only(r: &Report, w: &mut dyn Write) -> io::Result<()> {
-    write_entries(r, w)
+pub fn write_entries_only(r: &Report, s: &Style, w: &mut dyn Write) -> io::Result<()> {
+    write_entries(r, s, w)
 }
 
 /// The line before the entries: what they are, or that there are none.
@@ -389,7 +410,7 @@ fn write_error_bar(e: &crate::report::LeakEntry, w: &mut dyn Write) -> io::Resul
     }
 }
 
-fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
+fn write_entries(r: &Report, s: &Style, w: &mut dyn Write) -> io::Result<()> {
     // With a scan, its verdict comes first, then the leaks it found.
     if r.kinds.is_some() {
         write_leak_summary(r, w)?;
@@ -424,14 +445,14 @@ fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
                 plural(e.total_allocations, "allocation", "allocations")
             )?;
             write_error_bar(e, w)?;
-            frames(&e.frames, r.text_callers, w)?;
+            frames(&e.frames, s.num_callers, w)?;
             continue;
         }
         if e.blocks == 0 && !delta {
             // `--sort stacks`: a backtrace whose blocks were all freed.
             let calls = plural(e.total_allocations, "allocation", "allocations");
             writeln!(w, "\n#{}: every block freed ({}), {calls} from this backtrace", i + 1, e.family)?;
-            frames(&e.frames, r.text_callers, w)?;
+            frames(&e.frames, s.num_callers, w)?;
             continue;
         }
         writeln!(
@@ -449,7 +470,7 @@ fn write_entries(r: &Report, w: &mut dyn Write) -> io::Result<()> {
             let (b, n) = (plural(l.bytes, "byte", "bytes"), plural(l.blocks, "block", "blocks"));
             writeln!(w, "    of which lost at the last scan: {b} in {n}")?;
         }
-        frames(&e.frames, r.text_callers, w)?;
+        frames(&e.frames, s.num_callers, w)?;
     }
     Ok(())
 }

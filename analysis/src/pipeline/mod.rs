@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::input;
-use crate::output::{self, flame, Format, Shape};
+use crate::output::{self, flame, Format, Style};
 use crate::report::trace_time::TraceTime;
 use crate::report::{self, Report, SortKey, View};
 use crate::scan;
@@ -168,8 +168,15 @@ impl ReportOpts {
         .collect()
     }
 
-    fn shape(&self) -> Shape {
-        Shape { depth: self.depth, cost: self.cost, icicle: self.icicle }
+    /// How the outputs present the report.
+    pub fn style(&self) -> Style {
+        Style {
+            depth: self.depth,
+            num_callers: self.num_callers,
+            sections: self.sections,
+            cost: self.cost,
+            icicle: self.icicle,
+        }
     }
 
     /// Loads `trace` ([`input::load_window`]) and a symbolizer for it. The
@@ -218,8 +225,6 @@ impl ReportOpts {
         r.summary.since_marker = self.since_marker.clone();
         r.summary.until_marker = self.until_marker.clone();
         (r.summary.from_ns, r.summary.to_ns) = self.range(t.header.start_realtime_ns)?;
-        r.text_sections = self.sections;
-        r.text_callers = self.num_callers;
         if self.timeline {
             r.timeline = Some(report::thin(&t.timeline, report::TIMELINE_ROWS));
         }
@@ -244,19 +249,19 @@ impl ReportOpts {
         sym: &mut Symbolizer,
         out: Option<&mut dyn Write>,
     ) -> anyhow::Result<()> {
-        let shape = self.shape();
+        let style = self.style();
         for (f, path) in self.files() {
             // `-`: standard output, as inferno's and flamegraph.pl's tools do.
             let stdout = path == Path::new("-");
             let mut w = output::open((!stdout).then_some(path))?;
-            output::write(f, src, sym, &shape, &mut w)?;
+            output::write(f, src, sym, &style, &mut w)?;
             w.flush()?;
             if !stdout {
                 eprintln!("mtrace: wrote {}", path.display());
             }
         }
         if let Some(out) = out {
-            output::write(self.format(), src, sym, &shape, out)?;
+            output::write(self.format(), src, sym, &style, out)?;
         }
         Ok(())
     }

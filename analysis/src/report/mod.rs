@@ -295,13 +295,6 @@ pub struct Report {
     /// report's process marked `reported` (processes.rs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub processes: Option<Vec<processes::ProcessNode>>,
-    /// The text shows `sections` (`--sections`; JSON always has them).
-    #[serde(skip)]
-    pub text_sections: bool,
-    /// The text shows at most this many frames of a backtrace (0: all;
-    /// `--num-callers`); JSON and HTML have every recorded frame.
-    #[serde(skip)]
-    pub text_callers: usize,
     /// The text lists the still reachable blocks and mappings of a scanned
     /// report (`--show-reachable`).
     #[serde(skip)]
@@ -617,8 +610,6 @@ pub fn build_view(
         sections: None,
         intervals: None,
         processes: None,
-        text_sections: false,
-        text_callers: 0,
         show_reachable,
         every_backtrace,
         suppressed: None,

@@ -94,14 +94,8 @@ impl<'a> Console<'a> {
             },
             Verb::Report => self.report(out)?,
             Verb::Timeline => self.with(None, |_, t| -> Result<()> {
-                writeln!(out, "{:>12}  {:>12}  {:>14}  {:>8}", "time", "RSS", "heap", "blocks")?;
-                for p in mtrace_analysis::report::thin(&t.timeline, mtrace_analysis::report::TIMELINE_ROWS) {
-                    let mib = |b: u64| format!("{:.1} MiB", b as f64 / 1048576.0);
-                    let (rss, heap) = (mib(p.rss_bytes), mib(p.heap_bytes));
-                    let time = p.time_ns as f64 / 1e9;
-                    writeln!(out, "{time:>10.3} s  {rss:>12}  {heap:>14}  {:>8}", p.heap_blocks)?;
-                }
-                Ok(())
+                let points = mtrace_analysis::report::thin(&t.timeline, mtrace_analysis::report::TIMELINE_ROWS);
+                Ok(mtrace_analysis::output::text::write_timeline_table(&points, out)?)
             })??,
             Verb::Show => self.show(&args, out)?,
             Verb::Dump => {
@@ -124,12 +118,9 @@ impl<'a> Console<'a> {
                     writeln!(out, "{l}")?;
                 }
             }
-            Verb::Markers => self.with(None, |_, t| -> Result<()> {
-                for m in &t.markers {
-                    writeln!(out, "{:>10.3} s  {}", m.time_ns as f64 / 1e9, m.name)?;
-                }
-                Ok(())
-            })??,
+            Verb::Markers => {
+                self.with(None, |_, t| mtrace_analysis::output::text::write_markers(&t.markers, out))??
+            }
             Verb::Marker => {
                 let Some(name) = args.first() else { bail!("marker NAME") };
                 self.live.send(&Command::Marker((*name).to_owned()))?;
@@ -241,17 +232,17 @@ impl<'a> Console<'a> {
             })
         })?;
         r.summary.since_marker = since;
-        r.text_callers = self.opts.num_callers;
+        let style = mtrace_analysis::output::Style { num_callers: self.opts.num_callers, ..Default::default() };
         if matches!(sort, SortKey::Badfree | SortKey::Mismatched) {
             // These keys order the wrong frees (mtrace-ng's meaning).
             if r.errors.is_empty() {
                 writeln!(out, "No wrong frees.")?;
             }
             r.errors.truncate(n);
-            return Ok(mtrace_analysis::output::errors::write_text(&r.errors, r.text_callers, out)?);
+            return Ok(mtrace_analysis::output::errors::write_text(&r.errors, style.num_callers, out)?);
         }
         r.stacks.truncate(n);
-        mtrace_analysis::output::text::write_entries_only(&r, out)?;
+        mtrace_analysis::output::text::write_entries_only(&r, &style, out)?;
         Ok(())
     }
 
@@ -287,7 +278,8 @@ impl<'a> Console<'a> {
     fn write(&self, r: &mtrace_analysis::report::Report, out: &mut dyn Write) -> Result<()> {
         match self.opts.format() {
             mtrace_analysis::output::Format::Json => mtrace_analysis::output::json(r, out)?,
-            _ => mtrace_analysis::output::text::write_text(r, out)?,
+            // Every frame: the console's reports are read one at a time.
+            _ => mtrace_analysis::output::text::write_text(r, &Default::default(), out)?,
         }
         Ok(())
     }
