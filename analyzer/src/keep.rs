@@ -23,10 +23,8 @@ pub struct KeepArgs {
     /// replaced; any other file there is refused).
     #[arg(long, value_name = "unix:PATH")]
     listen: String,
-    /// Folder for the trace files, PROG.PID.mtrace (default: the working
-    /// directory; a taken name gets a suffix, nothing is overwritten).
-    #[arg(long, value_name = "DIR")]
-    trace_dir: Option<PathBuf>,
+    #[command(flatten)]
+    trace_dir: crate::flags::TraceDir,
     /// Folder for the .memlog of report points (kill -USR1,
     /// mtrace_report()); default: each process's working directory.
     #[arg(long, value_name = "DIR")]
@@ -50,7 +48,7 @@ pub fn keep(a: KeepArgs) -> Result<ExitCode> {
     let Some(sock) = a.listen.strip_prefix("unix:").map(PathBuf::from) else {
         bail!("--listen {}: unix:PATH (mtrace keep listens on a UNIX socket only)", a.listen);
     };
-    let dir = a.trace_dir.clone().unwrap_or_else(|| PathBuf::from("."));
+    let dir = a.trace_dir.trace_dir.clone().unwrap_or_else(|| PathBuf::from("."));
     let dir = dir.canonicalize().with_context(|| format!("{}: not a folder mtrace can use", dir.display()))?;
     tempfile::tempfile_in(&dir).with_context(|| format!("{}: cannot write trace files there", dir.display()))?;
     let l = Listener::bind(&Address::Unix(sock.display().to_string()), false)?;

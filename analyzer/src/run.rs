@@ -19,9 +19,8 @@ use mtrace_analysis::scan::Kind;
 pub struct RunArgs {
     #[command(flatten)]
     report_to: crate::flags::ReportFile,
-    /// Folder for the trace files (default: a temporary folder, removed at the end).
-    #[arg(long, value_name = "DIR")]
-    trace_dir: Option<PathBuf>,
+    #[command(flatten)]
+    trace_dir: crate::flags::TraceDir,
     /// Keep the trace files (in --trace-dir, or the temporary folder).
     #[arg(long)]
     keep_traces: bool,
@@ -57,9 +56,8 @@ pub struct RunArgs {
     rec: RecordingArgs,
     #[command(flatten)]
     opts: ReportFlags,
-    /// The program and its arguments.
-    #[arg(required = true, trailing_var_arg = true, value_name = "PROG")]
-    command: Vec<String>,
+    #[command(flatten)]
+    program: crate::flags::Program,
 }
 
 /// mtrace stays to report: SIGTERM, SIGHUP, and SIGINT/SIGQUIT sent to it
@@ -91,7 +89,7 @@ fn wait_forwarding(child: &mut std::process::Child) -> Result<std::process::Exit
 /// runs on).
 fn trace_with_ptrace(a: &RunArgs, r: Recording) -> Result<(u32, Option<std::process::ExitStatus>)> {
     let opts = a.rec.ptrace_options(r, false);
-    let (pid, outcome) = mtrace_ptrace::run(&a.command, opts)?;
+    let (pid, outcome) = mtrace_ptrace::run(&a.program.command, opts)?;
     let raw = match outcome {
         mtrace_ptrace::Outcome::Exited(code) => (code & 0xff) << 8,
         mtrace_ptrace::Outcome::Signaled(sig) => sig & 0x7f,
@@ -106,7 +104,7 @@ fn run_interactive(a: RunArgs) -> Result<ExitCode> {
     // The program is started by the server: one that cannot be is said
     // here, in one line, as `run` says it (the client would only see the
     // connection end).
-    cannot_run(&a.command[0])?;
+    cannot_run(&a.program.command[0])?;
     let dir = tempfile::Builder::new().prefix("mtrace-run.").tempdir()?;
     let sock = format!("unix:{}", dir.path().join("s.sock").display());
     let mut server = Command::new(std::env::current_exe()?);
@@ -115,7 +113,7 @@ fn run_interactive(a: RunArgs) -> Result<ExitCode> {
         server.args(["-d", &d.to_string()]);
     }
     server.args(a.rec.server_args()).args(a.at_exit.server_args());
-    let mut server = server.arg("--").args(&a.command).stdin(std::process::Stdio::null()).spawn()?;
+    let mut server = server.arg("--").args(&a.program.command).stdin(std::process::Stdio::null()).spawn()?;
     // The server is listening once its socket exists.
     let path = dir.path().join("s.sock");
     let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -158,7 +156,7 @@ fn cannot_run(prog: &str) -> Result<(), mtrace_ptrace::ExecFailed> {
 
 pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     a.opts.check_inputs()?;
-    a.rec.ptrace_if_static(&a.command[0]);
+    a.rec.ptrace_if_static(&a.program.command[0]);
     // The text goes to standard error after the program's own lines; a
     // JSON document there would not parse (valgrind's --xml needs a file
     // or descriptor of its own too).
@@ -174,7 +172,7 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     let lib = find_lib()?;
     let mut rec = a.rec.recording(a.opts.depth)?;
     let mut temp = None;
-    let dir: PathBuf = match &a.trace_dir {
+    let dir: PathBuf = match &a.trace_dir.trace_dir {
         Some(d) => {
             std::fs::create_dir_all(d).with_context(|| format!("{}: cannot create", d.display()))?;
             d.clone()
@@ -212,8 +210,8 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
         None => None,
     };
     a.at_exit.apply(&mut rec);
-    let mut cmd = Command::new(&a.command[0]);
-    cmd.args(&a.command[1..]).env("LD_PRELOAD", preload);
+    let mut cmd = Command::new(&a.program.command[0]);
+    cmd.args(&a.program.command[1..]).env("LD_PRELOAD", preload);
     recording::hand_to(&mut cmd, &rec);
     // The preload runs this binary to write incremental reports (SIGUSR1).
     if let Ok(me) = std::env::current_exe() {
@@ -227,8 +225,11 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
             (pid, Some(status)) => (pid, status),
             (pid, None) => {
                 eprintln!("mtrace: detached from process {pid}: it runs on, untraced");
-                let how =
-                    Reporting { kept: a.keep_traces || a.trace_dir.is_some(), children: a.children, main_trace: None };
+                let how = Reporting {
+                    kept: a.keep_traces || a.trace_dir.trace_dir.is_some(),
+                    children: a.children,
+                    main_trace: None,
+                };
                 let _ = mtrace_analysis::pipeline::report_processes(&dir, pid, &a.opts, how, &mut *out)?;
                 out.flush()?;
                 return Ok(ExitCode::SUCCESS);
@@ -239,7 +240,7 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
         // stays to report, and passes on what was sent to it.
         forward_signals(&rec);
         let mut child =
-            cmd.spawn().map_err(|error| mtrace_ptrace::ExecFailed { program: a.command[0].clone(), error })?;
+            cmd.spawn().map_err(|error| mtrace_ptrace::ExecFailed { program: a.program.command[0].clone(), error })?;
         let status = wait_forwarding(&mut child)?;
         (child.id(), status)
     };
@@ -258,7 +259,7 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
             }
         }
     }
-    let show_paths = a.keep_traces || a.trace_dir.is_some();
+    let show_paths = a.keep_traces || a.trace_dir.trace_dir.is_some();
     let how = Reporting { kept: show_paths, children: a.children, main_trace: None };
     let r = mtrace_analysis::pipeline::report_processes(&dir, pid, &a.opts, how, &mut *out)?;
     // From the kind totals (after suppressions): the entry list leaves out
@@ -267,7 +268,7 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
         r.as_ref().and_then(|r| r.kinds).is_some_and(|k| error_kinds.iter().any(|&kind| k.get(kind).blocks > 0));
     let free_error = !a.ignore_wrong_frees && r.is_some_and(|r| !r.errors.is_empty());
     out.flush()?;
-    if a.keep_traces && a.trace_dir.is_none() {
+    if a.keep_traces && a.trace_dir.trace_dir.is_none() {
         // For the user at the terminal, not into the -o report.
         eprintln!("mtrace: traces kept in {}", dir.display());
         if let Some(t) = temp {

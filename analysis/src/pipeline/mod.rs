@@ -60,18 +60,14 @@ pub struct ReportOpts {
     pub leak_check_heuristics: scan::Heuristics,
     /// Live allocations per time window of this many ns.
     pub intervals: Option<u64>,
-    /// The HTML page's file.
-    pub html: Option<PathBuf>,
-    /// The collapsed stacks' file (`-`: standard output).
-    pub folded: Option<PathBuf>,
-    /// The flamegraph SVG's file (`-`: standard output).
-    pub flamegraph: Option<PathBuf>,
+    /// The forms written to files of their own (the rows of
+    /// `output::OUTPUTS` with an option), each with its file (`-`:
+    /// standard output), in the order given.
+    pub files: Vec<(Format, PathBuf)>,
     /// What the folded stacks and the flamegraph measure.
     pub cost: flame::Cost,
     /// The flamegraph upside down.
     pub icicle: bool,
-    /// The pprof profile's file (`-`: standard output).
-    pub pprof: Option<PathBuf>,
 }
 
 impl Default for ReportOpts {
@@ -94,12 +90,9 @@ impl Default for ReportOpts {
             suppressions: None,
             leak_check_heuristics: scan::Heuristics::ALL,
             intervals: None,
-            html: None,
-            folded: None,
-            flamegraph: None,
+            files: Vec::new(),
             cost: flame::Cost::Leaked,
             icicle: false,
-            pprof: None,
         }
     }
 }
@@ -132,7 +125,7 @@ impl ReportOpts {
             until: self.until_marker.clone().map(MarkerSel),
             from_ns,
             to_ns,
-            lifetimes: self.html.is_some(),
+            lifetimes: self.files.iter().any(|(f, _)| f.output().needs_lifetimes),
         })
     }
 
@@ -154,18 +147,12 @@ impl ReportOpts {
         }
     }
 
-    /// The forms asked to go to files (`--html`, `--folded`,
-    /// `--flamegraph`), each with its file.
+    /// The forms asked to go to files (`--html`, `--folded`, ...), each
+    /// with its file, in the registry's order (`output::OUTPUTS`).
     pub fn files(&self) -> Vec<(Format, &Path)> {
-        [
-            (Format::Html, &self.html),
-            (Format::Folded, &self.folded),
-            (Format::Flamegraph, &self.flamegraph),
-            (Format::Pprof, &self.pprof),
-        ]
-        .into_iter()
-        .filter_map(|(f, p)| Some((f, p.as_deref()?)))
-        .collect()
+        let mut out: Vec<(Format, &Path)> = self.files.iter().map(|(f, p)| (*f, p.as_path())).collect();
+        out.sort_by_key(|(f, _)| output::OUTPUTS.iter().position(|o| o.format == *f));
+        out
     }
 
     /// How the outputs present the report.
@@ -285,7 +272,8 @@ impl ReportOpts {
     ) -> anyhow::Result<Option<Report>> {
         let (t, mut sym) = self.load(trace)?;
         let needed = out.is_some() || self.files().iter().any(|(f, _)| f.needs_report());
-        let (classes, marking_s) = match needed || self.pprof.is_some() {
+        let classes_shown = self.files.iter().any(|(f, _)| f.output().needs_classes);
+        let (classes, marking_s) = match needed || classes_shown {
             true => classify(&t, self.leak_check_heuristics),
             false => (None, 0.0),
         };

@@ -91,3 +91,22 @@ pub struct Json {
     #[arg(long)]
     pub json: bool,
 }
+
+/// `--trace-dir DIR`, where the commands that keep trace files put them.
+#[derive(Args, Clone, Debug, Default)]
+pub struct TraceDir {
+    /// Folder for the trace files, PROG.PID.mtrace (a taken name gets a
+    /// suffix, nothing is overwritten); default: for `run` a temporary
+    /// folder removed at the end (--keep-traces keeps it), for `keep` the
+    /// working directory.
+    #[arg(long, value_name = "DIR")]
+    pub trace_dir: Option<PathBuf>,
+}
+
+/// The program a command starts (`run`, `server`), after `--`.
+#[derive(Args, Clone, Debug, Default)]
+pub struct Program {
+    /// The program and its arguments.
+    #[arg(required = true, trailing_var_arg = true, value_name = "PROG")]
+    pub command: Vec<String>,
+}

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::Args;
 use mtrace_analysis::output::flame::Cost;
+use mtrace_analysis::output::OUTPUTS;
 use mtrace_analysis::pipeline::ReportOpts;
 use mtrace_analysis::report::{self, trace_time, trace_time::TraceTime, SortKey};
 use mtrace_analysis::scan;
@@ -33,7 +34,13 @@ impl std::ops::DerefMut for ReportFlags {
 // options they fill.
 impl clap::FromArgMatches for ReportFlags {
     fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
-        Ok(ReportFlags(Defs::from_arg_matches(m)?.opts()))
+        let mut opts = Defs::from_arg_matches(m)?.opts();
+        for o in OUTPUTS.iter() {
+            if let Some(file) = o.flag.and_then(|flag| m.get_one::<PathBuf>(flag)) {
+                opts.files.push((o.format, file.clone()));
+            }
+        }
+        Ok(ReportFlags(opts))
     }
     fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
         *self = Self::from_arg_matches(m)?;
@@ -43,11 +50,22 @@ impl clap::FromArgMatches for ReportFlags {
 
 impl Args for ReportFlags {
     fn augment_args(cmd: clap::Command) -> clap::Command {
-        Defs::augment_args(cmd)
+        file_outputs(Defs::augment_args(cmd))
     }
     fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
-        Defs::augment_args_for_update(cmd)
+        file_outputs(Defs::augment_args_for_update(cmd))
     }
+}
+
+/// An option per output the analysis library's registry writes to a file
+/// (`--html FILE`, `--pprof FILE`, ...), with the registry's help: a new
+/// output brings its option.
+fn file_outputs(cmd: clap::Command) -> clap::Command {
+    OUTPUTS.iter().filter_map(|o| Some((o.flag?, o.help))).fold(cmd, |cmd, (flag, help)| {
+        cmd.arg(
+            clap::Arg::new(flag).long(flag).value_name("FILE").value_parser(clap::value_parser!(PathBuf)).help(help),
+        )
+    })
 }
 
 /// Each report option, once, with its help.
@@ -114,32 +132,12 @@ struct Defs {
     /// windows: a shorter DURATION is widened).
     #[arg(long, value_name = "DURATION", value_parser = report::parse_window)]
     intervals: Option<u64>,
-    /// Also write the report as one self-contained HTML page to FILE: memory
-    /// over time, flamegraphs, what a time range left live, the tables
-    /// (`mtrace report`: instead of the text).
-    #[arg(long, value_name = "FILE")]
-    html: Option<PathBuf>,
-    /// Also write the collapsed stacks of --cost to FILE (flamegraph.pl's,
-    /// inferno's and speedscope's input; `mtrace report`: instead of the
-    /// text); `-`: standard output.
-    #[arg(long, value_name = "FILE")]
-    folded: Option<PathBuf>,
-    /// Also write an interactive flamegraph SVG of --cost to FILE
-    /// (`mtrace report`: instead of the text); `-`: standard output.
-    #[arg(long, value_name = "FILE")]
-    flamegraph: Option<PathBuf>,
     /// What --folded and --flamegraph measure per backtrace.
     #[arg(long, default_value = "leaked", value_parser = cost())]
     cost: Cost,
     /// Draw the flamegraph upside down (roots at the top).
     #[arg(long)]
     icicle: bool,
-    /// Also write a pprof heap profile to FILE (gzip-compressed
-    /// profile.proto: alloc and in-use objects and bytes per backtrace,
-    /// the leak kind as label `kind`; `mtrace report`: instead of the
-    /// text); `-`: standard output.
-    #[arg(long, value_name = "FILE")]
-    pprof: Option<PathBuf>,
 }
 
 impl Defs {
@@ -162,12 +160,9 @@ impl Defs {
             suppressions: self.suppressions,
             leak_check_heuristics: self.leak_check_heuristics,
             intervals: self.intervals,
-            html: self.html,
-            folded: self.folded,
-            flamegraph: self.flamegraph,
+            files: Vec::new(),
             cost: self.cost,
             icicle: self.icicle,
-            pprof: self.pprof,
         }
     }
 }

@@ -58,9 +58,8 @@ pub struct ServerArgs {
     /// No messages of the server's own (`mtrace run -i` uses a server).
     #[arg(long, hide = true)]
     quiet: bool,
-    /// The program and its arguments.
-    #[arg(required = true, trailing_var_arg = true, value_name = "PROG")]
-    command: Vec<String>,
+    #[command(flatten)]
+    program: crate::flags::Program,
 }
 
 /// What the relay threads share.
@@ -122,7 +121,7 @@ impl Shared {
 }
 
 pub fn server(mut a: ServerArgs) -> Result<ExitCode> {
-    a.rec.ptrace_if_static(&a.command[0]);
+    a.rec.ptrace_if_static(&a.program.command[0]);
     let mut rec = a.rec.recording(a.frames.depth)?;
     // The scan runs in the target and its snapshot travels in the stream:
     // the client's report has the leak kinds as `run`'s has.
@@ -179,7 +178,7 @@ pub fn server(mut a: ServerArgs) -> Result<ExitCode> {
     }
     let mut first = None;
     if a.wait {
-        say(format!("waiting for a client before starting {}", a.command[0]));
+        say(format!("waiting for a client before starting {}", a.program.command[0]));
         first = Some(accept_client(&listener, &token, &shared));
     }
     let ended = move |sh: &Shared, code: i32| {
@@ -193,7 +192,7 @@ pub fn server(mut a: ServerArgs) -> Result<ExitCode> {
     rec.output = Some(procs.address());
     if a.rec.ptrace {
         let opts = a.rec.ptrace_options(rec, false);
-        let command = a.command.clone();
+        let command = a.program.command.clone();
         // One thread does all the ptrace calls (the kernel ties a tracee
         // to the thread that seized it).
         std::thread::spawn(move || {
@@ -209,11 +208,11 @@ pub fn server(mut a: ServerArgs) -> Result<ExitCode> {
             ended(&sh, code);
         });
     } else {
-        let mut cmd = Command::new(&a.command[0]);
-        cmd.args(&a.command[1..]).env("LD_PRELOAD", &lib);
+        let mut cmd = Command::new(&a.program.command[0]);
+        cmd.args(&a.program.command[1..]).env("LD_PRELOAD", &lib);
         hand_to(&mut cmd, &rec);
         let mut child =
-            cmd.spawn().map_err(|error| mtrace_ptrace::ExecFailed { program: a.command[0].clone(), error })?;
+            cmd.spawn().map_err(|error| mtrace_ptrace::ExecFailed { program: a.program.command[0].clone(), error })?;
         std::thread::spawn(move || {
             use std::os::unix::process::ExitStatusExt;
             crate::wake::until_it_ends(child.id() as i32);
