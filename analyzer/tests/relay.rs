@@ -36,7 +36,15 @@ fn server_env(addr: &str, extra: &[&str], prog: &Path, stdin: bool, env: &[(&str
 fn client(addr: &str, dir: &Path, extra: &[&str]) -> (serde_json::Value, std::process::Output) {
     let report = dir.join("client.json");
     let _ = std::fs::remove_file(&report);
-    let out = Command::new(mtrace()).args(["client", addr, "--json", "-o"]).arg(&report).args(extra).output().unwrap();
+    // In `dir`: the report points' .memlog files go to the client's
+    // working directory, never the checkout.
+    let out = Command::new(mtrace())
+        .current_dir(dir)
+        .args(["client", addr, "--json", "-o"])
+        .arg(&report)
+        .args(extra)
+        .output()
+        .unwrap();
     let text = std::fs::read_to_string(&report).unwrap_or_default();
     (serde_json::from_str(&text).unwrap_or_default(), out)
 }
@@ -44,6 +52,7 @@ fn client(addr: &str, dir: &Path, extra: &[&str]) -> (serde_json::Value, std::pr
 /// `mtrace client ADDR -i -o REPORT`, its console's input held here.
 fn console_client(addr: &str, report: &Path) -> (Child, std::process::ChildStdin) {
     let mut c = Command::new(mtrace())
+        .current_dir(report.parent().unwrap())
         .args(["client", addr, "-i", "-o"])
         .arg(report)
         .stdin(Stdio::piped())
@@ -736,6 +745,10 @@ fn report_and_scan_signals_under_the_server_mark_the_stream_and_the_program_runs
     let (_, out) = c.join().unwrap();
     assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(t.server.wait().unwrap().code(), Some(3));
+    // The client wrote the report point's .memlog where it runs: what was
+    // live at the signal, the 1,000 and 100 bytes.
+    let memlog = std::fs::read_to_string(dir.join(format!("target-{pid}-1.memlog"))).unwrap();
+    assert!(memlog.contains("  not freed:        1,100 bytes in 2 blocks"), "{memlog}");
     // The marker stands where the signal came: since it, the 2 bytes.
     let r = Command::new(mtrace()).args(["report", "--since-marker", "1"]).arg(&saved).output().unwrap();
     let text = String::from_utf8_lossy(&r.stdout);
