@@ -15,8 +15,6 @@ mod report;
 mod run;
 mod wake;
 
-pub use flags::report::ReportFlags;
-
 use mtrace_analysis::{input, output};
 
 use std::path::{Path, PathBuf};

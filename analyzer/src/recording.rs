@@ -276,4 +276,43 @@ mod tests {
             }
         }
     }
+
+    /// `run -i` hands its recording options to the `mtrace server` it
+    /// starts (`server_args`): each of them, set away from its default,
+    /// reads back the same on the server's side, and an option added to
+    /// either set fails here until it is handed on too.
+    #[test]
+    fn run_i_hands_every_recording_option_to_its_server() {
+        use clap::{CommandFactory, Parser};
+        #[derive(Parser)]
+        struct Both {
+            #[command(flatten)]
+            rec: super::RecordingArgs,
+            #[command(flatten)]
+            at_exit: super::AtExitArgs,
+        }
+        let all = ["-S", "--sample-rate", "4K", "--ptrace", "--hooks", "breakpoints", "--no-scan"];
+        let all = all.iter().copied().chain(["--run-libc-freeres", "no"]);
+        let a = Both::try_parse_from(std::iter::once("mtrace").chain(all.clone())).unwrap();
+        let handed: Vec<String> =
+            a.rec.server_args().into_iter().chain(a.at_exit.server_args().into_iter().map(str::to_owned)).collect();
+        let b = Both::try_parse_from(std::iter::once("mtrace".to_owned()).chain(handed)).unwrap();
+        let fields = |x: &Both| {
+            (
+                x.rec.check_frees,
+                x.rec.sample_rate,
+                x.rec.ptrace,
+                x.rec.hooks.name(),
+                x.at_exit.no_scan,
+                x.at_exit.run_libc_freeres,
+            )
+        };
+        assert_eq!(fields(&b), fields(&a));
+        assert_eq!(fields(&a), (true, Some(4096), true, "breakpoints", true, false));
+        let given: Vec<String> = all.map(str::to_owned).collect();
+        for arg in Both::command().get_arguments() {
+            let set = spellings(arg).iter().any(|s| given.contains(s));
+            assert!(set, "{:?}: not set by this test, so not known to reach the server", arg.get_id());
+        }
+    }
 }

@@ -10,8 +10,8 @@ use anyhow::{bail, Context, Result};
 use mtrace_format::recording::Recording;
 use mtrace_format::settings;
 
+use crate::flags::report::ReportFlags;
 use crate::recording::{self, find_lib, AtExitArgs, RecordingArgs};
-use crate::ReportFlags;
 use mtrace_analysis::pipeline::Reporting;
 use mtrace_analysis::scan::Kind;
 

@@ -27,9 +27,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use mtrace_format::protocol::Command;
 
 use crate::arriving::listen::Listener;
+use crate::flags::report::ReportFlags;
 use crate::recording::{find_lib, RecordingArgs};
 use crate::wake::Waker;
-use crate::ReportFlags;
 
 #[derive(clap::Args)]
 pub struct AttachArgs {

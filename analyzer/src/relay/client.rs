@@ -17,7 +17,7 @@ use mtrace_format::address::Socket;
 use mtrace_format::protocol::Command;
 
 use super::{read_frame, read_line, write_frame, COMMAND, DATA, END, EXIT};
-use crate::ReportFlags;
+use crate::flags::report::ReportFlags;
 
 #[derive(clap::Args)]
 pub struct ClientArgs {
