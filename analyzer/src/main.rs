@@ -97,7 +97,7 @@ fn glibc_compat(args: &[String]) -> Option<ExitCode> {
     Some(match printed {
         Ok(anything) => ExitCode::from(anything as u8),
         Err(e) => {
-            eprintln!("mtrace: {}", without_os_error_codes(&format!("{e:#}")));
+            eprintln!("mtrace: {}", output::words::without_os_error_codes(&format!("{e:#}")));
             ExitCode::from(2)
         }
     })
@@ -141,7 +141,7 @@ fn main() -> ExitCode {
     let code = match res {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("mtrace: {}", without_os_error_codes(&format!("{e:#}")));
+            eprintln!("mtrace: {}", output::words::without_os_error_codes(&format!("{e:#}")));
             // A program that could not be started: a shell's codes.
             e.downcast_ref::<mtrace_ptrace::ExecFailed>().map_or(ExitCode::from(2), |e| ExitCode::from(e.exit_code()))
         }
@@ -151,42 +151,9 @@ fn main() -> ExitCode {
     code
 }
 
-/// `s` without Rust's " (os error N)" after each system error's words:
-/// the words are the user's ("No such file or directory"), the number
-/// is not.
-fn without_os_error_codes(s: &str) -> String {
-    const MARK: &str = " (os error ";
-    let mut out = String::with_capacity(s.len());
-    let mut rest = s;
-    while let Some(at) = rest.find(MARK) {
-        let after = &rest[at + MARK.len()..];
-        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
-        out.push_str(&rest[..at]);
-        if digits > 0 && after[digits..].starts_with(')') {
-            rest = &after[digits + 1..];
-        } else {
-            out.push_str(MARK);
-            rest = after;
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use clap::Parser;
-
-    #[test]
-    fn system_errors_lose_their_numbers_only() {
-        let f = super::without_os_error_codes;
-        assert_eq!(
-            f("/x: cannot open: No such file or directory (os error 2)"),
-            "/x: cannot open: No such file or directory"
-        );
-        assert_eq!(f("a (os error 21): b (os error 13)"), "a: b");
-        assert_eq!(f("a (os error x) b (os error"), "a (os error x) b (os error");
-    }
 
     /// The command line the preload runs for a report point is one this
     /// binary takes, with the markers and output it means.

@@ -36,9 +36,13 @@ pub fn report(a: ReportArgs) -> anyhow::Result<ExitCode> {
     }
     // A file of another form instead of the text.
     let text = a.opts.files().is_empty().then_some(&mut *out as &mut dyn Write);
-    let r = a.opts.report(&a.trace, text)?;
+    let reported = a.opts.report(&a.trace, text)?;
     out.flush()?;
-    let Some(r) = r else { return Ok(ExitCode::SUCCESS) };
+    if !reported.unwritten.is_empty() {
+        // Each said on stderr already.
+        return Ok(ExitCode::from(2));
+    }
+    let Some(r) = reported.report else { return Ok(ExitCode::SUCCESS) };
     if let Some(e) = &r.summary.error {
         eprintln!("mtrace: {e}");
         return Ok(ExitCode::from(1));

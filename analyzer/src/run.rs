@@ -156,6 +156,7 @@ fn cannot_run(prog: &str) -> Result<(), mtrace_ptrace::ExecFailed> {
 
 pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     a.opts.check_inputs()?;
+    a.opts.check_outputs()?;
     a.rec.ptrace_if_static(&a.program.command[0]);
     // The text goes to standard error after the program's own lines; a
     // JSON document there would not parse (valgrind's --xml needs a file
@@ -191,10 +192,10 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     // itself, so that no other thread of mtrace's that says something
     // while the program runs (a keeper, a progress bar) waits for the end
     // of the run.
-    let mut out = mtrace_analysis::output::buffered(match &a.report_to.output {
+    let mut out = Keeping::new(mtrace_analysis::output::buffered(match &a.report_to.output {
         Some(p) => Box::new(mtrace_analysis::output::create_private(p)?),
         None => Box::new(std::io::stderr()),
-    });
+    }));
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(old) if !old.is_empty() => format!("{}:{old}", lib.display()),
         _ => lib.display().to_string(),
@@ -230,7 +231,7 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
                     children: a.children,
                     main_trace: None,
                 };
-                let _ = mtrace_analysis::pipeline::report_processes(&dir, pid, &a.opts, how, &mut *out)?;
+                let _ = mtrace_analysis::pipeline::report_processes(&dir, pid, &a.opts, how, &mut out)?;
                 out.flush()?;
                 return Ok(ExitCode::SUCCESS);
             }
@@ -261,14 +262,26 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     }
     let show_paths = a.keep_traces || a.trace_dir.trace_dir.is_some();
     let how = Reporting { kept: show_paths, children: a.children, main_trace: None };
-    let r = mtrace_analysis::pipeline::report_processes(&dir, pid, &a.opts, how, &mut *out)?;
+    let reported = mtrace_analysis::pipeline::report_processes(&dir, pid, &a.opts, how, &mut out)?;
+    let r = reported.report;
     // From the kind totals (after suppressions): the entry list leaves out
     // reachable blocks unless --show-reachable.
     let leak_error =
         r.as_ref().and_then(|r| r.kinds).is_some_and(|k| error_kinds.iter().any(|&kind| k.get(kind).blocks > 0));
     let free_error = !a.ignore_wrong_frees && r.is_some_and(|r| !r.errors.is_empty());
-    out.flush()?;
-    if a.keep_traces && a.trace_dir.trace_dir.is_none() {
+    // The report could not be written where asked (a file of
+    // --html, --pprof…, or -o's): the run is not lost, its traces stay
+    // for `mtrace report`, and the status is still the program's.
+    let _ = out.flush();
+    let unwritten = match out.error.take() {
+        None => !reported.unwritten.is_empty(),
+        Some(e) => {
+            let why = mtrace_analysis::output::words::without_os_error_codes(&e.to_string());
+            eprintln!("mtrace: {}: {why}", crate::attach::report_not_written(&a.report_to));
+            true
+        }
+    };
+    if (a.keep_traces || unwritten) && a.trace_dir.trace_dir.is_none() {
         // For the user at the terminal, not into the -o report.
         eprintln!("mtrace: traces kept in {}", dir.display());
         if let Some(t) = temp {
@@ -286,6 +299,41 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
         }
         _ => ExitCode::FAILURE,
     })
+}
+
+/// The report's writer under `mtrace run`: when its file fails (a full
+/// disk, `-o /proc/version`), the report goes on to its end, unwritten,
+/// so that the run still ends with the program's status and its traces
+/// kept; the first error is kept for that end.
+struct Keeping<W> {
+    inner: W,
+    error: Option<std::io::Error>,
+}
+
+impl<W: Write> Keeping<W> {
+    fn new(inner: W) -> Keeping<W> {
+        Keeping { inner, error: None }
+    }
+}
+
+impl<W: Write> Write for Keeping<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.error.is_none() {
+            if let Err(e) = self.inner.write_all(buf) {
+                self.error = Some(e);
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.error.is_none() {
+            if let Err(e) = self.inner.flush() {
+                self.error = Some(e);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The signal the program of `mtrace run` died of (0: none), for

@@ -294,3 +294,67 @@ fn a_program_that_cannot_be_started_exits_as_a_shell_would() {
         }
     }
 }
+
+/// The folder of `mtrace: traces kept in DIR` in `err`, and its traces.
+fn kept_traces(err: &str) -> Vec<std::path::PathBuf> {
+    let kept = err.lines().find_map(|l| l.strip_prefix("mtrace: traces kept in ")).unwrap_or_else(|| panic!("{err}"));
+    let found: Vec<_> = std::fs::read_dir(kept)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "mtrace"))
+        .collect();
+    std::fs::remove_dir_all(kept).unwrap();
+    found
+}
+
+/// A report file that cannot be written never costs the run (issue 65,
+/// item 1): refused before the program starts where that can be known;
+/// otherwise the text report is printed, the traces are kept and named,
+/// and the status is the program's.
+#[test]
+fn a_report_file_that_cannot_be_written_never_costs_the_run() {
+    let dir = scratch("cli-unwritable");
+    let prog = build("families.c", &dir.join("families"), &["-g", "-O0"]);
+    let (ran, script) = witness(&dir);
+    // A folder that is not there: said at once, nothing run.
+    for form in ["--html", "--pprof", "--flamegraph", "--folded"] {
+        let o = mtrace_with(&["run", "--keep-traces", form, "/nonexistent/x", "--", "sh", "-c", &script]);
+        assert_eq!(o.status.code(), Some(2), "{form}");
+        assert!(stderr(&o).starts_with("mtrace: /nonexistent/x: the "), "{form}: {}", stderr(&o));
+        assert!(stderr(&o).ends_with(" cannot be written there: No such file or directory\n"), "{}", stderr(&o));
+        assert!(!ran.exists(), "{form}: the program ran");
+    }
+    // The folder goes while the program runs: the other forms and the
+    // text are written, the traces kept, the program's status returned.
+    let gone = dir.join("gone");
+    std::fs::create_dir_all(&gone).unwrap();
+    let page = gone.join("x.html");
+    let profile = dir.join("p.pb.gz");
+    let _ = std::fs::remove_file(&profile);
+    let o = Command::new(mtrace())
+        .current_dir(&dir)
+        .args(["run", "--html"])
+        .arg(&page)
+        .arg("--pprof")
+        .arg(&profile)
+        .args(["--", "sh", "-c", "rmdir gone && ./families; exit 3"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let err = stderr(&o);
+    let said = format!("mtrace: could not write the HTML page: {}: No such file or directory\n", page.display());
+    assert!(err.contains(&said), "{err}");
+    assert!(profile.is_file(), "{err}");
+    let line = err.lines().find(|l| l.contains(" ./families: exit 0; ")).unwrap_or_else(|| panic!("{err}"));
+    assert!(line.ends_with(" calls, 945 bytes in 9 blocks not freed"), "{err}");
+    assert!(err.contains("\nmtrace report for sh (/usr/bin/dash, pid "), "{err}");
+    // sh's, rmdir's and families's.
+    assert_eq!(kept_traces(&err).len(), 3, "{err}");
+    // The report's own file fails at its end (-o into /proc): the traces
+    // are kept, the status is the program's.
+    let o = mtrace_with(&["run", "-o", "/proc/version", "--", prog.to_str().unwrap()]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("mtrace: /proc/version: the report could not be written: "), "{err}");
+    assert_eq!(kept_traces(&err).len(), 1, "{err}");
+}

@@ -111,7 +111,7 @@ pub const OUTPUTS: [Output; 6] = [
     },
     Output {
         format: Format::Html,
-        name: "HTML",
+        name: "HTML page",
         flag: Some("html"),
         help: "Also write the report as one self-contained HTML page to FILE: memory over time, flamegraphs, \
                what a time range left live, the tables (`mtrace report`: instead of the text)",

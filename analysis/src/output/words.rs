@@ -115,3 +115,39 @@ pub fn frames(f: &[Frame], callers: usize, w: &mut dyn Write) -> io::Result<()> 
     }
     Ok(())
 }
+
+/// `s` without Rust's " (os error N)" after each system error's words:
+/// the words are the user's ("No such file or directory"), the number
+/// is not.
+pub fn without_os_error_codes(s: &str) -> String {
+    const MARK: &str = " (os error ";
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(at) = rest.find(MARK) {
+        let after = &rest[at + MARK.len()..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        out.push_str(&rest[..at]);
+        if digits > 0 && after[digits..].starts_with(')') {
+            rest = &after[digits + 1..];
+        } else {
+            out.push_str(MARK);
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn system_errors_lose_their_numbers_only() {
+        let f = super::without_os_error_codes;
+        assert_eq!(
+            f("/x: cannot open: No such file or directory (os error 2)"),
+            "/x: cannot open: No such file or directory"
+        );
+        assert_eq!(f("a (os error 21): b (os error 13)"), "a: b");
+        assert_eq!(f("a (os error x) b (os error"), "a (os error x) b (os error");
+    }
+}

@@ -108,6 +108,31 @@ impl ReportOpts {
         Ok(())
     }
 
+    /// Checks that each file asked for (`--html FILE`, ...) can be written,
+    /// so that a run is not made for a report that cannot be: an existing
+    /// file is opened for writing (and left as it is), a new one's folder
+    /// must take a file. Errors: the first that cannot, naming it and why.
+    pub fn check_outputs(&self) -> anyhow::Result<()> {
+        for (f, path) in self.files() {
+            if path == Path::new("-") {
+                continue;
+            }
+            let why = if path.exists() {
+                std::fs::OpenOptions::new().append(true).open(path).err()
+            } else {
+                let folder = match path.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p,
+                    _ => Path::new("."),
+                };
+                tempfile::tempfile_in(folder).err()
+            };
+            if let Some(e) = why {
+                anyhow::bail!("{}: the {} cannot be written there: {e}", path.display(), f.name());
+            }
+        }
+        Ok(())
+    }
+
     /// A symbolizer searching `--sysroot` and `--binpath`.
     pub fn symbolizer(&self) -> Symbolizer {
         Symbolizer::new(SearchPaths { sysroot: self.sysroot.clone(), binpath: self.binpath.clone() })
@@ -229,28 +254,38 @@ impl ReportOpts {
 
     /// Writes `src` to `out` in [`Self::format`] (nothing when `out` is
     /// `None`), and each of [`Self::files`] to its file, saying so on
-    /// standard error.
+    /// standard error. A file that cannot be written is said there in one
+    /// line and the others are written still: returns those not written.
+    /// Errors: only `out`'s.
     pub fn write(
         &self,
         src: &mut output::Sources,
         sym: &mut Symbolizer,
         out: Option<&mut dyn Write>,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Vec<PathBuf>> {
         let style = self.style();
+        let mut unwritten = Vec::new();
         for (f, path) in self.files() {
             // `-`: standard output, as inferno's and flamegraph.pl's tools do.
             let stdout = path == Path::new("-");
-            let mut w = output::open((!stdout).then_some(path))?;
-            output::write(f, src, sym, &style, &mut w)?;
-            w.flush()?;
-            if !stdout {
-                eprintln!("mtrace: wrote {}", path.display());
+            let written = output::open((!stdout).then_some(path)).and_then(|mut w| {
+                output::write(f, src, sym, &style, &mut w)?;
+                Ok(w.flush()?)
+            });
+            match written {
+                Ok(()) if !stdout => eprintln!("mtrace: wrote {}", path.display()),
+                Ok(()) => {}
+                Err(e) => {
+                    let why = output::words::without_os_error_codes(&format!("{e:#}"));
+                    eprintln!("mtrace: could not write the {}: {why}", f.name());
+                    unwritten.push(path.to_owned());
+                }
             }
         }
         if let Some(out) = out {
             output::write(self.format(), src, sym, &style, out)?;
         }
-        Ok(())
+        Ok(unwritten)
     }
 
     /// Loads `trace`, builds its report and writes it to `out` (none when
@@ -258,7 +293,7 @@ impl ReportOpts {
     /// is still reported (with its error named). The report is `None` when
     /// no form asked for needed it (only `--folded`/`--flamegraph`): it is
     /// not built then, nor is the scan run.
-    pub fn report(&self, trace: &Path, out: Option<&mut dyn Write>) -> anyhow::Result<Option<Report>> {
+    pub fn report(&self, trace: &Path, out: Option<&mut dyn Write>) -> anyhow::Result<Reported> {
         self.report_with(trace, out, |_, _, _| {})
     }
 
@@ -269,7 +304,7 @@ impl ReportOpts {
         trace: &Path,
         out: Option<&mut dyn Write>,
         add: impl FnOnce(&Trace, &mut Symbolizer, &mut Report),
-    ) -> anyhow::Result<Option<Report>> {
+    ) -> anyhow::Result<Reported> {
         let (t, mut sym) = self.load(trace)?;
         let needed = out.is_some() || self.files().iter().any(|(f, _)| f.needs_report());
         let classes_shown = self.files.iter().any(|(f, _)| f.output().needs_classes);
@@ -288,9 +323,20 @@ impl ReportOpts {
             add(&t, &mut sym, r);
         }
         let mut src = output::Sources { trace: &t, report: r.as_mut(), classes: classes.as_ref() };
-        self.write(&mut src, &mut sym, out)?;
-        Ok(r)
+        let unwritten = self.write(&mut src, &mut sym, out)?;
+        Ok(Reported { report: r, unwritten })
     }
+}
+
+/// What a report wrote: its model (`None` when no form asked for needed
+/// it), and the files asked for that could not be written (each said on
+/// standard error), for a command to keep what it would have removed.
+#[derive(Debug, Default)]
+pub struct Reported {
+    /// The report model.
+    pub report: Option<Report>,
+    /// Files of `ReportOpts::files` not written.
+    pub unwritten: Vec<PathBuf>,
 }
 
 /// The leak scan's classes of `t`'s blocks by address, when `t` has a

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
-use super::ReportOpts;
+use super::{ReportOpts, Reported};
 use crate::report::processes::{self, ImageFacts, ProcessNode};
 use crate::report::{allocators, Report};
 use crate::symbolize::Symbolizer;
@@ -33,14 +33,14 @@ pub struct Reporting {
 /// Writes the report of process `pid`'s trace in `dir` (its last image,
 /// after any exec), preceded by the tree of every process traced there
 /// when there was more than one. Returns the report, if `pid` wrote a
-/// trace.
+/// trace, and the files asked for that could not be written.
 pub fn report_processes(
     dir: &Path,
     pid: u32,
     opts: &ReportOpts,
     how: Reporting,
     out: &mut dyn Write,
-) -> Result<Option<Report>> {
+) -> Result<Reported> {
     let traces = traces_in(dir)?;
     let main = traces.iter().filter(|i| i.pid == pid).max_by_key(|i| i.start).map(|i| i.path.clone());
     let name = |r: &mut Report| {
@@ -60,7 +60,7 @@ pub fn report_processes(
         .take(FACTS_READ)
         .filter_map(|i| crate::input::load(&i.path).ok().map(|t| facts(&t, &i.path, &sym)))
         .collect();
-    let r = match &main {
+    let mut reported = match &main {
         Some(path) => opts.report_with(path, Some(&mut *out), |t, sym, r| {
             let mut all = others.clone();
             all.push(facts(t, path, sym));
@@ -76,20 +76,21 @@ pub fn report_processes(
                 crate::output::processes::write_tree(&tree, out)?;
             }
             writeln!(out, "mtrace: no trace was written for pid {pid} (static executable, or preloading failed)")?;
-            None
+            Reported::default()
         }
     };
     if opts.json {
-        return Ok(r);
+        return Ok(reported);
     }
-    let tree = r.as_ref().and_then(|r| r.processes.clone()).unwrap_or_default();
+    let tree = reported.report.as_ref().and_then(|r| r.processes.clone()).unwrap_or_default();
     let mut rest = Vec::new();
     flatten(&tree, &mut rest);
     if how.children {
         for p in rest.iter().filter(|p| !p.reported) {
             let Some(last) = p.images.last() else { continue };
             writeln!(out, "\n{}", "=".repeat(72))?;
-            opts.report(&last.trace, Some(&mut *out))?;
+            let child = opts.report(&last.trace, Some(&mut *out))?;
+            reported.unwritten.extend(child.unwritten);
         }
     } else if !how.kept && rest.iter().any(|p| !p.reported && p.not_freed_blocks > 0) {
         writeln!(
@@ -98,7 +99,7 @@ pub fn report_processes(
              --keep-traces keeps their traces for mtrace report"
         )?;
     }
-    Ok(r)
+    Ok(reported)
 }
 
 /// The report of the one process traced (no tree), or why there is none.
@@ -108,12 +109,12 @@ fn report_one(
     opts: &ReportOpts,
     name: impl FnOnce(&mut Report),
     out: &mut dyn Write,
-) -> Result<Option<Report>> {
+) -> Result<Reported> {
     match main {
         Some(path) => opts.report_with(path, Some(out), |_, _, r| name(r)),
         None => {
             writeln!(out, "mtrace: no trace was written for pid {pid} (static executable, or preloading failed)")?;
-            Ok(None)
+            Ok(Reported::default())
         }
     }
 }

@@ -112,6 +112,7 @@ const ANSWER_WAIT: Duration = Duration::from_millis(300);
 /// stderr, when it could not attach (the process untouched) or report.
 pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     a.opts.check_inputs()?;
+    a.opts.check_outputs()?;
     // Refused before the process is touched.
     a.bound.bound()?;
     if a.rec.ptrace {
@@ -168,13 +169,38 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
         bail!("process {} ended before libmtrace.so sent anything", a.pid);
     }
     eprintln!("mtrace: detached from process {} ({} bytes of trace)", a.pid, copied);
+    report_window(&a, &trace, dir)
+}
+
+/// Writes the report of the window's `trace` (in the temporary folder
+/// `dir`, unless `--save` named it) as `a` asks. A file asked for that
+/// could not be written is said in one line; the window's trace is then
+/// kept (its folder left) and named, for `mtrace report` to write it
+/// again, and the status is 2.
+fn report_window(a: &AttachArgs, trace: &std::path::Path, dir: tempfile::TempDir) -> Result<ExitCode> {
     let mut out = mtrace_analysis::output::open(a.report_to.output.as_deref())?;
-    let r = a.opts.report(&trace, Some(&mut *out))?;
-    out.flush()?;
-    if let Some(e) = r.as_ref().and_then(|r| r.summary.error.as_ref()) {
+    let r = a.opts.report(trace, Some(&mut *out))?;
+    out.flush().with_context(|| report_not_written(&a.report_to))?;
+    if let Some(e) = r.report.as_ref().and_then(|r| r.summary.error.as_ref()) {
         eprintln!("mtrace: {e}");
     }
-    Ok(ExitCode::SUCCESS)
+    if r.unwritten.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    if a.save.save.is_none() {
+        let _ = dir.keep();
+    }
+    eprintln!("mtrace: the window's trace is kept: {} (mtrace report TRACE --html FILE, ...)", trace.display());
+    Ok(ExitCode::from(2))
+}
+
+/// The words for a report that could not be written to `-o`'s file (or
+/// the terminal).
+pub(crate) fn report_not_written(to: &crate::flags::ReportFile) -> String {
+    match &to.output {
+        Some(p) => format!("{}: the report could not be written", p.display()),
+        None => "the report could not be written".to_owned(),
+    }
 }
 
 /// While attached: the console (`-i`), then the wait for the end of the

@@ -24,17 +24,6 @@ fn options(a: &AttachArgs, output: String) -> Result<mtrace_ptrace::Options> {
     Ok(a.rec.ptrace_options(rec, a.scan))
 }
 
-/// Writes the report of `trace` as `a` asks.
-fn report(a: &AttachArgs, trace: &std::path::Path) -> Result<ExitCode> {
-    let mut out = mtrace_analysis::output::open(a.report_to.output.as_deref())?;
-    let r = a.opts.report(trace, Some(&mut *out))?;
-    out.flush()?;
-    if let Some(e) = r.as_ref().and_then(|r| r.summary.error.as_ref()) {
-        eprintln!("mtrace: {e}");
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
 /// `mtrace attach --ptrace`.
 pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     if a.interactive.interactive || a.interval.is_some() {
@@ -52,7 +41,7 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
         mtrace_ptrace::Outcome::Detached(_) => eprintln!("mtrace: detached from process {}", a.pid),
         o => eprintln!("mtrace: process {} ended ({o:?})", a.pid),
     }
-    report(&a, &PathBuf::from(trace))
+    super::report_window(&a, &PathBuf::from(trace), dir)
 }
 
 /// `mtrace attach --ptrace` with `-i` or `--interval`: the tracer (a
@@ -118,5 +107,5 @@ fn live(a: AttachArgs) -> Result<ExitCode> {
     if copied == 0 {
         bail!("the tracer sent nothing for process {pid}");
     }
-    report(&a, &trace)
+    super::report_window(&a, &trace, dir)
 }

@@ -77,6 +77,7 @@ pub static LEFT_RUNNING: std::sync::atomic::AtomicBool = std::sync::atomic::Atom
 
 pub fn client(a: ClientArgs) -> Result<ExitCode> {
     a.opts.check_inputs()?;
+    a.opts.check_outputs()?;
     // Refused before the server gives this client its one place.
     let bound = a.bound.bound()?;
     let token = super::token(&a.token_file.token_file)?;
@@ -132,7 +133,14 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
                 None => "received, not kept (--save FILE keeps it)".to_owned(),
             });
             let how = mtrace_analysis::pipeline::Reporting { main_trace, ..Default::default() };
-            mtrace_analysis::pipeline::report_processes(dir.path(), pid, &a.opts, how, &mut *out)?;
+            let reported = mtrace_analysis::pipeline::report_processes(dir.path(), pid, &a.opts, how, &mut *out)?;
+            if !reported.unwritten.is_empty() && a.save.save.is_none() {
+                // Not lost with the files that could not be written.
+                eprintln!("mtrace: the received traces are kept in {}", dir.path().display());
+                let _ = dir.keep();
+                out.flush()?;
+                return Ok(ExitCode::from(code as u8));
+            }
         }
         None => writeln!(out, "mtrace: the program sent no trace (static executable, or preloading failed)")?,
     }
