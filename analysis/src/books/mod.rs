@@ -11,29 +11,18 @@ use std::collections::BTreeMap;
 mod checkpoint;
 mod heap;
 pub mod lifetimes;
+mod live;
 mod runs;
 mod ties;
 pub mod wrong;
 
 pub use heap::{LiveRun, EPS};
+pub use live::Live;
 use mtrace_format::Family;
 use wrong::{Concerned, Dealloc, WrongFree, WrongKind};
 // FxHash: the keys are addresses and ids from our own producer, not
 // attacker-chosen, and SipHash was a fifth of the analyzer's time.
 use rustc_hash::FxHashMap as HashMap;
-
-/// A live block as a report reads it ([`Books::live`]).
-#[derive(Clone, Copy, Debug)]
-pub struct Live {
-    /// Its address.
-    pub addr: u64,
-    /// The block.
-    pub block: Block,
-    /// The bytes it stands for (its size, or its estimate in a sampled trace).
-    pub bytes: u64,
-    /// The blocks it stands for (1, or its estimate in a sampled trace).
-    pub blocks: u64,
-}
 
 /// A live heap block or mapping.
 #[derive(Clone, Copy, Debug)]
@@ -620,31 +609,6 @@ impl Books {
     /// Everything still live: heap blocks and mappings, with their addresses.
     pub fn live_blocks(&self) -> impl Iterator<Item = (u64, Block)> + '_ {
         self.heap.live().filter(|(_, b)| b.family != Family::Internal).chain(self.maps.iter().map(|(&a, &b)| (a, b)))
-    }
-
-    /// Everything still live, as [`Books::live_blocks`] in the same order,
-    /// each with what it stands for: in a sampled trace its estimate
-    /// ([`Block::estimate`] at the books' rate), else its own size and 1.
-    /// The one place a live block is weighed for a report.
-    #[inline]
-    pub fn live(&self) -> impl Iterator<Item = Live> + '_ {
-        let rate = self.sample_rate;
-        self.live_blocks().map(move |(addr, block)| {
-            let (bytes, blocks) = block.estimate(rate);
-            Live { addr, block, bytes, blocks }
-        })
-    }
-
-    /// What the live blocks `keep` lets through hold per backtrace:
-    /// backtrace → (bytes, blocks), weighed as [`Books::live`] does.
-    pub fn live_by_backtrace(&self, keep: impl Fn(&Block) -> bool) -> HashMap<u32, (u64, u64)> {
-        let mut by: HashMap<u32, (u64, u64)> = HashMap::default();
-        for l in self.live().filter(|l| keep(&l.block)) {
-            let e = by.entry(l.block.stack).or_default();
-            e.0 = e.0.saturating_add(l.bytes);
-            e.1 += l.blocks;
-        }
-        by
     }
 
     /// Frees whose block was never seen and that are not wrong frees:
