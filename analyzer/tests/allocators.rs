@@ -303,6 +303,16 @@ fn rust_global_allocators_are_hooked_by_patching() {
         let how = a["how"].as_str().unwrap();
         assert!(how.starts_with("hooked by patching its entry points (") && how.contains(first), "{bin}: {how}");
         assert_eq!(r["notices"], serde_json::json!([]), "{bin}");
+        // The text's first frame is the program's: the global allocator's
+        // crate, the `__rust_` shims and the `alloc` crate are one line
+        // (they took the default 12 frames; issue 65, item 3).
+        let t = run_text(&dir, &["--no-scan"], &prog, &[]);
+        // (Its first entries are jemalloc's own mappings: --no-scan.)
+        let first = &t[t.find(" not freed (malloc)").unwrap_or_else(|| panic!("{t}"))..];
+        let lines: Vec<&str> = first.lines().skip(1).take_while(|l| l.starts_with("    ")).collect();
+        assert!(lines[0].trim().starts_with('(') && lines[0].contains(" allocator frames: "), "{bin}: {t}");
+        assert!(lines[1].contains(": rust_allocators::forget_one ("), "{bin}: {t}");
+        assert!(lines[1].ends_with(&format!("lib.rs:{}) [{bin}]", m["forgotten"])), "{bin}: {t}");
     }
     // With the leak scan, mimalloc's blocks are definitely lost. (One of
     // jemalloc's starts a slab, which its metadata points to: still

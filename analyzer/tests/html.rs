@@ -199,4 +199,12 @@ fn a_short_run_and_one_without_leaks_read_right() {
     // A program that leaves nothing: a sentence, not "Leaks (0)" over an empty table.
     let d = page_of(&dir, "none", &["/bin/true"], &profile).unwrap();
     assert!(d.contains("id=\"no-leaks\"") && !d.contains("id=\"leak-table\""), "{d}");
+    // A program without line info (as redis-server is packaged): each row
+    // names the program's own function, not glibc's start, which has a
+    // line (issue 65, item 4).
+    let bare = build("families.c", &dir.join("families"), &["-O0"]);
+    let d = page_of(&dir, "bare", &[bare.to_str().unwrap()], &profile).unwrap();
+    let named: Vec<String> = rows(&d, "leak-table").into_iter().map(|(f, _)| f).collect();
+    assert_eq!(named.len(), 9, "{d}");
+    assert!(named.iter().all(|f| f.starts_with("leak_") || f == "main"), "{named:?}");
 }

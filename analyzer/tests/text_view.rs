@@ -119,3 +119,36 @@ fn backtraces_stop_at_the_programs_entry_and_at_num_callers() {
     assert_eq!(names.len(), 25, "{names:?}");
     assert_eq!(&names[21..], ["main", "__libc_start_call_main", "__libc_start_main_impl", "_start"]);
 }
+
+/// The allocator's and the C++ runtime's frames at the top of a
+/// backtrace are one line, and `--num-callers` counts from the program's
+/// own first frame (issue 65, item 3): a vector's growth shows the
+/// push_back's line and main's at the default 12 and at 2 (its 5
+/// libstdc++ frames would have taken them); JSON has every frame.
+#[test]
+fn allocator_frames_fold_and_the_programs_own_come_first() {
+    let dir = scratch("text-view-vector");
+    let prog = build("vector_growth.cpp", &dir.join("vector_growth"), &["-g", "-O0"]);
+    let m = markers("vector_growth.cpp");
+    for extra in [vec![], vec!["--num-callers", "2"]] {
+        let t = run_text(&dir, &extra, &prog, &[]);
+        // The buffer, indirectly lost through the vector.
+        let start = t.find("is indirectly lost (new)").unwrap_or_else(|| panic!("{t}"));
+        let lines: Vec<&str> = t[start..].lines().skip(1).take_while(|l| l.starts_with("    ")).collect();
+        let folded = lines[0].trim();
+        assert!(folded.starts_with('(') && folded.contains(" allocator frames: "), "{extra:?}: {t}");
+        assert!(lines[1].contains(": fill ("), "{t}");
+        assert!(lines[1].ends_with(&format!("vector_growth.cpp:{}) [vector_growth]", m["push"])), "{t}");
+        assert!(
+            lines[2].contains(": main (") && lines[2].contains(&format!("vector_growth.cpp:{})", m["fill"])),
+            "{t}"
+        );
+        assert_eq!(lines.len(), 3, "{extra:?}: {t}");
+    }
+    let (r, _) = run_json(&dir, &["--scan"], &prog, &[]);
+    let e = r["stacks"].as_array().unwrap().iter().find(|e| e["kind"] == "indirect").unwrap();
+    let frames = e["frames"].as_array().unwrap();
+    let fill = frames.iter().position(|f| f["function"].as_str().is_some_and(|n| n == "fill")).unwrap();
+    assert!(fill >= 3, "{e}");
+    assert_eq!(e["at"], fill, "{e}");
+}

@@ -76,10 +76,12 @@ pub fn mib(b: u64) -> String {
 /// programs we tried (python3's deepest leaks are interpreter frames).
 pub const NUM_CALLERS: usize = 12;
 
-/// glibc's frames below a program's entry: below `main` (the process's
-/// start) and below a thread's start routine. memcheck hides them too
+/// The frames below a program's entry: glibc's below `main` (the
+/// process's start) and below a thread's start routine, and Rust's
+/// runtime below the program's `main` (std's backtrace marker; its names
+/// before and after Rust 1.77). memcheck hides glibc's too
 /// (`--show-below-main=no`).
-const BELOW_ENTRY: [&str; 7] = [
+const BELOW_ENTRY: [&str; 9] = [
     "__libc_start_call_main",
     "__libc_start_main_impl",
     "__libc_start_main",
@@ -87,6 +89,8 @@ const BELOW_ENTRY: [&str; 7] = [
     "start_thread",
     "clone3",
     "clone",
+    "std::sys::backtrace::__rust_begin_short_backtrace",
+    "std::sys_common::backtrace::__rust_begin_short_backtrace",
 ];
 
 /// The frames of `f` the text shows: up to the program's entry (`main`, a
@@ -94,19 +98,31 @@ const BELOW_ENTRY: [&str; 7] = [
 /// left out) and at most `callers` of them (0: all); and how many of the
 /// frames up to the entry that leaves out.
 pub fn shown(f: &[Frame], callers: usize) -> (&[Frame], usize) {
-    let entry = f
+    let mut entry = f
         .iter()
         .skip(1)
         .position(|fr| fr.function.as_deref().is_some_and(|n| BELOW_ENTRY.contains(&n)))
         .map_or(f.len(), |i| i + 1);
+    // Frames inlined into the first below the entry are below it too
+    // (Rust's `FnOnce::call_once` into its backtrace marker).
+    while entry > 1 && entry < f.len() && f[entry - 1].inlined && f[entry - 1].address == f[entry].address {
+        entry -= 1;
+    }
     let n = if callers == 0 { entry } else { entry.min(callers) };
     (&f[..n], entry - n)
 }
 
-/// Writes backtrace `f` one frame per line, as [`frame_line`] shapes them,
-/// the frames [`shown`] keeps, and "… N more frames" where it cut.
+/// Writes backtrace `f` one frame per line, as [`frame_line`] shapes them:
+/// its leading allocation wrappers (`report::own_code`) folded into one
+/// line, then the frames [`shown`] keeps of the rest, and "… N more
+/// frames" where it cut.
 pub fn frames(f: &[Frame], callers: usize, w: &mut dyn Write) -> io::Result<()> {
-    let (f, more) = shown(f, callers);
+    let folded = crate::report::own_code::leading_wrappers(f);
+    if folded > 0 {
+        let what = plural(folded as u64, "allocator frame", "allocator frames");
+        writeln!(w, "    ({what}: the allocator's and the runtime's; JSON has them)")?;
+    }
+    let (f, more) = shown(&f[folded..], callers);
     for (j, fr) in f.iter().enumerate() {
         writeln!(w, "{}", frame_line(fr, j == 0))?;
     }

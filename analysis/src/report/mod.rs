@@ -7,6 +7,7 @@ pub mod diff;
 pub mod errors;
 mod groups;
 pub mod intervals;
+pub mod own_code;
 pub mod processes;
 pub mod sections;
 mod sort_key;
@@ -160,6 +161,10 @@ pub struct LeakEntry {
     pub stderr: Option<[u64; 2]>,
     /// The backtrace, symbolized, innermost first.
     pub frames: Vec<Frame>,
+    /// The frame a table that names one per backtrace names (an index
+    /// into `frames`): the first in the program's own code
+    /// ([`own_code::headline`]).
+    pub at: usize,
 }
 
 /// One standard error from a summed variance `(bytes², blocks²)`:
@@ -475,6 +480,7 @@ pub fn build_view(
                 indirect_bytes,
                 lost,
                 stderr: sampled.then(|| stderr(g.var)),
+                at: own_code::headline(&frames),
                 frames,
             }
         })

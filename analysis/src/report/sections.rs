@@ -23,6 +23,8 @@ pub struct Entry {
     pub bytes: u64,
     /// The backtrace, symbolized.
     pub frames: Vec<Frame>,
+    /// The frame a one-line table names (`report::own_code::headline`).
+    pub at: usize,
 }
 
 /// One histogram bucket: allocations of at most `max_size` bytes (and more
@@ -78,7 +80,10 @@ fn top(mut v: Vec<(u32, u64, u64)>, by_bytes: bool) -> Vec<(u32, u64, u64)> {
 pub fn build(t: &Trace, sym: &mut Symbolizer, inp: &Inputs) -> Sections {
     let mut entries = |rows: Vec<(u32, u64, u64)>| -> Vec<Entry> {
         rows.into_iter()
-            .map(|(s, count, bytes)| Entry { count, bytes, frames: super::stack_frames(t, sym, s, inp.depth) })
+            .map(|(s, count, bytes)| {
+                let frames = super::stack_frames(t, sym, s, inp.depth);
+                Entry { count, bytes, at: super::own_code::headline(&frames), frames }
+            })
             .collect()
     };
     let most_calls = entries(top(t.books.totals().map(|(s, x)| (s, x.allocations, x.bytes)).collect(), false));

@@ -55,6 +55,8 @@ struct Row<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     indirect_bytes: Option<u64>,
     f: Vec<u32>,
+    /// The frame the "where" column names (an index into `f`).
+    at: usize,
 }
 
 #[derive(Serialize)]
@@ -243,6 +245,7 @@ fn row<'a>(e: &'a LeakEntry, tables: &mut Tables) -> Row<'a> {
         kind: e.kind,
         indirect_bytes: e.indirect_bytes,
         f: e.frames.iter().map(|f| tables.frame(f)).collect(),
+        at: e.at,
     }
 }
 

@@ -410,7 +410,9 @@ function leaks(app) {
     table.textContent = '';
     table.append(head);
     for (const e of rows) {
-      const first = e.f.find((f) => D.locs[D.frames[f][1]].includes(':')) ?? e.f[0];
+      // The program's own frame (report::own_code::headline), not the
+      // first with a line: glibc's start had one where the program had none.
+      const first = e.f[e.at] ?? e.f[0];
       const label = first == null ? '[no backtrace]' : `${frameName(first)} (${frameLoc(first).split('/').pop()})`;
       const tr = el('tr', { 'data-function': first == null ? '' : frameName(first), 'data-bytes': String(e.bytes) });
       for (const [name, get2, n] of cols) {
@@ -461,7 +463,7 @@ function sections(app) {
     const t = el('table');
     t.append(el('tr', {}, el('th', { class: 'num', text: what }), withBytes ? el('th', { class: 'num', text: 'bytes' }) : null, el('th', { text: 'where' })));
     for (const e of list) {
-      const f = e.frames.find((fr) => fr.file) || e.frames[0];
+      const f = e.frames[e.at] || e.frames[0];
       t.append(el('tr', {}, el('td', { class: 'num', text: num(e.count) }), withBytes ? el('td', { class: 'num', text: bytes(e.bytes) }) : null,
         el('td', {}, el('details', {}, el('summary', { text: f ? f.function || '???' : '?' }), el('div', { class: 'frames', text: frameLines(e.frames) })))));
     }
