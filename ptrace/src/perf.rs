@@ -27,7 +27,17 @@ pub struct Spec {
     pub stack: u32,
     /// The user registers sampled (perf's numbering; `arch::PERF_REGS`).
     pub regs: u64,
+    /// The thread stops right after each sample, before it runs on: the
+    /// kernel sends it a SIGTRAP with `si_code` [`TRAP_PERF`] (perf's
+    /// `sigtrap`, Linux 5.13), which the tracer takes and does not
+    /// deliver. For what the tracer must read of the thread's memory as
+    /// the sample left it (posix_memalign's `*out`, uprobes.rs).
+    pub stop: bool,
 }
+
+/// `si_code` of the SIGTRAP a [`Spec::stop`] event sends
+/// (include/uapi/asm-generic/siginfo.h).
+pub const TRAP_PERF: i32 = 6;
 
 /// One open probe event.
 pub struct Event {
@@ -59,10 +69,21 @@ pub fn open(tid: i32, s: &Spec) -> io::Result<Event> {
     // kernel wakes pollers only when an eighth of the ring is full.
     a.set_watermark(1);
     a.__bindgen_anon_2.wakeup_watermark = (ring_bytes(RING_PAGES) / 8) as u32;
+    if s.stop {
+        // The kernel takes a signalling event only if it goes at an exec.
+        a.set_sigtrap(1);
+        a.set_remove_on_exec(1);
+    }
     // SAFETY: `a` is initialised.
     let fd = unsafe { sys::perf_event_open(&mut a, tid, -1, -1, b::PERF_FLAG_FD_CLOEXEC as libc::c_ulong) };
     if fd < 0 {
-        return Err(io::Error::last_os_error());
+        let e = io::Error::last_os_error();
+        if s.stop && e.raw_os_error() == Some(libc::EINVAL) {
+            // A kernel before 5.13 has no `sigtrap`: the sample alone, as
+            // before (what is read after it may have changed since).
+            return open(tid, &Spec { stop: false, ..*s });
+        }
+        return Err(e);
     }
     // SAFETY: a new descriptor nobody else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };

@@ -63,7 +63,8 @@ pub struct Config {
 /// as many as the breakpoint tracer reads at once.
 const STACK: u32 = 16 << 10;
 /// At a free's entry without -S; at posix_memalign's return (its `*out`
-/// is usually the caller's local).
+/// is usually the caller's local; where it is not, the thread stops at
+/// that return: [`perf::Spec::stop`]).
 const SMALL_STACK: u32 = 2 << 10;
 
 /// The stack bytes an allocation's probe copies: `MTRACE_PTRACE_STACK`
@@ -97,6 +98,11 @@ struct Want {
     path: Arc<CString>,
     offset: u64,
     stack: u32,
+    /// The thread stops after the sample (posix_memalign's return: its
+    /// `*out`, a global as often as a local, is read then, before the
+    /// program can change it; read after, families.c's was already
+    /// `keep[i] ^ 1`, the block recorded one byte off).
+    stop: bool,
 }
 
 /// A request to the opener: thread `tid`'s events for these probes, sent
@@ -132,7 +138,8 @@ impl Opened {
         for w in r.wants {
             let t = std::time::Instant::now();
             let e = defs.id(&w.path, w.offset, w.ret).and_then(|id| {
-                let e = perf::open(r.tid, &perf::Spec { id, stack: w.stack, regs: arch::PERF_REGS })?;
+                let spec = perf::Spec { id, stack: w.stack, regs: arch::PERF_REGS, stop: w.stop };
+                let e = perf::open(r.tid, &spec)?;
                 match (&r.ring, &out.ring) {
                     (Some(fd), _) => perf::redirect(&e, fd.as_fd())?,
                     (None, Some(ring)) => ring.redirect(&e)?,
@@ -196,7 +203,8 @@ impl Opener {
                 Call::Free { .. } | Call::Munmap => self.cfg.free_stack,
                 _ => self.cfg.stack,
             };
-            let w = |ret, stack| Want { point: i, ret, path: p.path.clone(), offset: p.offset, stack };
+            let stop = |ret| ret && p.call == Call::PosixMemalign;
+            let w = |ret, stack| Want { point: i, ret, path: p.path.clone(), offset: p.offset, stack, stop: stop(ret) };
             wants.push(w(false, stack));
             if returns(p.call) {
                 wants.push(w(true, if p.call == Call::PosixMemalign { SMALL_STACK } else { 0 }));

@@ -340,6 +340,15 @@ impl Tracer {
 
     /// A stop of `tid` at a breakpoint (or the program's own SIGTRAP).
     fn trap(&mut self, tid: Pid) {
+        // A probe that stops its thread after its sample (perf.rs
+        // `Spec::stop`): the sample was handled at this stop (run's
+        // drain), with the thread's memory as the sample left it; the
+        // signal is the tracer's, never the program's.
+        if self.opener.is_some()
+            && ptrace::getsiginfo(tid).is_ok_and(|i| i.si_code == crate::perf::TRAP_PERF && i.si_signo == libc::SIGTRAP)
+        {
+            return resume(tid, None);
+        }
         let Some((pid, th)) = self.threads.get_mut(&tid) else { return resume(tid, Some(Signal::SIGTRAP)) };
         let Some(p) = self.procs.get_mut(pid) else { return resume(tid, None) };
         let Ok(mut r) = target::regs(tid) else { return resume(tid, None) };
