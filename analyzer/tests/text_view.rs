@@ -152,3 +152,32 @@ fn allocator_frames_fold_and_the_programs_own_come_first() {
     assert!(fill >= 3, "{e}");
     assert_eq!(e["at"], fill, "{e}");
 }
+
+/// The program's own wrappers, named by `wrapper:` lines of the
+/// suppressions file, fold as the allocator's do: the entry starts at
+/// their caller, in the text and in the JSON's `at`.
+#[test]
+fn the_programs_own_wrappers_fold_when_named() {
+    let dir = scratch("text-view-wrapper");
+    let prog = build("own_wrapper.c", &dir.join("own_wrapper"), &["-g", "-O0"]);
+    let m = markers("own_wrapper.c");
+    let first_frames = |t: &str| -> Vec<String> {
+        let start = t.find("is definitely lost").unwrap_or_else(|| panic!("{t}"));
+        t[start..].lines().skip(1).take_while(|l| l.starts_with("    ")).map(|l| l.trim().to_owned()).collect()
+    };
+    // Without the line: the wrappers are the program's frames.
+    let t = run_text(&dir, &[], &prog, &[]);
+    let f = first_frames(&t);
+    assert!(f[0].contains(": xmalloc_checked ("), "{t}");
+    // With it: folded, and the entry starts at make_table.
+    let supp = dir.join("wrappers.supp");
+    std::fs::write(&supp, "# the program's own\nwrapper:^xmalloc\n").unwrap();
+    let t = run_text(&dir, &["--suppressions", supp.to_str().unwrap()], &prog, &[]);
+    let f = first_frames(&t);
+    assert_eq!(f[0], "(2 allocator frames: the allocator's and its wrappers'; JSON has them)", "{t}");
+    assert!(f[1].contains(": make_table (") && f[1].contains(&format!("own_wrapper.c:{})", m["table"])), "{t}");
+    assert!(f[2].contains(": main (") && f[2].contains(&format!("own_wrapper.c:{})", m["main"])), "{t}");
+    let (r, _) = run_json(&dir, &["--scan", "--suppressions", supp.to_str().unwrap()], &prog, &[]);
+    let e = &r["stacks"][0];
+    assert_eq!(e["frames"][e["at"].as_u64().unwrap() as usize]["function"], "make_table", "{e}");
+}

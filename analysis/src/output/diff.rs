@@ -50,7 +50,7 @@ pub fn write_text(d: &Diff, limit: usize, w: &mut dyn Write) -> io::Result<()> {
             change(c.peak_bytes, "byte", "bytes"),
             change(c.calls, "allocation call", "allocation calls")
         )?;
-        frames(&c.frames, NUM_CALLERS, w)?;
+        frames(&c.frames, &super::Style { num_callers: NUM_CALLERS, ..Default::default() }, w)?;
     }
     Ok(())
 }

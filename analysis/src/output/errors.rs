@@ -44,7 +44,7 @@ fn alignment(a: u64) -> String {
 /// The section "Wrong frees" of the text report (nothing without any).
 /// Writes the wrong frees, at most `callers` frames of each backtrace (see
 /// [`super::words::shown`]).
-pub fn write_text(errors: &[ErrorEntry], callers: usize, w: &mut dyn Write) -> io::Result<()> {
+pub fn write_text(errors: &[ErrorEntry], s: &super::Style, w: &mut dyn Write) -> io::Result<()> {
     if errors.is_empty() {
         return Ok(());
     }
@@ -56,7 +56,7 @@ pub fn write_text(errors: &[ErrorEntry], callers: usize, w: &mut dyn Write) -> i
         if e.free_frames.is_empty() {
             writeln!(w, "    (where it was freed: mtrace run -S records the backtraces of frees)")?;
         }
-        frames(&e.free_frames, callers, w)?;
+        frames(&e.free_frames, s, w)?;
         let Some(b) = &e.block else {
             writeln!(w, "  Address {:#x} is not inside any block the trace knows", e.address)?;
             continue;
@@ -68,12 +68,12 @@ pub fn write_text(errors: &[ErrorEntry], callers: usize, w: &mut dyn Write) -> i
             if e.first_free_frames.is_empty() && b.offset == 0 {
                 writeln!(w, "    (where: mtrace run -S records the backtraces of frees)")?;
             }
-            frames(&e.first_free_frames, callers, w)?;
+            frames(&e.first_free_frames, s, w)?;
             writeln!(w, "  Block was alloc'd at")?;
         } else {
             writeln!(w, "  Address {:#x} is {offset} inside a block of size {size} alloc'd", e.address)?;
         }
-        frames(&e.alloc_frames, callers, w)?;
+        frames(&e.alloc_frames, s, w)?;
     }
     Ok(())
 }

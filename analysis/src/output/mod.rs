@@ -200,7 +200,7 @@ fn render_pprof(src: &mut Sources, sym: &mut Symbolizer, style: &Style, w: &mut 
 /// whether the text has heaptrack's sections, what a flamegraph measures
 /// and which way up it is. [`Default`]: every frame, no sections, bytes
 /// not freed, roots at the bottom.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Style {
     /// At most this many recorded frames per backtrace (`-d`).
     pub depth: Option<usize>,
@@ -214,11 +214,21 @@ pub struct Style {
     pub cost: flame::Cost,
     /// Roots at the top.
     pub icicle: bool,
+    /// The program's own allocation wrappers (`wrapper:` lines of the
+    /// suppressions file), folded in the text with the allocator's.
+    pub wrappers: Vec<String>,
 }
 
 impl Default for Style {
     fn default() -> Style {
-        Style { depth: None, num_callers: 0, sections: false, cost: flame::Cost::Leaked, icicle: false }
+        Style {
+            depth: None,
+            num_callers: 0,
+            sections: false,
+            cost: flame::Cost::Leaked,
+            icicle: false,
+            wrappers: Vec::new(),
+        }
     }
 }
 

@@ -50,7 +50,7 @@ pub fn write_text(r: &Report, s: &Style, w: &mut dyn Write) -> io::Result<()> {
         super::processes::write_tree(tree, w)?;
     }
     write_summary(r, w)?;
-    super::errors::write_text(&r.errors, s.num_callers, w)?;
+    super::errors::write_text(&r.errors, s, w)?;
     write_timeline(r, w)?;
     write_entries(r, s, w)?;
     write_intervals(r, s, w)?;
@@ -86,7 +86,7 @@ fn write_intervals(r: &Report, s: &Style, w: &mut dyn Write) -> io::Result<()> {
         )?;
         let cells: Vec<String> = g.per_window.iter().map(|p| thousands(p.bytes)).collect();
         writeln!(w, "    bytes per interval: {}", cells.join(" "))?;
-        frames(&g.frames, s.num_callers, w)?;
+        frames(&g.frames, s, w)?;
     }
     Ok(())
 }
@@ -100,7 +100,7 @@ fn write_sections(r: &Report, s: &Style, w: &mut dyn Write) -> io::Result<()> {
     writeln!(w, "\nMost allocation calls:")?;
     for (i, e) in x.most_calls.iter().enumerate() {
         writeln!(w, "#{}: {} ({})", i + 1, plural(e.count, "call", "calls"), plural(e.bytes, "byte", "bytes"))?;
-        frames(&e.frames, s.num_callers, w)?;
+        frames(&e.frames, s, w)?;
     }
     writeln!(
         w,
@@ -110,12 +110,12 @@ fn write_sections(r: &Report, s: &Style, w: &mut dyn Write) -> io::Result<()> {
     )?;
     for (i, e) in x.temporary.iter().enumerate() {
         writeln!(w, "#{}: {}", i + 1, plural(e.count, "temporary allocation", "temporary allocations"))?;
-        frames(&e.frames, s.num_callers, w)?;
+        frames(&e.frames, s, w)?;
     }
     writeln!(w, "\nPeak memory consumers (at {}):", secs(r.summary.peak_time_ns))?;
     for (i, e) in x.peak_consumers.iter().enumerate() {
         writeln!(w, "#{}: {} in {}", i + 1, plural(e.bytes, "byte", "bytes"), plural(e.count, "block", "blocks"))?;
-        frames(&e.frames, s.num_callers, w)?;
+        frames(&e.frames, s, w)?;
     }
     write_older_than(r, s, w)?;
     writeln!(w, "\nAllocation sizes:")?;
@@ -136,7 +136,7 @@ fn write_older_than(r: &Report, s: &Style, w: &mut dyn Write) -> io::Result<()> 
     writeln!(w, "\nStill live, allocated long before the end (--older-than):")?;
     for (i, e) in old.iter().enumerate() {
         writeln!(w, "#{}: {} in {}", i + 1, plural(e.bytes, "byte", "bytes"), plural(e.count, "block", "blocks"))?;
-        frames(&e.frames, s.num_callers, w)?;
+        frames(&e.frames, s, w)?;
     }
     Ok(())
 }
@@ -445,14 +445,14 @@ fn write_entries(r: &Report, s: &Style, w: &mut dyn Write) -> io::Result<()> {
                 plural(e.total_allocations, "allocation", "allocations")
             )?;
             write_error_bar(e, w)?;
-            frames(&e.frames, s.num_callers, w)?;
+            frames(&e.frames, s, w)?;
             continue;
         }
         if e.blocks == 0 && !delta {
             // `--sort stacks`: a backtrace whose blocks were all freed.
             let calls = plural(e.total_allocations, "allocation", "allocations");
             writeln!(w, "\n#{}: every block freed ({}), {calls} from this backtrace", i + 1, e.family)?;
-            frames(&e.frames, s.num_callers, w)?;
+            frames(&e.frames, s, w)?;
             continue;
         }
         writeln!(
@@ -470,7 +470,7 @@ fn write_entries(r: &Report, s: &Style, w: &mut dyn Write) -> io::Result<()> {
             let (b, n) = (plural(l.bytes, "byte", "bytes"), plural(l.blocks, "block", "blocks"));
             writeln!(w, "    of which lost at the last scan: {b} in {n}")?;
         }
-        frames(&e.frames, s.num_callers, w)?;
+        frames(&e.frames, s, w)?;
     }
     Ok(())
 }

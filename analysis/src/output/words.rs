@@ -116,11 +116,14 @@ pub fn shown(f: &[Frame], callers: usize) -> (&[Frame], usize) {
 /// its leading allocation wrappers (`report::own_code`) folded into one
 /// line, then the frames [`shown`] keeps of the rest, and "… N more
 /// frames" where it cut.
-pub fn frames(f: &[Frame], callers: usize, w: &mut dyn Write) -> io::Result<()> {
-    let folded = crate::report::own_code::leading_wrappers(f);
+/// `s` says how many frames (`num_callers`) and which wrappers are the
+/// program's own.
+pub fn frames(f: &[Frame], s: &super::Style, w: &mut dyn Write) -> io::Result<()> {
+    let callers = s.num_callers;
+    let folded = crate::report::own_code::leading_wrappers(f, &s.wrappers);
     if folded > 0 {
         let what = plural(folded as u64, "allocator frame", "allocator frames");
-        writeln!(w, "    ({what}: the allocator's and the runtime's; JSON has them)")?;
+        writeln!(w, "    ({what}: the allocator's and its wrappers'; JSON has them)")?;
     }
     let (f, more) = shown(&f[folded..], callers);
     for (j, fr) in f.iter().enumerate() {

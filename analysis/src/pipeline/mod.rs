@@ -108,6 +108,13 @@ impl ReportOpts {
         Ok(())
     }
 
+    /// The program's own allocation wrappers: the `wrapper:` lines of
+    /// `--suppressions` (none when it has none or cannot be read, which
+    /// [`Self::check_inputs`] refuses before).
+    pub fn wrappers(&self) -> Vec<String> {
+        self.suppressions.as_ref().and_then(|f| report::suppress::read(f).ok()).map(|s| s.wrappers).unwrap_or_default()
+    }
+
     /// Checks that each file asked for (`--html FILE`, ...) can be written,
     /// so that a run is not made for a report that cannot be: an existing
     /// file is opened for writing (and left as it is), a new one's folder
@@ -188,6 +195,7 @@ impl ReportOpts {
             sections: self.sections,
             cost: self.cost,
             icicle: self.icicle,
+            wrappers: self.wrappers(),
         }
     }
 
@@ -230,9 +238,16 @@ impl ReportOpts {
         let view = View { heuristics: self.leak_check_heuristics, ..view };
         let mut r = build(t, sym, self.sort, self.depth, self.show_reachable, view);
         if let Some(f) = &self.suppressions {
-            let mut rules = report::suppress::read(f)?;
+            let read = report::suppress::read(f)?;
+            let mut rules = read.rules;
             report::suppress::apply(&mut r, &mut rules);
             r.suppressed = Some(rules);
+            if !read.wrappers.is_empty() {
+                // The entries are named past the program's own wrappers too.
+                for e in &mut r.stacks {
+                    e.at = report::own_code::headline(&e.frames, &read.wrappers);
+                }
+            }
         }
         r.summary.since_marker = self.since_marker.clone();
         r.summary.until_marker = self.until_marker.clone();
@@ -247,7 +262,12 @@ impl ReportOpts {
         if self.since_marker.is_none() && self.until_marker.is_none() && self.from.is_none() && self.to.is_none() {
             let at_peak = t.books.live_at_peak();
             let inp = report::sections::Inputs { at_peak: &at_peak, older_than_ns: self.older_than, depth: self.depth };
-            r.sections = Some(report::sections::build(t, sym, &inp));
+            let mut sections = report::sections::build(t, sym, &inp);
+            let wrappers = self.wrappers();
+            if !wrappers.is_empty() {
+                sections.name_past(&wrappers);
+            }
+            r.sections = Some(sections);
         }
         Ok(r)
     }

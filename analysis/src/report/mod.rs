@@ -480,7 +480,7 @@ pub fn build_view(
                 indirect_bytes,
                 lost,
                 stderr: sampled.then(|| stderr(g.var)),
-                at: own_code::headline(&frames),
+                at: own_code::headline(&frames, &[]),
                 frames,
             }
         })

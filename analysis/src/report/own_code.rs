@@ -84,9 +84,14 @@ const SYSTEM_MODULES: [&str; 13] = [
 ];
 
 /// Whether `f` is an allocation wrapper (by [`NAMES`], [`PREFIXES`],
-/// [`INSIDE`] or its source file).
-pub fn is_wrapper(f: &Frame) -> bool {
+/// [`INSIDE`] or its source file), or one of the program's own that
+/// `extra` names (`wrapper:` lines of a suppressions file, matched as a
+/// suppression's pattern).
+pub fn is_wrapper(f: &Frame, extra: &[String]) -> bool {
     if f.file.as_deref().is_some_and(runtime_file) {
+        return true;
+    }
+    if extra.iter().any(|p| super::suppress::matches_frame(p, f)) {
         return true;
     }
     let Some(name) = f.function.as_deref() else { return false };
@@ -95,8 +100,8 @@ pub fn is_wrapper(f: &Frame) -> bool {
 
 /// How many of `f`'s leading frames (innermost first) are wrappers; never
 /// all of them (a backtrace of nothing else keeps its frames).
-pub fn leading_wrappers(f: &[Frame]) -> usize {
-    let n = f.iter().take_while(|fr| is_wrapper(fr)).count();
+pub fn leading_wrappers(f: &[Frame], extra: &[String]) -> usize {
+    let n = f.iter().take_while(|fr| is_wrapper(fr, extra)).count();
     if n == f.len() {
         0
     } else {
@@ -111,11 +116,12 @@ fn system(f: &Frame) -> bool {
 }
 
 /// The frame of `f` a table that names one per backtrace names: the first
-/// in the program's own code (not a wrapper, not in a system module),
-/// else the first with a function name, else the first. 0 for no frames.
-pub fn headline(f: &[Frame]) -> usize {
+/// in the program's own code (not a wrapper, `extra`'s included, not in a
+/// system module), else the first with a function name, else the first.
+/// 0 for no frames.
+pub fn headline(f: &[Frame], extra: &[String]) -> usize {
     f.iter()
-        .position(|fr| !is_wrapper(fr) && !system(fr) && fr.function.is_some())
+        .position(|fr| !is_wrapper(fr, extra) && !system(fr) && fr.function.is_some())
         .or_else(|| f.iter().position(|fr| fr.function.is_some()))
         .unwrap_or(0)
 }
@@ -155,8 +161,8 @@ mod tests {
             frame("leaky::forget_one", Some("src/main.rs"), "prog"),
             frame("leaky::main", Some("src/main.rs"), "prog"),
         ];
-        assert_eq!(leading_wrappers(&f), 5);
-        assert_eq!(headline(&f), 5);
+        assert_eq!(leading_wrappers(&f, &[]), 5);
+        assert_eq!(headline(&f, &[]), 5);
     }
 
     /// libstdc++'s vector growth folds; a C program's frames do not.
@@ -167,10 +173,10 @@ mod tests {
             frame("std::vector<int, std::allocator<int> >::_M_realloc_insert<int const&>", None, "p"),
             frame("grow", Some("grow.cpp"), "p"),
         ];
-        assert_eq!(leading_wrappers(&f), 2);
+        assert_eq!(leading_wrappers(&f, &[]), 2);
         let c = [frame("leak_pvalloc", Some("families.c"), "families"), frame("main", Some("families.c"), "families")];
-        assert_eq!(leading_wrappers(&c), 0);
-        assert_eq!(headline(&c), 0);
+        assert_eq!(leading_wrappers(&c, &[]), 0);
+        assert_eq!(headline(&c, &[]), 0);
     }
 
     /// A program without line info: its own frame, not glibc's start
@@ -182,11 +188,25 @@ mod tests {
             frame("main", None, "redis-server"),
             frame("__libc_start_call_main", Some("../sysdeps/nptl/libc_start_call_main.h"), "libc.so.6"),
         ];
-        assert_eq!(headline(&f), 0);
+        assert_eq!(headline(&f, &[]), 0);
         let only = [frame("__rust_alloc", None, "p"), frame("__rdl_alloc", None, "p")];
-        assert_eq!(leading_wrappers(&only), 0);
+        assert_eq!(leading_wrappers(&only, &[]), 0);
         let mut sys = [frame("malloc", None, "libc.so.6"), frame("g_malloc", None, "libglib-2.0.so.0")];
         sys[0].function = None;
-        assert_eq!(headline(&sys), 1);
+        assert_eq!(headline(&sys, &[]), 1);
+    }
+
+    /// The program's own wrappers, named by `wrapper:` lines: redis's
+    /// `zmalloc` folds, and the table names its caller.
+    #[test]
+    fn the_users_wrappers_fold_too() {
+        let f = [
+            frame("ztrymalloc_usable_internal", Some("zmalloc.c"), "redis-server"),
+            frame("zmalloc", Some("zmalloc.c"), "redis-server"),
+            frame("createObject", Some("object.c"), "redis-server"),
+        ];
+        assert_eq!((leading_wrappers(&f, &[]), headline(&f, &[])), (0, 0));
+        let extra = ["zmalloc.c".to_owned()];
+        assert_eq!((leading_wrappers(&f, &extra), headline(&f, &extra)), (2, 2));
     }
 }

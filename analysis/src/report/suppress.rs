@@ -2,7 +2,10 @@
 //! (`#` starts a comment). An entry is suppressed when PATTERN matches the
 //! function, the file or the module of any of its frames; `*` matches any
 //! run of characters, `^` and `$` anchor the start and the end, otherwise
-//! the pattern may match anywhere.
+//! the pattern may match anywhere. The same file may name the program's
+//! own allocation wrappers, `wrapper:PATTERN` (its `xmalloc`, redis's
+//! `zmalloc`): frames they match are folded with the allocator's at the
+//! top of a backtrace and never name an entry (`own_code`).
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -22,14 +25,30 @@ pub struct Rule {
     pub bytes: i64,
 }
 
-/// Reads a suppressions file. Errors: it cannot be read, or a line is not
-/// `leak:PATTERN` (valgrind's format is named as such).
-pub fn read(path: &std::path::Path) -> Result<Vec<Rule>> {
+/// A suppressions file as read: its `leak:` rules and its `wrapper:`
+/// patterns.
+#[derive(Debug, Clone, Default)]
+pub struct Suppressions {
+    /// The `leak:` lines, in order.
+    pub rules: Vec<Rule>,
+    /// The `wrapper:` lines' patterns, in order.
+    pub wrappers: Vec<String>,
+}
+
+/// Reads a suppressions file. Errors: it cannot be read, or a line is
+/// neither `leak:PATTERN` nor `wrapper:PATTERN` (valgrind's format is
+/// named as such).
+pub fn read(path: &std::path::Path) -> Result<Suppressions> {
     let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
     let mut rules = Vec::new();
+    let mut wrappers = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.split('#').next().unwrap_or("").trim();
         if line.is_empty() {
+            continue;
+        }
+        if let Some(p) = line.strip_prefix("wrapper:") {
+            wrappers.push(p.trim().to_owned());
             continue;
         }
         let Some(p) = line.strip_prefix("leak:") else {
@@ -41,11 +60,20 @@ pub fn read(path: &std::path::Path) -> Result<Vec<Rule>> {
                     n + 1
                 );
             }
-            bail!("{}:{}: not a leak:PATTERN suppression: {line:?}", path.display(), n + 1);
+            bail!("{}:{}: not a leak:PATTERN suppression (nor wrapper:PATTERN): {line:?}", path.display(), n + 1);
         };
         rules.push(Rule { pattern: p.trim().to_owned(), entries: 0, blocks: 0, bytes: 0 });
     }
-    Ok(rules)
+    Ok(Suppressions { rules, wrappers })
+}
+
+/// Whether `pattern` matches frame `f`'s function, file or module, as a
+/// suppression's does.
+pub fn matches_frame(pattern: &str, f: &crate::symbolize::Frame) -> bool {
+    [f.function.as_deref(), f.file.as_deref(), Some(f.module.as_str())]
+        .into_iter()
+        .flatten()
+        .any(|t| matches(pattern, t))
 }
 
 /// Glob match with `*`, anchored only where the pattern says `^`/`$`.
@@ -79,14 +107,7 @@ pub fn matches(pattern: &str, text: &str) -> bool {
 /// counting them in `rules`.
 pub fn apply(r: &mut Report, rules: &mut [Rule]) {
     r.stacks.retain(|e| {
-        let hit = rules.iter_mut().find(|rule| {
-            e.frames.iter().any(|f| {
-                [f.function.as_deref(), f.file.as_deref(), Some(f.module.as_str())]
-                    .into_iter()
-                    .flatten()
-                    .any(|t| matches(&rule.pattern, t))
-            })
-        });
+        let hit = rules.iter_mut().find(|rule| e.frames.iter().any(|f| matches_frame(&rule.pattern, f)));
         let Some(rule) = hit else { return true };
         rule.entries += 1;
         rule.blocks += e.blocks;

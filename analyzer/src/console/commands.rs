@@ -239,7 +239,7 @@ impl<'a> Console<'a> {
                 writeln!(out, "No wrong frees.")?;
             }
             r.errors.truncate(n);
-            return Ok(mtrace_analysis::output::errors::write_text(&r.errors, style.num_callers, out)?);
+            return Ok(mtrace_analysis::output::errors::write_text(&r.errors, &style, out)?);
         }
         r.stacks.truncate(n);
         mtrace_analysis::output::text::write_entries_only(&r, &style, out)?;

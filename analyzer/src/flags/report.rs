@@ -118,7 +118,9 @@ struct Defs {
     #[arg(long)]
     sections: bool,
     /// Leave out entries matched by this file's `leak:PATTERN` lines
-    /// (LeakSanitizer's format; PATTERN against function, file or module).
+    /// (LeakSanitizer's format; PATTERN against function, file or module);
+    /// its `wrapper:PATTERN` lines name the program's own allocation
+    /// wrappers (an `xmalloc`), folded with the allocator's frames.
     #[arg(long, value_name = "FILE")]
     suppressions: Option<PathBuf>,
     /// memcheck's heuristics for interior pointers, with the leak scan: all,
