@@ -86,6 +86,10 @@ impl RecordingArgs {
     /// left no trace at all (only "no trace was written"). Nothing when
     /// `--ptrace` was given, or the program is not one
     /// ([`report::processes::static_executable`]).
+    /// So too for a program another C library's loader starts (musl's):
+    /// libmtrace.so is glibc's, and that loader refused it with a wall of
+    /// relocation errors and the program's exit status 127
+    /// ([`report::processes::foreign_loader`]).
     pub fn ptrace_if_static(&mut self, exec: &str) {
         if self.ptrace {
             return;
@@ -93,6 +97,13 @@ impl RecordingArgs {
         if let Some(path) = report::processes::static_executable(exec) {
             eprintln!(
                 "mtrace: {}: a static executable, which libmtrace.so cannot be preloaded into: traced with --ptrace",
+                path.display()
+            );
+            self.ptrace = true;
+        } else if let Some((path, loader)) = report::processes::foreign_loader(exec) {
+            eprintln!(
+                "mtrace: {}: started by {loader}, another C library's loader than the glibc libmtrace.so is built \
+                 for: traced with --ptrace",
                 path.display()
             );
             self.ptrace = true;

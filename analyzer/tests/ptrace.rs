@@ -173,6 +173,40 @@ fn a_static_program_is_traced_with_whole_backtraces_with(h: &str) {
     }
 }
 
+/// A program another C library's loader starts (musl's): one line, then
+/// traced from outside with its leak at its line, its output and its
+/// status its own. It used to print 18 lines of musl's relocation errors
+/// for libmtrace.so and exit 127 with no trace (issue 66, item 3).
+#[test]
+fn a_program_of_another_c_library_is_traced_with_ptrace() {
+    if !has("musl-gcc") {
+        return cannot_run("musl-gcc is not installed (musl-tools)");
+    }
+    let dir = scratch("ptrace-musl");
+    let prog = dir.join("other_libc");
+    let st = Command::new("musl-gcc")
+        .args(["-g", "-O0"])
+        .arg(ctests_dir().join("other_libc.c"))
+        .arg("-o")
+        .arg(&prog)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let m = markers("other_libc.c");
+    let (r, out) = run_json(&dir, &["--scan"], &prog, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
+    let note = format!(
+        "mtrace: {}: started by /lib/ld-musl-x86_64.so.1, another C library's loader than the glibc \
+         libmtrace.so is built for: traced with --ptrace",
+        prog.display()
+    );
+    assert_eq!(err.lines().collect::<Vec<_>>(), [note.as_str()], "{err}");
+    assert_eq!(r["kinds"]["definite"], serde_json::json!({"bytes": 3000, "blocks": 1}), "{}", r["kinds"]);
+    assert_eq!(leaks_in(&r, "other_libc.c"), [leak(3000, 1, "malloc", "main", m["lost"])]);
+}
+
 #[test]
 fn a_static_program_run_without_ptrace_is_traced_with_it() {
     // `mtrace run -- ./static` as a newcomer types it: no loader runs in

@@ -254,6 +254,20 @@ pub fn static_executable(exec: &str) -> Option<PathBuf> {
     ElfHead::read(&cache)?.is_static().then_some(path)
 }
 
+/// The loader of `exec` (its `PT_INTERP`) when it is another C library's
+/// than glibc's (musl's `/lib/ld-musl-x86_64.so.1`): libmtrace.so, built
+/// against glibc, cannot be loaded there (musl's loader stops at its
+/// glibc symbols, `_Unwind_Resume` among them). `None` for glibc's
+/// loader (`ld-linux*`), a static executable, a script, another
+/// architecture, or a file not found.
+pub fn foreign_loader(exec: &str) -> Option<(PathBuf, String)> {
+    let path = find(exec)?;
+    let cache = object::ReadCache::new(std::fs::File::open(&path).ok()?);
+    let interp = ElfHead::interp(&cache)?;
+    let name = interp.rsplit('/').next().unwrap_or(&interp);
+    (!name.starts_with("ld-linux")).then_some((path, interp))
+}
+
 /// What the ELF header and program headers of an executable of this
 /// machine say of how it starts. Read through object's `ReadCache`, which
 /// reads just the byte ranges parsed: the file may be a 250 MB browser
@@ -292,6 +306,20 @@ impl ElfHead {
             interp: phdrs.iter().any(|p| p.p_type(endian) == object::elf::PT_INTERP),
             entry: elf.e_entry(endian),
         })
+    }
+
+    /// The path in `PT_INTERP`, for an executable of this machine that
+    /// has one.
+    fn interp<'a, R: object::ReadRef<'a>>(data: R) -> Option<String> {
+        use object::read::elf::{FileHeader, ProgramHeader};
+        ElfHead::read(data)?;
+        let elf = object::elf::FileHeader64::<object::Endianness>::parse(data).ok()?;
+        let endian = elf.endian().ok()?;
+        let phdrs = elf.program_headers(endian, data).ok()?;
+        let p = phdrs.iter().find(|p| p.p_type(endian) == object::elf::PT_INTERP)?;
+        let bytes = p.data(endian, data).ok()?;
+        let text = bytes.split(|&b| b == 0).next()?;
+        Some(String::from_utf8_lossy(text).into_owned())
     }
 
     /// No loader runs in it. A shared library is `ET_DYN` without
