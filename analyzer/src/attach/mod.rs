@@ -121,6 +121,16 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     // From the start: a SIGTERM during the injection detaches right after it.
     catch_stop_signals();
     let lib = find_lib()?;
+    // Another C library's (musl's) loader cannot load libmtrace.so, which
+    // is glibc's: its dlopen failed on libgcc_s.so.1 (issue 66).
+    if let Some((_, loader)) = mtrace_analysis::report::processes::foreign_loader(&format!("/proc/{}/exe", a.pid)) {
+        bail!(
+            "process {} was started by {loader}, another C library's loader, which cannot load libmtrace.so \
+             (built for glibc); mtrace attach --ptrace {} traces it from outside",
+            a.pid,
+            a.pid
+        );
+    }
     let t = mtrace_ptrace::inspect::inspect(a.pid)?;
     let mut rec = a.rec.recording(a.opts.depth)?;
     let dir = tempfile::Builder::new().prefix("mtrace-attach.").tempdir()?;
