@@ -277,7 +277,7 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
         None => !reported.unwritten.is_empty(),
         Some(e) => {
             let why = mtrace_analysis::output::words::without_os_error_codes(&e.to_string());
-            eprintln!("mtrace: {}: {why}", crate::attach::report_not_written(&a.report_to));
+            eprintln!("mtrace: {}: {why}", a.report_to.not_written());
             true
         }
     };

@@ -295,15 +295,7 @@ fn refusals_name_their_cause_and_leave_the_process_alone() {
     // Another C library's (musl's): said, where its loader's dlopen failed
     // on libgcc_s.so.1 (issue 66).
     if has("musl-gcc") {
-        let musl = dir.join("target-musl");
-        let st = Command::new("musl-gcc")
-            .arg("-O0")
-            .arg(ctests_dir().join("attach_target.c"))
-            .arg("-o")
-            .arg(&musl)
-            .status()
-            .unwrap();
-        assert!(st.success());
+        let musl = build_with("musl-gcc", "attach_target.c", &dir.join("target-musl"), &["-O0"]);
         let mut t = AttachTarget::start(&musl);
         let pid = t.child.id().to_string();
         refused(&[&pid], &format!("process {pid} was started by /lib/ld-musl-x86_64.so.1, another C library's loader, which cannot load libmtrace.so (built for glibc); mtrace attach --ptrace {pid} traces it from outside"));

@@ -51,15 +51,7 @@ fn frames_in_a_powerpc_executable_symbolize() {
     };
     assert!(out.status.success());
     let dir = scratch("cross-ppc");
-    let exe = dir.join("families-ppc");
-    let st = Command::new("powerpc-linux-gnu-gcc")
-        .args(["-g", "-O0"])
-        .arg(ctests_dir().join("families.c"))
-        .arg("-o")
-        .arg(&exe)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    let exe = build_with("powerpc-linux-gnu-gcc", "families.c", &dir.join("families-ppc"), &["-g", "-O0"]);
     let data = std::fs::read(&exe).unwrap();
     let elf = object::File::parse(&*data).unwrap();
     assert!(!elf.is_little_endian() && !elf.is_64());

@@ -183,15 +183,7 @@ fn a_program_of_another_c_library_is_traced_with_ptrace() {
         return cannot_run("musl-gcc is not installed (musl-tools)");
     }
     let dir = scratch("ptrace-musl");
-    let prog = dir.join("other_libc");
-    let st = Command::new("musl-gcc")
-        .args(["-g", "-O0"])
-        .arg(ctests_dir().join("other_libc.c"))
-        .arg("-o")
-        .arg(&prog)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    let prog = build_with("musl-gcc", "other_libc.c", &dir.join("other_libc"), &["-g", "-O0"]);
     let m = markers("other_libc.c");
     let (r, out) = run_json(&dir, &["--scan"], &prog, &[]);
     let err = String::from_utf8_lossy(&out.stderr);

@@ -40,6 +40,7 @@ pub fn write_text(d: &Diff, limit: usize, w: &mut dyn Write) -> io::Result<()> {
     let shown = d.stacks.len().min(limit);
     let n = plural(d.stacks.len() as u64, "backtrace", "backtraces");
     writeln!(w, "\nChanged, largest change in bytes not freed first ({n}; {shown} shown):")?;
+    let style = super::Style { num_callers: NUM_CALLERS, ..Default::default() };
     for (i, c) in d.stacks.iter().take(limit).enumerate() {
         writeln!(
             w,
@@ -50,7 +51,7 @@ pub fn write_text(d: &Diff, limit: usize, w: &mut dyn Write) -> io::Result<()> {
             change(c.peak_bytes, "byte", "bytes"),
             change(c.calls, "allocation call", "allocation calls")
         )?;
-        frames(&c.frames, &super::Style { num_callers: NUM_CALLERS, ..Default::default() }, w)?;
+        frames(&c.frames, &style, w)?;
     }
     Ok(())
 }

@@ -235,19 +235,16 @@ impl ReportOpts {
     /// intervals and timeline asked for. Fails only when the suppressions
     /// file cannot be read.
     pub fn build(&self, t: &Trace, sym: &mut Symbolizer, view: View) -> anyhow::Result<Report> {
-        let view = View { heuristics: self.leak_check_heuristics, ..view };
+        let (rules, wrappers) = match &self.suppressions {
+            Some(f) => report::suppress::read(f).map(|s| (Some(s.rules), s.wrappers))?,
+            None => (None, Vec::new()),
+        };
+        let wrappers = &wrappers[..];
+        let view = View { heuristics: self.leak_check_heuristics, wrappers, ..view };
         let mut r = build(t, sym, self.sort, self.depth, self.show_reachable, view);
-        if let Some(f) = &self.suppressions {
-            let read = report::suppress::read(f)?;
-            let mut rules = read.rules;
+        if let Some(mut rules) = rules {
             report::suppress::apply(&mut r, &mut rules);
             r.suppressed = Some(rules);
-            if !read.wrappers.is_empty() {
-                // The entries are named past the program's own wrappers too.
-                for e in &mut r.stacks {
-                    e.at = report::own_code::headline(&e.frames, &read.wrappers);
-                }
-            }
         }
         r.summary.since_marker = self.since_marker.clone();
         r.summary.until_marker = self.until_marker.clone();
@@ -261,13 +258,13 @@ impl ReportOpts {
         // Whole-run sections, not for a window (and so not in .memlog reports).
         if self.since_marker.is_none() && self.until_marker.is_none() && self.from.is_none() && self.to.is_none() {
             let at_peak = t.books.live_at_peak();
-            let inp = report::sections::Inputs { at_peak: &at_peak, older_than_ns: self.older_than, depth: self.depth };
-            let mut sections = report::sections::build(t, sym, &inp);
-            let wrappers = self.wrappers();
-            if !wrappers.is_empty() {
-                sections.name_past(&wrappers);
-            }
-            r.sections = Some(sections);
+            let inp = report::sections::Inputs {
+                at_peak: &at_peak,
+                older_than_ns: self.older_than,
+                depth: self.depth,
+                wrappers,
+            };
+            r.sections = Some(report::sections::build(t, sym, &inp));
         }
         Ok(r)
     }

@@ -43,6 +43,10 @@ pub struct View<'a> {
     pub lost_before: Option<&'a rustc_hash::FxHashSet<(u64, u64)>>,
     /// memcheck's heuristics the classification uses (all by default).
     pub heuristics: crate::scan::Heuristics,
+    /// The program's own allocation wrappers (`wrapper:` lines of the
+    /// suppressions file): each entry is named past them too
+    /// ([`own_code::headline`]).
+    pub wrappers: &'a [String],
 }
 
 /// The report's totals (`summary` in JSON).
@@ -480,7 +484,7 @@ pub fn build_view(
                 indirect_bytes,
                 lost,
                 stderr: sampled.then(|| stderr(g.var)),
-                at: own_code::headline(&frames, &[]),
+                at: own_code::headline(&frames, view.wrappers),
                 frames,
             }
         })

@@ -57,17 +57,6 @@ pub struct Sections {
     pub older_than: Option<Vec<Entry>>,
 }
 
-impl Sections {
-    /// Names each entry past the program's own allocation wrappers
-    /// `extra` too (`own_code::headline`).
-    pub fn name_past(&mut self, extra: &[String]) {
-        let older = self.older_than.iter_mut().flatten();
-        for e in self.most_calls.iter_mut().chain(&mut self.temporary).chain(&mut self.peak_consumers).chain(older) {
-            e.at = super::own_code::headline(&e.frames, extra);
-        }
-    }
-}
-
 /// What `build` needs besides the trace.
 pub struct Inputs<'a> {
     /// Live blocks per backtrace at the peak ([`crate::books::Books::live_at_peak`]).
@@ -76,6 +65,9 @@ pub struct Inputs<'a> {
     pub older_than_ns: Option<u64>,
     /// Recorded frames per backtrace (`-d`).
     pub depth: Option<usize>,
+    /// The program's own allocation wrappers, which no entry is named by
+    /// (`own_code::headline`).
+    pub wrappers: &'a [String],
 }
 
 /// The `TOP` rows of (backtrace, count, bytes), largest `count` first, or
@@ -93,7 +85,7 @@ pub fn build(t: &Trace, sym: &mut Symbolizer, inp: &Inputs) -> Sections {
         rows.into_iter()
             .map(|(s, count, bytes)| {
                 let frames = super::stack_frames(t, sym, s, inp.depth);
-                Entry { count, bytes, at: super::own_code::headline(&frames, &[]), frames }
+                Entry { count, bytes, at: super::own_code::headline(&frames, inp.wrappers), frames }
             })
             .collect()
     };

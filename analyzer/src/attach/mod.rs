@@ -190,7 +190,7 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
 fn report_window(a: &AttachArgs, trace: &std::path::Path, dir: tempfile::TempDir) -> Result<ExitCode> {
     let mut out = mtrace_analysis::output::open(a.report_to.output.as_deref())?;
     let r = a.opts.report(trace, Some(&mut *out))?;
-    out.flush().with_context(|| report_not_written(&a.report_to))?;
+    out.flush().with_context(|| a.report_to.not_written())?;
     if let Some(e) = r.report.as_ref().and_then(|r| r.summary.error.as_ref()) {
         eprintln!("mtrace: {e}");
     }
@@ -202,15 +202,6 @@ fn report_window(a: &AttachArgs, trace: &std::path::Path, dir: tempfile::TempDir
     }
     eprintln!("mtrace: the window's trace is kept: {} (mtrace report TRACE --html FILE, ...)", trace.display());
     Ok(ExitCode::from(2))
-}
-
-/// The words for a report that could not be written to `-o`'s file (or
-/// the terminal).
-pub(crate) fn report_not_written(to: &crate::flags::ReportFile) -> String {
-    match &to.output {
-        Some(p) => format!("{}: the report could not be written", p.display()),
-        None => "the report could not be written".to_owned(),
-    }
 }
 
 /// While attached: the console (`-i`), then the wait for the end of the

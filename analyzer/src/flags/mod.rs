@@ -34,6 +34,16 @@ pub struct ReportFile {
     pub output: Option<PathBuf>,
 }
 
+impl ReportFile {
+    /// The words for a report that could not be written there.
+    pub fn not_written(&self) -> String {
+        match &self.output {
+            Some(p) => format!("{}: the report could not be written", p.display()),
+            None => "the report could not be written".to_owned(),
+        }
+    }
+}
+
 /// `--sysroot` and `--binpath`: where the traced machine's binaries are
 /// found, for their symbols.
 #[derive(Args, Clone, Debug, Default)]

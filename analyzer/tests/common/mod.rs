@@ -69,6 +69,20 @@ pub fn build(src: &str, out: &Path, flags: &[&str]) -> PathBuf {
     out.to_owned()
 }
 
+/// Compiles `ctests/<src>` with `compiler` (a cross compiler, musl-gcc)
+/// and `flags` into `out`, which it returns.
+pub fn build_with(compiler: &str, src: &str, out: &Path, flags: &[&str]) -> PathBuf {
+    let status = Command::new(compiler)
+        .args(flags)
+        .arg(ctests_dir().join(src))
+        .arg("-o")
+        .arg(out)
+        .status()
+        .unwrap_or_else(|e| panic!("{compiler}: {e}"));
+    assert!(status.success(), "compiling {src} with {compiler} failed");
+    out.to_owned()
+}
+
 /// Compiles `ctests/<src>` into the shared library `out` (-g -O0).
 pub fn build_lib(src: &str, out: &Path) -> PathBuf {
     let status = Command::new("cc")
