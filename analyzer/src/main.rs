@@ -103,6 +103,21 @@ fn glibc_compat(args: &[String]) -> Option<ExitCode> {
     })
 }
 
+/// For clap's error `e` on the command line `args`: the unknown option
+/// (as clap names it, without its `=value`) and what mtrace calls it, when
+/// it is one of valgrind's or heaptrack's ([`mistakes::valgrind_option`]).
+fn valgrind_hint(e: &clap::Error, args: &[String]) -> Option<(String, &'static str)> {
+    if e.kind() != clap::error::ErrorKind::UnknownArgument {
+        return None;
+    }
+    let Some(clap::error::ContextValue::String(arg)) = e.get(clap::error::ContextKind::InvalidArg) else {
+        return None;
+    };
+    let eq = format!("{arg}=");
+    let typed = args.iter().find(|a| *a == arg || a.starts_with(&eq)).unwrap_or(arg);
+    Some((arg.clone(), mistakes::valgrind_option(typed)?))
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if let Some(code) = glibc_compat(&args) {
@@ -111,16 +126,18 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
-            let _ = e.print();
-            // valgrind's and heaptrack's spellings: say what mtrace calls them.
-            if e.kind() == clap::error::ErrorKind::UnknownArgument {
-                if let Some(clap::error::ContextValue::String(arg)) = e.get(clap::error::ContextKind::InvalidArg) {
-                    // clap names the option without its `=value`.
-                    let eq = format!("{arg}=");
-                    let typed = args.iter().find(|a| *a == arg || a.starts_with(&eq)).unwrap_or(arg);
-                    if let Some(hint) = mistakes::valgrind_option(typed) {
-                        eprintln!("mtrace: {arg}: {hint}");
-                    }
+            // valgrind's and heaptrack's spellings: what mtrace calls them,
+            // in place of clap's tips (it offered --leak-check-heuristics
+            // for --leak-check=full).
+            match valgrind_hint(&e, &args) {
+                Some((arg, hint)) => {
+                    // (Not clap's usage line either: it is built from the
+                    // option clap guessed.)
+                    eprintln!("error: unexpected argument '{arg}' found\n\nmtrace: {arg}: {hint}\n");
+                    eprintln!("For more information, try '--help'.");
+                }
+                None => {
+                    let _ = e.print();
                 }
             }
             return ExitCode::from(e.exit_code() as u8);

@@ -98,6 +98,14 @@ fn trace_with_ptrace(a: &RunArgs, r: Recording) -> Result<(u32, Option<std::proc
     Ok((pid as u32, Some(std::process::ExitStatus::from_raw(raw))))
 }
 
+/// How `run` reports its processes: the program's trace said to be
+/// removed at the end where it is (the temporary folder).
+fn reporting(a: &RunArgs) -> Reporting {
+    let temporary = !a.keep_traces && a.trace_dir.trace_dir.is_none();
+    let trace_note = temporary.then(|| "removed at the end; --keep-traces keeps it".to_owned());
+    Reporting { trace_note, children: a.children, ..Reporting::default() }
+}
+
 /// `mtrace run -i`: the program under a server of our own on a private
 /// socket, this process its client with the console.
 fn run_interactive(a: RunArgs) -> Result<ExitCode> {
@@ -226,11 +234,7 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
             (pid, Some(status)) => (pid, status),
             (pid, None) => {
                 eprintln!("mtrace: detached from process {pid}: it runs on, untraced");
-                let how = Reporting {
-                    kept: a.keep_traces || a.trace_dir.trace_dir.is_some(),
-                    children: a.children,
-                    main_trace: None,
-                };
+                let how = Reporting { kept: a.keep_traces || a.trace_dir.trace_dir.is_some(), ..reporting(&a) };
                 let _ = mtrace_analysis::pipeline::report_processes(&dir, pid, &a.opts, how, &mut out)?;
                 out.flush()?;
                 return Ok(ExitCode::SUCCESS);
@@ -261,7 +265,7 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
         }
     }
     let show_paths = a.keep_traces || a.trace_dir.trace_dir.is_some();
-    let how = Reporting { kept: show_paths, children: a.children, main_trace: None };
+    let how = Reporting { kept: show_paths, ..reporting(&a) };
     let reported = mtrace_analysis::pipeline::report_processes(&dir, pid, &a.opts, how, &mut out)?;
     let r = reported.report;
     // From the kind totals (after suppressions): the entry list leaves out
@@ -282,8 +286,10 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
         }
     };
     if (a.keep_traces || unwritten) && a.trace_dir.trace_dir.is_none() {
-        // For the user at the terminal, not into the -o report.
-        eprintln!("mtrace: traces kept in {}", dir.display());
+        // For the user at the terminal, not into the -o report (which said
+        // the traces would be removed, unless --keep-traces).
+        let after_all = if a.keep_traces { "" } else { " after all" };
+        eprintln!("mtrace: traces kept in {}{after_all}", dir.display());
         if let Some(t) = temp {
             let _ = t.keep();
         }

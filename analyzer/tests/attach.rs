@@ -282,13 +282,19 @@ fn refusals_name_their_cause_and_leave_the_process_alone() {
         .arg("-o")
         .arg(&stat)
         .status();
-    if ok.is_ok_and(|s| s.success()) {
-        let mut t = AttachTarget::start(&stat);
+    // Refused with what `why` says (given the pid), and it goes on.
+    let refused_and_untouched = |prog: &std::path::Path, why: &dyn Fn(&str) -> String| {
+        let mut t = AttachTarget::start(prog);
         let pid = t.child.id().to_string();
-        refused(&[&pid], &format!("statically linked (no libc.so mapped), so libmtrace.so cannot be loaded into it; mtrace attach --ptrace {pid} traces it from outside"));
+        refused(&[&pid], &why(&pid));
         assert_eq!(t.ask("leak 1"), "ok leak 1\n");
         t.ask("quit");
         t.child.wait().unwrap();
+    };
+    if ok.is_ok_and(|s| s.success()) {
+        refused_and_untouched(&stat, &|pid| {
+            format!("statically linked (no libc.so mapped), so libmtrace.so cannot be loaded into it; mtrace attach --ptrace {pid} traces it from outside")
+        });
     } else {
         cannot_run("the static case: cc -static failed (no static libc)");
     }
@@ -296,12 +302,9 @@ fn refusals_name_their_cause_and_leave_the_process_alone() {
     // on libgcc_s.so.1 (issue 66).
     if has("musl-gcc") {
         let musl = build_with("musl-gcc", "attach_target.c", &dir.join("target-musl"), &["-O0"]);
-        let mut t = AttachTarget::start(&musl);
-        let pid = t.child.id().to_string();
-        refused(&[&pid], &format!("process {pid} was started by /lib/ld-musl-x86_64.so.1, another C library's loader, which cannot load libmtrace.so (built for glibc); mtrace attach --ptrace {pid} traces it from outside"));
-        assert_eq!(t.ask("leak 1"), "ok leak 1\n");
-        t.ask("quit");
-        t.child.wait().unwrap();
+        refused_and_untouched(&musl, &|pid| {
+            format!("process {pid} was started by /lib/ld-musl-x86_64.so.1, another C library's loader, which cannot load libmtrace.so (built for glibc); mtrace attach --ptrace {pid} traces it from outside")
+        });
     } else {
         cannot_run("musl-gcc is not installed (musl-tools)");
     }

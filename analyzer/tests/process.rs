@@ -320,10 +320,14 @@ fn exit_steps(out: &[u8]) -> (u32, u32) {
 fn threads_make_no_progress_while_the_exit_is_traced() {
     let dir = scratch("process-exit-busy");
     let prog = build("exit_busy.c", &dir.join("exit_busy"), &["-g", "-O0", "-pthread"]);
-    // Natively the process ends within the step its thread was in.
+    // Natively the process ends within the step its thread was in, or
+    // a step or two later on a loaded machine (under CI: "exit at step 0",
+    // then "step 2"): SLACK steps. Before the end of exit held the
+    // threads, a traced run made all 50.
+    const SLACK: u32 = 3;
     let native = Command::new(&prog).output().unwrap();
     let (at, last) = exit_steps(&native.stdout);
-    assert!(last <= at + 1, "natively: {}", String::from_utf8_lossy(&native.stdout));
+    assert!(last <= at + SLACK, "natively: {}", String::from_utf8_lossy(&native.stdout));
     for (extra, runs) in [(&["--scan"][..], 5), (&["--no-scan"][..], 3)] {
         for _ in 0..runs {
             let out = Command::new(mtrace())
@@ -338,7 +342,7 @@ fn threads_make_no_progress_while_the_exit_is_traced() {
             // The thread held from the end of exit on: before, it made all
             // its 50 steps while mtrace scanned and wrote the trace's end.
             let (at, last) = exit_steps(&out.stdout);
-            assert!(last <= at + 1, "{extra:?}: exit at step {at}, then step {last}");
+            assert!(last <= at + SLACK, "{extra:?}: exit at step {at}, then step {last}");
             let report = String::from_utf8_lossy(&out.stderr);
             assert!(report.contains("ended by:         exit, status 0"), "{report}");
         }

@@ -24,6 +24,7 @@ const NOT_RUN: &[(&str, &str)] = &[
     ("install -D", "installs a release build into the user's home (the tests run the debug build)"),
     ("$(pidof myserver)", "needs the reader's server; attach's own tests (attach.rs) run it on ctests"),
     ("target$ mtrace server", "two machines; relay.rs runs server and client on one"),
+    ("docker run -v", "the user's image and installed files; docker.rs runs the same mounts with the test's build"),
 ];
 
 /// README's length at most, lines (issue 64: what it is, the two

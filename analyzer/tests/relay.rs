@@ -417,6 +417,21 @@ fn refusals_are_one_line_and_the_server_keeps_running() {
 }
 
 #[test]
+fn run_interactive_reports_where_run_does() {
+    // Its final report on standard error, as run's (issue 65, item 6: it
+    // went to stdout, with the console), naming no option run refuses.
+    let dir = scratch("run-i-stderr");
+    let prog = build("families.c", &dir.join("families"), &["-g", "-O0"]);
+    let out = Command::new(mtrace()).args(["run", "-i", "--"]).arg(&prog).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let (text, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!text.contains("mtrace report for"), "{text}");
+    assert!(err.starts_with("mtrace report for "), "{err}");
+    assert!(err.contains("\n  trace:            received, not kept\n"), "{err}");
+    assert!(!err.contains("--save"), "{err}");
+}
+
+#[test]
 fn run_interactive_console() {
     let dir = scratch("run-i");
     // python3 has one thread: no writer thread of mtrace's, so it answers
@@ -484,6 +499,8 @@ fn the_console_in_a_pseudo_terminal() {
     p.send_line("help").unwrap();
     // (rexpect reads bytes as Latin-1: only ASCII is compared.)
     p.exp_string("PAGED:  quit").unwrap();
+    // Which help says.
+    p.exp_string("PAGED:An answer longer than the terminal goes through $PAGER").unwrap();
     p.exp_string("mtrace> ").unwrap();
     p.send_line("nonsense").unwrap();
     p.exp_string("unknown command \"nonsense\"").unwrap();

@@ -15,6 +15,8 @@ const MAX_FRAMES: u64 = 4096;
 const MAX_LIST: u64 = 1 << 20;
 /// Most backtraces a checkpoint's end may list.
 const MAX_STACK_SUMS: u64 = 1 << 26;
+/// Longest architecture name of a header (`x86_64`, `powerpc64le`, …).
+const MAX_ARCH: usize = 32;
 /// Largest compressed block, either size: [`crate::MAX_BLOCK_RAW`] (zstd's
 /// compressed bound of that is a little more; an incompressible block is
 /// stored as it is, not in a block).
@@ -317,13 +319,25 @@ impl<R: Read> Reader<R> {
             return Err(ReadErrorKind::BadMagic);
         }
         let version = self.varint()?;
-        if version > VERSION || version == 0 {
+        // The version, pointer size and byte order stand first in every
+        // version: bytes after the magic that are no header (a corrupt
+        // file) are called so, not a newer format (issue 65, item 6).
+        let pointer_size = self.u8()?;
+        let big_endian = self.u8()?;
+        if version == 0 || !matches!(pointer_size, 4 | 8) || big_endian > 1 {
+            return Err(ReadErrorKind::Corrupt(format!(
+                "header of format version {version}, pointer size {pointer_size}, byte order {big_endian}"
+            )));
+        }
+        if version > VERSION {
             return Err(ReadErrorKind::UnsupportedVersion(version));
         }
-        let pointer_size = self.u8()?;
         self.word = crate::record::word_size(pointer_size);
-        let big_endian = self.u8()? != 0;
+        let big_endian = big_endian != 0;
         let arch = self.string()?;
+        if arch.len() > MAX_ARCH || !arch.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(ReadErrorKind::Corrupt(format!("header's architecture {arch:?}")));
+        }
         let pid = self.u32("pid")?;
         let ppid = self.u32("ppid")?;
         let exe = self.string()?;

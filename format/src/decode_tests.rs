@@ -204,6 +204,30 @@ fn bad_magic_and_empty() {
 }
 
 #[test]
+fn a_newer_version_is_told_from_bytes_that_are_no_header() {
+    let header = |rest: &[u8]| {
+        let mut b = MAGIC.to_vec();
+        b.extend(rest);
+        Reader::new(&b[..]).header().unwrap_err().to_string()
+    };
+    // A newer mtrace's header: its version said.
+    assert_eq!(
+        header(&[VERSION as u8 + 1, 8, 0, 6]),
+        format!("trace format version {} is newer than this mtrace understands ({VERSION})", VERSION + 1)
+    );
+    // The magic, then bytes no producer writes: corrupt (issue 65, item 6:
+    // random bytes were "version 584159" or "truncated").
+    assert_eq!(
+        header(&[0xdf, 0xd3, 0x23, 0x91, 0x7f]),
+        "corrupt record at byte 0: header of format version 584159, pointer size 145, byte order 127"
+    );
+    assert!(header(&[VERSION as u8, 8, 2]).contains("byte order 2"));
+    let mut long_arch = vec![VERSION as u8, 8, 0, 100];
+    long_arch.extend([b'x'; 100]);
+    assert!(header(&long_arch).starts_with("corrupt record at byte 0: header's architecture"));
+}
+
+#[test]
 fn unknown_tag_is_corrupt_with_offset() {
     let (mut bytes, _) = sample();
     let mut r = Reader::new(&bytes[..]);

@@ -132,7 +132,7 @@ pub fn parse_bytes(v: &str) -> Option<u64> {
 pub fn next_point(u: u64, rate: u64) -> u64 {
     // 53 bits of U, never 0: ln stays finite.
     let unit = ((u >> 11) + 1) as f64 / (1u64 << 53) as f64;
-    let x = -unit.ln() * rate as f64;
+    let x = -libm::log(unit) * rate as f64;
     (x as u64).max(1)
 }
 

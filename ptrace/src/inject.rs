@@ -203,6 +203,13 @@ impl Tracee {
     /// thread, after writing `data` below its stack; `data`'s address in
     /// the process is given to `args` (`args(data_addr)`). Returns `rax`.
     pub fn call(&mut self, func: u64, data: &[u8], args: impl FnOnce(u64) -> Vec<u64>) -> Result<u64> {
+        Ok(self.call_out(func, data, args)?.0)
+    }
+
+    /// [`Tracee::call`], and `data`'s bytes after the call (what the
+    /// function wrote there: a `socketpair`'s two descriptors). The
+    /// function's own stack frames lie below `data`.
+    pub fn call_out(&mut self, func: u64, data: &[u8], args: impl FnOnce(u64) -> Vec<u64>) -> Result<(u64, Vec<u8>)> {
         let (tid, saved, _) = self.victim.as_ref().ok_or_else(|| anyhow!("no thread chosen"))?;
         let (tid, mut regs) = (*tid, *saved);
         // Below the red zone (128 bytes, System V x86-64 ABI 3.2.2).
@@ -231,7 +238,7 @@ impl Tracee {
                     if r.rip != 0 {
                         bail!("the call at {func:#x} crashed at {:#x} in process {}", r.rip, self.pid);
                     }
-                    return Ok(r.rax);
+                    return Ok((r.rax, read_mem(tid, data_at, data.len())?));
                 }
                 // Another signal meanwhile: delivered as it would have been.
                 WaitStatus::Stopped(_, sig) => ptrace::cont(p, Some(sig))?,
@@ -417,6 +424,14 @@ fn write_mem(tid: i32, addr: u64, data: &[u8]) -> Result<()> {
     use std::os::unix::fs::FileExt;
     let f = std::fs::OpenOptions::new().write(true).open(format!("/proc/{tid}/mem"))?;
     f.write_all_at(data, addr).map_err(|e| anyhow!("writing the memory of thread {tid}: {e}"))
+}
+
+fn read_mem(tid: i32, addr: u64, len: usize) -> Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(format!("/proc/{tid}/mem"))?;
+    let mut out = vec![0u8; len];
+    f.read_exact_at(&mut out, addr).map_err(|e| anyhow!("reading the memory of thread {tid}: {e}"))?;
+    Ok(out)
 }
 
 fn get_xstate(tid: i32) -> Result<Vec<u8>> {

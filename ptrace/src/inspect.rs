@@ -2,8 +2,6 @@
 //! its mappings, where its libc's `dlopen`, `dlsym` and `dlerror` are, and
 //! whether it can be attached to at all.
 
-use std::path::PathBuf;
-
 use anyhow::{anyhow, bail, Result};
 use mtrace_format::maps::Mapping;
 use object::{Object, ObjectSymbol};
@@ -30,6 +28,18 @@ pub struct Libc {
     pub dlsym: u64,
     /// `dlerror`'s.
     pub dlerror: u64,
+    /// `memfd_create`'s, `socketpair`'s and `close`'s: what reaches a
+    /// process in another mount namespace (glibc has had them since
+    /// 2.27, older than the `dlopen` in libc this needs); 0 if absent.
+    pub memfd_create: u64,
+    /// See `memfd_create`.
+    pub socketpair: u64,
+    /// See `memfd_create`.
+    pub close: u64,
+    /// `dlclose`'s (0 if absent).
+    pub dlclose: u64,
+    /// `dladdr`'s (0 if absent).
+    pub dladdr: u64,
 }
 
 /// What `mtrace attach` found in the process.
@@ -38,6 +48,28 @@ pub struct Target {
     pub libc: Libc,
     /// Text of libc and the loader: a thread stopped there may hold a lock.
     pub busy: Vec<(u64, u64)>,
+    /// The symbol versions its libc defines (`GLIBC_2.2.5` … `GLIBC_2.36`).
+    pub libc_versions: Vec<String>,
+}
+
+/// Refuses, in one line, a process whose memory this process may not read
+/// with `process_vm_readv` though ptrace may be allowed: a seccomp profile
+/// that forbids the call (Docker's default, in a container without
+/// CAP_SYS_PTRACE: its `--ptrace` attach read no code and saw nothing).
+/// Other failures (the process ended) are left to the attach.
+pub fn check_readable(pid: i32) -> Result<()> {
+    let maps = maps(pid)?;
+    let Some(m) = maps.iter().find(|m| m.read) else { return Ok(()) };
+    let mut word = [0u8; 8];
+    let local = [std::io::IoSliceMut::new(&mut word)];
+    let remote = [nix::sys::uio::RemoteIoVec { base: m.start as usize, len: 8 }];
+    match nix::sys::uio::process_vm_readv(nix::unistd::Pid::from_raw(pid), &mut { local }, &remote) {
+        Err(nix::errno::Errno::EPERM) | Err(nix::errno::Errno::ENOSYS) => bail!(
+            "not permitted to read the memory of process {pid} (process_vm_readv refused: a seccomp profile, \
+             such as Docker's default without --cap-add SYS_PTRACE)"
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// Why process `pid` cannot be attached to: it runs with libmtrace.so
@@ -77,8 +109,12 @@ pub fn inspect(pid: i32) -> Result<Target> {
         );
     };
     let libc_path = base.path.clone();
-    let file = PathBuf::from(format!("/proc/{pid}/root{libc_path}"));
-    let data = std::fs::read(&file).or_else(|_| std::fs::read(&libc_path)).map_err(|e| anyhow!("{libc_path}: {e}"))?;
+    // The very file mapped: a container's is not at its path here.
+    let places = base.openable(pid as u32);
+    let data = places
+        .iter()
+        .find_map(|p| std::fs::read(p).ok())
+        .ok_or_else(|| anyhow!("process {pid}: cannot read its libc ({libc_path})"))?;
     let elf = object::File::parse(&*data).map_err(|e| anyhow!("{libc_path}: {e}"))?;
     // The bias: where the file's first PT_LOAD (address 0 in libc) landed.
     let first_load = elf.segments().map(|s| object::ObjectSegment::address(&s)).min().unwrap_or(0) & !0xfff;
@@ -97,5 +133,12 @@ pub fn inspect(pid: i32) -> Result<Target> {
         .filter(|m| m.exec && (is_libc(m) || file_name(&m.path).starts_with("ld-linux")))
         .map(|m| (m.start, m.end))
         .collect();
-    Ok(Target { libc: Libc { dlopen, dlsym, dlerror }, busy })
+    let [memfd_create, socketpair, close, dlclose, dladdr] =
+        ["memfd_create", "socketpair", "close", "dlclose", "dladdr"].map(|n| find(n).unwrap_or(0));
+    let libc_versions = crate::library_file::versions(&data).map(|v| v.defined).unwrap_or_default();
+    Ok(Target {
+        libc: Libc { dlopen, dlsym, dlerror, memfd_create, socketpair, close, dlclose, dladdr },
+        busy,
+        libc_versions,
+    })
 }

@@ -31,6 +31,7 @@ mod funcs;
 pub mod inject;
 pub mod inspect;
 pub mod library_call;
+pub mod library_file;
 mod live;
 mod modules;
 mod perf;

@@ -25,6 +25,14 @@ fn file_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
+/// The name a module was loaded under: its file name, or the name of the
+/// memory file `mtrace attach` loaded it from into a container
+/// (`/memfd:libmtrace.so (deleted)` in the maps).
+fn loaded_name(path: &str) -> &str {
+    let name = file_name(path);
+    name.strip_prefix("memfd:").map_or(name, |n| n.strip_suffix(" (deleted)").unwrap_or(n))
+}
+
 /// libmtrace.so as loaded in one process: the text of libc, the loader
 /// and the library, where a stopped thread may hold a lock the library's
 /// functions take.
@@ -43,11 +51,16 @@ impl InProcess {
         let lib_name = lib.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let mapped = maps
             .iter()
-            .find(|m| m.offset == 0 && file_name(&m.path) == lib_name)
+            .find(|m| m.offset == 0 && loaded_name(&m.path) == lib_name)
             .ok_or_else(|| anyhow!("process {pid} has no {lib_name} loaded"))?;
-        // Read as the process sees it (another mount namespace), else here.
-        let inside = format!("/proc/{pid}/root{}", mapped.path);
-        let data = std::fs::read(&inside).or_else(|_| std::fs::read(&mapped.path)).context(mapped.path.clone())?;
+        // The very file mapped (another mount namespace's, a memory
+        // file), else ours.
+        let data = mapped
+            .openable(pid as u32)
+            .iter()
+            .find_map(|p| std::fs::read(p).ok())
+            .map_or_else(|| std::fs::read(lib), Ok)
+            .context(mapped.path.clone())?;
         let elf = object::File::parse(&*data).with_context(|| mapped.path.clone())?;
         let bias = mapped.start - (elf.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff);
         let addrs = names
@@ -61,7 +74,7 @@ impl InProcess {
             .iter()
             .filter(|m: &&Mapping| {
                 let n = file_name(&m.path);
-                m.exec && (n.starts_with("libc.so") || n.starts_with("ld-linux") || n == lib_name)
+                m.exec && (n.starts_with("libc.so") || n.starts_with("ld-linux") || loaded_name(&m.path) == lib_name)
             })
             .map(|m| (m.start, m.end))
             .collect();
@@ -124,4 +137,14 @@ pub fn tracer_of(pid: i32) -> Option<i32> {
 /// allocation calls, or when its reader makes it ([`call`]).
 pub fn single_threaded(pid: i32) -> bool {
     std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|d| d.count() == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_library_loaded_from_memory_goes_by_its_name() {
+        assert_eq!(super::loaded_name("/memfd:libmtrace.so (deleted)"), "libmtrace.so");
+        assert_eq!(super::loaded_name("/work/target/release/libmtrace.so"), "libmtrace.so");
+        assert_eq!(super::loaded_name("/tmp/x (deleted)"), "x (deleted)");
+    }
 }

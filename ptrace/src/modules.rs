@@ -50,10 +50,34 @@ pub struct Loaded {
     pub api_slots: Vec<(u64, funcs::Api)>,
 }
 
-/// A line of /proc/PID/maps for a file: (start, end, file offset, path).
-pub fn file_mappings(pid: Pid) -> Result<Vec<(u64, u64, u64, String)>> {
+/// A mapping of a file in the target.
+#[derive(Clone)]
+pub struct FileMapping {
+    /// [start, end) in the target.
+    pub start: u64,
+    pub end: u64,
+    /// Its offset in the file, bytes.
+    pub offset: u64,
+    /// Where this process opens the file: the path itself, or for a file
+    /// of another mount namespace (a container's) the kernel's link to it
+    /// ([`Mapping::openable`]).
+    pub open: String,
+    /// The path in /proc/PID/maps.
+    pub path: String,
+}
+
+/// The mappings of files in `pid`, from /proc/PID/maps.
+pub fn file_mappings(pid: Pid) -> Result<Vec<FileMapping>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).with_context(|| format!("/proc/{pid}/maps"))?;
-    Ok(Mapping::all(&text).filter(Mapping::is_file).map(|m| (m.start, m.end, m.offset, m.path)).collect())
+    let open = |m: &Mapping| {
+        let places = m.openable(pid.as_raw() as u32);
+        let first = places.iter().position(|p| *p == m.path || std::fs::File::open(p).is_ok()).unwrap_or(0);
+        places.into_iter().nth(first).unwrap_or_default()
+    };
+    Ok(Mapping::all(&text)
+        .filter(Mapping::is_file)
+        .map(|m| FileMapping { start: m.start, end: m.end, offset: m.offset, open: open(&m), path: m.path })
+        .collect())
 }
 
 /// [start, end) of the kernel's mapping `name` (as `[uprobes]`) in `pid`.
@@ -63,52 +87,48 @@ pub fn special_mapping(pid: Pid, name: &str) -> Option<(u64, u64)> {
     found
 }
 
-/// Each file mapped in `pid`: (path, lowest start, highest end, file
-/// offset of the lowest mapping).
-fn files(pid: Pid) -> Result<Vec<(String, u64, u64, u64)>> {
-    let mut paths: Vec<(String, u64, u64, u64)> = Vec::new();
-    for (a, b, off, path) in file_mappings(pid)? {
-        match paths.iter_mut().find(|p| p.0 == path) {
-            Some(p) => {
-                if a < p.1 {
-                    (p.1, p.3) = (a, off);
+/// Each file among `mappings` ([`file_mappings`]) once: its lowest
+/// mapping, with the highest end of any as `end`.
+pub fn files(mappings: &[FileMapping]) -> Vec<FileMapping> {
+    let mut files: Vec<FileMapping> = Vec::new();
+    for m in mappings {
+        match files.iter_mut().find(|f| f.path == m.path) {
+            Some(f) => {
+                if m.start < f.start {
+                    (f.start, f.offset) = (m.start, m.offset);
                 }
-                p.2 = p.2.max(b);
+                f.end = f.end.max(m.end);
             }
-            None => paths.push((path, a, b, off)),
+            None => files.push(m.clone()),
         }
     }
-    Ok(paths)
+    files
 }
 
-/// The files mapped in `pid` now: (path, lowest start).
-pub fn mapped_starts(pid: Pid) -> Result<Vec<(String, u64)>> {
-    Ok(files(pid)?.into_iter().map(|(p, a, _, _)| (p, a)).collect())
-}
-
-/// The modules mapped in `pid` now, each path once, those in `known`
-/// (paths with their starts) left out.
-pub fn scan(pid: Pid, known: &[(String, u64)]) -> Result<Vec<Loaded>> {
-    let paths = files(pid)?;
+/// The modules among `files` ([`files`]), those in `known` (paths with
+/// their starts) left out.
+pub fn scan(files: &[FileMapping], known: &[(String, u64)]) -> Vec<Loaded> {
     let mut out = Vec::new();
-    for (path, start, end, off) in paths {
-        if known.iter().any(|(p, s)| *p == path && *s == start) {
+    for FileMapping { path, start, end, offset, open } in files {
+        let (start, end, offset) = (*start, *end, *offset);
+        if known.iter().any(|(p, s)| p == path && *s == start) {
             continue;
         }
-        match load(&path, start, end, off) {
+        match load(path, open, start, end, offset) {
             Ok(Some(l)) => out.push(l),
             // Not an ELF file (a mapped data file, a font): nothing to trace.
             Ok(None) => {}
             Err(e) => eprintln!("mtrace: {path}: {e:#}"),
         }
     }
-    Ok(out)
+    out
 }
 
-/// The ELF file at `path`, mapped at [start, end) with its lowest mapping
-/// at file offset `off`.
-fn load(path: &str, start: u64, end: u64, off: u64) -> Result<Option<Loaded>> {
-    let data = match std::fs::read(Path::new(path)) {
+/// The ELF file at `path`, opened at `open` (the path, or the kernel's
+/// link to a container's file), mapped at [start, end) with its lowest
+/// mapping at file offset `off`.
+fn load(path: &str, open: &str, start: u64, end: u64, off: u64) -> Result<Option<Loaded>> {
+    let data = match std::fs::read(Path::new(open)) {
         Ok(d) => d,
         Err(_) => return Ok(None),
     };

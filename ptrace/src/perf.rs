@@ -128,12 +128,20 @@ pub fn close_detached(events: Vec<Event>, removal: (CString, Vec<Vec<u8>>)) {
     if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return drop(events);
     }
-    // SAFETY: the child only calls read, close and _exit (async-signal-
-    // safe) on memory allocated before the fork; it allocates nothing.
+    // SAFETY: the child only calls sigfillset, pthread_sigmask, read,
+    // close, open, write and _exit (async-signal-safe) on memory allocated
+    // before the fork; it allocates nothing.
     match unsafe { libc::fork() } {
         0 => {
             // SAFETY: as above; `fds` and `pipe` are this copy's.
             unsafe {
+                // No signal ends it while it closes: a probe whose last
+                // event closes with a fatal signal pending keeps its
+                // breakpoint instruction in the program (the kernel's
+                // "leaking uprobe"), and a Ctrl-C reaches this child too.
+                let mut all: libc::sigset_t = std::mem::zeroed();
+                libc::sigfillset(&mut all);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
                 // Nothing else stays open here: a pipe on the other end
                 // of this process's output must see its end now.
                 let top = fds.iter().copied().max().unwrap_or(0);

@@ -50,6 +50,11 @@ struct Scratch {
 /// Bytes per scratch mapping.
 const SCRATCH_LEN: u64 = 64 << 10;
 
+/// How long a breakpoint waits for a uprobe's breakpoint instruction at
+/// its function to go (the closing child of a `--hooks uprobes` tracer
+/// that had just detached took 1.3–1.5 s here; docs/PTRACE.md).
+const BREAKPOINT_GONE: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub struct Process {
     pub pid: Pid,
     pub stream: Stream,
@@ -303,7 +308,11 @@ impl Process {
     /// their breakpoints and unwind tables, gone ones are forgotten, and
     /// the stream gets the list when it changed.
     pub fn update_modules(&mut self, tid: Pid, signals: &mut Vec<nix::sys::signal::Signal>) -> Result<()> {
-        let maps = modules::mapped_starts(self.pid)?;
+        // /proc/PID/maps read once: the files mapped now, each with where
+        // this process opens it.
+        let mappings = modules::file_mappings(self.pid)?;
+        let files = modules::files(&mappings);
+        let maps: Vec<(String, u64)> = files.iter().map(|f| (f.path.clone(), f.start)).collect();
         let gone: Vec<u64> = self
             .modules
             .iter()
@@ -316,21 +325,22 @@ impl Process {
         }
         self.modules.retain(|m| !gone.contains(&m.range.0));
         let known: Vec<(String, u64)> = self.modules.iter().map(|m| (m.module.path.clone(), m.range.0)).collect();
-        let new = modules::scan(self.pid, &known)?;
+        let new = modules::scan(&files, &known);
         let changed = !gone.is_empty() || !new.is_empty();
-        let files = if self.uprobes && !new.is_empty() { modules::file_mappings(self.pid)? } else { Vec::new() };
         for m in new {
             self.unwind.add(&m);
             for &(addr, call) in &m.funcs {
                 if self.uprobes && !matches!(call, Call::LoaderState | Call::Exit) {
                     // In the file's mapping that holds it: the file offset.
-                    match files.iter().find(|f| f.0 <= addr && addr < f.1) {
+                    match mappings.iter().find(|f| f.start <= addr && addr < f.end) {
                         Some(f) => self.points.push(Point {
                             at: addr,
                             call,
                             module: m.range,
-                            path: Arc::new(std::ffi::CString::new(f.3.as_str())?),
-                            offset: addr - f.0 + f.2,
+                            // Where this process opens the file: the kernel
+                            // resolves a uprobe's path here.
+                            path: Arc::new(std::ffi::CString::new(f.open.as_str())?),
+                            offset: addr - f.start + f.offset,
                         }),
                         None => eprintln!("mtrace: {addr:#x} ({}) is in no mapping of the file", m.module.path),
                     }
@@ -414,8 +424,30 @@ impl Process {
             return Ok(());
         }
         let mut code = [0u8; arch::CODE_READ];
-        if target::read(self.pid, addr, &mut code) < code.len() {
-            bail!("cannot read its code");
+        // A breakpoint instruction there already is a uprobe's that is being
+        // removed (a `--hooks uprobes` tracer just before this one: its
+        // closing child takes seconds; docs/PTRACE.md) or one the kernel
+        // failed to remove ("leaking uprobe" in dmesg), or another tracer's.
+        // Taken for the function's own first byte, it was put back at the
+        // detach: the program later died of SIGTRAP, and meanwhile the
+        // kernel's removal took this tracer's out (no call seen). So it
+        // waits for the instruction to be the file's again.
+        let until = std::time::Instant::now() + BREAKPOINT_GONE;
+        loop {
+            if target::read(self.pid, addr, &mut code) < code.len() {
+                bail!("cannot read its code");
+            }
+            if code[..arch::BREAKPOINT.len()] != arch::BREAKPOINT {
+                break;
+            }
+            if std::time::Instant::now() >= until {
+                bail!(
+                    "its first instruction is a breakpoint already, for {} s: another tracer's, or a uprobe the \
+                     kernel failed to remove (dmesg: \"leaking uprobe\")",
+                    BREAKPOINT_GONE.as_secs()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
         let slot = self.slot(tid, addr, signals)?;
         let moved = arch::displaced(&code, addr, slot)?;

@@ -240,11 +240,13 @@ impl Opener {
         }
     }
 
-    /// Waits for what the opener is still making (at the end).
+    /// Waits for what the opener is still making (at the end), and for
+    /// the reader to let go of the rings the probes retired.
     pub fn finish(mut self) -> (Vec<Opened>, Option<Defs>) {
-        let Opener { to, from, done, .. } = &mut self;
+        let Opener { to, from, done, reader, .. } = &mut self;
         drop(std::mem::replace(to, mpsc::channel().0));
         let defs = done.take().and_then(|d| d.join().ok());
+        reader.stop();
         (from.try_iter().collect(), defs)
     }
 }
@@ -294,11 +296,31 @@ struct Added {
 /// The reader thread: copies the rings' records out as they come.
 struct Reader {
     added: Arc<Added>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Reader {
+    /// Ends the reader and waits for it: it unmaps and closes the rings
+    /// nobody else holds. Those must be gone while this process runs on:
+    /// a ring's mapping holds its probe's event, and when the last one of
+    /// a probe goes at the process's exit, with SIGKILL pending in every
+    /// thread, the kernel cannot write the function's first byte back
+    /// (its page lookup gives up on a fatal signal). It says "failed to
+    /// unregister, leaking uprobe" and leaves the breakpoint instruction
+    /// in the program until the function's next call (measured: 3 of 6
+    /// runs of analyzer/tests/ptrace_again.rs, where a breakpoints
+    /// attach then waited for that byte in an idle program).
+    fn stop(&mut self) {
+        self.added.closed.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 impl Drop for Reader {
     fn drop(&mut self) {
-        self.added.closed.store(true, std::sync::atomic::Ordering::Release);
+        self.stop();
     }
 }
 
@@ -306,7 +328,7 @@ impl Reader {
     fn start() -> Result<Reader> {
         let added = Arc::new(Added::default());
         let to_reader = added.clone();
-        std::thread::Builder::new().name("mtrace-reader".into()).spawn(move || {
+        let thread = std::thread::Builder::new().name("mtrace-reader".into()).spawn(move || {
             let added = to_reader;
             perf::raise_priority();
             let mut rings: Vec<Copying> = Vec::new();
@@ -343,7 +365,7 @@ impl Reader {
                 }
             }
         })?;
-        Ok(Reader { added })
+        Ok(Reader { added, thread: Some(thread) })
     }
 }
 

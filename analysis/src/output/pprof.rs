@@ -74,7 +74,14 @@ impl Builder {
 
     /// The mapping of the module covering `addr` (0: none).
     fn mapping(&mut self, t: &Trace, addr: u64, time: u64) -> u64 {
-        let Some(m) = module_at(&t.modules, addr, time) else { return 0 };
+        match module_at(&t.modules, addr, time) {
+            Some(m) => self.module_mapping(m),
+            None => 0,
+        }
+    }
+
+    /// The mapping of module `m`, made on first use.
+    fn module_mapping(&mut self, m: &mtrace_format::Module) -> u64 {
         let key = (m.path.clone(), m.bias);
         if let Some(&id) = self.mappings.get(&key) {
             return id;
@@ -178,6 +185,12 @@ fn profile(t: &Trace, classes: Option<&Classes>, sym: &mut Symbolizer, depth: Op
     let end = t.header.start_realtime_ns.saturating_add(t.last_time);
     b.p.time_nanos = i64::try_from(end).unwrap_or(i64::MAX);
     b.p.duration_nanos = i64::try_from(t.last_time).unwrap_or(i64::MAX);
+    // The executable's mapping first: pprof names the profile after the
+    // first mapping (`File:`), which was the module of the first frame
+    // met (libc.so.6 for redis; issue 65, item 6).
+    if let Some(m) = t.modules.iter().find(|m| m.module.path == t.header.exe) {
+        b.module_mapping(&m.module);
+    }
     // Values per (backtrace, kind): the run's allocations go on the
     // unlabelled sample of each backtrace.
     let mut values: HashMap<(u32, Option<Kind>), [i64; 4]> = HashMap::default();
@@ -267,5 +280,30 @@ mod tests {
         );
         // One location per return address, shared by the two backtraces.
         assert_eq!(p.location.len(), 3);
+    }
+
+    /// The first mapping, which pprof names the profile after, is the
+    /// executable's, whatever module the first frame met is in.
+    #[test]
+    fn the_executable_is_the_first_mapping() {
+        let mut t = Trace::new(std::path::Path::new("x"), Default::default());
+        t.header.exe = "/usr/bin/redis-server".into();
+        let module = |path: &str, bias: u64| crate::trace::ModuleSeen {
+            module: mtrace_format::Module {
+                path: path.into(),
+                bias,
+                build_id: vec![],
+                segments: vec![mtrace_format::Segment { vaddr: 0x1000, memsz: 0x1000, flags: 5 }],
+            },
+            time: 0,
+        };
+        t.modules = vec![module("/usr/lib/libc.so.6", 0x7000_0000), module("/usr/bin/redis-server", 0x5000_0000)];
+        t.stacks.define(1, vec![0x7000_1010, 0x5000_1010], 0);
+        let s1 = t.stacks.canon(1);
+        t.books.alloc(1, 0x10, Block { size: 16, stack: s1, family: Family::Malloc, time: 1, align: 0 });
+        t.books.settle();
+        let p = profile(&t, None, &mut Symbolizer::new(Default::default()), None);
+        let names: Vec<&str> = p.mapping.iter().map(|m| p.string_table[m.filename as usize].as_str()).collect();
+        assert_eq!(names, ["/usr/bin/redis-server", "/usr/lib/libc.so.6"]);
     }
 }

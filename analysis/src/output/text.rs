@@ -263,7 +263,7 @@ fn write_heading(r: &Report, w: &mut dyn Write) -> io::Result<()> {
             "No leaks left: the suppressions matched every lost block."
         } else if r.kinds.is_some() && r.summary.leaked_blocks > reachable {
             // The program's own mappings are not classified.
-            "No leaks: the blocks not freed are still reachable or mappings the program made (--show-reachable lists them)."
+            "No leaks: the blocks not freed are still reachable or mappings the program or its allocator made (--show-reachable lists them)."
         } else if r.kinds.is_some() && r.summary.leaked_blocks > 0 {
             "No leaks: every block not freed is still reachable (--show-reachable lists them)."
         } else {
@@ -373,6 +373,15 @@ fn write_leak_summary(r: &Report, w: &mut dyn Write) -> io::Result<()> {
         writeln!(
             w,
             "  not classified: {b} in {n} the program made (mmap; roots of the scan, --show-reachable lists them)"
+        )?;
+    }
+    let own = k.allocator_mappings;
+    if own.blocks > 0 {
+        let (b, n) = (plural(own.bytes, "byte", "bytes"), plural(own.blocks, "mapping", "mappings"));
+        writeln!(
+            w,
+            "  not classified: {b} in {n} the allocator made for its own use (not roots of the scan; \
+             --show-reachable lists them)"
         )?;
     }
     let via = &k.reachable_via_heuristic;

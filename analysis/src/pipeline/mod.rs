@@ -15,7 +15,7 @@ use crate::output::{self, flame, Format, Style};
 use crate::report::trace_time::TraceTime;
 use crate::report::{self, Report, SortKey, View};
 use crate::scan;
-use crate::symbolize::{SearchPaths, Symbolizer};
+use crate::symbolize::{kept_beside, SearchPaths, Symbolizer};
 use crate::trace::{MarkerSel, Trace, Window};
 
 mod processes;
@@ -142,7 +142,14 @@ impl ReportOpts {
 
     /// A symbolizer searching `--sysroot` and `--binpath`.
     pub fn symbolizer(&self) -> Symbolizer {
-        Symbolizer::new(SearchPaths { sysroot: self.sysroot.clone(), binpath: self.binpath.clone() })
+        Symbolizer::new(SearchPaths { sysroot: self.sysroot.clone(), binpath: self.binpath.clone(), kept: None })
+    }
+
+    /// [`ReportOpts::symbolizer`] for `trace`: the modules kept beside it
+    /// searched first, when there are ([`kept_beside`]).
+    pub fn symbolizer_for(&self, trace: &Path) -> Symbolizer {
+        let kept = Some(kept_beside(trace)).filter(|d| d.is_dir());
+        Symbolizer::new(SearchPaths { sysroot: self.sysroot.clone(), binpath: self.binpath.clone(), kept })
     }
 
     /// The part of the trace to read: `--since-marker` to `--until-marker`
@@ -216,7 +223,7 @@ impl ReportOpts {
         let done = std::sync::atomic::AtomicBool::new(!big);
         let (t, sym) = std::thread::scope(|sc| {
             let warm = sc.spawn(|| {
-                let mut sym = self.symbolizer();
+                let mut sym = self.symbolizer_for(trace);
                 if big {
                     sym.open_modules(&input::first_modules(trace), &done);
                 }
@@ -224,7 +231,7 @@ impl ReportOpts {
             });
             let t = input::load_window(trace, &window);
             done.store(true, std::sync::atomic::Ordering::Relaxed);
-            (t, warm.join().unwrap_or_else(|_| self.symbolizer()))
+            (t, warm.join().unwrap_or_else(|_| self.symbolizer_for(trace)))
         });
         Ok((t?, sym))
     }
@@ -326,7 +333,7 @@ impl ReportOpts {
         let needed = out.is_some() || self.files().iter().any(|(f, _)| f.needs_report());
         let classes_shown = self.files.iter().any(|(f, _)| f.output().needs_classes);
         let (classes, marking_s) = match needed || classes_shown {
-            true => classify(&t, self.leak_check_heuristics),
+            true => classify(&t, &mut sym, self.leak_check_heuristics),
             false => (None, 0.0),
         };
         let mut r = match needed {
@@ -359,12 +366,15 @@ pub struct Reported {
 /// The leak scan's classes of `t`'s blocks by address, when `t` has a
 /// complete snapshot and is not a window since a marker (whose baseline
 /// blocks the snapshot does not tell apart); and the seconds it took.
-pub fn classify(t: &Trace, heuristics: scan::Heuristics) -> (Option<scan::Classes>, f64) {
-    if t.baseline.is_some() {
+/// `sym` tells the allocator's own mappings from the program's
+/// (report/allocator_maps.rs).
+pub fn classify(t: &Trace, sym: &mut Symbolizer, heuristics: scan::Heuristics) -> (Option<scan::Classes>, f64) {
+    if t.baseline.is_some() || t.snapshot.is_none() {
         return (None, 0.0);
     }
     let started = std::time::Instant::now();
-    let classes = scan::classify(t, heuristics);
+    let allocators = report::allocator_maps::of(t, sym);
+    let classes = scan::classify(t, heuristics, &allocators);
     (classes, started.elapsed().as_secs_f64())
 }
 
@@ -405,7 +415,7 @@ pub fn build(
     if view.classes.is_some() {
         return report::build_view(t, sym, sort, depth, show_reachable, view);
     }
-    let (classes, marking_s) = classify(t, view.heuristics);
+    let (classes, marking_s) = classify(t, sym, view.heuristics);
     let mut r = report::build_view(t, sym, sort, depth, show_reachable, View { classes: classes.as_ref(), ..view });
     if let Some(s) = &mut r.scan {
         s.marking_s = marking_s;

@@ -22,6 +22,9 @@ pub struct Reporting {
     /// read (`client`: the received stream's temporary file is deleted,
     /// so the file it was saved to, or that it was not kept).
     pub main_trace: Option<String>,
+    /// Said after the program's trace's path in its report, in
+    /// parentheses (`run`: the file is temporary, removed at the end).
+    pub trace_note: Option<String>,
     /// The traces are kept (their folder is named at the end), so no hint
     /// is given about keeping them.
     pub kept: bool,
@@ -46,6 +49,8 @@ pub fn report_processes(
     let name = |r: &mut Report| {
         if let Some(n) = &how.main_trace {
             r.trace = n.clone();
+        } else if let Some(note) = &how.trace_note {
+            r.trace = format!("{} ({note})", r.trace);
         }
     };
     if traces.iter().all(|i| i.pid == pid) {

@@ -2,6 +2,7 @@
 //! leak scan's classes, which `crate::pipeline` makes); `crate::output`
 //! renders it.
 
+pub mod allocator_maps;
 pub mod allocators;
 pub mod diff;
 pub mod errors;
@@ -380,10 +381,12 @@ pub fn build_view(
             // The program's own mappings are roots to the scan, not blocks it
             // classifies: listed with the reachable ones (memcheck and LSan
             // do not track mmap at all).
-            if classes.is_some() && kind.is_none() && b.family == mtrace_format::Family::Mmap {
+            if let (Some(c), None, mtrace_format::Family::Mmap) = (classes, kind, b.family) {
                 if let Some(all) = kinds.as_mut() {
-                    all.mappings.bytes = all.mappings.bytes.saturating_add(size);
-                    all.mappings.blocks += n;
+                    // (An allocator's own mappings are not roots: counted apart.)
+                    let t = if c.allocators_mapping(addr) { &mut all.allocator_mappings } else { &mut all.mappings };
+                    t.bytes = t.bytes.saturating_add(size);
+                    t.blocks += n;
                 }
                 if !show_reachable {
                     return;

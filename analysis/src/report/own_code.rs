@@ -66,8 +66,9 @@ fn runtime_file(file: &str) -> bool {
 }
 
 /// Modules that are not the program's own code: the C library, the
-/// loader, the C++ runtime, the allocators, mtrace's own library.
-const SYSTEM_MODULES: [&str; 13] = [
+/// loader, the C++ runtime, mtrace's own library; and the allocators'
+/// ([`ALLOCATOR_MODULES`]).
+const SYSTEM_MODULES: [&str; 10] = [
     "libc.so",
     "libc-",
     "ld-linux",
@@ -77,11 +78,17 @@ const SYSTEM_MODULES: [&str; 13] = [
     "libgcc_s",
     "libm.so",
     "libpthread",
-    "libjemalloc",
-    "libtcmalloc",
-    "libmimalloc",
     "libmtrace",
 ];
+
+/// File names of the known allocators' libraries, up to the version.
+const ALLOCATOR_MODULES: [&str; 3] = ["libjemalloc", "libtcmalloc", "libmimalloc"];
+
+/// Whether `f` is in a known allocator's library (libjemalloc,
+/// libtcmalloc, libmimalloc).
+pub fn in_allocator_library(f: &Frame) -> bool {
+    ALLOCATOR_MODULES.iter().any(|m| f.module.starts_with(m))
+}
 
 /// Whether `f` is an allocation wrapper (by [`NAMES`], [`PREFIXES`],
 /// [`INSIDE`] or its source file), or one of the program's own that
@@ -110,9 +117,9 @@ pub fn leading_wrappers(f: &[Frame], extra: &[String]) -> usize {
 }
 
 /// Whether `f` is in a module of the system's rather than the program's
-/// ([`SYSTEM_MODULES`], or no module at all).
+/// ([`SYSTEM_MODULES`], an allocator's, or no module at all).
 fn system(f: &Frame) -> bool {
-    f.module == "?" || SYSTEM_MODULES.iter().any(|m| f.module.starts_with(m))
+    f.module == "?" || SYSTEM_MODULES.iter().any(|m| f.module.starts_with(m)) || in_allocator_library(f)
 }
 
 /// The frame of `f` a table that names one per backtrace names: the first

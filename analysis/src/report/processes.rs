@@ -220,12 +220,21 @@ pub fn end_text(r: EndReason) -> String {
 /// Why an exec of `exec` wrote no trace, from its file (looked up in
 /// `PATH` when it is a bare name, as `execvp` does): a static executable
 /// (no `PT_INTERP`: the loader, which preloads, never runs), setuid or
-/// setgid (the loader drops `LD_PRELOAD`), another architecture; `None`
-/// when the file is not found or none of these. Reads the file's headers
-/// only ([`ElfHead`]).
+/// setgid (the loader drops `LD_PRELOAD`), another architecture, an
+/// absolute path not found here (another root); `None` for a bare name not
+/// found or none of these. Reads the file's headers only ([`ElfHead`]).
 pub fn why_not_traced(exec: &str) -> Option<String> {
     use std::os::unix::fs::PermissionsExt;
-    let path = find(exec)?;
+    let Some(path) = find(exec) else {
+        // An absolute path that is not here: the process had changed its
+        // root (chroot, a container), where libmtrace.so is not, and the
+        // exec left it out of LD_PRELOAD (preload/src/platform/exec_env.rs).
+        return exec.starts_with('/').then(|| {
+            "not at that path here: run under another root (chroot, a container), which has no libmtrace.so \
+             (mtrace run --ptrace traces it)"
+                .to_owned()
+        });
+    };
     let meta = std::fs::metadata(&path).ok()?;
     if meta.permissions().mode() & 0o6000 != 0 {
         return Some(format!("{}: setuid or setgid (the loader ignores LD_PRELOAD)", path.display()));
@@ -413,7 +422,9 @@ mod tests {
         last.exec = Some("/nonexistent/prog".into());
         let t = tree(vec![last], 20);
         let n = t[0].not_traced.as_ref().unwrap();
-        assert_eq!((n.exec.as_str(), n.why.as_deref()), ("/nonexistent/prog", None));
+        let why = "not at that path here: run under another root (chroot, a container), which has no libmtrace.so \
+                   (mtrace run --ptrace traces it)";
+        assert_eq!((n.exec.as_str(), n.why.as_deref()), ("/nonexistent/prog", Some(why)));
         // A dynamic executable: nothing to say against it.
         assert_eq!(why_not_traced("/bin/sh"), None);
     }

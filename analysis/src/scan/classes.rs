@@ -39,6 +39,9 @@ pub struct Classes {
     places: Vec<Class>,
     /// The classified blocks' places, in address order.
     sorted: Vec<u32>,
+    /// The mappings the scan read as an allocator's own, not roots:
+    /// (start, end), sorted.
+    pub(super) allocators: Vec<(u64, u64)>,
 }
 
 impl Classes {
@@ -55,7 +58,8 @@ impl Classes {
             addrs[p as usize] = a;
         }
         drop(starts);
-        Classes { addrs, places: vec![Class { owner: NO_OWNER, kind: None, via: None }; places], sorted }
+        let places = vec![Class { owner: NO_OWNER, kind: None, via: None }; places];
+        Classes { addrs, places, sorted, allocators: Vec::new() }
     }
 
     /// The `i`th classified block in address order is of `kind`, reached
@@ -97,6 +101,13 @@ impl Classes {
     /// Every verdict, by address.
     pub fn iter(&self) -> impl Iterator<Item = Classified> + '_ {
         self.sorted.iter().filter_map(|&p| self.classified(p))
+    }
+
+    /// Whether the mapping at `addr` is one the scan read as an
+    /// allocator's own (not a root): `addr` its start.
+    pub fn allocators_mapping(&self, addr: u64) -> bool {
+        let i = self.allocators.partition_point(|m| m.0 < addr);
+        self.allocators.get(i).is_some_and(|m| m.0 == addr)
     }
 
     /// How many blocks were classified.

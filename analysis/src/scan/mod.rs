@@ -8,7 +8,8 @@
 //! - **indirectly lost**: reachable only from lost blocks.
 //!
 //! Roots are the snapshot's registers, the stack from the stack pointer up,
-//! and every writable mapping that holds no heap block; only aligned
+//! and every writable mapping that holds no heap block and that no
+//! allocator made for its own use; only aligned
 //! pointer-sized words count. Each word is looked up by binary search in
 //! the sorted block starts, so marking is O(W log n) for W words and n
 //! blocks.
@@ -82,6 +83,10 @@ pub struct Kinds {
     /// roots to it rather than blocks it classifies (memcheck and LSan do
     /// not track mmap), in "not freed" beside the four kinds.
     pub mappings: Total,
+    /// Not a kind either: the mappings an allocator made for its own use
+    /// (its metadata), live at the scan and not roots to it
+    /// (report/allocator_maps.rs).
+    pub allocator_mappings: Total,
 }
 
 impl Kinds {
@@ -170,12 +175,21 @@ enum State {
 }
 
 /// Classifies the heap blocks (malloc family, new, aligned) live in `t`
-/// and allocated before the snapshot was taken against `t.snapshot`. Mappings and pool blocks are not classified: like
-/// memcheck, the scan covers heap blocks.
+/// and allocated before the snapshot was taken against `t.snapshot`.
+/// Mappings and pool blocks are not classified: like memcheck, the scan
+/// covers heap blocks.
 /// Interior pointers that match one of `set` count as start pointers
-/// (memcheck's heuristics, heuristics.rs).
-pub fn classify(t: &Trace, set: Heuristics) -> Option<Classes> {
+/// (memcheck's heuristics, heuristics.rs). `allocators` are the
+/// recorded mappings an allocator made for its own use, as
+/// (start, end) in any order (report/allocator_maps.rs finds them): not
+/// roots outside the heap blocks in them. They are ignored in a trace
+/// from an attach or a sampled one, whose heap outside the known blocks
+/// is a root anyway.
+pub fn classify(t: &Trace, set: Heuristics, allocators: &[(u64, u64)]) -> Option<Classes> {
     let snap = t.snapshot.as_ref()?;
+    let unknown_blocks = t.attached || t.books.sample_rate != 0;
+    let mut allocators: Vec<(u64, u64)> = if unknown_blocks { Vec::new() } else { allocators.to_vec() };
+    allocators.sort_unstable();
     // Each block with its place among the books' live blocks, where the
     // verdicts go (classes.rs).
     let (mut places, mut huge) = (0, HashMap::new());
@@ -210,12 +224,13 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Classes> {
     // the blocks are the allocator's (its thread cache keeps stale
     // pointers to blocks it handed out), not roots. A static jemalloc's
     // 9 blocks of ctests/scan.c were all still reachable so.
+    // Nor are the allocator's own mappings the program's.
     let mut program_maps: Vec<(u64, u64)> = t
         .books
         .live_blocks()
         .filter(|(_, b)| b.family == Family::Mmap && b.time <= t.snapshot_time)
         .map(|(a, b)| (a, a + b.size))
-        .filter(|&(lo, hi)| !heap.overlaps(lo, hi))
+        .filter(|&(lo, hi)| !heap.overlaps(lo, hi) && allocators.binary_search(&(lo, hi)).is_err())
         .collect();
     program_maps.sort_unstable();
     // Block numbers are u32 (as the books' slots): 4 bytes a block the
@@ -269,11 +284,18 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Classes> {
         }
         let group = &snap[i..j];
         let (lo, hi) = (r.addr, group.iter().map(|g| g.end()).max().unwrap_or(r.addr));
-        if r.kind == region_kind::STACK || !heap.overlaps(lo, hi) {
+        if r.kind == region_kind::STACK {
             for g in group {
                 mem.words(g.addr, g.end(), |w| reach(w, true, &mut state, &mut work));
             }
-        } else if t.attached || t.books.sample_rate != 0 {
+        } else if !heap.overlaps(lo, hi) {
+            // A mapping of no heap block: a root, but where an allocator
+            // made it for its own use (jemalloc's extent metadata points
+            // to the first block of each slab).
+            for (lo, hi) in outside(lo, hi, &allocators) {
+                mem.words(lo, hi, |w| reach(w, true, &mut state, &mut work));
+            }
+        } else if unknown_blocks {
             // Traced from an attach, the blocks allocated before it are
             // unknown; in a sampled trace, the blocks not sampled are. So
             // the heap outside the known blocks is a root: a block an
@@ -293,13 +315,12 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Classes> {
             // start, the main thread's static TLS), a root. python3 with a
             // 128 KiB block beside those pages had every dlopen'd module's
             // link map possibly lost in 1 run of 20.
-            if let Some(chunks) = mmapped_chunks_only(&heap, lo, hi) {
-                let mut at = lo;
-                for (clo, chi) in chunks {
-                    mem.words(at, clo, |w| reach(w, true, &mut state, &mut work));
-                    at = at.max(chi);
+            if let Some(mut chunks) = mmapped_chunks_only(&heap, lo, hi) {
+                chunks.extend(allocators.iter().filter(|m| m.0 < hi && m.1 > lo));
+                chunks.sort_unstable();
+                for (lo, hi) in outside(lo, hi, &chunks) {
+                    mem.words(lo, hi, |w| reach(w, true, &mut state, &mut work));
                 }
-                mem.words(at, hi, |w| reach(w, true, &mut state, &mut work));
                 i = j;
                 continue;
             }
@@ -394,6 +415,7 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Classes> {
     // block, the rest handed back before the verdicts take theirs.
     let (place, starts) = heap.into_places_and_starts();
     let mut classes = Classes::new(places, place, starts);
+    classes.allocators = allocators;
     for (i, &via) in via.iter().enumerate() {
         classes.set(i, kind(i), via);
     }
@@ -401,6 +423,23 @@ pub fn classify(t: &Trace, set: Heuristics) -> Option<Classes> {
         classes.set_owner(i, root(i));
     }
     Some(classes)
+}
+
+/// The parts of `[lo, hi)` outside `holes` (sorted by start; they may
+/// overlap each other and reach past either end).
+fn outside(lo: u64, hi: u64, holes: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut parts = Vec::new();
+    let mut at = lo;
+    for &(a, b) in holes.iter().filter(|h| h.0 < hi && h.1 > lo) {
+        if a > at {
+            parts.push((at, a));
+        }
+        at = at.max(b);
+    }
+    if at < hi {
+        parts.push((at, hi));
+    }
+    parts
 }
 
 /// No owner, in the marking's table of owners.

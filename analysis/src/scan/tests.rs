@@ -12,7 +12,7 @@ fn run(blocks: &[(u64, u64)], regions: Vec<Region>) -> Vec<Kind> {
     }
     t.books.settle();
     t.snapshot = Some(regions);
-    let c = classify(&t, Heuristics::ALL).unwrap();
+    let c = classify(&t, Heuristics::ALL, &[]).unwrap();
     c.iter().map(|c| c.kind).collect()
 }
 
@@ -106,7 +106,7 @@ fn a_lost_list_is_one_definite_block_and_the_rest_indirect() {
     }
     t.books.settle();
     t.snapshot = Some(vec![region(HEAP, &words, region_kind::MAPPING)]);
-    let c = classify(&t, Heuristics::ALL).unwrap();
+    let c = classify(&t, Heuristics::ALL, &[]).unwrap();
     let definite: Vec<u64> = c.iter().filter(|c| c.kind == Kind::Definite).map(|c| c.addr).collect();
     assert_eq!(definite, vec![b(n - 1)]);
     assert!(c.iter().filter(|c| c.kind == Kind::Indirect).all(|c| c.owner == Some(b(n - 1))));
@@ -134,7 +134,7 @@ fn heuristics_need_their_exact_layout() {
     }
     t.books.settle();
     t.snapshot = Some(vec![roots, region(HEAP, &heap, region_kind::MAPPING)]);
-    let c = classify(&t, Heuristics::ALL).unwrap();
+    let c = classify(&t, Heuristics::ALL, &[]).unwrap();
     let got: Vec<(Kind, Option<Heuristic>)> = c.iter().map(|c| (c.kind, c.via)).collect();
     use Kind::*;
     assert_eq!(
@@ -148,7 +148,7 @@ fn heuristics_need_their_exact_layout() {
         ]
     );
     // None of them without heuristics.
-    let c = classify(&t, Heuristics::NONE).unwrap();
+    let c = classify(&t, Heuristics::NONE, &[]).unwrap();
     assert!(c.iter().all(|c| c.kind == Possible && c.via.is_none()));
 }
 
@@ -172,4 +172,43 @@ fn memory_merged_with_mmapped_chunks_is_a_root() {
     // A large block that is not 16 bytes into a page is an arena's too.
     let kinds = run(&[small, (big.0 + 16, big.1)], vec![region(MAP, &words, region_kind::MAPPING)]);
     assert_eq!(kinds, vec![Kind::Definite, Kind::Definite]);
+}
+
+#[test]
+fn an_allocators_own_mapping_is_no_root() {
+    // jemalloc's metadata: a mapping of no heap block, whose extent
+    // record points to the first block of a slab (S). The program's
+    // data beside it points to nothing. As a mapping nobody is known to
+    // have made, it is a root: S still reachable.
+    const META: u64 = 0x200_0000;
+    let slab_start = (HEAP, 32);
+    let other = (HEAP + 0x20, 32);
+    let with = |allocators: &[(u64, u64)], sampled: bool| {
+        let mut t = crate::trace::Trace::new(std::path::Path::new("x"), Default::default());
+        for (a, size) in [slab_start, other] {
+            t.books.alloc(0, a, crate::books::Block { size, stack: 0, family: Family::Malloc, time: 0, align: 0 });
+        }
+        t.books.settle();
+        if sampled {
+            t.books.sample_rate = 4096;
+        }
+        let meta = region(META, &[0, slab_start.0, 0, 0], region_kind::MAPPING);
+        let data = region(META + 0x20, &[other.0], region_kind::MAPPING);
+        t.snapshot = Some(vec![meta, data, region(HEAP, &[0; 8], region_kind::MAPPING)]);
+        let c = classify(&t, Heuristics::ALL, allocators).unwrap();
+        (c.iter().map(|c| c.kind).collect::<Vec<_>>(), c.allocators_mapping(META))
+    };
+    assert_eq!(with(&[], false), (vec![Kind::Reachable, Kind::Reachable], false));
+    // Made by the allocator for its own use: not a root; the program's
+    // data after it, in the same region group, still is.
+    assert_eq!(with(&[(META, META + 0x20)], false), (vec![Kind::Definite, Kind::Reachable], true));
+    // Sampled (blocks not known may point anywhere): a root as before.
+    assert_eq!(with(&[(META, META + 0x20)], true), (vec![Kind::Reachable, Kind::Reachable], false));
+}
+
+#[test]
+fn outside_leaves_the_holes_out() {
+    assert_eq!(outside(0, 100, &[]), [(0, 100)]);
+    assert_eq!(outside(10, 100, &[(0, 20), (15, 30), (50, 60), (90, 200)]), [(30, 50), (60, 90)]);
+    assert_eq!(outside(10, 100, &[(0, 200)]), []);
 }

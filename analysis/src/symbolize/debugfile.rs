@@ -16,6 +16,21 @@ pub struct SearchPaths {
     pub sysroot: Option<PathBuf>,
     /// Folders searched for a module by file name.
     pub binpath: Vec<PathBuf>,
+    /// The modules kept beside the trace ([`kept_beside`]), a root
+    /// searched first: a container's files, which are not at their
+    /// paths here.
+    pub kept: Option<PathBuf>,
+}
+
+/// The folder beside `trace` where `mtrace attach` keeps the files of a
+/// process's modules that this machine has not at their paths (a
+/// container's: another mount namespace), under their paths
+/// (`TRACE.modules/usr/lib/libc.so.6`), for the trace's symbols once the
+/// container is gone (issue 66).
+pub fn kept_beside(trace: &Path) -> PathBuf {
+    let mut name = trace.as_os_str().to_owned();
+    name.push(".modules");
+    PathBuf::from(name)
 }
 
 /// A mapped ELF file.
@@ -53,14 +68,15 @@ pub fn has_dwarf(p: &Path) -> bool {
 
 impl SearchPaths {
     /// Where the binary of module `path` may be, in the order searched:
-    /// under `--sysroot`, in each `--binpath` folder, at its path (none
-    /// for a path that is not absolute).
+    /// among the modules kept beside the trace, under `--sysroot`, in each
+    /// `--binpath` folder, at its path (none for a path that is not
+    /// absolute).
     fn candidates(&self, path: &str) -> Vec<PathBuf> {
         if path.is_empty() || !path.starts_with('/') {
             return Vec::new();
         }
         let mut candidates = Vec::new();
-        if let Some(root) = &self.sysroot {
+        for root in self.kept.iter().chain(&self.sysroot) {
             candidates.push(root.join(path.trim_start_matches('/')));
         }
         if let Some(name) = Path::new(path).file_name() {

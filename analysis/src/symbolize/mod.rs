@@ -7,7 +7,7 @@ mod debugfile;
 use std::collections::HashMap;
 use std::path::Path;
 
-pub use debugfile::{Mapped, SearchPaths};
+pub use debugfile::{kept_beside, Mapped, SearchPaths};
 
 use crate::trace::ModuleSeen;
 

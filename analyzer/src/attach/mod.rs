@@ -12,8 +12,10 @@
 //! dies, the closed socket means detach too.
 
 mod interval;
+mod kept_modules;
 mod ptrace;
 mod save;
+mod unseen;
 
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
@@ -132,24 +134,40 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
         );
     }
     let t = mtrace_ptrace::inspect::inspect(a.pid)?;
+    mtrace_ptrace::library_file::check_versions(a.pid, &lib, &t.libc_versions)?;
+    mtrace_ptrace::inspect::check_readable(a.pid)?;
     let mut rec = a.rec.recording(a.opts.depth)?;
     let dir = tempfile::Builder::new().prefix("mtrace-attach.").tempdir()?;
-    let listener = Listener::private("mtrace-attach.", "stream.sock")?;
-    listener.set_nonblocking(true)?;
-    give_to_owner_of(a.pid, &listener.files())?;
-    rec.output = Some(listener.address());
     // The process's children are not this window's.
     rec.follow_fork = false;
     rec.follow_exec = false;
-    let settings = rec.lines();
+    // A process that sees this machine's files loads the library by its
+    // path and connects to a socket here; one in a container gets both
+    // without a path (unseen.rs).
+    let listener = if unseen::sees(a.pid, &lib) {
+        let listener = Listener::private("mtrace-attach.", "stream.sock")?;
+        listener.set_nonblocking(true)?;
+        give_to_owner_of(a.pid, &listener.files())?;
+        Some(listener)
+    } else {
+        unseen::check_proc(a.pid)?;
+        unseen::check_take(a.pid)?;
+        None
+    };
     let started = Instant::now();
-    inject_library(a.pid, &t, &lib, &settings)?;
+    let held = inject_library(a.pid, &t, &lib, rec, listener.as_ref())?;
     let stopped_for = started.elapsed();
-    let stream = accept(&listener)?;
+    let stream = match (held, &listener) {
+        (Some(s), _) => s,
+        (None, Some(l)) => accept(l)?,
+        (None, None) => bail!("process {}: no stream was made", a.pid),
+    };
+    let inner = unseen::inner_pid(a.pid).map(|p| format!(", {p} in its pid namespace")).unwrap_or_default();
     eprintln!(
-        "mtrace: attached to process {} ({} ms to load libmtrace.so); Ctrl-C detaches",
+        "mtrace: attached to process {}{inner} ({} ms to load libmtrace.so{}); Ctrl-C detaches",
         a.pid,
-        stopped_for.as_millis()
+        stopped_for.as_millis(),
+        if listener.is_none() { " from memory: its root does not have it" } else { "" }
     );
     let mut control = stream.try_clone()?;
     let (trace, copier) = save::start(&a, dir.path(), stream)?;
@@ -188,8 +206,24 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
 /// kept (its folder left) and named, for `mtrace report` to write it
 /// again, and the status is 2.
 fn report_window(a: &AttachArgs, trace: &std::path::Path, dir: tempfile::TempDir) -> Result<ExitCode> {
+    // A container's modules, for the symbols of this report and later ones.
+    let kept = kept_modules::keep(a.pid as u32, trace);
+    if !kept.is_empty() && a.save.save.is_some() {
+        eprintln!(
+            "mtrace: {} module{} of the process's own root kept for the trace's symbols in {}",
+            kept.len(),
+            if kept.len() == 1 { "" } else { "s" },
+            mtrace_analysis::symbolize::kept_beside(trace).display()
+        );
+    }
     let mut out = mtrace_analysis::output::open(a.report_to.output.as_deref())?;
-    let r = a.opts.report(trace, Some(&mut *out))?;
+    // The window's trace is in a temporary folder unless --save named it.
+    let temporary = a.save.save.is_none();
+    let r = a.opts.report_with(trace, Some(&mut *out), |_, _, r| {
+        if temporary {
+            r.trace = format!("{} (removed at the end; --save FILE keeps it)", r.trace);
+        }
+    })?;
     out.flush().with_context(|| a.report_to.not_written())?;
     if let Some(e) = r.report.as_ref().and_then(|r| r.summary.error.as_ref()) {
         eprintln!("mtrace: {e}");
@@ -349,33 +383,67 @@ fn give_to_owner_of(pid: i32, files: &[&std::path::Path]) -> Result<()> {
 }
 
 /// `dlopen`s `lib` in process `pid` and calls its `mtrace_attach_init`
-/// with `settings`; the process's registers are restored after.
-fn inject_library(pid: i32, t: &mtrace_ptrace::inspect::Target, lib: &std::path::Path, settings: &str) -> Result<()> {
+/// with `rec`'s settings; the process's registers are restored after.
+/// With `listener`, the process loads `lib` by its path and connects to
+/// the listener (the stream is then accepted there: `None`); without,
+/// the library and the stream reach it without a path ([`unseen`]), and
+/// the stream is returned.
+fn inject_library(
+    pid: i32,
+    t: &mtrace_ptrace::inspect::Target,
+    lib: &std::path::Path,
+    mut rec: mtrace_format::recording::Recording,
+    listener: Option<&Listener>,
+) -> Result<Option<UnixStream>> {
     let mut tracee = mtrace_ptrace::inject::Tracee::seize(pid)?;
     tracee.choose(&t.busy)?;
-    let mut path = lib.as_os_str().as_encoded_bytes().to_vec();
-    path.push(0);
-    let handle = tracee.call(t.libc.dlopen, &path, |p| vec![p, (libc::RTLD_NOW | libc::RTLD_LOCAL) as u64])?;
-    if handle == 0 {
-        let msg = tracee.call(t.libc.dlerror, &[], |_| vec![])?;
-        let why = if msg == 0 { String::from("no reason given") } else { tracee.read_string(msg) };
-        tracee.release()?;
-        bail!("process {pid} could not load {}: {why}", lib.display());
-    }
+    let (handle, held) = match listener {
+        Some(l) => {
+            rec.output = Some(l.address());
+            let mut path = lib.as_os_str().as_encoded_bytes().to_vec();
+            path.push(0);
+            let handle = tracee.call(t.libc.dlopen, &path, |p| vec![p, (libc::RTLD_NOW | libc::RTLD_LOCAL) as u64])?;
+            if handle == 0 {
+                let msg = tracee.call(t.libc.dlerror, &[], |_| vec![])?;
+                let why = if msg == 0 { String::from("no reason given") } else { tracee.read_string(msg) };
+                tracee.release()?;
+                bail!("process {pid} could not load {}: {why}", lib.display());
+            }
+            (handle, None)
+        }
+        None => {
+            let handle = match unseen::loaded(&mut tracee, t, pid, "libmtrace.so")? {
+                Some(h) => h,
+                None => {
+                    unseen::dependencies(&mut tracee, t, pid, lib)?;
+                    unseen::load(&mut tracee, t, pid, "libmtrace.so", lib)?
+                }
+            };
+            let (theirs, ours) = unseen::socket_pair(&mut tracee, t, pid)?;
+            rec.output = Some(format!("fd:{theirs}"));
+            (handle, Some((theirs, ours)))
+        }
+    };
     let init = tracee.call(t.libc.dlsym, b"mtrace_attach_init\0", |p| vec![handle, p])?;
     if init == 0 {
+        if let Some((theirs, _)) = &held {
+            tracee.call(t.libc.close, &[], |_| vec![*theirs as u64])?;
+        }
         tracee.release()?;
         bail!("{}: no mtrace_attach_init (an older libmtrace.so?)", lib.display());
     }
-    let mut data = settings.as_bytes().to_vec();
+    let mut data = rec.lines().into_bytes();
     data.push(0);
     let rc = tracee.call(init, &data, |p| vec![p])? as i32;
     if rc == 0 {
         patch_executable(&mut tracee, t, handle)?;
+    } else if let (Some((theirs, _)), -2 | -3) = (&held, rc) {
+        // Refused before it read its settings: the socket is not its.
+        tracee.call(t.libc.close, &[], |_| vec![*theirs as u64])?;
     }
     tracee.release()?;
     match rc {
-        0 => Ok(()),
+        0 => Ok(held.map(|(_, ours)| ours)),
         -2 => bail!("process {pid} is traced already (by another mtrace attach)"),
         // (A program that rewrites its environment for its title, as
         // redis-server does, passes inspect's look at LD_PRELOAD.)

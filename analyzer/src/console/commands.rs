@@ -90,6 +90,7 @@ impl<'a> Console<'a> {
                     for h in Verb::all_help() {
                         writeln!(out, "  {h}")?;
                     }
+                    writeln!(out, "{PAGING}")?;
                 }
             },
             Verb::Report => self.report(out)?,
@@ -311,7 +312,8 @@ impl<'a> Console<'a> {
             |st, n| {
                 let t = st.trace.as_mut().expect("a marker came, so the header did");
                 let res = mtrace_analysis::pipeline::view(t, None, true, |t| {
-                    let classes = mtrace_analysis::scan::classify(t, opts.leak_check_heuristics)?;
+                    let allocators = mtrace_analysis::report::allocator_maps::of(t, sym);
+                    let classes = mtrace_analysis::scan::classify(t, opts.leak_check_heuristics, &allocators)?;
                     let keep = |addr: u64, b: &Block| match (mode, last) {
                         ("new", Some(l)) => b.time > l.snapshot_time,
                         ("leak", Some(l)) => l.lost.contains(&(addr, b.time)),
@@ -430,3 +432,8 @@ fn pid_arg<'a>(args: &[&'a str]) -> (Option<u32>, Vec<&'a str>) {
         _ => (None, args.to_vec()),
     }
 }
+
+/// How long answers are shown, said under `help`'s list (issue 65, item 6:
+/// the console paged without saying so).
+const PAGING: &str = "An answer longer than the terminal goes through $PAGER (default: less -FRX); \
+                      PAGER=cat prints it whole. `>FILE` after a command writes its answer to FILE.";

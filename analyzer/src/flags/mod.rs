@@ -59,7 +59,7 @@ pub struct Symbols {
 impl Symbols {
     /// The symbolizer's search paths.
     pub fn search_paths(&self) -> SearchPaths {
-        SearchPaths { sysroot: self.sysroot.clone(), binpath: self.binpath.clone() }
+        SearchPaths { sysroot: self.sysroot.clone(), binpath: self.binpath.clone(), kept: None }
     }
 }
 

@@ -38,6 +38,10 @@ pub struct ClientArgs {
     report_to: crate::flags::ReportFile,
     #[command(flatten)]
     opts: ReportFlags,
+    /// Started by `mtrace run -i`: the report goes to standard error as
+    /// `run`'s does, and no `--save` is offered (`run` has none).
+    #[arg(skip)]
+    by_run: bool,
 }
 
 /// The streams received so far.
@@ -62,6 +66,7 @@ impl ClientArgs {
             token_file: Default::default(),
             report_to,
             opts,
+            by_run: true,
         }
     }
 }
@@ -122,7 +127,10 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
             std::fs::copy(path, &to).with_context(|| format!("{}: cannot save", to.display()))?;
         }
     }
-    let mut out = mtrace_analysis::output::open(a.report_to.output.as_deref())?;
+    let mut out = match (&a.report_to.output, a.by_run) {
+        (None, true) => mtrace_analysis::output::buffered(Box::new(std::io::stderr())),
+        (p, _) => mtrace_analysis::output::open(p.as_deref())?,
+    };
     // The program's process is the first to connect; its pid is in its header.
     let main = s.files.get(&1).map(|(p, _)| p.clone());
     let pid = main.as_deref().and_then(header_pid);
@@ -130,6 +138,7 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
         Some(pid) => {
             let main_trace = Some(match &a.save.save {
                 Some(f) => f.display().to_string(),
+                None if a.by_run => "received, not kept".to_owned(),
                 None => "received, not kept (--save FILE keeps it)".to_owned(),
             });
             let how = mtrace_analysis::pipeline::Reporting { main_trace, ..Default::default() };

@@ -10,6 +10,7 @@ use std::ffi::{c_char, c_void};
 
 use mtrace_format::EndReason;
 
+use crate::platform::exec_env;
 use crate::platform::real::{next, NextFn};
 use crate::record::guard::Guard;
 use crate::{platform::sys, record::recorder, stream};
@@ -129,6 +130,18 @@ type Argv = *const *const c_char;
 /// The C contract of execve.
 #[no_mangle]
 pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> i32 {
+    // SAFETY: envp per execve's contract.
+    let env = unsafe { exec_env::without_this_library(envp) };
+    let envp = env.as_ref().map_or(envp, |e| e.as_ptr());
+    // SAFETY: as the caller's.
+    unsafe { real_execve(path, argv, envp) }
+}
+
+/// The real execve, with the tracer's flush around it.
+///
+/// # Safety
+/// The C contract of execve.
+unsafe fn real_execve(path: *const c_char, argv: Argv, envp: Argv) -> i32 {
     type F = unsafe extern "C" fn(*const c_char, Argv, Argv) -> i32;
     // SAFETY: F is execve's signature; arguments per contract.
     around_exec(path, || match unsafe { next::<F>(&EXECVE) } {
@@ -142,6 +155,18 @@ pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> 
 /// The C contract of execvpe.
 #[no_mangle]
 pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) -> i32 {
+    // SAFETY: envp per execvpe's contract.
+    let env = unsafe { exec_env::without_this_library(envp) };
+    let envp = env.as_ref().map_or(envp, |e| e.as_ptr());
+    // SAFETY: as the caller's.
+    unsafe { real_execvpe(file, argv, envp) }
+}
+
+/// The real execvpe, with the tracer's flush around it.
+///
+/// # Safety
+/// The C contract of execvpe.
+unsafe fn real_execvpe(file: *const c_char, argv: Argv, envp: Argv) -> i32 {
     type F = unsafe extern "C" fn(*const c_char, Argv, Argv) -> i32;
     // SAFETY: as execve.
     around_exec(file, || match unsafe { next::<F>(&EXECVPE) } {
@@ -155,6 +180,11 @@ pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) ->
 /// The C contract of execv.
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: Argv) -> i32 {
+    // SAFETY: the process's environment is one.
+    if let Some(env) = unsafe { exec_env::without_this_library(exec_env::environ()) } {
+        // SAFETY: execv is execve with the process's environment.
+        return unsafe { real_execve(path, argv, env.as_ptr()) };
+    }
     type F = unsafe extern "C" fn(*const c_char, Argv) -> i32;
     // SAFETY: F is execv's signature.
     around_exec(path, || match unsafe { next::<F>(&EXECV) } {
@@ -168,6 +198,11 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: Argv) -> i32 {
 /// The C contract of execvp.
 #[no_mangle]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: Argv) -> i32 {
+    // SAFETY: the process's environment is one.
+    if let Some(env) = unsafe { exec_env::without_this_library(exec_env::environ()) } {
+        // SAFETY: execvp is execvpe with the process's environment.
+        return unsafe { real_execvpe(file, argv, env.as_ptr()) };
+    }
     type F = unsafe extern "C" fn(*const c_char, Argv) -> i32;
     // SAFETY: F is execvp's signature.
     around_exec(file, || match unsafe { next::<F>(&EXECVP) } {
@@ -181,6 +216,9 @@ pub unsafe extern "C" fn execvp(file: *const c_char, argv: Argv) -> i32 {
 /// The C contract of fexecve.
 #[no_mangle]
 pub unsafe extern "C" fn fexecve(fd: i32, argv: Argv, envp: Argv) -> i32 {
+    // SAFETY: envp per fexecve's contract.
+    let env = unsafe { exec_env::without_this_library(envp) };
+    let envp = env.as_ref().map_or(envp, |e| e.as_ptr());
     type F = unsafe extern "C" fn(i32, Argv, Argv) -> i32;
     // SAFETY: F is fexecve's signature.
     around_exec(std::ptr::null(), || match unsafe { next::<F>(&FEXECVE) } {

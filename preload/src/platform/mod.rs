@@ -10,6 +10,7 @@
 pub mod allocator;
 pub mod clock;
 pub mod config;
+pub mod exec_env;
 pub mod modules;
 pub mod patch;
 pub mod real;

@@ -134,3 +134,17 @@ unsafe extern "C" fn gen_callback(info: *mut libc::dl_phdr_info, _size: usize, d
     }
     1
 }
+
+/// This library's path, as the loader opened it (`LD_PRELOAD`'s entry,
+/// the path `dlopen` was given).
+pub fn own_path() -> Option<String> {
+    // SAFETY: dladdr fills `info` for an address inside a loaded object;
+    // dli_fname is a C string owned by the loader.
+    unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        if libc::dladdr(own_path as *const libc::c_void, &mut info) == 0 || info.dli_fname.is_null() {
+            return None;
+        }
+        Some(CStr::from_ptr(info.dli_fname).to_string_lossy().into_owned())
+    }
+}

@@ -377,6 +377,20 @@ pub fn open_statm() {
     }
 }
 
+/// Closes what [`open_statm`] opened (a detach: the process keeps no
+/// descriptor of the tracer's). A later session opens it again.
+pub fn close_statm() {
+    let fd = STATM.swap(-1, std::sync::atomic::Ordering::AcqRel);
+    let id = (
+        STATM_ID[0].load(std::sync::atomic::Ordering::Relaxed),
+        STATM_ID[1].load(std::sync::atomic::Ordering::Relaxed),
+    );
+    if fd >= 0 && identity(fd) == Some(id) {
+        // SAFETY: our own descriptor (its identity checked), closed once.
+        unsafe { libc::close(fd) };
+    }
+}
+
 /// Resident set size in bytes: the second field of /proc/self/statm, in
 /// pages; `None` (for good) once the program closed or replaced the file.
 pub fn rss_bytes() -> Option<u64> {

@@ -8,7 +8,8 @@
 //! every other readable, writable mapping except the tracer's own (this
 //! library's data, the writer's stack) and the kernel's ([vvar], [vdso]).
 //! Also each module's RELRO (not a root; the analyzer recognises vtables
-//! there for memcheck's multipleinheritance heuristic).
+//! there for memcheck's multipleinheritance heuristic;
+//! `mtrace_format::maps::relro` finds it, for the ptrace tracer too).
 //! Memory is read with process_vm_readv, which fails where a read would
 //! fault (guard pages, mappings whose file shrank) instead of crashing,
 //! into working memory the snapshot leaves out (scratch.rs). Of stacks and
@@ -30,24 +31,10 @@ pub mod stop;
 use scratch::Scratch;
 use stop::Stopped;
 
-/// The mappings of `/proc/self/maps`: (start, end, writable, name), the
-/// readable ones only.
-fn readable_mappings() -> Vec<(u64, u64, bool, String)> {
+/// The readable mappings of `/proc/self/maps`.
+fn readable_mappings() -> Vec<Mapping> {
     let Some(maps) = sys::read_file(c"/proc/self/maps") else { return Vec::new() };
-    Mapping::all(&String::from_utf8_lossy(&maps))
-        .filter(|m| m.read)
-        .map(|m| (m.start, m.end, m.write, m.path))
-        .collect()
-}
-
-/// The RELRO parts of modules: a read-only file mapping that ends where a
-/// writable mapping of the same file begins (the loader made the start of
-/// the data segment read-only after relocating it). Vtables live there.
-fn relro(maps: &[(u64, u64, bool, String)]) -> Vec<(u64, u64)> {
-    maps.windows(2)
-        .filter(|w| !w[0].2 && w[1].2 && w[0].1 == w[1].0 && w[0].3.starts_with('/') && w[0].3 == w[1].3)
-        .map(|w| (w[0].0, w[0].1))
-        .collect()
+    Mapping::all(&String::from_utf8_lossy(&maps)).filter(|m| m.read).collect()
 }
 
 /// Who takes the snapshot.
@@ -204,6 +191,15 @@ fn hold(s: &Session, patient: bool, collect: bool) -> Result<(Held, Locks<'_>), 
     // list of dead stacks.
     let dead = dead_stacks::all();
     let skip = [sys::gettid() as i32, s.writer_tid() as i32];
+    if stop::alone(&skip) {
+        // Nobody to hold: no helper task, no signal. (A helper could not
+        // even start in a process whose children's pid namespace lost its
+        // init, `unshare --pid`'s after its child ended: clone failed with
+        // ENOMEM, and the report said the threads were stopped by signal.)
+        let stopped = stop::by_signal(&skip);
+        let locks = lock(s, patient, false, collect)?;
+        return Ok((Held { stopped, by_signal: None, dead }, locks));
+    }
     match hold_from_outside(s, patient, &skip, collect) {
         Ok((stopped, locks)) => Ok((Held { stopped, by_signal: None, dead }, locks)),
         Err(NotHeld::NoScan(why)) => Err(why),
@@ -331,16 +327,17 @@ fn write(s: &Session, by: By, held: &Held, locks: &Locks) -> u64 {
         .extend(dead.iter().copied().filter(|&(lo, hi)| !stacks.iter().chain([&me_sp]).any(|&sp| lo <= sp && sp < hi)));
     let maps = readable_mappings();
     if cfg!(target_pointer_width = "64") {
-        let spans: Vec<(u64, u64, bool)> = maps.iter().map(|m| (m.0, m.1, m.2)).collect();
+        let spans: Vec<(u64, u64, bool)> = maps.iter().map(|m| (m.start, m.end, m.write)).collect();
         scratch.keep_only(filter::Filter::new(&spans));
     }
-    for (lo, hi) in relro(&maps) {
+    for (lo, hi) in mtrace_format::maps::relro(&maps) {
         scratch.memory(file, region_kind::READ_ONLY, lo, hi);
     }
-    for (lo, hi, _, name) in maps.into_iter().filter(|m| m.2) {
-        if name == "[vvar]" || name == "[vdso]" || name == "[vsyscall]" {
+    for m in maps.into_iter().filter(|m| m.write) {
+        if m.path == "[vvar]" || m.path == "[vdso]" || m.path == "[vsyscall]" {
             continue;
         }
+        let (lo, hi) = (m.start, m.end);
         for (lo, hi) in subtract(lo, hi, &tracer) {
             // A stopped thread's stack: only from its lowest live address
             // up (which may be up to a red zone below the mapping).

@@ -81,6 +81,8 @@ impl Session {
         self.final_flush(EndReason::Detach, false, None);
         super::stop_tracing();
         self.out.close();
+        // The process's descriptors are its own again.
+        sys::close_statm();
     }
 }
 

@@ -97,6 +97,13 @@ impl Output {
     /// lookup inside the program). `None` when `addr` names no socket;
     /// `Some(Err(message))` when it is malformed or the connection failed.
     pub fn connect(addr: &str) -> Option<Result<Output, String>> {
+        if let Some(n) = addr.strip_prefix(HELD_PREFIX) {
+            return Some(adopt(n).map(|fd| {
+                let id = identity(fd).unwrap_or((0, 0));
+                let path = CString::new(addr).unwrap_or_default();
+                Output { fd: AtomicI32::new(fd), id, path, sink: Sink::Socket, lost: AtomicBool::new(false) }
+            }));
+        }
         let parsed = Address::parse(addr)?;
         Some(parsed.and_then(|a| connect_socket(&a)).map(|fd| {
             let fd = move_high(fd, -1).unwrap_or(fd);
@@ -258,6 +265,25 @@ fn open_existing(path: &std::ffi::CStr) -> Result<i32, i32> {
         libc::fcntl(fd, libc::F_SETFL, libc::O_WRONLY);
         Ok(fd)
     }
+}
+
+/// The output setting that names a connected socket the process holds
+/// already, `fd:N`: `mtrace attach` made it in the process (a socket
+/// pair, whose other end it took with `pidfd_getfd`) when the process
+/// cannot reach the attacher's socket by path (another mount namespace).
+/// Not an address a reader listens on, so not `mtrace_format::address`'s.
+pub const HELD_PREFIX: &str = "fd:";
+
+/// Descriptor `n` (decimal), a stream socket, moved to a high number.
+fn adopt(n: &str) -> Result<i32, String> {
+    let fd: i32 = n.parse().map_err(|_| format!("{n:?} is no descriptor number"))?;
+    // SAFETY: st is a valid out-pointer; fstat on any number is safe.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err(format!("descriptor {fd} is no socket"));
+    }
+    Ok(move_high(fd, -1).unwrap_or(fd))
 }
 
 /// A connected stream socket (close-on-exec) to `addr`.

@@ -152,6 +152,7 @@ pub fn attach(pid: i32, opts: Options, duration: Option<std::time::Duration>) ->
     spawn::catch_signals(&opts.recording)?;
     let up = opener(&opts)?;
     let uprobes = up.is_some();
+    crate::inspect::check_readable(pid)?;
     let main = Pid::from_raw(pid);
     let tids = spawn::seize_all(main)?;
     let mut t = Tracer::new(opts, main, up);
@@ -178,6 +179,9 @@ pub fn attach(pid: i32, opts: Options, duration: Option<std::time::Duration>) ->
     }
     for &tid in &tids {
         t.hold_or_resume(tid, if tid == first { signals.first().copied() } else { None });
+    }
+    if uprobes {
+        t.wait_for_probes(std::time::Duration::from_secs(30));
     }
     eprintln!(
         "mtrace: attached to process {pid} with ptrace ({} ms to put the {} in); Ctrl-C detaches",

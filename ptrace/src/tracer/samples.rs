@@ -67,6 +67,20 @@ impl Tracer {
         }
     }
 
+    /// Waits, at most `limit`, until the opener made the probes asked for
+    /// every thread, taking them in (each thread, held until its own are
+    /// in, runs on as they come): an attach's window starts then. Opening
+    /// waits for the lock all perf trace events share, which another
+    /// tracer's closing holds for seconds: an attach said "4 ms to put
+    /// the uprobes in" and its 2 s window saw no call, the program held.
+    pub(super) fn wait_for_probes(&mut self, limit: std::time::Duration) {
+        let until = std::time::Instant::now() + limit;
+        while self.held.values().any(|h| h.pending > 0) && std::time::Instant::now() < until {
+            self.collect();
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// Takes in what the opener made; resumes the threads it was for.
     pub(super) fn collect(&mut self) {
         let Some(opener) = &self.opener else { return };

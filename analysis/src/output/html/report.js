@@ -107,6 +107,8 @@ function summary(app) {
     }
     const m = R.kinds.mappings;
     if (m && m.blocks) rows.push(['not classified', `${bytes(m.bytes)} in ${plural(m.blocks, 'mapping', 'mappings')} the program made (mmap; roots of the scan)`]);
+    const a = R.kinds.allocator_mappings;
+    if (a && a.blocks) rows.push(['not classified', `${bytes(a.bytes)} in ${plural(a.blocks, 'mapping', 'mappings')} the allocator made for its own use (not roots of the scan)`]);
   }
   for (const a of R.allocators.filter((x) => x.seen)) rows.push(['allocator', `${a.name === 'malloc' ? "the program's own malloc" : a.name} in ${a.module} (${a.how})`]);
   for (const n of R.notices) rows.push(['warning', n]);

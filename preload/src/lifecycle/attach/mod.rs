@@ -40,7 +40,7 @@ pub fn attached() -> bool {
 /// `dlopen`, and waits for [`mtrace_attach_init`]). Read once, by the
 /// constructor, while the environment is the one the process started with.
 pub fn preloaded() -> bool {
-    let Some(me) = own_path() else { return true };
+    let Some(me) = modules::own_path() else { return true };
     let base = me.rsplit('/').next().unwrap_or(&me).to_owned();
     let named =
         sys::getenv(c"LD_PRELOAD").is_some_and(|p| p.split([':', ' ']).any(|e| e.rsplit('/').next() == Some(&base)));
@@ -50,25 +50,12 @@ pub fn preloaded() -> bool {
     named
 }
 
-/// This library's path, from the loader.
-fn own_path() -> Option<String> {
-    // SAFETY: dladdr fills `info` for an address inside a loaded object;
-    // dli_fname is a C string owned by the loader.
-    unsafe {
-        let mut info: libc::Dl_info = std::mem::zeroed();
-        if libc::dladdr(preloaded as *const libc::c_void, &mut info) == 0 || info.dli_fname.is_null() {
-            return None;
-        }
-        Some(CStr::from_ptr(info.dli_fname).to_string_lossy().into_owned())
-    }
-}
-
 /// The hooks by name: this library's exported functions that interpose on
 /// the program's (`nm -D libmtrace.so`), leaving out its own API
 /// (`mtrace_*`), which a program only calls when it was built for it.
 fn hooks() -> HashMap<Vec<u8>, u64> {
     let mut out = HashMap::new();
-    let Some(path) = own_path().and_then(|p| CString::new(p).ok()) else { return out };
+    let Some(path) = modules::own_path().and_then(|p| CString::new(p).ok()) else { return out };
     let Some((lo, hi)) = modules::range_of(hooks as *const () as usize) else { return out };
     // SAFETY: RTLD_NOLOAD returns the handle of this loaded library.
     let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };

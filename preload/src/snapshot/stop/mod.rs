@@ -106,6 +106,12 @@ pub fn from_outside(skip: &[i32]) -> Result<Stopped, String> {
     Ok(Stopped { how: How::Outside(h), missed })
 }
 
+/// Whether the process has no thread but those in `skip`: nothing to
+/// hold, neither from outside nor by signal.
+pub fn alone(skip: &[i32]) -> bool {
+    tasks().iter().all(|t| skip.contains(t))
+}
+
 /// Stops every thread of the process but those in `skip` by the stop
 /// signal (see signal.rs for what that costs the program).
 pub fn by_signal(skip: &[i32]) -> Stopped {
