@@ -303,8 +303,16 @@ fn the_preload_interposes_on_every_function_of_the_shared_table() {
     let entry = mtrace_format::functions::ENTRY_POINTS.iter().map(|&(n, _)| n);
     let missing: Vec<&str> = entry.clone().filter(|n| !exported.contains(format!("mtrace_ep_{n}").as_str())).collect();
     assert_eq!(missing, Vec::<&str>::new());
-    let taken: Vec<&str> = entry.filter(|n| exported.contains(n)).collect();
+    let taken: Vec<&str> = entry.clone().filter(|n| exported.contains(n)).collect();
     assert_eq!(taken, Vec::<&str>::new());
+    // And no hook without its row (a hook written beside the table would
+    // never be redirected to).
+    let rows: std::collections::HashSet<&str> = entry.collect();
+    let mut stray: Vec<&str> =
+        exported.iter().filter_map(|n| n.strip_prefix("mtrace_ep_")).filter(|n| !rows.contains(n)).collect();
+    stray.sort_unstable();
+    assert_eq!(stray, Vec::<&str>::new());
+    assert!(rows.len() >= 50, "{}", rows.len());
 }
 
 /// (steps done when main returned, last step written) of a run of

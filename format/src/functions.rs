@@ -29,6 +29,11 @@ pub enum Call {
     Free {
         /// Whose block.
         family: Family,
+        /// How many arguments it takes (the block, then what it is told
+        /// of it: size, alignment, flags): a hook patched into a function
+        /// that several frees share must pass on as many as the one
+        /// taking most.
+        args: u8,
     },
     /// C++ `operator new`: the block comes from the allocator it calls
     /// (malloc, aligned_alloc), one event with the family of `new`.
@@ -66,8 +71,8 @@ pub const INTERPOSED: &[(&str, Call)] = &[
     ("calloc", Call::Calloc),
     ("realloc", Call::Realloc { array: false }),
     ("reallocarray", Call::Realloc { array: true }),
-    ("free", Call::Free { family: Family::Malloc }),
-    ("cfree", Call::Free { family: Family::Malloc }),
+    ("free", Call::Free { family: Family::Malloc, args: 1 }),
+    ("cfree", Call::Free { family: Family::Malloc, args: 1 }),
     ("memalign", Call::Alloc { family: Family::Aligned, size: 1 }),
     ("aligned_alloc", Call::Alloc { family: Family::Aligned, size: 1 }),
     ("valloc", Call::Alloc { family: Family::Aligned, size: 0 }),
@@ -85,19 +90,185 @@ pub const INTERPOSED: &[(&str, Call)] = &[
     ("_ZnamSt11align_val_t", Call::New { family: Family::NewArray }),
     ("_ZnwmSt11align_val_tRKSt9nothrow_t", Call::New { family: Family::New }),
     ("_ZnamSt11align_val_tRKSt9nothrow_t", Call::New { family: Family::NewArray }),
-    ("_ZdlPv", Call::Free { family: Family::New }),
-    ("_ZdaPv", Call::Free { family: Family::NewArray }),
-    ("_ZdlPvm", Call::Free { family: Family::New }),
-    ("_ZdaPvm", Call::Free { family: Family::NewArray }),
-    ("_ZdlPvRKSt9nothrow_t", Call::Free { family: Family::New }),
-    ("_ZdaPvRKSt9nothrow_t", Call::Free { family: Family::NewArray }),
-    ("_ZdlPvSt11align_val_t", Call::Free { family: Family::New }),
-    ("_ZdaPvSt11align_val_t", Call::Free { family: Family::NewArray }),
-    ("_ZdlPvmSt11align_val_t", Call::Free { family: Family::New }),
-    ("_ZdaPvmSt11align_val_t", Call::Free { family: Family::NewArray }),
-    ("_ZdlPvSt11align_val_tRKSt9nothrow_t", Call::Free { family: Family::New }),
-    ("_ZdaPvSt11align_val_tRKSt9nothrow_t", Call::Free { family: Family::NewArray }),
+    ("_ZdlPv", Call::Free { family: Family::New, args: 1 }),
+    ("_ZdaPv", Call::Free { family: Family::NewArray, args: 1 }),
+    ("_ZdlPvm", Call::Free { family: Family::New, args: 2 }),
+    ("_ZdaPvm", Call::Free { family: Family::NewArray, args: 2 }),
+    ("_ZdlPvRKSt9nothrow_t", Call::Free { family: Family::New, args: 2 }),
+    ("_ZdaPvRKSt9nothrow_t", Call::Free { family: Family::NewArray, args: 2 }),
+    ("_ZdlPvSt11align_val_t", Call::Free { family: Family::New, args: 2 }),
+    ("_ZdaPvSt11align_val_t", Call::Free { family: Family::NewArray, args: 2 }),
+    ("_ZdlPvmSt11align_val_t", Call::Free { family: Family::New, args: 3 }),
+    ("_ZdaPvmSt11align_val_t", Call::Free { family: Family::NewArray, args: 3 }),
+    ("_ZdlPvSt11align_val_tRKSt9nothrow_t", Call::Free { family: Family::New, args: 3 }),
+    ("_ZdaPvSt11align_val_tRKSt9nothrow_t", Call::Free { family: Family::NewArray, args: 3 }),
 ];
+
+/// The one table of allocators' own entry points: calls `$then!` with
+/// one row per function, `(ALLOCATOR "PREFIX" (KIND NAME(ARGS) ...))`,
+/// the prefixed variants written out. Both the format's
+/// [`ENTRY_POINTS`] and the preload's hooks (preload/src/hooks/
+/// entry_points.rs) are made from it, so that an entry point cannot be
+/// followed by one and not the other, and a new allocator is one block
+/// of rows here.
+///
+/// A block is `ALLOCATOR ["PREFIX", ...] { ROW ... }`: its rows under
+/// each prefix. A row is one of (the arguments with their C types, as
+/// the allocator's header declares them):
+/// - `(alloc NAME(ARGS) FAMILY SIZE)`: returns a block of the argument
+///   `SIZE` bytes, freed by `FAMILY`;
+/// - `(calloc NAME(n: usize, size: usize))`: a block of `n * size` bytes
+///   of the malloc family;
+/// - `(realloc NAME(p: PTR, size: usize, ...))`: resizes block `p` to
+///   `size` bytes;
+/// - `(free NAME(p: PTR, ...) FAMILY)`, and `(free NAME(p: PTR, ...)
+///   FAMILY told SIZE)` for a free told the block's size in the argument
+///   `SIZE` (a wrong one is a mismatched free): frees block `p`;
+/// - `(posix_memalign NAME(out: OUT, align: usize, size: usize))`: writes
+///   a block of `size` bytes to `*out`, returns 0 or an error number.
+#[macro_export]
+macro_rules! with_entry_points {
+    ($then:ident) => {
+        $crate::__entry_point_rows! { $then []
+            // jemalloc(3)'s non-standard API (`flags`: MALLOCX_* bits,
+            // alignment among them), plain and under the prefixes its
+            // builds give the whole API (`--with-jemalloc-prefix`: Rust's
+            // tikv-jemalloc-sys uses `_rjem_`, redis's own build and
+            // FreeBSD-style ones `je_`).
+            jemalloc ["", "_rjem_", "je_"] {
+                (alloc mallocx(size: usize, flags: i32) Malloc size)
+                (realloc rallocx(p: *mut ::core::ffi::c_void, size: usize, flags: i32))
+                (free sdallocx(p: *mut ::core::ffi::c_void, size: usize, flags: i32) Malloc)
+                (free dallocx(p: *mut ::core::ffi::c_void, flags: i32) Malloc)
+            }
+            // Its malloc family under those prefixes (the plain names are
+            // interposed: INTERPOSED).
+            jemalloc ["_rjem_", "je_"] {
+                (alloc malloc(size: usize) Malloc size)
+                (calloc calloc(n: usize, size: usize))
+                (realloc realloc(p: *mut ::core::ffi::c_void, size: usize))
+                (free free(p: *mut ::core::ffi::c_void) Malloc)
+                (posix_memalign posix_memalign(out: *mut *mut ::core::ffi::c_void, align: usize, size: usize))
+                (alloc aligned_alloc(align: usize, size: usize) Aligned size)
+            }
+            // gperftools' tcmalloc.h.
+            tcmalloc ["tc_"] {
+                (alloc malloc(size: usize) Malloc size)
+                (calloc calloc(n: usize, size: usize))
+                (realloc realloc(p: *mut ::core::ffi::c_void, size: usize))
+                (free free(p: *mut ::core::ffi::c_void) Malloc)
+                (free free_sized(p: *mut ::core::ffi::c_void, size: usize) Malloc)
+                (alloc memalign(align: usize, size: usize) Aligned size)
+                (posix_memalign posix_memalign(out: *mut *mut ::core::ffi::c_void, align: usize, size: usize))
+                (alloc new(size: usize) New size)
+                (alloc newarray(size: usize) NewArray size)
+                (free delete(p: *mut ::core::ffi::c_void) New)
+                (free deletearray(p: *mut ::core::ffi::c_void) NewArray)
+                (free delete_sized(p: *mut ::core::ffi::c_void, size: usize) New)
+                (free deletearray_sized(p: *mut ::core::ffi::c_void, size: usize) NewArray)
+            }
+            // mimalloc.h: every block is mi_free's, aligned or not.
+            mimalloc ["mi_"] {
+                (alloc malloc(size: usize) Malloc size)
+                (alloc zalloc(size: usize) Malloc size)
+                (calloc calloc(n: usize, size: usize))
+                (realloc realloc(p: *mut ::core::ffi::c_void, size: usize))
+                (free free(p: *mut ::core::ffi::c_void) Malloc)
+                (free free_size(p: *mut ::core::ffi::c_void, size: usize) Malloc)
+                (free free_aligned(p: *mut ::core::ffi::c_void, align: usize) Malloc)
+                (free free_size_aligned(p: *mut ::core::ffi::c_void, size: usize, align: usize) Malloc)
+                (alloc malloc_aligned(size: usize, align: usize) Malloc size)
+                (alloc zalloc_aligned(size: usize, align: usize) Malloc size)
+                (realloc realloc_aligned(p: *mut ::core::ffi::c_void, size: usize, align: usize))
+            }
+            // C23's sized frees (glibc 2.41): the size (and alignment) the
+            // block was allocated with; a size that is not the block's is
+            // a mismatched free.
+            c23 [""] {
+                (free free_sized(p: *mut ::core::ffi::c_void, size: usize) Malloc told size)
+                (free free_aligned_sized(p: *mut ::core::ffi::c_void, align: usize, size: usize) Malloc told size)
+            }
+        }
+    };
+}
+
+/// [`with_entry_points!`]'s blocks made one row per (prefix, function):
+/// each block's rows once for each of its prefixes, then `$then!` of all.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __entry_point_rows {
+    ($then:ident [$($out:tt)*]) => {
+        $then! { $($out)* }
+    };
+    ($then:ident [$($out:tt)*] $alloc:ident [] { $($row:tt)* } $($rest:tt)*) => {
+        $crate::__entry_point_rows! { $then [$($out)*] $($rest)* }
+    };
+    ($then:ident [$($out:tt)*] $alloc:ident [$p:literal $(, $ps:literal)*] { $($row:tt)* } $($rest:tt)*) => {
+        $crate::__entry_point_rows! { $then [$($out)* $(($alloc $p $row))*] $alloc [$($ps),*] { $($row)* } $($rest)* }
+    };
+}
+
+/// The position of argument `name` in `args` (a compile-time error when
+/// it is not there).
+pub const fn argument(args: &[&str], name: &str) -> usize {
+    let mut i = 0;
+    while i < args.len() {
+        if same(args[i], name) {
+            return i;
+        }
+        i += 1;
+    }
+    panic!("no such argument")
+}
+
+/// `a == b`, in a const context.
+pub const fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut j = 0;
+    while j < a.len() {
+        if a[j] != b[j] {
+            return false;
+        }
+        j += 1;
+    }
+    true
+}
+
+/// [`ENTRY_POINTS`] from the table's rows.
+macro_rules! entry_point_calls {
+    ($(($alloc:ident $p:literal ($kind:ident $name:ident ($($a:ident: $t:ty),*) $($more:tt)*)))*) => {
+        &[$((concat!($p, stringify!($name)), entry_point_call!($kind ($($a),*) $($more)*)),)*]
+    };
+}
+
+/// The [`Call`] of one row of [`with_entry_points!`].
+macro_rules! entry_point_call {
+    (alloc ($($a:ident),*) $family:ident $size:ident) => {
+        Call::Alloc { family: Family::$family, size: argument(&[$(stringify!($a)),*], stringify!($size)) }
+    };
+    (calloc ($($a:ident),*)) => {
+        Call::Calloc
+    };
+    (realloc ($($a:ident),*)) => {
+        Call::Realloc { array: false }
+    };
+    (free ($($a:ident),*) $family:ident $(told $size:ident)?) => {
+        Call::Free { family: Family::$family, args: [$(stringify!($a)),*].len() as u8 }
+    };
+    (posix_memalign ($($a:ident),*)) => {
+        Call::PosixMemalign
+    };
+}
+
+/// [`ENTRY_POINT_ALLOCATORS`] from the table's rows.
+macro_rules! entry_point_allocators {
+    ($(($alloc:ident $p:literal $row:tt))*) => {
+        &[$((stringify!($alloc), $p),)*]
+    };
+}
 
 /// Allocators' own entry points, beside the malloc family they also
 /// define: followed where a module calls them (the preload rewrites the
@@ -107,72 +278,27 @@ pub const INTERPOSED: &[(&str, Call)] = &[
 /// defines them (the preload patches their entry), and by the ptrace
 /// tracer wherever a module defines them. Each is recorded in the family
 /// its allocator frees it with: a `sdallocx` of a `mallocx` block is
-/// right, and so is its `free`.
-/// - jemalloc(3)'s non-standard API (`flags`: MALLOCX_* bits, alignment
-///   among them);
-/// - jemalloc's whole API under the prefixes of [`JEMALLOC_PREFIXES`]
-///   (`--with-jemalloc-prefix`: Rust's tikv-jemallocator calls
-///   `_rjem_mallocx` and `_rjem_sdallocx`);
-/// - gperftools' `tc_*` (gperftools/tcmalloc.h);
-/// - mimalloc's `mi_*` (mimalloc.h), its malloc family and aligned forms;
-/// - C23's sized frees, `free_sized` and `free_aligned_sized` (glibc 2.41).
-pub const ENTRY_POINTS: &[(&str, Call)] = &[
-    ("mallocx", Call::Alloc { family: Family::Malloc, size: 0 }),
-    ("rallocx", Call::Realloc { array: false }),
-    ("sdallocx", Call::Free { family: Family::Malloc }),
-    ("dallocx", Call::Free { family: Family::Malloc }),
-    ("_rjem_malloc", Call::Alloc { family: Family::Malloc, size: 0 }),
-    ("_rjem_calloc", Call::Calloc),
-    ("_rjem_realloc", Call::Realloc { array: false }),
-    ("_rjem_free", Call::Free { family: Family::Malloc }),
-    ("_rjem_posix_memalign", Call::PosixMemalign),
-    ("_rjem_aligned_alloc", Call::Alloc { family: Family::Aligned, size: 1 }),
-    ("_rjem_mallocx", Call::Alloc { family: Family::Malloc, size: 0 }),
-    ("_rjem_rallocx", Call::Realloc { array: false }),
-    ("_rjem_sdallocx", Call::Free { family: Family::Malloc }),
-    ("_rjem_dallocx", Call::Free { family: Family::Malloc }),
-    ("je_malloc", Call::Alloc { family: Family::Malloc, size: 0 }),
-    ("je_calloc", Call::Calloc),
-    ("je_realloc", Call::Realloc { array: false }),
-    ("je_free", Call::Free { family: Family::Malloc }),
-    ("je_posix_memalign", Call::PosixMemalign),
-    ("je_aligned_alloc", Call::Alloc { family: Family::Aligned, size: 1 }),
-    ("je_mallocx", Call::Alloc { family: Family::Malloc, size: 0 }),
-    ("je_rallocx", Call::Realloc { array: false }),
-    ("je_sdallocx", Call::Free { family: Family::Malloc }),
-    ("je_dallocx", Call::Free { family: Family::Malloc }),
-    ("tc_malloc", Call::Alloc { family: Family::Malloc, size: 0 }),
-    ("tc_calloc", Call::Calloc),
-    ("tc_realloc", Call::Realloc { array: false }),
-    ("tc_free", Call::Free { family: Family::Malloc }),
-    ("tc_free_sized", Call::Free { family: Family::Malloc }),
-    ("tc_memalign", Call::Alloc { family: Family::Aligned, size: 1 }),
-    ("tc_posix_memalign", Call::PosixMemalign),
-    ("tc_new", Call::Alloc { family: Family::New, size: 0 }),
-    ("tc_newarray", Call::Alloc { family: Family::NewArray, size: 0 }),
-    ("tc_delete", Call::Free { family: Family::New }),
-    ("tc_deletearray", Call::Free { family: Family::NewArray }),
-    ("tc_delete_sized", Call::Free { family: Family::New }),
-    ("tc_deletearray_sized", Call::Free { family: Family::NewArray }),
-    ("mi_malloc", Call::Alloc { family: Family::Malloc, size: 0 }),
-    ("mi_zalloc", Call::Alloc { family: Family::Malloc, size: 0 }),
-    ("mi_calloc", Call::Calloc),
-    ("mi_realloc", Call::Realloc { array: false }),
-    ("mi_free", Call::Free { family: Family::Malloc }),
-    ("mi_free_size", Call::Free { family: Family::Malloc }),
-    ("mi_free_aligned", Call::Free { family: Family::Malloc }),
-    ("mi_free_size_aligned", Call::Free { family: Family::Malloc }),
-    ("mi_malloc_aligned", Call::Alloc { family: Family::Malloc, size: 0 }),
-    ("mi_zalloc_aligned", Call::Alloc { family: Family::Malloc, size: 0 }),
-    ("mi_realloc_aligned", Call::Realloc { array: false }),
-    ("free_sized", Call::Free { family: Family::Malloc }),
-    ("free_aligned_sized", Call::Free { family: Family::Malloc }),
-];
+/// right, and so is its `free`. Made from [`with_entry_points!`]'s rows,
+/// as the preload's hooks of them are.
+pub const ENTRY_POINTS: &[(&str, Call)] = crate::with_entry_points!(entry_point_calls);
 
-/// The prefixes a jemalloc build may give its whole API (`--with-jemalloc-prefix`):
-/// Rust's tikv-jemalloc-sys uses `_rjem_`, FreeBSD-style and redis's own
-/// builds `je_`. [`ENTRY_POINTS`] lists jemalloc's API under each.
-pub const JEMALLOC_PREFIXES: &[&str] = &["_rjem_", "je_"];
+/// Each entry point's allocator and the prefix its name was made with,
+/// in [`ENTRY_POINTS`]' order: `("jemalloc", "_rjem_")` for
+/// `_rjem_mallocx`.
+pub const ENTRY_POINT_ALLOCATORS: &[(&str, &str)] = crate::with_entry_points!(entry_point_allocators);
+
+/// The prefixes `allocator`'s entry points are named with (`_rjem_` and
+/// `je_` for jemalloc, `tc_`, `mi_`), each once, in the table's order;
+/// the empty prefix (jemalloc's own `mallocx`) left out.
+pub fn prefixes_of(allocator: &str) -> Vec<&'static str> {
+    let mut out: Vec<&'static str> = Vec::new();
+    for &(a, p) in ENTRY_POINT_ALLOCATORS {
+        if a == allocator && !p.is_empty() && !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
+}
 
 /// The dynamic loader's hook the ptrace tracer watches for a changed
 /// module list (the preload notices new modules by their generation).
@@ -238,14 +364,14 @@ mod tests {
 
     #[test]
     fn names_and_versions() {
-        assert_eq!(lookup("free@@GLIBC_2.2.5"), Some(Call::Free { family: Family::Malloc }));
+        assert_eq!(lookup("free@@GLIBC_2.2.5"), Some(Call::Free { family: Family::Malloc, args: 1 }));
         assert_eq!(lookup("_dl_debug_state"), Some(Call::LoaderState));
         assert_eq!(lookup("strdup"), None);
-        assert_eq!(lookup("_rjem_sdallocx"), Some(Call::Free { family: Family::Malloc }));
+        assert_eq!(lookup("_rjem_sdallocx"), Some(Call::Free { family: Family::Malloc, args: 3 }));
         assert_eq!(lookup("je_mallocx"), Some(Call::Alloc { family: Family::Malloc, size: 0 }));
         assert_eq!(lookup("_rjem_malloc_usable_size"), None);
         assert_eq!(lookup("je_mi_malloc"), None);
-        for p in super::JEMALLOC_PREFIXES {
+        for p in ["_rjem_", "je_"] {
             for n in ["malloc", "calloc", "realloc", "free", "posix_memalign", "aligned_alloc"] {
                 assert_eq!(lookup(&format!("{p}{n}")), lookup(n), "{p}{n}");
             }
@@ -253,7 +379,14 @@ mod tests {
                 assert_eq!(lookup(&format!("{p}{n}")), lookup(n), "{p}{n}");
             }
         }
-        assert_eq!(lookup("mi_free_size"), Some(Call::Free { family: Family::Malloc }));
+        assert_eq!(lookup("mi_free_size"), Some(Call::Free { family: Family::Malloc, args: 2 }));
+        assert_eq!(lookup("mi_malloc_aligned"), Some(Call::Alloc { family: Family::Malloc, size: 0 }));
+        assert_eq!(lookup("tc_memalign"), Some(Call::Alloc { family: Family::Aligned, size: 1 }));
+        assert_eq!(lookup("free_aligned_sized"), Some(Call::Free { family: Family::Malloc, args: 3 }));
+        assert!(super::ENTRY_POINTS.len() >= 50);
+        assert_eq!(super::prefixes_of("jemalloc"), ["_rjem_", "je_"]);
+        assert_eq!(super::prefixes_of("tcmalloc"), ["tc_"]);
+        assert_eq!(super::prefixes_of("c23"), Vec::<&str>::new());
         let mut names: Vec<&str> = INTERPOSED.iter().map(|(n, _)| *n).collect();
         names.sort_unstable();
         names.dedup();

@@ -207,7 +207,7 @@ pub fn entry(
     let outer = |arg, done, new| Some(Outer { sp: slot, ret, arg, done, new });
     match b.call {
         Call::LoaderState | Call::Exit => {}
-        Call::Free { family } => match nested {
+        Call::Free { family, .. } => match nested {
             None => {
                 if args[0] != 0 && (!p.keeps_live() || p.live.remove(&args[0])) {
                     let stack = if s.check_frees { backtrace(p, t, at, ret, s.depth, frames) } else { 0 };

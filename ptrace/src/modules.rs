@@ -200,7 +200,9 @@ fn load(path: &str, open: &str, start: u64, end: u64, off: u64) -> Result<Option
 /// (`Family::Shared`, never judged mismatched); else the first name's.
 fn aliased(first: Call, other: Call) -> Call {
     match (first, other) {
-        (Call::Free { family: a }, Call::Free { family: b }) if a != b => Call::Free { family: Family::Shared },
+        (Call::Free { family: a, args: m }, Call::Free { family: b, args: n }) if a != b => {
+            Call::Free { family: Family::Shared, args: m.max(n) }
+        }
         _ => first,
     }
 }

@@ -23,6 +23,8 @@ use std::path::Path;
 
 use object::{Object, ObjectSymbol};
 
+use mtrace_format::functions::prefixes_of;
+
 use crate::symbolize::{Mapped, Symbolizer};
 use crate::trace::Trace;
 
@@ -53,13 +55,24 @@ impl Allocator {
     }
 }
 
-/// Marker symbols of the allocators known by name, with the prefixes their
-/// builds give their entry points: (name, symbols, prefixes).
+/// Marker symbols of the allocators known by name: (name, symbols it
+/// defines under its own name, symbols it defines under each prefix of
+/// its entry points). The prefixes are the producers' table's
+/// (`mtrace_format::functions::prefixes_of`): jemalloc's `mallctl`,
+/// `je_mallctl` and `_rjem_malloc` all say jemalloc.
 const KNOWN: &[(&str, &[&str], &[&str])] = &[
-    ("jemalloc", &["mallctl", "je_mallctl", "_rjem_mallctl", "je_malloc", "_rjem_malloc"], &["_rjem_", "je_"]),
-    ("tcmalloc", &["tc_malloc", "tc_free"], &["tc_"]),
-    ("mimalloc", &["mi_malloc", "mi_free"], &["mi_"]),
+    ("jemalloc", &["mallctl"], &["mallctl", "malloc"]),
+    ("tcmalloc", &[], &["malloc", "free"]),
+    ("mimalloc", &[], &["malloc", "free"]),
 ];
+
+/// [`KNOWN`]'s allocators' prefixes, by their place in it: made once
+/// ([`relevant`] asks for every symbol of every module).
+fn prefixes(allocator: &str) -> &'static [&'static str] {
+    static ALL: std::sync::LazyLock<Vec<Vec<&'static str>>> =
+        std::sync::LazyLock::new(|| KNOWN.iter().map(|(a, _, _)| prefixes_of(a)).collect());
+    KNOWN.iter().position(|(a, _, _)| *a == allocator).map_or(&[], |i| ALL[i].as_slice())
+}
 
 /// The malloc family's names whose definition makes a module the
 /// process's allocator.
@@ -130,7 +143,10 @@ pub fn survey(t: &Trace, sym: &Symbolizer) -> Survey {
 pub fn classify(defined: &HashSet<String>, path: &str, is_exe: bool, preloaded: bool) -> Option<Allocator> {
     let has = |n: &str| defined.contains(n);
     let defines_malloc = has("malloc") && has("free");
-    let known = KNOWN.iter().find(|(_, marks, _)| marks.iter().any(|m| has(m)));
+    let marked = |(a, plain, prefixed): &&(&str, &[&str], &[&str])| {
+        plain.iter().any(|m| has(m)) || prefixes(a).iter().any(|p| prefixed.iter().any(|m| has(&format!("{p}{m}"))))
+    };
+    let known = KNOWN.iter().find(marked);
     let name = match known {
         Some((n, _, _)) => *n,
         // glibc's malloc, linked statically with the rest of glibc: the
@@ -140,15 +156,15 @@ pub fn classify(defined: &HashSet<String>, path: &str, is_exe: bool, preloaded: 
         None if defines_malloc && MALLOC.iter().all(|n| has(n)) => "malloc",
         None => return None,
     };
-    let prefixes: Vec<&str> = known
-        .map(|(_, _, p)| p.iter().copied().filter(|p| defined.iter().any(|d| d.starts_with(p))).collect())
+    let used: Vec<&str> = known
+        .map(|(n, _, _)| prefixes(n).iter().copied().filter(|p| defined.iter().any(|d| d.starts_with(p))).collect())
         .unwrap_or_default();
     let (seen, how) = match (defines_malloc, is_exe, preloaded) {
         (true, false, true) => (true, "interposed: the preload's hooks forward to it".to_owned()),
         (true, true, true) => (false, "defined in the executable, which wins over the preload".to_owned()),
         (true, _, false) => (true, "breakpoints on its malloc family".to_owned()),
-        (false, _, false) => (true, format!("breakpoints on its own entry points ({})", prefixes.join(", "))),
-        (false, _, true) => (false, format!("only its own prefixed entry points ({})", prefixes.join(", "))),
+        (false, _, false) => (true, format!("breakpoints on its own entry points ({})", used.join(", "))),
+        (false, _, true) => (false, format!("only its own prefixed entry points ({})", used.join(", "))),
     };
     Some(Allocator { name, module: path.to_owned(), seen, how })
 }
@@ -181,7 +197,7 @@ fn relevant(n: &str) -> bool {
     MALLOC.contains(&n)
         || n == "__libc_malloc"
         || n == "__libc_start_main"
-        || KNOWN.iter().any(|(_, marks, prefixes)| marks.contains(&n) || prefixes.iter().any(|p| n.starts_with(p)))
+        || KNOWN.iter().any(|(a, plain, _)| plain.contains(&n) || prefixes(a).iter().any(|p| n.starts_with(p)))
 }
 
 /// The names [`classify`] looks at among those of the functions and

@@ -141,7 +141,6 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
     }
 }
 
-static POSIX_MEMALIGN: NextFn = NextFn::new(c"posix_memalign");
 static ALIGNED_ALLOC: NextFn = NextFn::new(c"aligned_alloc");
 static MEMALIGN: NextFn = NextFn::new(c"memalign");
 static VALLOC: NextFn = NextFn::new(c"valloc");
@@ -177,7 +176,7 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
     traced_sampled(
         size,
         // SAFETY: F is posix_memalign's signature; out is valid per contract.
-        || match unsafe { next::<F>(&POSIX_MEMALIGN) } {
+        || match unsafe { next::<F>(&crate::platform::real::POSIX_MEMALIGN) } {
             // SAFETY: the real function, with the arguments of the caller's C contract.
             Some(f) => unsafe { f(out, align, size) },
             None => libc::ENOMEM,

@@ -32,10 +32,16 @@ const fn cstr(b: &'static [u8]) -> &'static CStr {
 
 macro_rules! new_hook {
     ($sym:literal, $name:ident, $family:expr, $fallback:expr, ($($arg:ident : $ty:ty),*), $direct:expr, $align:expr) => {
+        /// The next definition of the operator (one per symbol: `decide`
+        /// asks the same).
+        mod $name {
+            pub(super) static NEXT: super::NextFn = super::NextFn::new(super::cstr(concat!($sym, "\0").as_bytes()));
+        }
+
         /// Traced C++ allocation function; forwards to the next definition.
         #[export_name = $sym]
         pub extern "C-unwind" fn $name(size: usize $(, $arg: $ty)*) -> *mut c_void {
-            static NEXT: NextFn = NextFn::new(cstr(concat!($sym, "\0").as_bytes()));
+            use $name::NEXT;
             type F = unsafe extern "C-unwind" fn(usize $(, $ty)*) -> *mut c_void;
             resolve_tracked(&NEXT);
             // SAFETY: F is this symbol's signature in the C++ ABI.
@@ -62,13 +68,19 @@ macro_rules! new_hook {
 
 macro_rules! delete_hook {
     ($sym:literal, $name:ident, $family:expr, ($($arg:ident : $ty:ty),*), $direct:expr, $told:expr) => {
+        /// The next definition of the operator (one per symbol: `decide`
+        /// asks the same).
+        mod $name {
+            pub(super) static NEXT: super::NextFn = super::NextFn::new(super::cstr(concat!($sym, "\0").as_bytes()));
+        }
+
         /// Traced C++ deallocation function; forwards to the next definition.
         ///
         /// # Safety
         /// `p` is null or a block from the matching `operator new`.
         #[export_name = $sym]
         pub unsafe extern "C" fn $name(p: *mut c_void $(, $arg: $ty)*) {
-            static NEXT: NextFn = NextFn::new(cstr(concat!($sym, "\0").as_bytes()));
+            use $name::NEXT;
             type F = unsafe extern "C" fn(*mut c_void $(, $ty)*);
             $(let _ = &$arg;)*
             // What a sized or aligned delete is told of the block: (size,
@@ -144,9 +156,7 @@ fn decide() -> bool {
             }
         })
     };
-    static STD_NEW: NextFn = NextFn::new(c"_Znwm");
-    static STD_DELETE: NextFn = NextFn::new(c"_ZdlPv");
-    names.iter().all(|&n| ours(n)) && in_libstdcxx(&STD_NEW) && in_libstdcxx(&STD_DELETE)
+    names.iter().all(|&n| ours(n)) && in_libstdcxx(&new::NEXT) && in_libstdcxx(&delete::NEXT)
 }
 
 type Nothrow = *const c_void;

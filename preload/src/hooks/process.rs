@@ -25,7 +25,6 @@ static FEXECVE: NextFn = NextFn::new(c"fexecve");
 static POSIX_SPAWN: NextFn = NextFn::new(c"posix_spawn");
 static POSIX_SPAWNP: NextFn = NextFn::new(c"posix_spawnp");
 static DLCLOSE: NextFn = NextFn::new(c"dlclose");
-static PTHREAD_CREATE: NextFn = NextFn::new(c"pthread_create");
 
 fn flush(reason: EndReason) {
     match Guard::enter() {
@@ -351,7 +350,7 @@ pub unsafe extern "C" fn pthread_create(
         *mut c_void,
     ) -> i32;
     // SAFETY: F is pthread_create's signature.
-    match unsafe { next::<F>(&PTHREAD_CREATE) } {
+    match unsafe { next::<F>(&crate::platform::real::PTHREAD_CREATE) } {
         // SAFETY: the real function, with the arguments of the caller's C contract.
         Some(f) => unsafe { f(thread, attr, start, arg) },
         None => libc::EAGAIN,

@@ -189,7 +189,9 @@ pub fn thread_atexit(dtor: extern "C" fn(*mut c_void), obj: *mut c_void) {
     }
 }
 
-static PTHREAD_CREATE: NextFn = NextFn::new(c"pthread_create");
+/// libc's `pthread_create`: this module's and the hook's
+/// (hooks/process.rs), resolved once.
+pub static PTHREAD_CREATE: NextFn = NextFn::new(c"pthread_create");
 
 /// The function a thread runs (`pthread_create`'s `start_routine`).
 pub type ThreadMain = extern "C" fn(*mut c_void) -> *mut c_void;
@@ -390,7 +392,9 @@ pub fn find_entry_point(name: &CStr) -> Option<usize> {
     (a != 0).then_some(a)
 }
 
-static POSIX_MEMALIGN: NextFn = NextFn::new(c"posix_memalign");
+/// The next `posix_memalign`: the tracer's own aligned blocks' and the
+/// hook's (hooks/alloc.rs), resolved once (and told of a patch once).
+pub static POSIX_MEMALIGN: NextFn = NextFn::new(c"posix_memalign");
 
 /// The functions of `mtrace_format::functions::INTERPOSED` that the
 /// executable defines and lifecycle::patch hooked by patching their entry:

@@ -69,7 +69,7 @@ pub fn shared_free(names: &[String]) -> Option<usize> {
     let families: Vec<Family> = names
         .iter()
         .filter_map(|n| match call_of(n)? {
-            Call::Free { family } => Some(family),
+            Call::Free { family, .. } => Some(family),
             _ => None,
         })
         .collect();
@@ -78,22 +78,13 @@ pub fn shared_free(names: &[String]) -> Option<usize> {
     (mixed && args.len() == names.len()).then(|| args.into_iter().max().unwrap_or(1))
 }
 
-/// How many arguments the free `name` takes (its C or C++ signature).
+/// How many arguments the free `name` takes (its C or C++ signature,
+/// from the tables: `mtrace_format::functions`).
 pub fn free_args(name: &str) -> Option<usize> {
-    if let Some(rest) = name.strip_prefix("_ZdlPv").or_else(|| name.strip_prefix("_ZdaPv")) {
-        let extra = usize::from(rest.contains('m'))
-            + usize::from(rest.contains("St11align_val_t"))
-            + usize::from(rest.contains("RKSt9nothrow_t"));
-        return Some(1 + extra);
+    match call_of(name)? {
+        Call::Free { args, .. } => Some(usize::from(args)),
+        _ => None,
     }
-    let base = ["_rjem_", "je_"].iter().find_map(|p| name.strip_prefix(p)).unwrap_or(name);
-    Some(match base {
-        "free" | "cfree" | "tc_free" | "tc_delete" | "tc_deletearray" | "mi_free" => 1,
-        "tc_free_sized" | "tc_delete_sized" | "tc_deletearray_sized" | "mi_free_size" | "mi_free_aligned" => 2,
-        "free_sized" | "dallocx" => 2,
-        "mi_free_size_aligned" | "free_aligned_sized" | "sdallocx" => 3,
-        _ => return None,
-    })
 }
 
 /// Whether `name` is one of the C++ operators new and delete.
