@@ -322,8 +322,40 @@ fn sized_and_aligned_deletes_told_another_size_or_alignment_are_mismatched_frees
         .expect("g++");
     assert!(st.success());
     let m = markers("delete_mismatch.cpp");
-    let (r, out) = run_json(&dir, &["-S"], &prog, &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The preload, and the ptrace tracer under both ways of stopping
+    // (which read what each delete is told from the functions' table).
+    for how in [&[][..], &["--ptrace"], &["--ptrace", "--hooks", "breakpoints"]] {
+        told_mismatches_are_found(&dir, &prog, &m, how);
+    }
+    // The text, in valgrind 3.22's words.
+    let txt = dir.join("report.txt");
+    let st = Command::new(mtrace()).args(["run", "-S", "-o"]).arg(&txt).arg("--").arg(&prog).output().unwrap();
+    assert!(st.status.success());
+    let text = std::fs::read_to_string(&txt).unwrap();
+    assert!(
+        text.contains("\n#3: Mismatched new/delete size value: delete told 4 bytes of a block of 20, 1 time\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "\n#4: Mismatched new/delete alignment: delete told the default alignment of a block allocated with \
+             alignment 64, 1 time\n"
+        ),
+        "{text}"
+    );
+}
+
+/// delete_mismatch.cpp's six mismatched frees (and with -S only: the
+/// sizes' three need it), traced with the options `how`.
+fn told_mismatches_are_found(
+    dir: &std::path::Path,
+    prog: &std::path::Path,
+    m: &std::collections::HashMap<String, u32>,
+    how: &[&str],
+) {
+    let with_s: Vec<&str> = how.iter().copied().chain(["-S"]).collect();
+    let (r, out) = run_json(dir, &with_s, prog, &[]);
+    assert!(out.status.success(), "{how:?}: {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "delete_mismatch: done\n");
     // (kind, call, the size or alignment the delete was told, the block's
     // size and alignment, the allocating line), one each, in the order the
@@ -358,33 +390,18 @@ fn sized_and_aligned_deletes_told_another_size_or_alignment_are_mismatched_frees
             want("align_mismatch", "delete", 0, 64, 64, "aligned_new"),
             want("align_mismatch", "delete", 64, 32, 0, "aligned_del"),
             want("align_mismatch", "delete", 128, 64, 64, "other_align"),
-        ]
+        ],
+        "{how:?}"
     );
     // With -S, where each was freed: the line after its allocation's but
     // for the Base*, deleted two lines below.
     for e in r["errors"].as_array().unwrap() {
         assert!(line_in(&serde_json::json!({"frames": e["free_frames"]}), "delete_mismatch.cpp").is_some(), "{e}");
     }
-    assert_eq!(r["summary"]["mismatched_frees"], 6);
+    assert_eq!(r["summary"]["mismatched_frees"], 6, "{how:?}");
     assert_eq!(r["summary"]["bad_frees"], 0);
     // Without -S, the sizes are not in the trace: the alignments only.
-    let (r, _) = run_json(&dir, &[], &prog, &[]);
+    let (r, _) = run_json(dir, how, prog, &[]);
     let kinds: Vec<&str> = r["errors"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
-    assert_eq!(kinds, ["align_mismatch"; 3]);
-    // The text, in valgrind 3.22's words.
-    let txt = dir.join("report.txt");
-    let st = Command::new(mtrace()).args(["run", "-S", "-o"]).arg(&txt).arg("--").arg(&prog).output().unwrap();
-    assert!(st.status.success());
-    let text = std::fs::read_to_string(&txt).unwrap();
-    assert!(
-        text.contains("\n#3: Mismatched new/delete size value: delete told 4 bytes of a block of 20, 1 time\n"),
-        "{text}"
-    );
-    assert!(
-        text.contains(
-            "\n#4: Mismatched new/delete alignment: delete told the default alignment of a block allocated with \
-             alignment 64, 1 time\n"
-        ),
-        "{text}"
-    );
+    assert_eq!(kinds, ["align_mismatch"; 3], "{how:?}");
 }

@@ -34,12 +34,22 @@ pub enum Call {
         /// that several frees share must pass on as many as the one
         /// taking most.
         args: u8,
+        /// The argument holding the size it is told the block has (a
+        /// sized `operator delete`, `free_sized`): a size that is not the
+        /// block's is a mismatched free.
+        size: Option<u8>,
+        /// The argument holding the alignment it is told (an aligned
+        /// `operator delete`).
+        align: Option<u8>,
     },
     /// C++ `operator new`: the block comes from the allocator it calls
     /// (malloc, aligned_alloc), one event with the family of `new`.
     New {
         /// `new` or `new[]`.
         family: Family,
+        /// The argument holding the alignment asked for (an aligned
+        /// `operator new`: `std::align_val_t`).
+        align: Option<u8>,
     },
     /// `mmap(addr, len, prot, flags, fd, off)`.
     Mmap,
@@ -71,8 +81,8 @@ pub const INTERPOSED: &[(&str, Call)] = &[
     ("calloc", Call::Calloc),
     ("realloc", Call::Realloc { array: false }),
     ("reallocarray", Call::Realloc { array: true }),
-    ("free", Call::Free { family: Family::Malloc, args: 1 }),
-    ("cfree", Call::Free { family: Family::Malloc, args: 1 }),
+    ("free", Call::Free { family: Family::Malloc, args: 1, size: None, align: None }),
+    ("cfree", Call::Free { family: Family::Malloc, args: 1, size: None, align: None }),
     ("memalign", Call::Alloc { family: Family::Aligned, size: 1 }),
     ("aligned_alloc", Call::Alloc { family: Family::Aligned, size: 1 }),
     ("valloc", Call::Alloc { family: Family::Aligned, size: 0 }),
@@ -82,26 +92,29 @@ pub const INTERPOSED: &[(&str, Call)] = &[
     ("mmap64", Call::Mmap),
     ("munmap", Call::Munmap),
     ("mremap", Call::Mremap),
-    ("_Znwm", Call::New { family: Family::New }),
-    ("_Znam", Call::New { family: Family::NewArray }),
-    ("_ZnwmRKSt9nothrow_t", Call::New { family: Family::New }),
-    ("_ZnamRKSt9nothrow_t", Call::New { family: Family::NewArray }),
-    ("_ZnwmSt11align_val_t", Call::New { family: Family::New }),
-    ("_ZnamSt11align_val_t", Call::New { family: Family::NewArray }),
-    ("_ZnwmSt11align_val_tRKSt9nothrow_t", Call::New { family: Family::New }),
-    ("_ZnamSt11align_val_tRKSt9nothrow_t", Call::New { family: Family::NewArray }),
-    ("_ZdlPv", Call::Free { family: Family::New, args: 1 }),
-    ("_ZdaPv", Call::Free { family: Family::NewArray, args: 1 }),
-    ("_ZdlPvm", Call::Free { family: Family::New, args: 2 }),
-    ("_ZdaPvm", Call::Free { family: Family::NewArray, args: 2 }),
-    ("_ZdlPvRKSt9nothrow_t", Call::Free { family: Family::New, args: 2 }),
-    ("_ZdaPvRKSt9nothrow_t", Call::Free { family: Family::NewArray, args: 2 }),
-    ("_ZdlPvSt11align_val_t", Call::Free { family: Family::New, args: 2 }),
-    ("_ZdaPvSt11align_val_t", Call::Free { family: Family::NewArray, args: 2 }),
-    ("_ZdlPvmSt11align_val_t", Call::Free { family: Family::New, args: 3 }),
-    ("_ZdaPvmSt11align_val_t", Call::Free { family: Family::NewArray, args: 3 }),
-    ("_ZdlPvSt11align_val_tRKSt9nothrow_t", Call::Free { family: Family::New, args: 3 }),
-    ("_ZdaPvSt11align_val_tRKSt9nothrow_t", Call::Free { family: Family::NewArray, args: 3 }),
+    ("_Znwm", Call::New { family: Family::New, align: None }),
+    ("_Znam", Call::New { family: Family::NewArray, align: None }),
+    ("_ZnwmRKSt9nothrow_t", Call::New { family: Family::New, align: None }),
+    ("_ZnamRKSt9nothrow_t", Call::New { family: Family::NewArray, align: None }),
+    ("_ZnwmSt11align_val_t", Call::New { family: Family::New, align: Some(1) }),
+    ("_ZnamSt11align_val_t", Call::New { family: Family::NewArray, align: Some(1) }),
+    ("_ZnwmSt11align_val_tRKSt9nothrow_t", Call::New { family: Family::New, align: Some(1) }),
+    ("_ZnamSt11align_val_tRKSt9nothrow_t", Call::New { family: Family::NewArray, align: Some(1) }),
+    ("_ZdlPv", Call::Free { family: Family::New, args: 1, size: None, align: None }),
+    ("_ZdaPv", Call::Free { family: Family::NewArray, args: 1, size: None, align: None }),
+    ("_ZdlPvm", Call::Free { family: Family::New, args: 2, size: Some(1), align: None }),
+    ("_ZdaPvm", Call::Free { family: Family::NewArray, args: 2, size: Some(1), align: None }),
+    ("_ZdlPvRKSt9nothrow_t", Call::Free { family: Family::New, args: 2, size: None, align: None }),
+    ("_ZdaPvRKSt9nothrow_t", Call::Free { family: Family::NewArray, args: 2, size: None, align: None }),
+    ("_ZdlPvSt11align_val_t", Call::Free { family: Family::New, args: 2, size: None, align: Some(1) }),
+    ("_ZdaPvSt11align_val_t", Call::Free { family: Family::NewArray, args: 2, size: None, align: Some(1) }),
+    ("_ZdlPvmSt11align_val_t", Call::Free { family: Family::New, args: 3, size: Some(1), align: Some(2) }),
+    ("_ZdaPvmSt11align_val_t", Call::Free { family: Family::NewArray, args: 3, size: Some(1), align: Some(2) }),
+    ("_ZdlPvSt11align_val_tRKSt9nothrow_t", Call::Free { family: Family::New, args: 3, size: None, align: Some(1) }),
+    (
+        "_ZdaPvSt11align_val_tRKSt9nothrow_t",
+        Call::Free { family: Family::NewArray, args: 3, size: None, align: Some(1) },
+    ),
 ];
 
 /// The one table of allocators' own entry points: calls `$then!` with
@@ -255,8 +268,16 @@ macro_rules! entry_point_call {
     (realloc ($($a:ident),*)) => {
         Call::Realloc { array: false }
     };
-    (free ($($a:ident),*) $family:ident $(told $size:ident)?) => {
-        Call::Free { family: Family::$family, args: [$(stringify!($a)),*].len() as u8 }
+    (free ($($a:ident),*) $family:ident) => {
+        Call::Free { family: Family::$family, args: [$(stringify!($a)),*].len() as u8, size: None, align: None }
+    };
+    (free ($($a:ident),*) $family:ident told $size:ident) => {
+        Call::Free {
+            family: Family::$family,
+            args: [$(stringify!($a)),*].len() as u8,
+            size: Some(argument(&[$(stringify!($a)),*], stringify!($size)) as u8),
+            align: None,
+        }
     };
     (posix_memalign ($($a:ident),*)) => {
         Call::PosixMemalign
@@ -364,10 +385,16 @@ mod tests {
 
     #[test]
     fn names_and_versions() {
-        assert_eq!(lookup("free@@GLIBC_2.2.5"), Some(Call::Free { family: Family::Malloc, args: 1 }));
+        assert_eq!(
+            lookup("free@@GLIBC_2.2.5"),
+            Some(Call::Free { family: Family::Malloc, args: 1, size: None, align: None })
+        );
         assert_eq!(lookup("_dl_debug_state"), Some(Call::LoaderState));
         assert_eq!(lookup("strdup"), None);
-        assert_eq!(lookup("_rjem_sdallocx"), Some(Call::Free { family: Family::Malloc, args: 3 }));
+        assert_eq!(
+            lookup("_rjem_sdallocx"),
+            Some(Call::Free { family: Family::Malloc, args: 3, size: None, align: None })
+        );
         assert_eq!(lookup("je_mallocx"), Some(Call::Alloc { family: Family::Malloc, size: 0 }));
         assert_eq!(lookup("_rjem_malloc_usable_size"), None);
         assert_eq!(lookup("je_mi_malloc"), None);
@@ -379,10 +406,24 @@ mod tests {
                 assert_eq!(lookup(&format!("{p}{n}")), lookup(n), "{p}{n}");
             }
         }
-        assert_eq!(lookup("mi_free_size"), Some(Call::Free { family: Family::Malloc, args: 2 }));
+        assert_eq!(
+            lookup("mi_free_size"),
+            Some(Call::Free { family: Family::Malloc, args: 2, size: None, align: None })
+        );
         assert_eq!(lookup("mi_malloc_aligned"), Some(Call::Alloc { family: Family::Malloc, size: 0 }));
         assert_eq!(lookup("tc_memalign"), Some(Call::Alloc { family: Family::Aligned, size: 1 }));
-        assert_eq!(lookup("free_aligned_sized"), Some(Call::Free { family: Family::Malloc, args: 3 }));
+        assert_eq!(
+            lookup("free_aligned_sized"),
+            Some(Call::Free { family: Family::Malloc, args: 3, size: Some(2), align: None })
+        );
+        assert_eq!(
+            lookup("_ZdaPvmSt11align_val_t"),
+            Some(Call::Free { family: Family::NewArray, args: 3, size: Some(1), align: Some(2) })
+        );
+        assert_eq!(
+            lookup("_ZnwmSt11align_val_tRKSt9nothrow_t"),
+            Some(Call::New { family: Family::New, align: Some(1) })
+        );
         assert!(super::ENTRY_POINTS.len() >= 50);
         assert_eq!(super::prefixes_of("jemalloc"), ["_rjem_", "je_"]);
         assert_eq!(super::prefixes_of("tcmalloc"), ["tc_"]);

@@ -43,9 +43,10 @@ pub struct Outer {
     /// its stack pointer is one its caller made next.
     done: bool,
     /// For `operator new`: the family and size of the block the
-    /// allocation it makes returns, its backtrace, and whether it is
-    /// recorded (under sampling).
-    new: Option<(Family, u64, u32, bool)>,
+    /// allocation it makes returns, its backtrace, whether it is
+    /// recorded (under sampling), and the alignment it asked for (0: not
+    /// an aligned new).
+    new: Option<(Family, u64, u32, bool, u64)>,
 }
 
 /// A call whose return is caught: its return address was replaced by the
@@ -60,8 +61,9 @@ pub struct Pending {
     stack: u32,
     /// When it was entered, ns.
     time: u64,
-    /// `operator new`'s family and size, for the allocation it made.
-    new: Option<(Family, u64)>,
+    /// `operator new`'s family, size and alignment (0: none asked for),
+    /// for the allocation it made.
+    new: Option<(Family, u64, u64)>,
     /// Its allocation is recorded: always, but under sampling when the
     /// thread's count-down did not pick it.
     picked: bool,
@@ -207,12 +209,17 @@ pub fn entry(
     let outer = |arg, done, new| Some(Outer { sp: slot, ret, arg, done, new });
     match b.call {
         Call::LoaderState | Call::Exit => {}
-        Call::Free { family, .. } => match nested {
+        Call::Free { family, size, align, .. } => match nested {
             None => {
                 if args[0] != 0 && (!p.keeps_live() || p.live.remove(&args[0])) {
                     let stack = if s.check_frees { backtrace(p, t, at, ret, s.depth, frames) } else { 0 };
-                    p.stream
-                        .record(t, &Record::Free { time_ns: time, family, addr: args[0], stack, align: 0, size: 0 });
+                    // What a sized or aligned free was told of the block,
+                    // as the preload writes it: the size with the frees'
+                    // checks only (-S), the alignment always.
+                    let told = |i: Option<u8>| i.map_or(0, |i| args[usize::from(i)]);
+                    let size = if s.check_frees { told(size) } else { 0 };
+                    let align = told(align);
+                    p.stream.record(t, &Record::Free { time_ns: time, family, addr: args[0], stack, align, size });
                 }
                 // free() calls no other free; delete ends in free.
                 th.outer = outer(args[0], family == Family::Malloc, None);
@@ -229,21 +236,22 @@ pub fn entry(
                 p.stream.record(t, &Record::Munmap { time_ns: time, addr: args[0], len: args[1] });
             }
         }
-        Call::New { family } => {
+        Call::New { family, align } => {
             if nested.is_none() {
                 let picked = p.collecting && pick(th, s, args[0]);
                 let stack = if picked { backtrace(p, t, at, ret, s.depth, frames) } else { 0 };
-                th.outer = outer(args[0], false, Some((family, args[0], stack, picked)));
+                let align = align.map_or(0, |i| args[usize::from(i)]);
+                th.outer = outer(args[0], false, Some((family, args[0], stack, picked, align)));
             }
         }
         call => {
             let (stack, new, picked) = match nested {
                 // The allocation `operator new` makes: its block is new's.
-                Some(Outer { new: Some((family, size, stack, picked)), .. }) => {
+                Some(Outer { new: Some((family, size, stack, picked, align)), .. }) => {
                     if let Some(o) = th.outer.as_mut() {
                         (o.done, o.new) = (true, None);
                     }
-                    (stack, Some((family, size)), picked)
+                    (stack, Some((family, size, align)), picked)
                 }
                 Some(_) => return false,
                 None => {
@@ -330,29 +338,35 @@ pub fn returned(p: &mut Process, th: &mut Thread, tid: Pid, r: &mut Regs, stack:
     let t = tid.as_raw() as u32;
     let res = r.result();
     let [a0, a1, a2, a3, a4] = q.args;
-    let alloc =
-        |addr: u64, family: Family, size: u64| Record::Alloc { time_ns, family, addr, size, stack: q.stack, align: 0 };
+    let alloc = |addr: u64, (family, size, align): (Family, u64, u64)| Record::Alloc {
+        time_ns,
+        family,
+        addr,
+        size,
+        stack: q.stack,
+        align,
+    };
     let rec = match q.call {
         Call::Alloc { family, size } => {
-            let (family, size) = q.new.unwrap_or((family, q.args[size]));
-            (res != 0).then(|| alloc(res, family, size))
+            let new = q.new.unwrap_or((family, q.args[size], 0));
+            (res != 0).then(|| alloc(res, new))
         }
-        Call::Calloc => (res != 0).then(|| alloc(res, Family::Malloc, a0.wrapping_mul(a1))),
+        Call::Calloc => (res != 0).then(|| alloc(res, (Family::Malloc, a0.wrapping_mul(a1), 0))),
         Call::PosixMemalign => {
             let block = if res == 0 {
                 stack.read_u64(p.pid, a0).or_else(|| target::read_u64(p.pid, a0)).unwrap_or(0)
             } else {
                 0
             };
-            let (family, size) = q.new.unwrap_or((Family::Aligned, a2));
-            (block != 0).then(|| alloc(block, family, size))
+            let new = q.new.unwrap_or((Family::Aligned, a2, 0));
+            (block != 0).then(|| alloc(block, new))
         }
         Call::Realloc { array } => {
             let size = if array { a1.wrapping_mul(a2) } else { a1 };
             let (old, new) = (a0, res);
             match Realloc::of(old, new, size) {
                 Realloc::Failed => None,
-                Realloc::Allocated => Some(alloc(new, Family::Malloc, size)),
+                Realloc::Allocated => Some(alloc(new, (Family::Malloc, size, 0))),
                 Realloc::Freed => Some(Record::Free {
                     time_ns: q.time,
                     family: Family::Malloc,

@@ -200,8 +200,10 @@ fn load(path: &str, open: &str, start: u64, end: u64, off: u64) -> Result<Option
 /// (`Family::Shared`, never judged mismatched); else the first name's.
 fn aliased(first: Call, other: Call) -> Call {
     match (first, other) {
-        (Call::Free { family: a, args: m }, Call::Free { family: b, args: n }) if a != b => {
-            Call::Free { family: Family::Shared, args: m.max(n) }
+        // What such a free is told depends on the name the program
+        // called: not read.
+        (Call::Free { family: a, args: m, .. }, Call::Free { family: b, args: n, .. }) if a != b => {
+            Call::Free { family: Family::Shared, args: m.max(n), size: None, align: None }
         }
         _ => first,
     }
