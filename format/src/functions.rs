@@ -117,6 +117,20 @@ pub const INTERPOSED: &[(&str, Call)] = &[
     ),
 ];
 
+/// The call of `name` in [`INTERPOSED`], in a const context (a
+/// compile-time error when it is not there): the preload's hooks take
+/// their family and their arguments' roles from the table.
+pub const fn interposed(name: &str) -> Call {
+    let mut i = 0;
+    while i < INTERPOSED.len() {
+        if same(INTERPOSED[i].0, name) {
+            return INTERPOSED[i].1;
+        }
+        i += 1;
+    }
+    panic!("not in INTERPOSED")
+}
+
 /// The one table of allocators' own entry points: calls `$then!` with
 /// one row per function, `(ALLOCATOR "PREFIX" (KIND NAME(ARGS) ...))`,
 /// the prefixed variants written out. Both the format's

@@ -17,6 +17,7 @@
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use mtrace_format::functions::{interposed, Call};
 use mtrace_format::Family;
 
 use super::traced_free_told;
@@ -31,7 +32,7 @@ const fn cstr(b: &'static [u8]) -> &'static CStr {
 }
 
 macro_rules! new_hook {
-    ($sym:literal, $name:ident, $family:expr, $fallback:expr, ($($arg:ident : $ty:ty),*), $direct:expr, $align:expr) => {
+    ($sym:literal, $name:ident, $fallback:expr, ($($arg:ident : $ty:ty),*), $direct:expr) => {
         /// The next definition of the operator (one per symbol: `decide`
         /// asks the same).
         mod $name {
@@ -50,9 +51,16 @@ macro_rules! new_hook {
                 Some(f) => unsafe { f(size $(, $arg)*) },
                 None => $fallback(size $(, $arg)*),
             };
-            // The alignment asked for, bytes (0: not an aligned new).
-            let align: usize = $align;
-            let record = |&p: &*mut c_void, at| recorder::alloc_aligned(at, $family, p, size, align);
+            // Its family and the argument holding the alignment asked
+            // for, from the functions' table; the alignment, bytes (0: not
+            // an aligned new).
+            const CALL: (Family, Option<u8>) = match interposed($sym) {
+                Call::New { family, align } => (family, align),
+                _ => panic!("not an operator new"),
+            };
+            let args: &[usize] = &[size $(, $arg as usize)*];
+            let align = CALL.1.map_or(0, |i| args[usize::from(i)]);
+            let record = |&p: &*mut c_void, at| recorder::alloc_aligned(at, CALL.0, p, size, align);
             if $direct && direct() {
                 // As libstdc++'s: a new of 0 bytes is a malloc of 1.
                 let call = || match real::malloc(size.max(1)) {
@@ -67,7 +75,7 @@ macro_rules! new_hook {
 }
 
 macro_rules! delete_hook {
-    ($sym:literal, $name:ident, $family:expr, ($($arg:ident : $ty:ty),*), $direct:expr, $told:expr) => {
+    ($sym:literal, $name:ident, ($($arg:ident : $ty:ty),*), $direct:expr) => {
         /// The next definition of the operator (one per symbol: `decide`
         /// asks the same).
         mod $name {
@@ -82,16 +90,22 @@ macro_rules! delete_hook {
         pub unsafe extern "C" fn $name(p: *mut c_void $(, $arg: $ty)*) {
             use $name::NEXT;
             type F = unsafe extern "C" fn(*mut c_void $(, $ty)*);
-            $(let _ = &$arg;)*
-            // What a sized or aligned delete is told of the block: (size,
-            // alignment), 0 for what it is not told.
-            let told: (usize, usize) = $told;
+            // Its family and the arguments holding what a sized or
+            // aligned delete is told of the block, from the functions'
+            // table; what it is told: (size, alignment), 0 for what it is
+            // not told.
+            const CALL: (Family, Option<u8>, Option<u8>) = match interposed($sym) {
+                Call::Free { family, size, align, .. } => (family, size, align),
+                _ => panic!("not an operator delete"),
+            };
+            let args: &[usize] = &[p as usize $(, $arg as usize)*];
+            let told = (CALL.1.map_or(0, |i| args[usize::from(i)]), CALL.2.map_or(0, |i| args[usize::from(i)]));
             resolve_tracked(&NEXT);
             if $direct && direct() {
                 // SAFETY: p per the caller's contract: a block of malloc.
-                return traced_free_told($family, p, told, false, || unsafe { real::free(p) });
+                return traced_free_told(CALL.0, p, told, false, || unsafe { real::free(p) });
             }
-            traced_free_told($family, p, told, true, || {
+            traced_free_told(CALL.0, p, told, true, || {
                 // SAFETY: F is this symbol's signature; p per the caller's contract.
                 match unsafe { next::<F>(&NEXT) } {
                     // SAFETY: the real function, with the arguments of the caller's C contract.
@@ -174,31 +188,33 @@ fn aligned_nt(size: usize, align: usize, _: Nothrow) -> *mut c_void {
     real::memalign(align, size)
 }
 
-// The last argument: the alignment an aligned new records (0: none).
-new_hook!("_Znwm", new, Family::New, plain, (), true, 0);
-new_hook!("_Znam", new_array, Family::NewArray, plain, (), true, 0);
-new_hook!("_ZnwmRKSt9nothrow_t", new_nothrow, Family::New, plain_nt, (nt: Nothrow), false, 0);
-new_hook!("_ZnamRKSt9nothrow_t", new_array_nothrow, Family::NewArray, plain_nt, (nt: Nothrow), false, 0);
-new_hook!("_ZnwmSt11align_val_t", new_aligned, Family::New, aligned, (align: usize), false, align);
-new_hook!("_ZnamSt11align_val_t", new_array_aligned, Family::NewArray, aligned, (align: usize), false, align);
-new_hook!("_ZnwmSt11align_val_tRKSt9nothrow_t", new_aligned_nothrow, Family::New, aligned_nt, (align: usize, nt: Nothrow), false, align);
-new_hook!("_ZnamSt11align_val_tRKSt9nothrow_t", new_array_aligned_nothrow, Family::NewArray, aligned_nt, (align: usize, nt: Nothrow), false, align);
+// Each operator's family and its arguments' roles (the alignment a new
+// records, what a delete is told) are the functions' table's
+// (`mtrace_format::functions::INTERPOSED`); the last argument here: whether
+// the form may call the real malloc and free itself ([`direct`]).
+new_hook!("_Znwm", new, plain, (), true);
+new_hook!("_Znam", new_array, plain, (), true);
+new_hook!("_ZnwmRKSt9nothrow_t", new_nothrow, plain_nt, (nt: Nothrow), false);
+new_hook!("_ZnamRKSt9nothrow_t", new_array_nothrow, plain_nt, (nt: Nothrow), false);
+new_hook!("_ZnwmSt11align_val_t", new_aligned, aligned, (align: usize), false);
+new_hook!("_ZnamSt11align_val_t", new_array_aligned, aligned, (align: usize), false);
+new_hook!("_ZnwmSt11align_val_tRKSt9nothrow_t", new_aligned_nothrow, aligned_nt, (align: usize, nt: Nothrow), false);
+new_hook!("_ZnamSt11align_val_tRKSt9nothrow_t", new_array_aligned_nothrow, aligned_nt, (align: usize, nt: Nothrow), false);
 
-// The last argument: what the delete is told of the block, (size,
-// alignment), 0 for what it is not told (valgrind 3.22's "Mismatched
-// new/delete size value" and alignment checks, from these).
-delete_hook!("_ZdlPv", delete, Family::New, (), true, (0, 0));
-delete_hook!("_ZdaPv", delete_array, Family::NewArray, (), true, (0, 0));
-delete_hook!("_ZdlPvm", delete_sized, Family::New, (size: usize), true, (size, 0));
-delete_hook!("_ZdaPvm", delete_array_sized, Family::NewArray, (size: usize), true, (size, 0));
-delete_hook!("_ZdlPvRKSt9nothrow_t", delete_nothrow, Family::New, (nt: Nothrow), false, (0, 0));
-delete_hook!("_ZdaPvRKSt9nothrow_t", delete_array_nothrow, Family::NewArray, (nt: Nothrow), false, (0, 0));
-delete_hook!("_ZdlPvSt11align_val_t", delete_aligned, Family::New, (align: usize), false, (0, align));
-delete_hook!("_ZdaPvSt11align_val_t", delete_array_aligned, Family::NewArray, (align: usize), false, (0, align));
-delete_hook!("_ZdlPvmSt11align_val_t", delete_sized_aligned, Family::New, (size: usize, align: usize), false, (size, align));
-delete_hook!("_ZdaPvmSt11align_val_t", delete_array_sized_aligned, Family::NewArray, (size: usize, align: usize), false, (size, align));
-delete_hook!("_ZdlPvSt11align_val_tRKSt9nothrow_t", delete_aligned_nothrow, Family::New, (align: usize, nt: Nothrow), false, (0, align));
-delete_hook!("_ZdaPvSt11align_val_tRKSt9nothrow_t", delete_array_aligned_nothrow, Family::NewArray, (align: usize, nt: Nothrow), false, (0, align));
+// What a delete is told of the block gives valgrind 3.22's "Mismatched
+// new/delete size value" and alignment checks.
+delete_hook!("_ZdlPv", delete, (), true);
+delete_hook!("_ZdaPv", delete_array, (), true);
+delete_hook!("_ZdlPvm", delete_sized, (size: usize), true);
+delete_hook!("_ZdaPvm", delete_array_sized, (size: usize), true);
+delete_hook!("_ZdlPvRKSt9nothrow_t", delete_nothrow, (nt: Nothrow), false);
+delete_hook!("_ZdaPvRKSt9nothrow_t", delete_array_nothrow, (nt: Nothrow), false);
+delete_hook!("_ZdlPvSt11align_val_t", delete_aligned, (align: usize), false);
+delete_hook!("_ZdaPvSt11align_val_t", delete_array_aligned, (align: usize), false);
+delete_hook!("_ZdlPvmSt11align_val_t", delete_sized_aligned, (size: usize, align: usize), false);
+delete_hook!("_ZdaPvmSt11align_val_t", delete_array_sized_aligned, (size: usize, align: usize), false);
+delete_hook!("_ZdlPvSt11align_val_tRKSt9nothrow_t", delete_aligned_nothrow, (align: usize, nt: Nothrow), false);
+delete_hook!("_ZdaPvSt11align_val_tRKSt9nothrow_t", delete_array_aligned_nothrow, (align: usize, nt: Nothrow), false);
 
 /// Resolves `f` now, unless done, with this thread inside a hook of its
 /// own (not a forwarding one): what glibc allocates in `dlsym` (its error
