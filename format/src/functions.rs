@@ -131,6 +131,20 @@ pub const fn interposed(name: &str) -> Call {
     panic!("not in INTERPOSED")
 }
 
+/// The index of `name` in [`ENTRY_POINTS`], in a const context (a
+/// compile-time error when it is not there): the slot of the real
+/// function behind its hook.
+pub const fn entry_point_index(name: &str) -> usize {
+    let mut i = 0;
+    while i < ENTRY_POINTS.len() {
+        if same(ENTRY_POINTS[i].0, name) {
+            return i;
+        }
+        i += 1;
+    }
+    panic!("not in ENTRY_POINTS")
+}
+
 /// The one table of allocators' own entry points: calls `$then!` with
 /// one row per function, `(ALLOCATOR "PREFIX" (KIND NAME(ARGS) ...))`,
 /// the prefixed variants written out. Both the format's

@@ -8,34 +8,13 @@
 
 use std::ffi::c_void;
 
-use mtrace_format::functions::ENTRY_POINTS;
+use mtrace_format::functions::entry_point_index as at;
 use mtrace_format::Family;
 
 use super::alloc::traced_realloc;
 use super::{traced_free_told, traced_sampled};
 use crate::platform::real;
 use crate::record::recorder;
-
-/// The index of `name` in `ENTRY_POINTS` (a compile-time error when it is
-/// not there).
-const fn at(name: &str) -> usize {
-    let mut i = 0;
-    while i < ENTRY_POINTS.len() {
-        let (n, _) = ENTRY_POINTS[i];
-        if n.len() == name.len() {
-            let (a, b) = (n.as_bytes(), name.as_bytes());
-            let mut j = 0;
-            while j < a.len() && a[j] == b[j] {
-                j += 1;
-            }
-            if j == a.len() {
-                return i;
-            }
-        }
-        i += 1;
-    }
-    panic!("not in ENTRY_POINTS")
-}
 
 /// The real entry point `i` as `F`, when the redirection found it.
 ///
