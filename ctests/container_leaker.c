@@ -1,5 +1,5 @@
 /* A server left running in a container: 100 bytes allocated and kept
-   every 20 ms (the line marked tick), for ever. analyzer/tests/ptrace.rs
+   every 20 ms (the line marked tick), for ever. analyzer/tests/containers.rs
    starts it under `unshare` and `chroot` in a root only its own mount
    namespace sees, holding it, libc and the loader. */
 #include <stdlib.h>

@@ -12,14 +12,16 @@ use std::time::{Duration, Instant};
 
 /// A container running `prog`: its own pid and mount namespaces, its root
 /// a tmpfs mounted at `root` in its namespace only (the host sees an empty
-/// folder there). Returns the `unshare` child ([`server_pid`] finds the
-/// program's pid).
-fn container(prog: &Path, root: &Path) -> Child {
+/// folder there), or with `seen`, the folder `root` itself (as a chroot
+/// into a folder, or a runtime's overlay mounted on the host). Returns the
+/// `unshare` child ([`server_pid`] finds the program's pid).
+fn container(prog: &Path, root: &Path, seen: bool) -> Child {
     std::fs::create_dir_all(root).unwrap();
     let r = root.display();
+    let own = if seen { String::new() } else { format!("mount -t tmpfs none {r}\n") };
     let script = format!(
         "set -e\n\
-         mount -t tmpfs none {r}\n\
+         {own}\
          mkdir -p {r}/bin {r}/lib/x86_64-linux-gnu {r}/lib64 {r}/proc {r}/tmp\n\
          cp {} {r}/bin/server\n\
          cp /lib/x86_64-linux-gnu/libc.so.6 {r}/lib/x86_64-linux-gnu/\n\
@@ -35,14 +37,20 @@ fn container(prog: &Path, root: &Path) -> Child {
 }
 
 /// The pid, as the host numbers it, of the program `unshare` child `c`
-/// became by exec (its one child); `None` when it does not start.
+/// became by exec (its one child), once in its loop; `None` when it does
+/// not start.
 fn server_pid(c: &Child) -> Option<u32> {
     let until = Instant::now() + Duration::from_secs(10);
     while Instant::now() < until {
         let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", c.id())).unwrap_or_default();
         if let Some(pid) = children.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()) {
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            if comm.trim() == "server" {
+            // Past its loader (which holds a descriptor of each library it
+            // opens): libc mapped, and asleep between ticks.
+            let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let asleep = stat.rsplit_once(") ").is_some_and(|(_, s)| s.starts_with('S'));
+            if comm.trim() == "server" && maps.contains("/libc.so.6") && asleep {
                 return Some(pid);
             }
         }
@@ -51,10 +59,11 @@ fn server_pid(c: &Child) -> Option<u32> {
     None
 }
 
-/// A container running `prog` (see [`container`]) and the program's pid;
+/// A container running `prog` (see [`container`], `seen` its root's
+/// folder) and the program's pid;
 /// panics, the container killed, when it does not start.
-fn started(prog: &Path, root: &Path) -> (Child, u32) {
-    let mut c = container(prog, root);
+fn started(prog: &Path, root: &Path, seen: bool) -> (Child, u32) {
+    let mut c = container(prog, root, seen);
     match server_pid(&c) {
         Some(pid) => (c, pid),
         None => {
@@ -97,7 +106,7 @@ fn attach_from_outside_reaches_a_container_and_keeps_its_modules_for_later() {
     let tick = markers("container_leaker.c")["tick"];
     let root = dir.join("root");
     for h in ptrace_hooks() {
-        let (mut c, pid) = started(&prog, &root);
+        let (mut c, pid) = started(&prog, &root, false);
         // Its files are not here: its root is its namespace's.
         assert!(!root.join("bin/server").exists());
         let saved = dir.join(format!("{h}.mtrace"));
@@ -168,7 +177,7 @@ fn the_library_attaches_into_a_container_from_memory_and_leaves_nothing_behind()
     let prog = build("container_leaker.c", &dir.join("leaker"), &["-g", "-O0"]);
     let tick = markers("container_leaker.c")["tick"];
     let root = dir.join("root");
-    let (mut c, pid) = started(&prog, &root);
+    let (mut c, pid) = started(&prog, &root, false);
     let files = files_of_root(pid);
     let fds = descriptors(pid);
     // Twice: the second attach uses the copy the first one loaded.
@@ -198,6 +207,20 @@ fn the_library_attaches_into_a_container_from_memory_and_leaves_nothing_behind()
             assert_eq!(lost_at(&report_json(&saved), "container_leaker.c", tick), (bytes, blocks));
         }
     }
+    // A root this machine sees: its program is here at the path the host
+    // reads in the maps, not at /bin/server, the path the library records,
+    // where the kept copy is (before: the frames were addresses).
+    let seen = dir.join("seen");
+    let (mut c, pid) = started(&prog, &seen, true);
+    assert!(seen.join("bin/server").is_file());
+    let (saved, report) = (dir.join("seen.mtrace"), dir.join("seen.json"));
+    let (err, (bytes, blocks)) = attach_window(&[], pid, &report, &saved, tick, "seen root");
+    let kept = PathBuf::from(format!("{}.modules", saved.display()));
+    assert!(kept.join("bin/server").is_file(), "{err}");
+    let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+    c.wait().unwrap();
+    std::fs::remove_dir_all(&seen).unwrap();
+    assert_eq!(lost_at(&report_json(&saved), "container_leaker.c", tick), (bytes, blocks));
 }
 
 #[test]

@@ -10,7 +10,11 @@
 //! machine reads in the process's maps, which the ptrace tracer records;
 //! the library inside the process records the path as the process sees
 //! it, without its root's folder (`/bin/server` for
-//! `/srv/root/bin/server`): the copy is found under that path too.
+//! `/srv/root/bin/server`): the copy is found under that path too. A root
+//! this machine sees (a chroot into one of its folders, a runtime's overlay
+//! mounted on the host) has its modules here at their maps paths, but the
+//! library's trace names them by the inside path, where this machine has
+//! another file or none: those are kept under the inside path alone.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -19,8 +23,9 @@ use std::path::Path;
 use mtrace_format::maps::Mapping;
 
 /// Copies the ELF files process `pid` maps that are not at their paths
-/// here into the folder beside `trace`; the paths of those copied (none
-/// for a process whose modules all are here). A file that cannot be read
+/// here, or that it sees at other paths (another root), into the folder
+/// beside `trace`; the maps paths of those copied (none for a process of
+/// this machine's root). A file that cannot be read
 /// or written is left out: its frames are then not symbolized, as before.
 pub fn keep(pid: u32, trace: &Path) -> Vec<String> {
     let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return Vec::new() };
@@ -34,17 +39,26 @@ pub fn keep(pid: u32, trace: &Path) -> Vec<String> {
         }
         seen.push(m.path.clone());
         let from = m.openable(pid);
-        // At its path here: the same file.
+        let to = dir.join(m.path.trim_start_matches('/'));
+        // The path inside, as the library in the process records it.
+        let inside = Path::new(&m.path).strip_prefix(&root).ok().map(|p| dir.join(p)).filter(|p| *p != to);
         if from.first() == Some(&m.path) {
+            // At its path here: the same file. A root this machine sees
+            // (a chroot into one of its folders, a runtime's overlay) still
+            // names it otherwise inside, where this machine may have
+            // another file or none: kept under that path.
+            if let Some(also) = inside {
+                if copy_elf(&m.path, &also, &dir).is_ok() {
+                    kept.push(m.path);
+                }
+            }
             continue;
         }
         // (Not the file at its path here: another one.)
-        let to = dir.join(m.path.trim_start_matches('/'));
         if from.iter().filter(|f| **f != m.path).any(|f| copy_elf(f, &to, &dir).is_ok()) {
             // The path inside: the same file, linked.
-            if let Ok(inside) = Path::new(&m.path).strip_prefix(&root) {
-                let also = dir.join(inside);
-                if also != to && also.parent().is_some_and(|p| dirs(p).is_ok()) {
+            if let Some(also) = inside {
+                if also.parent().is_some_and(|p| dirs(p).is_ok()) {
                     let _ = std::fs::hard_link(&to, &also);
                 }
             }
