@@ -21,7 +21,7 @@
 //!   read (`mtrace_format::recording`), the loaded modules, the tracer's
 //!   own heap, the real functions behind the hooks.
 //!
-//! `unsafe` lives in `lifecycle::attach`, `platform` (`real`, `sys`,
+//! `unsafe` lives in `lifecycle::attach`, `platform` (`real`, `sys`, `park`,
 //! `modules`, `allocator`), `hooks`, `lifecycle::signals`, `snapshot` (and a
 //! few blocks elsewhere), each block with its `SAFETY:` comment: clippy's
 //! `undocumented_unsafe_blocks` is denied workspace-wide.
@@ -68,9 +68,6 @@ pub(crate) struct Up {
     /// The calling thread is about to wait inside a hook: its mark on the
     /// stream's order is taken back first.
     pub unmark: fn(),
-    /// A hook ends on a thread asked to stop for a snapshot: it parks
-    /// (the argument: the hook's own allocation, kept out of the scan).
-    pub park: fn(own: u64),
     /// Now and then, from the writer: the states of threads that ended
     /// before their exit was registered are freed, their buffers let go.
     pub reap: fn(),
@@ -91,9 +88,8 @@ pub(crate) static UP: Up = Up {
     scan: lifecycle::scan_by_writer,
     command: lifecycle::commands::carry_out,
     modules_changed: lifecycle::attach::redirect_new,
-    hold_guard: record::guard::Guard::hold_forever,
+    hold_guard: record::slot::hold_forever,
     unmark: record::guard::unmark_now,
-    park: snapshot::stop::park_here,
     reap: record::thread::reap,
     entry_hook: hook_of_entry_point,
     shared_free_hook: hook_of_shared_free,

@@ -11,9 +11,10 @@ pub mod mmap;
 pub mod process;
 pub mod shared_free;
 
-use crate::record::guard::{self, Entry, Guard, Slot};
+use crate::record::guard::{self, Entry, Guard};
 use crate::record::recorder::{self, Caller, Own};
-use crate::record::{sample, sampled};
+use crate::record::slot::Slot;
+use crate::record::{nested, sample, sampled};
 use crate::unwind::Here;
 use mtrace_format::Family;
 
@@ -109,7 +110,7 @@ fn traced_picked<T>(
                 }
             }
             if g.waiting() {
-                recorder::write_nested(0, 0);
+                nested::write(0, 0);
             }
             let r = call(Some(g.slot()));
             if forwarding {
@@ -169,7 +170,7 @@ fn traced_free_told(family: Family, p: *mut libc::c_void, told: (usize, usize), 
         }
         Entry::Hook(g) => {
             if g.waiting() {
-                recorder::write_nested(0, 0);
+                nested::write(0, 0);
             }
             if !p.is_null() {
                 // Buffered before the real free runs: glibc aborts on the

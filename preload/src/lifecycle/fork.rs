@@ -7,6 +7,7 @@ use std::cell::Cell;
 use crate::platform::static_tls::FastLocal;
 
 use crate::record::guard::{self, Guard};
+use crate::record::slot;
 use crate::stream::{self, current};
 
 thread_local! {
@@ -64,7 +65,7 @@ pub extern "C" fn after_fork_child() {
     unsafe { crate::platform::allocator::release_after_fork() };
     crate::snapshot::stop::reset_in_child();
     crate::lifecycle::signals::reset_in_child();
-    guard::reset_in_child();
+    slot::reset_in_child();
     stream::order::reset_in_child();
     crate::record::nested::reset_in_child();
     crate::record::dead_stacks::release_after_fork();

@@ -24,7 +24,7 @@ use crate::stream;
 /// where the process has more than one thread already.
 pub extern "C" fn init() {
     let _g = Guard::enter();
-    crate::record::guard::find_static_tls();
+    crate::record::slot::find_static_tls();
     crate::record::nested::find_static_tls();
     crate::record::recorder::find_static_tls();
     real::find_static_tls();

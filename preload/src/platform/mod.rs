@@ -4,7 +4,8 @@
 //! spin lock of the sections a hook may enter (`spin`), where a
 //! thread-local lies from the thread pointer (`static_tls`), the
 //! functions the hooks forward to (`real`), the functions a module's file
-//! defines (`symbols`) and hooking one by patching its entry (`patch`).
+//! defines (`symbols`), hooking one by patching its entry (`patch`), and
+//! where a thread parks while a stop holds the program (`park`).
 //! Names nothing above it.
 
 pub mod allocator;
@@ -12,6 +13,7 @@ pub mod clock;
 pub mod config;
 pub mod exec_env;
 pub mod modules;
+pub mod park;
 pub mod patch;
 pub mod real;
 pub mod spin;

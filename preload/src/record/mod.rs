@@ -1,10 +1,17 @@
-//! A call made a record: the reentrancy guard and the thread's marks
-//! (`guard`), calls the tracer makes inside a hook (`nested`), each
-//! thread's state, buffer and interned backtraces (`thread`), the
-//! recorder that turns a hooked call into records (`recorder`), and under
-//! sampling which allocations are recorded (`sample`) and the set of the
-//! sampled blocks their frees look up (`sampled`). Below it:
-//! the stream it writes to, the unwinders, the platform.
+//! A call made a record. Its files, from the top down (each names only
+//! files below it; `scripts/module_cycles` checks it):
+//! - `recorder`: turns a hooked call into records;
+//! - `thread_end`: a thread's exit registered, its state torn down;
+//! - `guard`: the reentrancy guard, which writes the nested calls as the
+//!   hook leaves;
+//! - `nested`: calls the tracer makes inside a hook, kept and written;
+//! - `thread`: each thread's state, buffer and interned backtraces
+//!   (`stack_ids`, `dead_stacks`);
+//! - `sample` and `sampled`: under sampling, which allocations are
+//!   recorded and the set of the sampled blocks their frees look up;
+//! - `slot`: the thread's word of hook state, found with one access.
+//!
+//! Below it: the stream it writes to, the unwinders, the platform.
 
 pub mod dead_stacks;
 pub mod guard;
@@ -12,5 +19,7 @@ pub mod nested;
 pub mod recorder;
 pub mod sample;
 pub mod sampled;
+pub mod slot;
 pub mod stack_ids;
 pub mod thread;
+pub mod thread_end;

@@ -18,7 +18,11 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use mtrace_format::{Family, Record};
+
 use crate::platform::static_tls::FastLocal;
+use crate::record::thread::{self, When};
+use crate::{platform::sys, stream};
 
 /// One event made inside a hook.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,14 +63,14 @@ pub fn keep(e: Event) {
     }
     EVENTS.with(|v| v[n].set(Some(e)));
     LEN.with(|l| l.set(n + 1));
-    crate::record::guard::set_nested(true);
+    crate::record::slot::set_nested(true);
 }
 
 /// Takes the kept events in order, leaving out allocations at
 /// `outer_alloc` and frees at `outer_free` (the outer hook's own block).
 pub fn take(outer_alloc: u64, outer_free: u64, mut f: impl FnMut(Event)) {
     let n = LEN.with(|l| l.replace(0));
-    crate::record::guard::set_nested(false);
+    crate::record::slot::set_nested(false);
     for i in 0..n {
         let Some(e) = EVENTS.with(|v| v[i].take()) else { continue };
         match e {
@@ -75,6 +79,38 @@ pub fn take(outer_alloc: u64, outer_free: u64, mut f: impl FnMut(Event)) {
             e => f(e),
         }
     }
+}
+
+/// Writes the kept events into this thread's buffer, but those of the
+/// current hook's own block: allocated at `own_alloc`, freed at
+/// `own_free` (0: none). Called by the guard when it knows some wait
+/// (guard.rs), and by a hook before its call when some waited at its
+/// entry.
+pub fn write(own_alloc: u64, own_free: u64) {
+    let errno = sys::errno();
+    let s = stream::get();
+    take(own_alloc, own_free, |e| {
+        let Some(s) = s else { return };
+        match e {
+            Event::Alloc(addr, size, t) => thread::push(s, When::Marked(t), None, |time_ns, _| Record::Alloc {
+                time_ns,
+                family: Family::Internal,
+                addr,
+                size,
+                stack: 0,
+                align: 0,
+            }),
+            Event::Free(addr, t) => thread::push(s, When::Marked(t), None, |time_ns, _| Record::Free {
+                time_ns,
+                family: Family::Malloc,
+                addr,
+                stack: 0,
+                align: 0,
+                size: 0,
+            }),
+        }
+    });
+    sys::set_errno(errno);
 }
 
 /// In a forked child: events of the parent's hook are the parent's.

@@ -9,9 +9,9 @@ use mtrace_format::realloc::Realloc;
 use mtrace_format::{EndReason, Family, Record};
 
 use crate::platform::static_tls::FastLocal;
-use crate::record::guard::Slot;
+use crate::record::slot::Slot;
 use crate::record::thread::{AllocAlignedEvent, AllocEvent, Backtrace, Event, FreeEvent, FreeToldEvent, When};
-use crate::record::{sample, sampled};
+use crate::record::{sample, sampled, thread_end};
 use crate::unwind::Here;
 use crate::{platform::sys, record::nested, record::thread, stream};
 
@@ -92,6 +92,15 @@ pub fn realloc_ends() {
     REALLOC_OLD.with(|c| c.set((0, 0, 0)));
 }
 
+/// `thread::push_in`, then the thread's exit registered when this was its
+/// first event made outside the allocator.
+#[inline(always)]
+fn push_in(slot: Slot, s: &stream::Session, when: When, bt: Backtrace, make: impl Event) {
+    if thread::push_in(slot, s, when, bt, make) {
+        thread_end::register(s, slot);
+    }
+}
+
 /// Records an event with the backtrace from the hook's frame `at`.
 #[inline]
 fn with_stack(at: Here, slot: Slot, make: impl Event) {
@@ -106,7 +115,7 @@ fn with_bt(bt: Backtrace, slot: Slot, make: impl Event) {
     }
     let errno = sys::errno();
     if let Some(s) = stream::get() {
-        thread::push_in(slot, s, When::Early(s.now()), bt, make);
+        push_in(slot, s, When::Early(s.now()), bt, make);
     }
     sys::set_errno(errno);
 }
@@ -195,36 +204,6 @@ pub fn nested_free(p: *mut libc::c_void, t: u64) {
     }
 }
 
-/// Writes the events made inside hooks (see nested.rs), but those of the
-/// current hook's own block: allocated at `own_alloc`, freed at `own_free`
-/// (0: none). Called by the guard when it knows some wait.
-pub fn write_nested(own_alloc: u64, own_free: u64) {
-    let errno = sys::errno();
-    let s = stream::get();
-    nested::take(own_alloc, own_free, |e| {
-        let Some(s) = s else { return };
-        match e {
-            nested::Event::Alloc(addr, size, t) => thread::push(s, When::Marked(t), None, |time_ns, _| Record::Alloc {
-                time_ns,
-                family: Family::Internal,
-                addr,
-                size,
-                stack: 0,
-                align: 0,
-            }),
-            nested::Event::Free(addr, t) => thread::push(s, When::Marked(t), None, |time_ns, _| Record::Free {
-                time_ns,
-                family: Family::Malloc,
-                addr,
-                stack: 0,
-                align: 0,
-                size: 0,
-            }),
-        }
-    });
-    sys::set_errno(errno);
-}
-
 /// The session time for an event that must be stamped before the real call
 /// (free, munmap, the free half of realloc); 0 when not tracing.
 pub fn now() -> u64 {
@@ -262,10 +241,8 @@ fn free_as(bt: Backtrace, slot: Slot, family: Family, addr: *mut libc::c_void, t
     let when = t.map_or_else(|| When::Early(s.now()), When::Marked);
     let free = FreeEvent { family, addr };
     match told {
-        (0, 0) => thread::push_in(slot, s, when, bt, free),
-        (size, align) => {
-            thread::push_in(slot, s, when, bt, FreeToldEvent { free, size: size as u64, align: align as u64 })
-        }
+        (0, 0) => push_in(slot, s, when, bt, free),
+        (size, align) => push_in(slot, s, when, bt, FreeToldEvent { free, size: size as u64, align: align as u64 }),
     }
     sys::set_errno(errno);
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use mtrace_format::sampling;
 
 use crate::platform::sys;
-use crate::record::guard::Slot;
+use crate::record::slot::Slot;
 
 /// Mean bytes between samples; 0: every allocation is recorded.
 static RATE: AtomicU64 = AtomicU64::new(0);

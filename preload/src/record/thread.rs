@@ -8,7 +8,7 @@ use mtrace_format::{Encoder, Family, Record};
 
 use crate::platform::config::MAX_DEPTH;
 use crate::platform::spin::SpinMutex;
-use crate::record::guard::Slot;
+use crate::record::slot::Slot;
 use crate::record::stack_ids::StackIds;
 use crate::stream::{order, BufInner, Session, ThreadBuf, BUF_CAP, FLUSH_AT};
 use crate::unwind::Here;
@@ -23,78 +23,89 @@ pub struct ThreadState {
     unwinding: unwind::Unwinding,
     /// Events pushed, counted only for `MTRACE_TEST_ORDER`'s stalls.
     events: u64,
-    /// [`thread_exit`] is registered for this thread's exit (see
-    /// [`exit_registered`]); until then the state is in [`UNREGISTERED`].
+    /// [`tear_down`] is registered for this thread's exit (see
+    /// [`registering`]); until then the state is in [`UNREGISTERED`].
     exit_registered: bool,
 }
 
 /// Marks a thread whose state was torn down at thread exit.
 const DEAD: usize = 1;
 
-// This thread's state pointer lives in the guard's thread-local (guard.rs
+// This thread's state pointer lives in its word of hook state (slot.rs
 // `Slot`): a hook finds it with the one access it makes to enter. Thread
 // exit is handled by a TLS destructor (`__cxa_thread_atexit_impl`, as C++
 // `thread_local` and Rust's `thread_local!` use on glibc), not a pthread
-// key: the program keeps all PTHREAD_KEYS_MAX (1,024) of its keys.
+// key: the program keeps all PTHREAD_KEYS_MAX (1,024) of its keys. The
+// destructor (thread_end.rs) enters the guard, and then tears the state
+// down here ([`tear_down`]).
 
-/// TLS destructor of a thread's state: runs after the C++ thread_local
-/// destructors registered after the thread's first event (in reverse
-/// order of registration), before its pthread key destructors, whose
-/// events then go out synchronously.
-extern "C" fn thread_exit(p: *mut libc::c_void) {
-    let _g = crate::record::guard::Guard::enter();
+/// The state pointer in `slot`.
+#[inline(always)]
+fn state_ptr(slot: Slot) -> *mut ThreadState {
+    slot.thread_state().get().cast()
+}
+
+/// Tears down the state `p` registered for the calling thread's exit
+/// ([`registering`]), inside the guard: its buffer goes to the writer as
+/// an exited thread's. Nothing when `p` is not this thread's current
+/// state (a fork child's copy of its parent's registration).
+pub fn tear_down(p: *mut libc::c_void) {
     let st = p as *mut ThreadState;
     if st.is_null() || st as usize == DEAD {
         return;
     }
-    if Slot::current().cell().get() != st {
-        // Not this thread's current state (a fork child's copy of its
-        // parent's registration): not ours to free.
+    let slot = Slot::current();
+    if state_ptr(slot) != st {
         return;
     }
     // SAFETY: p is the Box pointer registered by state_in for this thread.
     let st = unsafe { Box::from_raw(st) };
     // The hook this runs in stays marked, without the buffer's word.
-    crate::record::guard::mark_to_shared();
+    crate::record::slot::mark_to_shared();
     super::dead_stacks::thread_ended();
     st.buf.exited.store(true, std::sync::atomic::Ordering::Release);
-    Slot::current().cell().set(DEAD as *mut ThreadState);
+    slot.thread_state().set(DEAD as *mut ());
 }
 
-// Registering [`thread_exit`] calls the allocator: glibc's
+// Registering the thread's exit calls the allocator: glibc's
 // `__cxa_thread_atexit_impl` `calloc`s its list entry. A thread's first
 // event may come from inside the program's allocator, with the
 // allocator's lock held: an allocator that is not interposed (one in the
 // executable, or one a thread was inside when `mtrace attach` came) calls
 // `mmap`, whose hook records the thread's first event; a `calloc` there
 // waits for the lock its own thread holds. So a state is made without
-// calling the allocator, and its exit is registered by the thread's first
-// event of the malloc family or the C++ operators ([`Event::REGISTERS`]),
-// which are made outside the allocator, around the real call. A thread
-// that ends before one is found ended by [`reap`].
+// calling the allocator, and its exit is registered after the thread's
+// first event of the malloc family or the C++ operators
+// ([`Event::REGISTERS`]), which are made outside the allocator, around
+// the real call ([`push_in`] says so). A thread that ends before one is
+// found ended by [`reap`].
 
 /// The states of threads whose exit is not registered yet, with their
 /// thread ids: [`reap`] frees those whose thread is gone. Behind a spin
 /// lock (see `SpinMutex`): a thread's first event adds its own.
 static UNREGISTERED: SpinMutex<Vec<(u32, usize)>> = SpinMutex::new(Vec::new());
 
-/// Registers [`thread_exit`] of `st` for the calling thread's exit (from
-/// an event made outside the allocator); not for the main thread, whose
-/// end is the process's (exit runs the library destructor instead).
-/// A thread other than the main one that was not seen being created
-/// (a raw `clone`, a thread libc started itself) ends the session's solo
-/// time here: its writer starts.
+/// The calling thread's exit is being registered (after an event made
+/// outside the allocator, with session `s`): its state leaves the
+/// unregistered list, and the pointer to register for [`tear_down`] at
+/// its exit; `None` for the main thread, whose end is the process's (exit
+/// runs the library destructor instead), or a thread without state. A
+/// thread other than the main one that was not seen being created (a raw
+/// `clone`, a thread libc started itself) ends the session's solo time
+/// here: its writer starts.
 #[cold]
-fn exit_registered(s: &Session, st: &mut ThreadState) {
+pub fn registering(s: &Session, slot: Slot) -> Option<*mut libc::c_void> {
+    let st = state_in(s, slot)?;
+    if st.exit_registered {
+        return None;
+    }
     if st.tid != sys::getpid() && s.is_solo() {
         crate::stream::leave_solo();
     }
     st.exit_registered = true;
     let p = st as *mut ThreadState as usize;
     UNREGISTERED.lock().retain(|&(_, q)| q != p);
-    if st.tid != sys::getpid() {
-        crate::platform::real::thread_atexit(thread_exit, (p as *mut ThreadState).cast());
-    }
+    (st.tid != sys::getpid()).then_some(p as *mut libc::c_void)
 }
 
 /// Frees the states of threads that ended before their exit was
@@ -135,7 +146,7 @@ pub fn release_after_fork() {
 /// In a fork's child: the threads of the list are the parent's, but the
 /// forking thread, whose state the child keeps, under its new id.
 pub fn reset_in_child() {
-    let mine = Slot::current().cell().get() as usize;
+    let mine = state_ptr(Slot::current()) as usize;
     UNREGISTERED.lock().retain(|&(_, p)| p == mine);
     if let Some(e) = UNREGISTERED.lock().first_mut() {
         e.0 = sys::gettid();
@@ -150,12 +161,12 @@ fn state(s: &Session) -> Option<&'static mut ThreadState> {
 
 /// [`state`] from the thread's `slot`, found by its hook.
 fn state_in(s: &Session, slot: Slot) -> Option<&'static mut ThreadState> {
-    let p = slot.cell().get();
+    let p = state_ptr(slot);
     if p as usize == DEAD {
         return None;
     }
     if !p.is_null() {
-        // SAFETY: p is this thread's own Box, alive until thread_exit.
+        // SAFETY: p is this thread's own Box, alive until tear_down.
         let st = unsafe { &mut *p };
         if st.gen != s.gen {
             // A forked child: start over in the child's stream.
@@ -178,7 +189,7 @@ fn state_in(s: &Session, slot: Slot) -> Option<&'static mut ThreadState> {
         exit_registered: false,
     }));
     UNREGISTERED.lock().push((tid, st as usize));
-    slot.cell().set(st);
+    slot.thread_state().set(st.cast());
     super::dead_stacks::thread_began();
     // SAFETY: just created, owned by this thread.
     let buf: &ThreadBuf = unsafe { &(*st).buf };
@@ -334,13 +345,17 @@ impl Event for FreeEvent {
 
 /// [`push`] with a backtrace from `bt`.
 pub fn push_as(s: &Session, when: When, bt: Backtrace, make: impl FnOnce(u64, u32) -> Record) {
-    push_in(Slot::current(), s, when, bt, make)
+    // No event of a closure registers the thread's exit.
+    let _ = push_in(Slot::current(), s, when, bt, make);
 }
 
 /// [`push_as`] of any [`Event`] by a hook that found this thread's `slot`
-/// on entering, stamped `when`.
+/// on entering, stamped `when`. True when the event is the thread's first
+/// made outside the allocator ([`Event::REGISTERS`]): the caller then has
+/// its exit registered (thread_end.rs), which calls the allocator.
 #[inline(always)]
-pub fn push_in<E: Event>(slot: Slot, s: &Session, when: When, bt: Backtrace, make: E) {
+#[must_use = "the thread's exit is registered by the caller"]
+pub fn push_in<E: Event>(slot: Slot, s: &Session, when: When, bt: Backtrace, make: E) -> bool {
     // Written outside the buffer: stamped again, marked first
     // (stream/order.rs), unless marked already.
     let stamp = || match when {
@@ -365,11 +380,10 @@ pub fn push_in<E: Event>(slot: Slot, s: &Session, when: When, bt: Backtrace, mak
         let mut buf = [0u64; MAX_DEPTH];
         let n = if matches!(bt, Backtrace::From(_)) { unwind::libgcc::capture(&mut buf, s.depth()) } else { 0 };
         let frames = matches!(bt, Backtrace::From(_)).then_some(&buf[..n]);
-        return write_sync(s, sys::gettid(), stamp(), frames, known(bt), make);
+        write_sync(s, sys::gettid(), stamp(), frames, known(bt), make);
+        return false;
     };
-    if E::REGISTERS && !st.exit_registered {
-        exit_registered(s, st);
-    }
+    let register = E::REGISTERS && !st.exit_registered;
     if s.test.stall_every != 0 {
         stall(s, &mut st.events);
     }
@@ -411,6 +425,7 @@ pub fn push_in<E: Event>(slot: Slot, s: &Session, when: When, bt: Backtrace, mak
         (None, Some(make)) => write_sync(s, st.tid, stamp(), frames, known(bt), make),
         _ => {}
     }
+    register
 }
 
 /// `MTRACE_TEST_ORDER`'s stall: every K-th event of the thread (counted

@@ -22,7 +22,7 @@
 //! its epoch. The other events are stamped before the real call and
 //! buffered after it (realloc's free half, munmap), or kept while the hook
 //! runs (nested.rs), where a later time would misplace them: a thread
-//! about to take such a stamp marks itself first (`guard.rs`,
+//! about to take such a stamp marks itself first (record's `slot.rs`,
 //! `Slot::mark`), until its hook ends:
 //! - Every collection (under the file lock) reads the clock, T, and makes
 //!   T the new *epoch*.
@@ -90,7 +90,7 @@ pub fn reset(slow: bool) {
 }
 
 /// In a forked child: the only thread left is the forking one, whose
-/// hook state was reset (guard.rs); no other thread's hook is under way.
+/// hook state was reset (record/slot.rs); no other thread's hook is under way.
 pub fn reset_in_child() {
     UNMARKED.store(0, Ordering::Release);
 }

@@ -17,14 +17,13 @@ mod helper;
 mod ptrace;
 mod signal;
 
-pub use signal::{interrupted, interrupted_pc, park_here, park_in_signal, reset_in_child};
+pub use crate::platform::park::{own_registers, REGS};
+pub use signal::{interrupted, interrupted_pc, park_in_signal, reset_in_child};
 
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::platform::sys;
 
-/// Words of registers kept per thread (x86_64: gregs R8 … RIP).
-pub const REGS: usize = 17;
 /// The x86-64 ABI's red zone: a leaf function's live data below the stack
 /// pointer, which neither an interrupting signal nor a ptrace stop moves.
 const RED_ZONE: u64 = 128;
@@ -128,26 +127,4 @@ fn tasks() -> Vec<i32> {
 /// `/proc/…/status` text, trimmed.
 fn status_field<'a>(status: &'a str, name: &str) -> Option<&'a str> {
     status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim)
-}
-
-/// Callee-saved registers and the stack pointer (last) of the calling
-/// thread: at a call, every other register's live value is on the stack.
-#[cfg(target_arch = "x86_64")]
-pub fn own_registers() -> [u64; 7] {
-    let (rbx, rbp, r12, r13, r14, r15, rsp): (u64, u64, u64, u64, u64, u64, u64);
-    // SAFETY: copies registers; no memory access.
-    unsafe {
-        std::arch::asm!("mov {0}, rbx", "mov {1}, rbp", "mov {2}, r12", "mov {3}, r13", "mov {4}, r14",
-            "mov {5}, r15", "mov {6}, rsp",
-            out(reg) rbx, out(reg) rbp, out(reg) r12, out(reg) r13, out(reg) r14, out(reg) r15, out(reg) rsp,
-            options(nomem, nostack, preserves_flags));
-    }
-    [rbx, rbp, r12, r13, r14, r15, rsp]
-}
-
-/// Elsewhere: no registers, and the address of a local as the stack pointer.
-#[cfg(not(target_arch = "x86_64"))]
-pub fn own_registers() -> [u64; 7] {
-    let here = 0u64;
-    [0, 0, 0, 0, 0, 0, std::hint::black_box(&here) as *const u64 as u64]
 }

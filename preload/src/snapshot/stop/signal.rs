@@ -1,59 +1,30 @@
 //! Stopping the program's other threads by a signal: the fallback where
 //! ptrace is refused (docs/SCAN.md). Each thread gets [`stop_signal`] by
 //! tgkill; the handler copies the interrupted registers from the signal's
-//! ucontext into the thread's slot, reports itself parked and waits
-//! (atomics and nanosleep only) until the scan lets everybody go. A thread
+//! ucontext into the thread's place (platform/park.rs), reports itself
+//! parked and waits (atomics and nanosleep only) until the scan lets
+//! everybody go. A thread
 //! that is inside a hook when the signal arrives may hold a lock the scan
 //! needs (the real malloc's, its buffer's), so it parks when it leaves the
-//! hook instead (guard.rs), with the registers of that point.
+//! hook instead (record/slot.rs `defer_park`, record/guard.rs), with the
+//! registers of that point.
 //!
 //! What it costs the program: a system call the handler interrupts that is
 //! not restarted after a handler (sleeps, poll, select, epoll_wait, futex
 //! waits with a timeout, …) returns EINTR. Threads that block the signal
 //! for more than [`BLOCKED_WAIT_US`], do not answer within a second, or
-//! exceed [`SLOTS`] are "missed": the scan reads their stacks whole.
+//! exceed [`park::PLACES`] are "missed": the scan reads their stacks whole.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::{own_registers, tasks, Parked, RED_ZONE, REGS};
+use super::{tasks, Parked, RED_ZONE, REGS};
+use crate::platform::park;
 use crate::platform::sys;
 
-/// Threads a stop can hold at once.
-const SLOTS: usize = 1024;
 /// How long a thread that blocked the stop signal when it was sent gets to
 /// take it, µs (the others get a second).
 const BLOCKED_WAIT_US: u32 = 100_000;
 
-struct Slot {
-    tid: AtomicI32,
-    /// The stop's epoch once this thread is parked in it.
-    parked: AtomicU64,
-    /// Lowest live stack address (the stack pointer, minus the red zone
-    /// when interrupted by the signal).
-    live_from: AtomicU64,
-    len: AtomicUsize,
-    regs: [AtomicU64; REGS],
-}
-
-impl Slot {
-    const fn new() -> Slot {
-        Slot {
-            tid: AtomicI32::new(0),
-            parked: AtomicU64::new(0),
-            live_from: AtomicU64::new(0),
-            len: AtomicUsize::new(0),
-            regs: [const { AtomicU64::new(0) }; REGS],
-        }
-    }
-}
-
-// Static, so that a thread answering late never reads freed memory.
-static SLOT: [Slot; SLOTS] = [const { Slot::new() }; SLOTS];
-/// Slots in use by the current stop.
-static COUNT: AtomicUsize = AtomicUsize::new(0);
-/// The current stop's epoch; 0 when no stop is on.
-static ACTIVE: AtomicU64 = AtomicU64::new(0);
-static EPOCH: AtomicU64 = AtomicU64::new(0);
 static WARNED: AtomicBool = AtomicBool::new(false);
 
 /// The signal that stops threads: SIGRTMAX-1, which glibc does not use.
@@ -63,32 +34,23 @@ pub fn stop_signal() -> i32 {
 
 /// The threads parked by [`stop`], until this is dropped.
 pub struct Parking {
-    /// Slots of the parked threads.
-    slots: Vec<usize>,
+    /// Places of the parked threads.
+    places: Vec<usize>,
 }
 
 impl Parking {
-    /// The parked threads, read from their slots.
+    /// The parked threads, read from their places.
     pub fn parked(&self) -> impl Iterator<Item = Parked> + '_ {
-        self.slots.iter().map(|&i| {
-            let s = &SLOT[i];
-            let mut regs = [0u64; REGS];
-            for (r, v) in regs.iter_mut().zip(&s.regs) {
-                *r = v.load(Ordering::Relaxed);
-            }
-            Parked {
-                tid: s.tid.load(Ordering::Relaxed),
-                regs,
-                len: s.len.load(Ordering::Relaxed),
-                live_from: s.live_from.load(Ordering::Relaxed),
-            }
+        self.places.iter().map(|&i| {
+            let (tid, regs, len, live_from) = park::left_at(i);
+            Parked { tid, regs, len, live_from }
         })
     }
 }
 
 impl Drop for Parking {
     fn drop(&mut self) {
-        ACTIVE.store(0, Ordering::SeqCst);
+        park::close();
     }
 }
 
@@ -97,19 +59,12 @@ impl Drop for Parking {
 pub fn stop(skip: &[i32]) -> (Parking, Vec<i32>) {
     let tids: Vec<i32> = tasks().into_iter().filter(|t| !skip.contains(t)).collect();
     if tids.is_empty() || !install() {
-        return (Parking { slots: Vec::new() }, tids);
+        return (Parking { places: Vec::new() }, tids);
     }
     let sig = stop_signal();
-    let epoch = EPOCH.fetch_add(1, Ordering::Relaxed) + 1;
-    let n = tids.len().min(SLOTS);
-    for (slot, &tid) in SLOT.iter().zip(&tids[..n]) {
-        slot.tid.store(tid, Ordering::Relaxed);
-        slot.parked.store(0, Ordering::Relaxed);
-    }
-    COUNT.store(n, Ordering::SeqCst);
-    ACTIVE.store(epoch, Ordering::SeqCst);
+    let (epoch, n) = park::open(&tids);
     let mut missed: Vec<i32> = tids[n..].to_vec();
-    // (slot, blocked when sent): a thread that blocks the signal now may
+    // (place, blocked when sent): a thread that blocks the signal now may
     // unblock it soon (pthread_create blocks every signal around clone),
     // and then takes it: it gets BLOCKED_WAIT_US. A signal still pending
     // after the stop is harmless (the handler sees no stop on).
@@ -119,23 +74,21 @@ pub fn stop(skip: &[i32]) -> (Parking, Vec<i32>) {
         if tgkill(tid, sig) {
             waiting.push((i, blocked));
         } else {
-            SLOT[i].tid.store(0, Ordering::Relaxed);
+            park::forget(i);
             missed.push(tid);
         }
     }
     for round in 0..10_000u32 {
         let waited_us = round * 100;
-        if waiting.iter().all(|&(i, blocked)| {
-            SLOT[i].parked.load(Ordering::Acquire) == epoch || (blocked && waited_us >= BLOCKED_WAIT_US)
-        }) {
+        if waiting.iter().all(|&(i, blocked)| park::is_parked(i, epoch) || (blocked && waited_us >= BLOCKED_WAIT_US)) {
             break;
         }
         sys::sleep_us(100);
     }
-    let (slots, late): (Vec<usize>, Vec<usize>) =
-        waiting.into_iter().map(|(i, _)| i).partition(|&i| SLOT[i].parked.load(Ordering::Acquire) == epoch);
-    missed.extend(late.iter().map(|&i| SLOT[i].tid.load(Ordering::Relaxed)));
-    (Parking { slots }, missed)
+    let (places, late): (Vec<usize>, Vec<usize>) =
+        waiting.into_iter().map(|(i, _)| i).partition(|&i| park::is_parked(i, epoch));
+    missed.extend(late.iter().map(|&i| park::tid(i)));
+    (Parking { places }, missed)
 }
 
 /// Whether thread `tid` blocks `sig` (its SigBlk in /proc).
@@ -179,13 +132,13 @@ fn install() -> bool {
 }
 
 extern "C" fn on_stop_signal(_: i32, _: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    if ACTIVE.load(Ordering::Acquire) == 0 {
+    if !park::stop_on() {
         return;
     }
     let errno = sys::errno();
-    if !crate::record::guard::defer_park() {
+    if !crate::record::slot::defer_park() {
         let (regs, live_from) = interrupted(ctx);
-        park(&regs, live_from);
+        park::park(&regs, live_from);
     }
     sys::set_errno(errno);
 }
@@ -196,9 +149,9 @@ extern "C" fn on_stop_signal(_: i32, _: *mut libc::siginfo_t, ctx: *mut libc::c_
 /// inside a hook (the hook never resumes, so the locks it may hold are no
 /// reason to wait for its end).
 pub fn park_in_signal(ctx: *mut libc::c_void) {
-    if ACTIVE.load(Ordering::Acquire) != 0 {
+    if park::stop_on() {
         let (regs, live_from) = interrupted(ctx);
-        park(&regs, live_from);
+        park::park(&regs, live_from);
     }
 }
 
@@ -236,48 +189,13 @@ fn interrupted_regs(ctx: *mut libc::c_void) -> ([u64; REGS], u64) {
 /// Elsewhere: no registers; the handler's own frame bounds the stack.
 #[cfg(not(target_arch = "x86_64"))]
 fn interrupted_regs(_: *mut libc::c_void) -> ([u64; REGS], u64) {
-    let regs = own_registers();
+    let regs = park::own_registers();
     let mut out = [0u64; REGS];
     out[..regs.len()].copy_from_slice(&regs);
     (out, regs[regs.len() - 1])
 }
 
-/// Parks the calling thread, which is leaving a hook, if a stop is on.
-/// `returning` is the block the hook is about to return (0 for none): the
-/// program does not hold it anywhere yet, so it is a root of its own.
-pub fn park_here(returning: u64) {
-    if ACTIVE.load(Ordering::Acquire) == 0 {
-        return;
-    }
-    // The hook's own frames stay roots: they hold the program's
-    // callee-saved registers that the hook saved. Finding the program's
-    // frame with libgcc's unwinder here (as for exit) made a parked thread
-    // miss the stop's one-second deadline under load (docs/SCAN.md).
-    let at = own_registers();
-    let mut regs = [0u64; 8];
-    regs[..7].copy_from_slice(&at);
-    regs[7] = returning;
-    park(&regs, at[6]);
-}
-
-/// Saves `regs` in this thread's slot and waits until the stop is over.
-fn park(regs: &[u64], live_from: u64) {
-    let epoch = ACTIVE.load(Ordering::Acquire);
-    let tid = sys::gettid() as i32;
-    let n = COUNT.load(Ordering::Acquire);
-    let Some(slot) = SLOT[..n].iter().find(|s| s.tid.load(Ordering::Relaxed) == tid) else { return };
-    for (s, &r) in slot.regs.iter().zip(regs) {
-        s.store(r, Ordering::Relaxed);
-    }
-    slot.len.store(regs.len().min(REGS), Ordering::Relaxed);
-    slot.live_from.store(live_from, Ordering::Relaxed);
-    slot.parked.store(epoch, Ordering::Release);
-    while ACTIVE.load(Ordering::Acquire) == epoch {
-        sys::sleep_us(50);
-    }
-}
-
 /// In a forked child: no stop is on (the child's only thread is not parked).
 pub fn reset_in_child() {
-    ACTIVE.store(0, Ordering::SeqCst);
+    park::close();
 }
