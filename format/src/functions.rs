@@ -70,6 +70,21 @@ impl Call {
     pub fn mapping(self) -> bool {
         matches!(self, Call::Mmap | Call::Munmap | Call::Mremap)
     }
+
+    /// The family of the blocks the call allocates or frees: `calloc`'s
+    /// and `realloc`'s are malloc's, `posix_memalign`'s the aligned
+    /// family's (glibc's manual: each of those blocks is freed by `free`;
+    /// memcheck tells them apart the same way). `None` for the calls
+    /// that make no block (mappings, the loader, exit). A const, so that
+    /// the hooks read it at compile time.
+    pub const fn family(self) -> Option<Family> {
+        match self {
+            Call::Alloc { family, .. } | Call::Free { family, .. } | Call::New { family, .. } => Some(family),
+            Call::Calloc | Call::Realloc { .. } => Some(Family::Malloc),
+            Call::PosixMemalign => Some(Family::Aligned),
+            Call::Mmap | Call::Munmap | Call::Mremap | Call::LoaderState | Call::Exit => None,
+        }
+    }
 }
 
 /// Every allocation function both producers follow, by symbol: the
@@ -129,6 +144,16 @@ pub const fn interposed(name: &str) -> Call {
         i += 1;
     }
     panic!("not in INTERPOSED")
+}
+
+/// The family of `name`'s blocks in [`INTERPOSED`] ([`Call::family`]), in a
+/// const context (a compile-time error when it is not there or makes no
+/// block).
+pub const fn interposed_family(name: &str) -> Family {
+    match interposed(name).family() {
+        Some(f) => f,
+        None => panic!("makes no block"),
+    }
 }
 
 /// The index of `name` in [`ENTRY_POINTS`], in a const context (a
@@ -407,62 +432,5 @@ pub fn lookup(name: &str) -> Option<Call> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::{lookup, Call, INTERPOSED};
-    use crate::Family;
-
-    #[test]
-    fn names_and_versions() {
-        assert_eq!(
-            lookup("free@@GLIBC_2.2.5"),
-            Some(Call::Free { family: Family::Malloc, args: 1, size: None, align: None })
-        );
-        assert_eq!(lookup("_dl_debug_state"), Some(Call::LoaderState));
-        assert_eq!(lookup("strdup"), None);
-        assert_eq!(
-            lookup("_rjem_sdallocx"),
-            Some(Call::Free { family: Family::Malloc, args: 3, size: None, align: None })
-        );
-        assert_eq!(lookup("je_mallocx"), Some(Call::Alloc { family: Family::Malloc, size: 0 }));
-        assert_eq!(lookup("_rjem_malloc_usable_size"), None);
-        assert_eq!(lookup("je_mi_malloc"), None);
-        for p in ["_rjem_", "je_"] {
-            for n in ["malloc", "calloc", "realloc", "free", "posix_memalign", "aligned_alloc"] {
-                assert_eq!(lookup(&format!("{p}{n}")), lookup(n), "{p}{n}");
-            }
-            for n in ["mallocx", "rallocx", "sdallocx", "dallocx"] {
-                assert_eq!(lookup(&format!("{p}{n}")), lookup(n), "{p}{n}");
-            }
-        }
-        assert_eq!(
-            lookup("mi_free_size"),
-            Some(Call::Free { family: Family::Malloc, args: 2, size: None, align: None })
-        );
-        assert_eq!(lookup("mi_malloc_aligned"), Some(Call::Alloc { family: Family::Malloc, size: 0 }));
-        assert_eq!(lookup("tc_memalign"), Some(Call::Alloc { family: Family::Aligned, size: 1 }));
-        assert_eq!(
-            lookup("free_aligned_sized"),
-            Some(Call::Free { family: Family::Malloc, args: 3, size: Some(2), align: None })
-        );
-        assert_eq!(
-            lookup("_ZdaPvmSt11align_val_t"),
-            Some(Call::Free { family: Family::NewArray, args: 3, size: Some(1), align: Some(2) })
-        );
-        assert_eq!(
-            lookup("_ZnwmSt11align_val_tRKSt9nothrow_t"),
-            Some(Call::New { family: Family::New, align: Some(1) })
-        );
-        assert!(super::ENTRY_POINTS.len() >= 50);
-        assert_eq!(super::prefixes_of("jemalloc"), ["_rjem_", "je_"]);
-        assert_eq!(super::prefixes_of("tcmalloc"), ["tc_"]);
-        assert_eq!(super::prefixes_of("c23"), Vec::<&str>::new());
-        let mut names: Vec<&str> = INTERPOSED.iter().map(|(n, _)| *n).collect();
-        names.sort_unstable();
-        names.dedup();
-        assert_eq!(names.len(), INTERPOSED.len(), "a name twice");
-        let mut all: Vec<&str> = INTERPOSED.iter().chain(super::ENTRY_POINTS).map(|(n, _)| *n).collect();
-        all.sort_unstable();
-        all.dedup();
-        assert_eq!(all.len(), INTERPOSED.len() + super::ENTRY_POINTS.len(), "a name in both tables");
-    }
-}
+#[path = "functions_tests.rs"]
+mod tests;

@@ -277,6 +277,12 @@ pub fn entry(
     false
 }
 
+/// The family of the blocks `call` allocates or frees, the functions'
+/// table's (`Call::family`); only asked of calls that make blocks.
+fn family_of(call: Call) -> Family {
+    call.family().unwrap_or(Family::Malloc)
+}
+
 /// The bytes allocation `call` with arguments `args` asks for, as the
 /// count-down of sampling counts them.
 fn requested(call: Call, args: &[u64; 5]) -> u64 {
@@ -351,14 +357,14 @@ pub fn returned(p: &mut Process, th: &mut Thread, tid: Pid, r: &mut Regs, stack:
             let new = q.new.unwrap_or((family, q.args[size], 0));
             (res != 0).then(|| alloc(res, new))
         }
-        Call::Calloc => (res != 0).then(|| alloc(res, (Family::Malloc, a0.wrapping_mul(a1), 0))),
+        Call::Calloc => (res != 0).then(|| alloc(res, (family_of(q.call), a0.wrapping_mul(a1), 0))),
         Call::PosixMemalign => {
             let block = if res == 0 {
                 stack.read_u64(p.pid, a0).or_else(|| target::read_u64(p.pid, a0)).unwrap_or(0)
             } else {
                 0
             };
-            let new = q.new.unwrap_or((Family::Aligned, a2, 0));
+            let new = q.new.unwrap_or((family_of(q.call), a2, 0));
             (block != 0).then(|| alloc(block, new))
         }
         Call::Realloc { array } => {
@@ -366,10 +372,10 @@ pub fn returned(p: &mut Process, th: &mut Thread, tid: Pid, r: &mut Regs, stack:
             let (old, new) = (a0, res);
             match Realloc::of(old, new, size) {
                 Realloc::Failed => None,
-                Realloc::Allocated => Some(alloc(new, (Family::Malloc, size, 0))),
+                Realloc::Allocated => Some(alloc(new, (family_of(q.call), size, 0))),
                 Realloc::Freed => Some(Record::Free {
                     time_ns: q.time,
-                    family: Family::Malloc,
+                    family: family_of(q.call),
                     addr: old,
                     stack: 0,
                     align: 0,

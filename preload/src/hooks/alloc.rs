@@ -3,17 +3,22 @@
 
 use std::ffi::c_void;
 
+use mtrace_format::functions::{interposed, interposed_family, Call};
 use mtrace_format::Family;
 
 use super::{traced_free, traced_knowing, traced_sampled};
-use crate::platform::real::{self, next, NextFn};
+use crate::platform::real::{self, cstr, next, NextFn};
 use crate::record::guard::{self, Quiet};
 use crate::record::{recorder, sample, sampled};
 use crate::unwind::Here;
 
+// Each hook's family is the functions' table's
+// (`mtrace_format::functions::INTERPOSED`), read at compile time.
+
 #[no_mangle]
 pub extern "C" fn malloc(size: usize) -> *mut c_void {
-    traced_sampled(size, || real::malloc(size), |&p, at| recorder::alloc(at, Family::Malloc, p, size))
+    const FAMILY: Family = interposed_family("malloc");
+    traced_sampled(size, || real::malloc(size), |&p, at| recorder::alloc(at, FAMILY, p, size))
 }
 
 /// # Safety
@@ -23,8 +28,9 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     if p.is_null() || real::in_arena(p) {
         return;
     }
+    const FAMILY: Family = interposed_family("free");
     // SAFETY: forwarded under the caller's contract.
-    traced_free(Family::Malloc, p, false, || unsafe { real::free(p) })
+    traced_free(FAMILY, p, false, || unsafe { real::free(p) })
 }
 
 /// glibc's old alias of free, still exported for old binaries.
@@ -39,8 +45,9 @@ pub unsafe extern "C" fn cfree(p: *mut c_void) {
 
 #[no_mangle]
 pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
+    const FAMILY: Family = interposed_family("calloc");
     let total = n.wrapping_mul(size);
-    traced_sampled(total, || real::calloc(n, size), |&p, at| recorder::alloc(at, Family::Malloc, p, total))
+    traced_sampled(total, || real::calloc(n, size), |&p, at| recorder::alloc(at, FAMILY, p, total))
 }
 
 /// # Safety
@@ -141,38 +148,46 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
     }
 }
 
-static ALIGNED_ALLOC: NextFn = NextFn::new(c"aligned_alloc");
-static MEMALIGN: NextFn = NextFn::new(c"memalign");
-static VALLOC: NextFn = NextFn::new(c"valloc");
-static PVALLOC: NextFn = NextFn::new(c"pvalloc");
+/// A hook of the aligned family (`aligned_alloc(align, size)`,
+/// `memalign(align, size)`, `valloc(size)`, `pvalloc(size)`), forwarding
+/// to the next definition of its symbol (one `NextFn` each); its family
+/// and which argument is the size are the functions' table's.
+macro_rules! aligned_hook {
+    ($name:ident($($arg:ident),+)) => {
+        #[no_mangle]
+        pub extern "C" fn $name($($arg: usize),+) -> *mut c_void {
+            static NEXT: NextFn = NextFn::new(cstr(concat!(stringify!($name), "\0").as_bytes()));
+            const CALL: (Family, usize) = match interposed(stringify!($name)) {
+                Call::Alloc { family, size } => (family, size),
+                _ => panic!("not an allocation"),
+            };
+            type F = unsafe extern "C" fn($(aligned_hook!(@usize $arg)),+) -> *mut c_void;
+            let size = [$($arg),+][CALL.1];
+            // SAFETY: F is this symbol's signature (glibc's stdlib.h, malloc.h).
+            let forward = || match unsafe { next::<F>(&NEXT) } {
+                // SAFETY: the real function, with the arguments of the caller's C contract.
+                Some(f) => unsafe { f($($arg),+) },
+                None => std::ptr::null_mut(),
+            };
+            traced_sampled(size, forward, |&p, at| recorder::alloc(at, CALL.0, p, size))
+        }
+    };
+    (@usize $arg:ident) => { usize };
+}
+
+aligned_hook!(aligned_alloc(align, size));
+aligned_hook!(memalign(align, size));
+aligned_hook!(valloc(size));
+aligned_hook!(pvalloc(size));
+
 static USABLE_SIZE: NextFn = NextFn::new(c"malloc_usable_size");
-
-type AlignFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
-type SizeFn = unsafe extern "C" fn(usize) -> *mut c_void;
-
-fn call_align(f: &NextFn, align: usize, size: usize) -> *mut c_void {
-    // SAFETY: aligned_alloc and memalign have the AlignFn signature.
-    match unsafe { next::<AlignFn>(f) } {
-        // SAFETY: plain call with value arguments.
-        Some(f) => unsafe { f(align, size) },
-        None => std::ptr::null_mut(),
-    }
-}
-
-fn call_size(f: &NextFn, size: usize) -> *mut c_void {
-    // SAFETY: valloc and pvalloc have the SizeFn signature.
-    match unsafe { next::<SizeFn>(f) } {
-        // SAFETY: plain call with a value argument.
-        Some(f) => unsafe { f(size) },
-        None => std::ptr::null_mut(),
-    }
-}
 
 /// # Safety
 /// `out` is a valid pointer to write the block's address to.
 #[no_mangle]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
     type F = unsafe extern "C" fn(*mut *mut c_void, usize, usize) -> i32;
+    const FAMILY: Family = interposed_family("posix_memalign");
     traced_sampled(
         size,
         // SAFETY: F is posix_memalign's signature; out is valid per contract.
@@ -182,32 +197,8 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
             None => libc::ENOMEM,
         },
         // SAFETY: on success posix_memalign wrote *out.
-        |&rc, at| if rc == 0 { recorder::alloc(at, Family::Aligned, unsafe { *out }, size) } else { (0, 0) },
+        |&rc, at| if rc == 0 { recorder::alloc(at, FAMILY, unsafe { *out }, size) } else { (0, 0) },
     )
-}
-
-#[no_mangle]
-pub extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
-    traced_sampled(
-        size,
-        || call_align(&ALIGNED_ALLOC, align, size),
-        |&p, at| recorder::alloc(at, Family::Aligned, p, size),
-    )
-}
-
-#[no_mangle]
-pub extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
-    traced_sampled(size, || call_align(&MEMALIGN, align, size), |&p, at| recorder::alloc(at, Family::Aligned, p, size))
-}
-
-#[no_mangle]
-pub extern "C" fn valloc(size: usize) -> *mut c_void {
-    traced_sampled(size, || call_size(&VALLOC, size), |&p, at| recorder::alloc(at, Family::Aligned, p, size))
-}
-
-#[no_mangle]
-pub extern "C" fn pvalloc(size: usize) -> *mut c_void {
-    traced_sampled(size, || call_size(&PVALLOC, size), |&p, at| recorder::alloc(at, Family::Aligned, p, size))
 }
 
 /// Passes through (arena blocks report their requested size).

@@ -24,19 +24,12 @@ use super::traced_free_told;
 use crate::platform::real::{self, next, NextFn};
 use crate::record::recorder;
 
-const fn cstr(b: &'static [u8]) -> &'static CStr {
-    match CStr::from_bytes_with_nul(b) {
-        Ok(c) => c,
-        Err(_) => panic!("symbol name without NUL"),
-    }
-}
-
 macro_rules! new_hook {
     ($sym:literal, $name:ident, $fallback:expr, ($($arg:ident : $ty:ty),*), $direct:expr) => {
         /// The next definition of the operator (one per symbol: `decide`
         /// asks the same).
         mod $name {
-            pub(super) static NEXT: super::NextFn = super::NextFn::new(super::cstr(concat!($sym, "\0").as_bytes()));
+            pub(super) static NEXT: super::NextFn = super::NextFn::new(super::real::cstr(concat!($sym, "\0").as_bytes()));
         }
 
         /// Traced C++ allocation function; forwards to the next definition.
@@ -79,7 +72,7 @@ macro_rules! delete_hook {
         /// The next definition of the operator (one per symbol: `decide`
         /// asks the same).
         mod $name {
-            pub(super) static NEXT: super::NextFn = super::NextFn::new(super::cstr(concat!($sym, "\0").as_bytes()));
+            pub(super) static NEXT: super::NextFn = super::NextFn::new(super::real::cstr(concat!($sym, "\0").as_bytes()));
         }
 
         /// Traced C++ deallocation function; forwards to the next definition.

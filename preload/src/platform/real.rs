@@ -10,6 +10,16 @@ use super::static_tls::FastLocal;
 
 /// A function pointer resolved lazily by name from the next object in the
 /// lookup order. `0` means not resolved yet, `1` that it does not exist.
+/// `b`, a symbol's name ending in NUL, as a C string, in a const context
+/// (a compile-time error without the NUL): for the `NextFn` of a hook a
+/// macro names (`concat!(stringify!(NAME), "\0")`).
+pub const fn cstr(b: &'static [u8]) -> &'static CStr {
+    match CStr::from_bytes_with_nul(b) {
+        Ok(c) => c,
+        Err(_) => panic!("symbol name without NUL"),
+    }
+}
+
 pub struct NextFn {
     name: &'static CStr,
     addr: AtomicUsize,
