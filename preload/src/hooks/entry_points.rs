@@ -8,13 +8,22 @@
 
 use std::ffi::c_void;
 
-use mtrace_format::functions::entry_point_index as at;
+use mtrace_format::functions::{entry_point_index as at, ENTRY_POINTS};
 use mtrace_format::Family;
 
 use super::alloc::traced_realloc;
 use super::{traced_free_told, traced_sampled};
 use crate::platform::real;
 use crate::record::recorder;
+
+/// The family of entry point `i`'s blocks, its row's (`Call::family`), in
+/// a const context.
+const fn family(i: usize) -> Family {
+    match ENTRY_POINTS[i].1.family() {
+        Some(f) => f,
+        None => panic!("an entry point that makes no block"),
+    }
+}
 
 /// The real entry point `i` as `F`, when the redirection found it.
 ///
@@ -44,7 +53,7 @@ macro_rules! hook {
                     Some(f) => unsafe { f($($a),*) },
                     None => std::ptr::null_mut(),
                 },
-                |&p, at| recorder::alloc(at, Family::$family, p, size),
+                |&p, at| recorder::alloc(at, const { family(I) }, p, size),
             )
         }
     };
@@ -63,7 +72,7 @@ macro_rules! hook {
                     Some(f) => unsafe { f($n, $size) },
                     None => std::ptr::null_mut(),
                 },
-                |&p, at| recorder::alloc(at, Family::Malloc, p, bytes),
+                |&p, at| recorder::alloc(at, const { family(I) }, p, bytes),
             )
         }
     };
@@ -101,7 +110,7 @@ macro_rules! hook {
         unsafe extern "C" fn hook($ptr: $tp $(, $a: $t)*) {
             const I: usize = at(concat!($p, stringify!($name)));
             type F = unsafe extern "C" fn($tp $(, $t)*);
-            traced_free_told(Family::$family, $ptr, $told, false, || {
+            traced_free_told(const { family(I) }, $ptr, $told, false, || {
                 // SAFETY: F is the entry point's C signature.
                 if let Some(f) = unsafe { real::<F>(I) } {
                     // SAFETY: the real function, with the caller's arguments.
@@ -128,7 +137,7 @@ macro_rules! hook {
                     None => libc::ENOMEM,
                 },
                 // SAFETY: on success the function wrote *out.
-                |&rc, at| if rc == 0 { recorder::alloc(at, Family::Aligned, unsafe { *$out }, $size) } else { (0, 0) },
+                |&rc, at| if rc == 0 { recorder::alloc(at, const { family(I) }, unsafe { *$out }, $size) } else { (0, 0) },
             )
         }
     };
