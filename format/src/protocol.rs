@@ -33,7 +33,7 @@ pub mod marker {
 pub const MAX_DEPTH: usize = 256;
 
 /// A command to a producer, the closed set every producer matches
-/// exhaustively (preload/src/lifecycle/commands.rs,
+/// exhaustively (preload/src/session/commands.rs,
 /// ptrace/src/tracer/commands.rs); as a line, its [`fmt::Display`] form.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {

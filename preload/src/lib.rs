@@ -2,20 +2,24 @@
 //! into, with its backtrace, to an mtrace stream (see the `mtrace-format`
 //! crate and docs/FORMAT.md).
 //!
-//! Rooms, from the top down; a room names only rooms below it, and what a
-//! lower room needs done above it goes through the table the crate root
-//! wires ([`UP`]). `scripts/module_cycles` checks both: no two rooms reach
-//! each other, and each call through `UP` lands in a room above its
-//! caller.
+//! Rooms, from the top down; a room names only rooms below it. The one
+//! thing a lower room takes from above is a hook's address (to install it
+//! in a GOT or a patched allocator), from the table the crate root wires
+//! ([`UP`]). `scripts/module_cycles` checks both: no two rooms reach each
+//! other, and each address read through `UP` is a room above its reader.
 //! - `hooks`: the exported entry points (malloc, new, mmap, fork, the C API);
-//! - `lifecycle`: constructor and destructor, the end of `exit`, fork,
-//!   fatal signals, `mtrace attach`, the console's commands;
+//! - `session`: what drives the stream — its creation, the writer
+//!   thread's rounds and a solo process's, the console's commands, the
+//!   report and scan signals, `mtrace attach`'s calls;
+//! - `lifecycle`: constructor's parts and destructor, the end of `exit`,
+//!   fork, fatal signals, `mtrace attach`'s redirections;
 //! - `snapshot`: the leak scan's snapshot, and stopping the other threads
 //!   for it (`stop`);
 //! - `record`: a call made a record — the reentrancy guard, per-thread
 //!   state and buffers, nested calls, the recorder;
-//! - `stream`: the session (its file or socket, kept out of the program's
-//!   way), the writer thread, the order of threads' records, report points;
+//! - `stream`: the session's data (its file or socket, kept out of the
+//!   program's way), the threads' buffers and the order of their records,
+//!   what a round writes, report points;
 //! - `unwind`: the unwinders (the fast CFI unwinder, libgcc's);
 //! - `platform`: system calls, the clock, the recording configuration
 //!   read (`mtrace_format::recording`), the loaded modules, the tracer's
@@ -35,6 +39,7 @@ mod hooks;
 mod lifecycle;
 mod platform;
 mod record;
+mod session;
 mod snapshot;
 mod stream;
 mod unwind;
@@ -42,35 +47,13 @@ mod unwind;
 #[global_allocator]
 static ALLOC: platform::allocator::TracerHeap = platform::allocator::TracerHeap;
 
-/// The calls a room makes into a room above it, wired here once (the
-/// crate root) so that no module names one above it: the stream starts
-/// lazily on the program's first event, from whichever hook sees it, so
-/// these cannot be registered at run time. Each is rare (a session's
-/// start, a stop, a scan, a dlopen), never on a hook's fast path.
+/// The hooks' addresses the rooms below the hooks install (`mtrace
+/// attach`'s GOT redirection, the executable's patched allocator), wired
+/// here once (the crate root), since the hooks are the top room. Each is
+/// read when a module is redirected or an allocator patched, never on a
+/// hook's path. Nothing else calls up: the session (session/), which
+/// drives the stream, sits above the rooms it calls.
 pub(crate) struct Up {
-    /// A session starts (its settings read): the functions the hooks
-    /// forward to are resolved before any is needed, collection and
-    /// sampling set.
-    pub starting: fn(&platform::config::Recording),
-    /// Tracing stopped for good (the trace was lost, or detached): `mtrace
-    /// attach`'s redirections are undone.
-    pub stopped: fn(),
-    /// The writer thread was asked for a leak scan (`MTRACE_SCAN_SIGNAL`).
-    pub scan: fn(&stream::Session),
-    /// A command from the socket's reader, parsed by the writer thread:
-    /// carried out; false when it ended tracing.
-    pub command: fn(&stream::Session, mtrace_format::protocol::Command) -> bool,
-    /// Modules were loaded or unloaded (seen by the writer): `mtrace
-    /// attach` redirects the new ones.
-    pub modules_changed: fn(),
-    /// The calling thread (the writer) never enters a hook's recording.
-    pub hold_guard: fn(),
-    /// The calling thread is about to wait inside a hook: its mark on the
-    /// stream's order is taken back first.
-    pub unmark: fn(),
-    /// Now and then, from the writer: the states of threads that ended
-    /// before their exit was registered are freed, their buffers let go.
-    pub reap: fn(),
     /// The hook of an allocator's own entry point, by the entry point's
     /// name (`mtrace_format::functions::ENTRY_POINTS`), for the GOT
     /// redirection (`lifecycle::attach`).
@@ -82,18 +65,7 @@ pub(crate) struct Up {
 }
 
 /// The wiring of [`Up`].
-pub(crate) static UP: Up = Up {
-    starting: session_starting,
-    stopped: lifecycle::attach::undo,
-    scan: lifecycle::scan_by_writer,
-    command: lifecycle::commands::carry_out,
-    modules_changed: lifecycle::attach::redirect_new,
-    hold_guard: record::slot::hold_forever,
-    unmark: record::guard::unmark_now,
-    reap: record::thread::reap,
-    entry_hook: hook_of_entry_point,
-    shared_free_hook: hook_of_shared_free,
-};
+pub(crate) static UP: Up = Up { entry_hook: hook_of_entry_point, shared_free_hook: hook_of_shared_free };
 
 /// [`Up::shared_free_hook`]: `hooks::shared_free`; none in the unit tests.
 fn hook_of_shared_free(args: usize, original: usize) -> Option<usize> {
@@ -121,19 +93,9 @@ fn hook_of_entry_point(name: &str) -> Option<usize> {
 #[cfg(not(test))]
 #[used]
 #[link_section = ".init_array"]
-static INIT: extern "C" fn() = lifecycle::init;
+static INIT: extern "C" fn() = session::init;
 
 #[cfg(not(test))]
 #[used]
 #[link_section = ".fini_array"]
 static FINI: extern "C" fn() = lifecycle::fini;
-
-/// [`Up::starting`]: the functions the file-descriptor hooks forward to
-/// are resolved before the trace's file is opened (a `dlsym` in a later
-/// `close` could wait for the loader's lock), then the session's settings
-/// go to the rooms that keep them.
-fn session_starting(cfg: &platform::config::Recording) {
-    #[cfg(not(test))]
-    hooks::fds::init();
-    lifecycle::starting(cfg);
-}

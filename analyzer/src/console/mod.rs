@@ -23,7 +23,7 @@ use mtrace_analysis::pipeline::ReportOpts;
 /// What the console acts on: a process sending its stream.
 pub trait Live {
     /// Sends one command to the process (its line: `Command`'s Display;
-    /// carried out by preload/src/lifecycle/commands.rs or the ptrace
+    /// carried out by preload/src/session/commands.rs or the ptrace
     /// tracer's tracer/commands.rs).
     fn send(&mut self, cmd: &Command) -> Result<()>;
     /// [`Live::send`] to process `pid` of the program (default: the program's).

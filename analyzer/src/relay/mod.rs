@@ -13,7 +13,7 @@
 //! | 1 data | server → client | bytes of one process's stream (docs/FORMAT.md) |
 //! | 2 end | server → client | none: that process closed its stream |
 //! | 3 exit | server → client | the program's exit status (i32; 128+N for signal N) |
-//! | 4 command | client → server | one command line for that stream's process (preload/src/lifecycle/commands.rs); stream `u32::MAX`: every process |
+//! | 4 command | client → server | one command line for that stream's process (preload/src/session/commands.rs); stream `u32::MAX`: every process |
 //!
 //! Each process the program starts (fork, exec) connects to the server
 //! with a stream of its own: a stream id, in the order they connected.

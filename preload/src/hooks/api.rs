@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use mtrace_format::Record;
 
-use crate::record::guard::Guard;
-use crate::{record::recorder, record::thread, stream};
+use crate::record::guard::{self, Guard};
+use crate::{record::recorder, record::thread, session};
 
 fn text(p: *const c_char) -> Option<String> {
     // SAFETY: the caller passes NULL or a NUL-terminated string.
@@ -23,7 +23,7 @@ fn text(p: *const c_char) -> Option<String> {
 pub unsafe extern "C" fn mtrace_marker(name: *const c_char) {
     let Some(_g) = Guard::enter() else { return };
     let name = text(name).unwrap_or_default();
-    if let Some(s) = stream::get() {
+    if let Some(s) = session::get() {
         thread::push(s, thread::When::Early(s.now()), None, |time_ns, _| Record::Marker { time_ns, seq: 0, name });
     }
 }
@@ -38,8 +38,8 @@ pub unsafe extern "C" fn mtrace_marker(name: *const c_char) {
 pub unsafe extern "C" fn mtrace_report(path: *const c_char) -> i32 {
     let Some(_g) = Guard::enter() else { return -1 };
     let out = text(path);
-    match stream::get() {
-        Some(s) if s.report_point("mtrace_report", out.as_deref(), true) => 0,
+    match session::get() {
+        Some(s) if guard::report_waited(s, "mtrace_report", out.as_deref()) => 0,
         _ => -1,
     }
 }
@@ -56,7 +56,7 @@ pub unsafe extern "C" fn mtrace_report(path: *const c_char) -> i32 {
 pub unsafe extern "C" fn mtrace_scan(path: *const c_char) -> i32 {
     let Some(_g) = Guard::enter() else { return -1 };
     let out = text(path);
-    match stream::get() {
+    match session::get() {
         Some(s)
             if crate::snapshot::scan_point(
                 s,
@@ -75,7 +75,11 @@ pub unsafe extern "C" fn mtrace_scan(path: *const c_char) -> i32 {
 #[no_mangle]
 pub extern "C" fn mtrace_start() {
     match Guard::enter() {
-        Some(_g) => recorder::set_collecting(true),
+        Some(_g) => {
+            // First: a session starting now sets the flag from MTRACE_START.
+            session::get();
+            recorder::set_collecting(true)
+        }
         None => recorder::init_collecting(true),
     }
 }
@@ -84,7 +88,10 @@ pub extern "C" fn mtrace_start() {
 #[no_mangle]
 pub extern "C" fn mtrace_stop() {
     match Guard::enter() {
-        Some(_g) => recorder::set_collecting(false),
+        Some(_g) => {
+            session::get();
+            recorder::set_collecting(false)
+        }
         None => recorder::init_collecting(false),
     }
 }
@@ -99,9 +106,10 @@ static GLIBC_MTRACE_CALLS: AtomicU64 = AtomicU64::new(0);
 pub extern "C" fn glibc_mtrace() {
     let Some(_g) = Guard::enter() else { return };
     if GLIBC_MTRACE_CALLS.fetch_add(1, Ordering::AcqRel) == 0 {
+        session::get();
         recorder::set_collecting(true);
-    } else if let Some(s) = stream::get() {
-        s.report_point("mtrace()", None, true);
+    } else if let Some(s) = session::get() {
+        guard::report_waited(s, "mtrace()", None);
     }
 }
 
@@ -109,9 +117,10 @@ pub extern "C" fn glibc_mtrace() {
 #[export_name = "muntrace"]
 pub extern "C" fn glibc_muntrace() {
     let Some(_g) = Guard::enter() else { return };
+    let s = session::get();
     recorder::set_collecting(false);
-    if let Some(s) = stream::get() {
-        s.report_point("muntrace()", None, true);
+    if let Some(s) = s {
+        guard::report_waited(s, "muntrace()", None);
     }
 }
 
@@ -124,6 +133,7 @@ pub extern "C" fn glibc_muntrace() {
 pub unsafe extern "C" fn mtrace_alloc(pool: *const c_char, ptr: *const std::ffi::c_void, size: usize) {
     let Some(_g) = Guard::enter() else { return };
     let errno = crate::platform::sys::errno();
+    session::get();
     recorder::pool_alloc(crate::unwind::Here::now(), &text(pool).unwrap_or_default(), ptr as u64, size as u64);
     crate::platform::sys::set_errno(errno);
 }
@@ -136,6 +146,7 @@ pub unsafe extern "C" fn mtrace_alloc(pool: *const c_char, ptr: *const std::ffi:
 pub unsafe extern "C" fn mtrace_free(pool: *const c_char, ptr: *const std::ffi::c_void) {
     let Some(_g) = Guard::enter() else { return };
     let errno = crate::platform::sys::errno();
+    session::get();
     recorder::pool_free(&text(pool).unwrap_or_default(), ptr as u64);
     crate::platform::sys::set_errno(errno);
 }

@@ -5,26 +5,12 @@
 //! it `dup2`ed onto is its file. Calls the tracer itself makes (inside a
 //! hook) go straight through.
 
-use crate::platform::real::{next, NextFn};
+use crate::platform::real::{next, CLOSE, CLOSEFROM, CLOSE_RANGE, DUP2, DUP3};
 use crate::record::guard::Guard;
 use crate::stream;
 
-static CLOSE: NextFn = NextFn::new(c"close");
-static DUP2: NextFn = NextFn::new(c"dup2");
-static DUP3: NextFn = NextFn::new(c"dup3");
-static CLOSE_RANGE: NextFn = NextFn::new(c"close_range");
-static CLOSEFROM: NextFn = NextFn::new(c"closefrom");
-
 /// `close_range` flag: mark close-on-exec instead of closing (linux/close_range.h).
 const CLOSE_RANGE_CLOEXEC: i32 = 1 << 2;
-
-/// Resolves the real functions up front (a `dlsym` in a later call could
-/// wait for the loader's lock).
-pub fn init() {
-    for f in [&CLOSE, &DUP2, &DUP3, &CLOSE_RANGE, &CLOSEFROM] {
-        f.get();
-    }
-}
 
 /// The session, unless this thread is inside a hook (the tracer's own call).
 fn program_call() -> Option<(Guard, &'static stream::Session)> {

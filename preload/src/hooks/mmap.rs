@@ -59,6 +59,7 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
         None => unsafe { libc::syscall(libc::SYS_munmap, addr, len) as i32 },
     };
     let Some(_g) = Guard::enter() else { return call() };
+    crate::session::get();
     let t = recorder::now();
     let rc = call();
     if rc == 0 {

@@ -15,6 +15,7 @@ use crate::record::guard::{self, Entry, Guard};
 use crate::record::recorder::{self, Caller, Own};
 use crate::record::slot::Slot;
 use crate::record::{nested, sample, sampled};
+use crate::session;
 use crate::unwind::Here;
 use mtrace_format::Family;
 
@@ -109,6 +110,9 @@ fn traced_picked<T>(
                     return call(Some(g.slot()));
                 }
             }
+            // The session, made at the program's first event (a thread
+            // that comes after the end of `exit` began stops there).
+            session::get();
             if g.waiting() {
                 nested::write(0, 0);
             }
@@ -116,7 +120,7 @@ fn traced_picked<T>(
             if forwarding {
                 g.end_forwarding();
             }
-            g.set_own(record(&r, Caller::Hook(Here::now(), g.slot())));
+            g.set_own(record(&r, Caller::Hook(Here::now(), g.slot(), session::solo::round)));
             r
         }
     }
@@ -169,6 +173,7 @@ fn traced_free_told(family: Family, p: *mut libc::c_void, told: (usize, usize), 
             call()
         }
         Entry::Hook(g) => {
+            session::get();
             if g.waiting() {
                 nested::write(0, 0);
             }
@@ -176,7 +181,7 @@ fn traced_free_told(family: Family, p: *mut libc::c_void, told: (usize, usize), 
                 // Buffered before the real free runs: glibc aborts on the
                 // double and invalid frees it detects, and the report of
                 // that run must still show them.
-                recorder::free_sized(Here::now(), g.slot(), family, p, told);
+                recorder::free_sized(Here::now(), g.slot(), session::solo::round, family, p, told);
             }
             call();
             if forwarding {

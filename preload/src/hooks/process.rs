@@ -320,7 +320,7 @@ pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> i32 {
 }
 
 /// A process's second thread: the writer thread starts before it
-/// (stream::leave_solo), so that a process that stays single-threaded
+/// (session::solo::leave_solo), so that a process that stays single-threaded
 /// never has one of the tracer's. Threads libc starts itself (timers'
 /// helper, POSIX AIO) and raw `clone`s are found at their first event of
 /// the malloc family instead.
@@ -338,8 +338,8 @@ pub unsafe extern "C" fn pthread_create(
         let errno = sys::errno();
         // The session, if this is the process's first event: its writer
         // must come before the thread, which may allocate at once.
-        if stream::get().is_some() {
-            stream::leave_solo();
+        if crate::session::get().is_some() {
+            crate::session::solo::leave_solo();
         }
         sys::set_errno(errno);
     }

@@ -57,9 +57,12 @@ pub extern "C" fn after_fork_parent() {
     }
 }
 
-/// pthread_atfork child: a new session (the parent's buffers, copied into
-/// the child, are not written again), or none.
-pub extern "C" fn after_fork_child() {
+/// In the pthread_atfork child handler (session/mod.rs's, which then
+/// starts the child's own session or none: the parent's buffers, copied
+/// into the child, are not written again): what `before_fork` took is
+/// released and the parent's per-thread state reset. The parent's session
+/// (whether it follows forks, its pid), if it had one.
+pub fn in_child() -> Option<(bool, u32)> {
     crate::record::sampled::release_after_fork();
     // SAFETY: before_fork took the heap's lock, in the thread the child runs.
     unsafe { crate::platform::allocator::release_after_fork() };
@@ -72,17 +75,16 @@ pub extern "C" fn after_fork_child() {
     crate::record::thread::release_after_fork();
     crate::record::thread::reset_in_child();
     HELD.with(|h| h.set(false));
-    let Some(parent) = current() else { return };
-    let _g = Guard::enter();
-    stream::restart_in_child(parent.follow_fork, parent.pid);
+    current().map(|parent| (parent.follow_fork, parent.pid))
 }
 
 /// Registers the fork handlers, once per process (from the constructor, or
-/// from `mtrace_attach_init`, which may run again after a detach).
-pub fn install_once() {
+/// from `mtrace_attach_init`, which may run again after a detach), `child`
+/// the child's (which calls [`in_child`]).
+pub fn install_once(child: extern "C" fn()) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // SAFETY: the three handlers are plain extern "C" functions.
-        unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork_parent), Some(after_fork_child)) };
+        unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork_parent), Some(child)) };
     });
 }

@@ -1,10 +1,10 @@
-//! The library's life in a process: its constructor and destructor, the
-//! end of `exit`, fork, fatal signals, and `mtrace attach`'s late start.
-//! The only layer that calls down into all the others (stream, record,
-//! snapshot, unwind, platform); nothing below names it.
+//! The library's life in a process: its constructor's parts and the
+//! destructor, the end of `exit`, fork, fatal signals, the report and
+//! scan signals' installation, the executable's allocator patched, and
+//! `mtrace attach`'s redirections. Calls down into snapshot, record,
+//! stream, unwind and platform; the session room above drives it.
 
 pub mod attach;
-pub mod commands;
 pub mod fork;
 pub mod patch;
 pub mod requests;
@@ -18,41 +18,36 @@ use crate::record::recorder;
 use crate::snapshot;
 use crate::stream;
 
-/// Library constructor. Events before it (other libraries' constructors)
-/// are already recorded: the session starts lazily on the first event; this
-/// adds fatal-signal handlers and fork handlers, and the writer thread
-/// where the process has more than one thread already.
-pub extern "C" fn init() {
-    let _g = Guard::enter();
+/// The library constructor's first part (session/mod.rs's `init` is the
+/// constructor): the thread-locals the hooks reach from the thread
+/// pointer found; false when `mtrace attach` loaded the library (it stays
+/// dormant until `mtrace_attach_init`). The caller holds the guard.
+pub fn constructing() -> bool {
     crate::record::slot::find_static_tls();
     crate::record::nested::find_static_tls();
     crate::record::recorder::find_static_tls();
     real::find_static_tls();
     fork::find_static_tls();
-    // Loaded by `mtrace attach`: dormant until it calls mtrace_attach_init.
-    if !attach::preloaded() {
-        return;
-    }
-    let Some(s) = stream::get() else { return };
-    // An allocator in the executable wins over the hooks by name: its
-    // entry points are patched, before anything below looks for them.
-    patch::executable(s);
-    // A process with one thread stays so (stream::leave_solo): another
-    // library's constructor may have started one already.
-    if sys::numbered_entries(c"/proc/self/task").len() > 1 {
-        stream::leave_solo();
-    }
+    attach::preloaded()
+}
+
+/// The constructor's part after its session `s` started (and its writer
+/// thread, where the process has more than one thread already): fatal
+/// signals' handlers, the report and scan signals' `handlers`, the fork
+/// handlers (the child's `child`), the end of `exit`, the allocators'
+/// own entry points followed.
+pub fn constructed(s: &stream::Session, handlers: [requests::Handler; 2], child: extern "C" fn()) {
     if s.scan {
         // Looked up now: a fatal signal's scan must not ask the loader.
         snapshot::own_range(true);
     }
     real::resolve_the_end();
     signals::install();
-    requests::install(s);
+    requests::install(s, handlers);
     if !s.follow_exec {
         sys::drop_from_preload("libmtrace.so");
     }
-    fork::install_once();
+    fork::install_once(child);
     AT_THE_END.store(real::at_the_end_of_exit(the_end), std::sync::atomic::Ordering::Release);
     // jemalloc's `mallocx`, mimalloc's `mi_malloc`…: through the GOT.
     attach::follow_entry_points();
@@ -130,17 +125,10 @@ fn alone(s: &stream::Session) -> bool {
     sys::numbered_entries(c"/proc/self/task").into_iter().all(|t| t == me || t == writer)
 }
 
-/// A session starts ([`crate::Up::starting`], after the hooks resolved
-/// what they forward to): collection is on or off as `MTRACE_START`
-/// says, and sampling as `MTRACE_SAMPLE_RATE` says.
+/// A session starts (its settings read, before its stream is made):
+/// collection is on or off as `MTRACE_START` says, and sampling as
+/// `MTRACE_SAMPLE_RATE` says.
 pub fn starting(cfg: &crate::platform::config::Recording) {
     recorder::init_collecting(cfg.start);
     crate::record::sample::configure(cfg.sample_rate, cfg.sample_seed);
-}
-
-/// The writer thread (or a solo process's thread) was asked for a leak
-/// scan ([`crate::Up::scan`]): a snapshot taken by it, then the scan's
-/// report point.
-pub fn scan_by_writer(s: &stream::Session) {
-    snapshot::scan_point(s, snapshot::By::asked(s), None, false);
 }

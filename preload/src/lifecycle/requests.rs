@@ -1,5 +1,7 @@
 //! The report and scan signals (`MTRACE_REPORT_SIGNAL`,
-//! `MTRACE_SCAN_SIGNAL`): requests while the program runs.
+//! `MTRACE_SCAN_SIGNAL`): requests while the program runs. Their handlers
+//! are the session's (session/requests.rs); they are installed and
+//! uninstalled here, with what they need to know found up front.
 //!
 //! With a writer thread, the handler counts the request and the writer
 //! answers at its next round (stream/reports.rs). A process with one
@@ -22,21 +24,29 @@
 //! as they would after a handler of the program's own: the user's signal
 //! causes it.
 
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
-use crate::platform::{allocator, modules, sys};
-use crate::record::guard::Guard;
-use crate::snapshot::{self, stop, By};
-use crate::stream::{self, reports, Session};
+use crate::platform::modules;
+use crate::snapshot;
+use crate::stream::Session;
 
 /// The loader's mappings, [lo, hi), found at the installation (a handler
 /// must not ask the loader).
 static LOADER: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 
-/// Installs the handlers of session `s`'s report and scan signals, each
-/// where the program left that signal's default action (at the library's
-/// start, or `mtrace attach`'s).
-pub fn install(s: &Session) {
+/// The loader's mappings, [lo, hi), as [`install`] found them ((0, 0)
+/// before): a handler must not ask the loader.
+pub fn loader_range() -> (u64, u64) {
+    (LOADER[0].load(Ordering::Relaxed), LOADER[1].load(Ordering::Acquire))
+}
+
+/// A signal handler (`SA_SIGINFO`).
+pub type Handler = extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void);
+
+/// Installs `handlers` (report, scan) for session `s`'s report and scan
+/// signals, each where the program left that signal's default action (at
+/// the library's start, or `mtrace attach`'s).
+pub fn install(s: &Session, handlers: [Handler; 2]) {
     if s.report_signal.is_none() && s.scan_signal.is_none() {
         return;
     }
@@ -47,10 +57,9 @@ pub fn install(s: &Session) {
         LOADER[0].store(lo, Ordering::Relaxed);
         LOADER[1].store(hi, Ordering::Release);
     }
-    for (i, (sig, handler)) in
-        [(s.report_signal, on_report_signal as Handler), (s.scan_signal, on_scan_signal)].into_iter().enumerate()
-    {
+    for (i, (sig, handler)) in [s.report_signal, s.scan_signal].into_iter().zip(handlers).enumerate() {
         if let Some(sig) = sig.filter(|&sig| swap_handler(sig, libc::SIG_DFL, handler as usize)) {
+            HANDLERS[i].store(handler as usize, Ordering::Relaxed);
             INSTALLED[i].store(sig, Ordering::Release);
         }
     }
@@ -58,21 +67,20 @@ pub fn install(s: &Session) {
 
 /// The report and scan signals whose handler [`install`] set (0: none).
 static INSTALLED: [AtomicI32; 2] = [AtomicI32::new(0), AtomicI32::new(0)];
+/// The handlers [`install`] set, by the same index.
+static HANDLERS: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
 
 /// Tracing ended for good in a process that goes on (`mtrace attach`'s
 /// detach): the signals whose handler is still ours take their default
 /// action again, as before the attach.
 pub fn uninstall() {
-    let ours = [on_report_signal as Handler as usize, on_scan_signal as Handler as usize];
-    for (slot, handler) in INSTALLED.iter().zip(ours) {
+    for (slot, handler) in INSTALLED.iter().zip(&HANDLERS) {
         let sig = slot.swap(0, Ordering::AcqRel);
         if sig != 0 {
-            swap_handler(sig, handler, libc::SIG_DFL);
+            swap_handler(sig, handler.load(Ordering::Relaxed), libc::SIG_DFL);
         }
     }
 }
-
-type Handler = extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void);
 
 /// Sets `sig`'s action to `to` (a handler: with `SA_RESTART`), where it is
 /// `from`; whether it did.
@@ -91,61 +99,4 @@ fn swap_handler(sig: i32, from: usize, to: usize) -> bool {
         libc::sigemptyset(&mut sa.sa_mask);
         libc::sigaction(sig, &sa, std::ptr::null_mut()) == 0
     }
-}
-
-/// The report signal: the report of this moment.
-extern "C" fn on_report_signal(_: i32, _: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    // No session (tracing off in this process): nobody would answer.
-    let Some(s) = stream::current() else { return };
-    let errno = sys::errno();
-    let mine = reports::request();
-    if s.is_solo() {
-        answer(s, ctx);
-    } else {
-        reports::wait_marked(mine);
-    }
-    sys::set_errno(errno);
-}
-
-/// The scan signal: a leak scan now, and its report. With a writer
-/// thread, the handler does not wait: the scan stops this thread like
-/// every other.
-extern "C" fn on_scan_signal(_: i32, _: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    reports::request_scan();
-    let Some(s) = stream::current() else { return };
-    if s.is_solo() {
-        let errno = sys::errno();
-        answer(s, ctx);
-        sys::set_errno(errno);
-    }
-}
-
-/// In a process with one thread: the requests counted so far answered in
-/// this handler where the signal (its context `ctx`) found the thread at
-/// a place that allows it (see the module's doc); else at the thread's
-/// next allocation call.
-fn answer(s: &Session, ctx: *mut libc::c_void) {
-    s.round_soon();
-    // A vfork child shares the program's memory, not its session; a
-    // process whose trace ended has nothing to answer; a tracer that
-    // allocates from the program's malloc (its heap could not be
-    // reserved) must not allocate where the signal may have come.
-    if s.pid != sys::getpid() || s.is_finished() || allocator::range().is_none() {
-        return;
-    }
-    let (regs, live_from) = stop::interrupted(ctx);
-    let Some(pc) = stop::interrupted_pc(&regs) else { return };
-    let inside = |r: Option<(u64, u64)>| r.is_some_and(|(lo, hi)| lo <= pc && pc < hi);
-    let loader = (LOADER[0].load(Ordering::Relaxed), LOADER[1].load(Ordering::Acquire));
-    if inside(snapshot::own_range(false)) || inside(Some(loader)) {
-        return;
-    }
-    // Inside a hook already: the thread may hold the tracer's locks.
-    let Some(_g) = Guard::enter() else { return };
-    if reports::take_scan_request() {
-        // The thread's roots: the registers the signal interrupted, and
-        // its stack from there up.
-        snapshot::scan_point(s, By::Interrupted { regs, len: regs.len(), live_from }, None, false);
-    }
-    s.solo_round_now();
 }

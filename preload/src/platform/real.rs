@@ -436,7 +436,8 @@ pub fn set_patched(name: &str, original: usize) {
     }
 }
 
-/// Resolves every function the tracer itself allocates with. Called when the
+/// Resolves every function the tracer itself allocates with, and the
+/// descriptor calls the hooks forward to. Called when the
 /// session starts: a lazy `dlsym` later could block on the loader's lock,
 /// held by a thread inside `dlopen` that waits for a lock of ours.
 pub fn init() {
@@ -444,7 +445,20 @@ pub fn init() {
         core_fn(f);
     }
     POSIX_MEMALIGN.get();
+    // Before the trace's file is opened: a `dlsym` in a later `close`
+    // could wait for the loader's lock.
+    for f in [&CLOSE, &DUP2, &DUP3, &CLOSE_RANGE, &CLOSEFROM] {
+        f.get();
+    }
 }
+
+/// The descriptor calls the hooks of hooks/fds.rs forward to (resolved
+/// by [`init`]).
+pub static CLOSE: NextFn = NextFn::new(c"close");
+pub static DUP2: NextFn = NextFn::new(c"dup2");
+pub static DUP3: NextFn = NextFn::new(c"dup3");
+pub static CLOSE_RANGE: NextFn = NextFn::new(c"close_range");
+pub static CLOSEFROM: NextFn = NextFn::new(c"closefrom");
 
 /// Serves allocations made with an alignment above malloc's own (16 bytes)
 /// through the real `posix_memalign`.

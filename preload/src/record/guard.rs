@@ -217,6 +217,17 @@ pub fn unmark_now() {
     }
 }
 
+/// A report point named `name` (written to `out`, or the default
+/// .memlog) that the calling hook waits for: its marker written and the
+/// report started by the stream, then this thread's mark taken back
+/// ([`unmark_now`]) while it waits. True when the report was written.
+pub fn report_waited(s: &crate::stream::Session, name: &str, out: Option<&str>) -> bool {
+    s.report_started(name, out).is_some_and(|started| {
+        unmark_now();
+        s.reporter.wait(started)
+    })
+}
+
 /// Leaves a hook entered with a guard that was forgotten (fork.rs holds
 /// the guard from the fork's prepare handler to its parent handler).
 pub fn leave_held() {

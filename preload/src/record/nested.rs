@@ -88,7 +88,7 @@ pub fn take(outer_alloc: u64, outer_free: u64, mut f: impl FnMut(Event)) {
 /// entry.
 pub fn write(own_alloc: u64, own_free: u64) {
     let errno = sys::errno();
-    let s = stream::get();
+    let s = stream::current();
     take(own_alloc, own_free, |e| {
         let Some(s) = s else { return };
         match e {

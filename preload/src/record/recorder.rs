@@ -10,7 +10,7 @@ use mtrace_format::{EndReason, Family, Record};
 
 use crate::platform::static_tls::FastLocal;
 use crate::record::slot::Slot;
-use crate::record::thread::{AllocAlignedEvent, AllocEvent, Backtrace, Event, FreeEvent, FreeToldEvent, When};
+use crate::record::thread::{AllocAlignedEvent, AllocEvent, Backtrace, Event, FreeEvent, FreeToldEvent, Round, When};
 use crate::record::{sample, sampled, thread_end};
 use crate::unwind::Here;
 use crate::{platform::sys, record::nested, record::thread, stream};
@@ -38,7 +38,7 @@ pub fn collecting() -> bool {
 /// the reentrancy guard (or is the writer thread).
 pub fn set_collecting(on: bool) {
     // First: a session starting now sets the flag from MTRACE_START.
-    let s = stream::get();
+    let s = stream::current();
     if COLLECTING.swap(on, Ordering::AcqRel) != on {
         if let Some(s) = s {
             s.write_now(|time_ns| Record::Coverage { time_ns, collecting: on, whole: false });
@@ -68,7 +68,7 @@ pub fn find_static_tls() {
 /// and used again for its record afterwards; else 0. The caller has
 /// entered the hook (not nested in one).
 pub fn realloc_stack(at: Here) -> u32 {
-    match stream::get() {
+    match stream::current() {
         Some(s) if s.check_frees && collecting() => {
             let errno = sys::errno();
             let id = thread::intern(s, at);
@@ -92,30 +92,31 @@ pub fn realloc_ends() {
     REALLOC_OLD.with(|c| c.set((0, 0, 0)));
 }
 
-/// `thread::push_in`, then the thread's exit registered when this was its
-/// first event made outside the allocator.
+/// `thread::push_in` (with the round the hook handed down), then the
+/// thread's exit registered when this was its first event made outside
+/// the allocator.
 #[inline(always)]
-fn push_in(slot: Slot, s: &stream::Session, when: When, bt: Backtrace, make: impl Event) {
-    if thread::push_in(slot, s, when, bt, make) {
+fn push_in(slot: Slot, round: Round, s: &stream::Session, when: When, bt: Backtrace, make: impl Event) {
+    if thread::push_in(slot, round, s, when, bt, make) {
         thread_end::register(s, slot);
     }
 }
 
 /// Records an event with the backtrace from the hook's frame `at`.
 #[inline]
-fn with_stack(at: Here, slot: Slot, make: impl Event) {
-    with_bt(Backtrace::From(at), slot, make)
+fn with_stack(at: Here, slot: Slot, round: Round, make: impl Event) {
+    with_bt(Backtrace::From(at), slot, round, make)
 }
 
 /// Records an event with backtrace `bt`, if allocations are collected.
 #[inline]
-fn with_bt(bt: Backtrace, slot: Slot, make: impl Event) {
+fn with_bt(bt: Backtrace, slot: Slot, round: Round, make: impl Event) {
     if !collecting() {
         return;
     }
     let errno = sys::errno();
-    if let Some(s) = stream::get() {
-        push_in(slot, s, When::Early(s.now()), bt, make);
+    if let Some(s) = stream::current() {
+        push_in(slot, round, s, When::Early(s.now()), bt, make);
     }
     sys::set_errno(errno);
 }
@@ -133,7 +134,7 @@ fn stamp(slot: Slot, s: &stream::Session) -> u64 {
 #[inline]
 fn without_stack(t: Option<u64>, make: impl FnOnce(u64) -> Record) {
     let errno = sys::errno();
-    if let Some(s) = stream::get() {
+    if let Some(s) = stream::current() {
         thread::push(s, t.map_or_else(|| When::Early(s.now()), When::Marked), None, |t, _| make(t));
     }
     sys::set_errno(errno);
@@ -147,8 +148,9 @@ pub type Own = (u64, u64);
 #[derive(Clone, Copy)]
 pub enum Caller {
     /// In the hook, whose frame is where the backtrace starts; with the
-    /// thread's slot its guard found.
-    Hook(Here, Slot),
+    /// thread's slot its guard found, and the writer's round the hook
+    /// hands down (see [`Round`]).
+    Hook(Here, Slot, Round),
     /// While this thread was already inside a hook (see nested.rs).
     Nested,
 }
@@ -166,12 +168,12 @@ pub fn alloc_aligned(at: Caller, family: Family, addr: *mut libc::c_void, size: 
         return (0, 0);
     }
     match at {
-        Caller::Hook(at, slot) => {
+        Caller::Hook(at, slot, round) => {
             if collecting() && in_sample(addr as u64) {
                 let alloc = AllocEvent { family, addr: addr as u64, size: size as u64 };
                 match align {
-                    0 => with_stack(at, slot, alloc),
-                    a => with_stack(at, slot, AllocAlignedEvent { alloc, align: a as u64 }),
+                    0 => with_stack(at, slot, round, alloc),
+                    a => with_stack(at, slot, round, AllocAlignedEvent { alloc, align: a as u64 }),
                 }
             }
         }
@@ -185,13 +187,13 @@ pub fn alloc_aligned(at: Caller, family: Family, addr: *mut libc::c_void, size: 
 /// the block then goes unrecorded. True when every allocation is recorded.
 #[inline]
 fn in_sample(addr: u64) -> bool {
-    sample::rate() == 0 || stream::get().is_some() && sampled::insert(addr)
+    sample::rate() == 0 || stream::current().is_some() && sampled::insert(addr)
 }
 
 /// An allocation inside a hook, for the outer hook to write (also while
 /// not collecting: it is not the program's, and its free is recorded).
 fn keep_alloc(addr: u64, size: u64) {
-    if let Some(s) = stream::get().filter(|_| in_sample(addr)) {
+    if let Some(s) = stream::current().filter(|_| in_sample(addr)) {
         nested::keep(nested::Event::Alloc(addr, size, stamp(Slot::current(), s)));
     }
 }
@@ -199,7 +201,7 @@ fn keep_alloc(addr: u64, size: u64) {
 /// A free inside a hook of `p` (stamped `t` before the real free), for the
 /// outer hook to write.
 pub fn nested_free(p: *mut libc::c_void, t: u64) {
-    if !p.is_null() && stream::get().is_some() {
+    if !p.is_null() && stream::current().is_some() {
         nested::keep(nested::Event::Free(p as u64, t));
     }
 }
@@ -207,7 +209,7 @@ pub fn nested_free(p: *mut libc::c_void, t: u64) {
 /// The session time for an event that must be stamped before the real call
 /// (free, munmap, the free half of realloc); 0 when not tracing.
 pub fn now() -> u64 {
-    stream::get().map_or(0, |s| stamp(Slot::current(), s))
+    stream::current().map_or(0, |s| stamp(Slot::current(), s))
 }
 
 /// Records a free before the real free runs (stamped as it is buffered),
@@ -215,24 +217,27 @@ pub fn now() -> u64 {
 /// frees (`MTRACE_CHECK_FREES`) and allocations are collected.
 /// A sized or aligned deallocation is told `told` of the block: (size,
 /// alignment), bytes, 0 for what it was not told ((0, 0) for a plain free).
-pub fn free_sized(at: Here, slot: Slot, family: Family, addr: *mut libc::c_void, told: (usize, usize)) {
-    free_as(Backtrace::From(at), slot, family, addr, None, told)
+pub fn free_sized(at: Here, slot: Slot, round: Round, family: Family, addr: *mut libc::c_void, told: (usize, usize)) {
+    free_as(Backtrace::From(at), (slot, round), family, addr, None, told)
 }
 
 /// [`free_sized`] with backtrace `bt` (when the session checks frees),
 /// stamped `t` (taken with [`now`] before the real call) or as it is
 /// buffered.
-fn free_as(bt: Backtrace, slot: Slot, family: Family, addr: *mut libc::c_void, t: Option<u64>, told: (usize, usize)) {
+fn free_as(
+    bt: Backtrace,
+    (slot, round): (Slot, Round),
+    family: Family,
+    addr: *mut libc::c_void,
+    t: Option<u64>,
+    told: (usize, usize),
+) {
     if addr.is_null() {
         return;
     }
     let addr = addr as u64;
-    let Some(s) = stream::get() else { return };
+    let Some(s) = stream::current() else { return };
     let bt = if s.check_frees && collecting() { bt } else { Backtrace::None };
-    // The size a sized delete was told, with the frees' checks only (-S):
-    // C++14 code deletes with sizes, and a size per free would cost every
-    // C++ program's trace. An alignment (rare) always.
-    let told = if s.check_frees { told } else { (0, told.1) };
     // The size a sized delete was told, with the frees' checks only (-S):
     // C++14 code deletes with sizes, and a size per free would cost every
     // C++ program's trace. An alignment (rare) always.
@@ -241,8 +246,10 @@ fn free_as(bt: Backtrace, slot: Slot, family: Family, addr: *mut libc::c_void, t
     let when = t.map_or_else(|| When::Early(s.now()), When::Marked);
     let free = FreeEvent { family, addr };
     match told {
-        (0, 0) => push_in(slot, s, when, bt, free),
-        (size, align) => push_in(slot, s, when, bt, FreeToldEvent { free, size: size as u64, align: align as u64 }),
+        (0, 0) => push_in(slot, round, s, when, bt, free),
+        (size, align) => {
+            push_in(slot, round, s, when, bt, FreeToldEvent { free, size: size as u64, align: align as u64 })
+        }
     }
     sys::set_errno(errno);
 }
@@ -268,17 +275,17 @@ pub fn realloc(
         // The new block is not sampled: the old one (if sampled) is gone.
         if !old.is_null() {
             match at {
-                Caller::Hook(at, slot) => {
+                Caller::Hook(at, slot, round) => {
                     let bt = if known != 0 { Backtrace::Known(known) } else { Backtrace::From(at) };
-                    free_as(bt, slot, Family::Malloc, old, Some(t0), (0, 0));
+                    free_as(bt, (slot, round), Family::Malloc, old, Some(t0), (0, 0));
                 }
                 Caller::Nested => nested_free(old, t0),
             }
         }
         return own;
     }
-    let (at, slot) = match at {
-        Caller::Hook(at, slot) => (at, slot),
+    let (at, slot, round) = match at {
+        Caller::Hook(at, slot, round) => (at, slot, round),
         Caller::Nested => {
             let outcome = Realloc::of(old as u64, new as u64, size as u64);
             if outcome.frees_old() {
@@ -291,24 +298,32 @@ pub fn realloc(
         }
     };
     let bt = if known != 0 { Backtrace::Known(known) } else { Backtrace::From(at) };
-    realloc_in_hook(bt, slot, old, new, size, t0);
+    realloc_in_hook(bt, (slot, round), old, new, size, t0);
     own
 }
 
-fn realloc_in_hook(bt: Backtrace, slot: Slot, old: *mut libc::c_void, new: *mut libc::c_void, size: usize, t0: u64) {
+fn realloc_in_hook(
+    bt: Backtrace,
+    hook: (Slot, Round),
+    old: *mut libc::c_void,
+    new: *mut libc::c_void,
+    size: usize,
+    t0: u64,
+) {
+    let (slot, round) = hook;
     match Realloc::of(old as u64, new as u64, size as u64) {
         Realloc::Failed => {}
         Realloc::Allocated => {
             if collecting() && in_sample(new as u64) {
-                with_bt(bt, slot, AllocEvent { family: Family::Malloc, addr: new as u64, size: size as u64 })
+                with_bt(bt, slot, round, AllocEvent { family: Family::Malloc, addr: new as u64, size: size as u64 })
             }
         }
         // Not collecting: the old block goes; the new one is not recorded.
-        Realloc::Freed | Realloc::Resized if !collecting() => free_as(bt, slot, Family::Malloc, old, Some(t0), (0, 0)),
-        Realloc::Freed => free_as(bt, slot, Family::Malloc, old, Some(t0), (0, 0)),
+        Realloc::Freed | Realloc::Resized if !collecting() => free_as(bt, hook, Family::Malloc, old, Some(t0), (0, 0)),
+        Realloc::Freed => free_as(bt, hook, Family::Malloc, old, Some(t0), (0, 0)),
         // The set had no room for the new block: it leaves the stream.
-        Realloc::Resized if !in_sample(new as u64) => free_as(bt, slot, Family::Malloc, old, Some(t0), (0, 0)),
-        Realloc::Resized => with_bt(bt, slot, |time_ns, stack| Record::Realloc {
+        Realloc::Resized if !in_sample(new as u64) => free_as(bt, hook, Family::Malloc, old, Some(t0), (0, 0)),
+        Realloc::Resized => with_bt(bt, slot, round, |time_ns, stack| Record::Realloc {
             time_ns,
             free_time_ns: t0,
             old: old as u64,
@@ -322,11 +337,11 @@ fn realloc_in_hook(bt: Backtrace, slot: Slot, old: *mut libc::c_void, new: *mut 
 /// A mapping; those made inside a hook are the tracer's own (its heap, the
 /// snapshot's scratch) and are not recorded.
 pub fn mmap(at: Caller, addr: *mut libc::c_void, len: usize, prot: i32, flags: i32, fd: i32) -> Own {
-    let Caller::Hook(at, slot) = at else { return (0, 0) };
+    let Caller::Hook(at, slot, round) = at else { return (0, 0) };
     if addr == libc::MAP_FAILED {
         return (0, 0);
     }
-    with_stack(at, slot, |time_ns, stack| Record::Mmap {
+    with_stack(at, slot, round, |time_ns, stack| Record::Mmap {
         time_ns,
         addr: addr as u64,
         len: len as u64,
@@ -344,7 +359,7 @@ pub fn munmap(addr: *mut libc::c_void, len: usize, t: u64) {
 }
 
 pub fn mremap(at: Caller, old: *mut libc::c_void, old_len: usize, new: *mut libc::c_void, new_len: usize) -> Own {
-    let Caller::Hook(at, slot) = at else { return (0, 0) };
+    let Caller::Hook(at, slot, round) = at else { return (0, 0) };
     if new == libc::MAP_FAILED {
         return (0, 0);
     }
@@ -352,7 +367,7 @@ pub fn mremap(at: Caller, old: *mut libc::c_void, old_len: usize, new: *mut libc
         munmap(old, old_len, now());
         return (0, 0);
     }
-    with_stack(at, slot, |time_ns, stack| Record::Mremap {
+    with_stack(at, slot, round, |time_ns, stack| Record::Mremap {
         time_ns,
         old: old as u64,
         old_len: old_len as u64,
@@ -375,7 +390,7 @@ fn pool_id(name: &str) -> Option<u32> {
     pools.push(name.to_owned());
     let id = pools.len() as u32;
     drop(pools);
-    let s = stream::get()?;
+    let s = stream::current()?;
     let name = name.to_owned();
     thread::push(s, When::Early(s.now()), None, move |_, _| Record::PoolName { id, name });
     Some(id)
@@ -387,7 +402,14 @@ pub fn pool_alloc(at: Here, pool: &str, addr: u64, size: u64) {
         return;
     }
     let Some(pool) = pool_id(pool) else { return };
-    with_stack(at, Slot::current(), |time_ns, stack| Record::PoolAlloc { time_ns, pool, addr, size, stack });
+    // A record of no block of the malloc family: no round before it.
+    with_stack(at, Slot::current(), thread::no_round, |time_ns, stack| Record::PoolAlloc {
+        time_ns,
+        pool,
+        addr,
+        size,
+        stack,
+    });
 }
 
 /// `mtrace_free(pool, ptr)`.

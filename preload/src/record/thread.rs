@@ -92,7 +92,7 @@ static UNREGISTERED: SpinMutex<Vec<(u32, usize)>> = SpinMutex::new(Vec::new());
 /// runs the library destructor instead), or a thread without state. A
 /// thread other than the main one that was not seen being created (a raw
 /// `clone`, a thread libc started itself) ends the session's solo time
-/// here: its writer starts.
+/// here: the next round starts its writer (`Session::want_writer`).
 #[cold]
 pub fn registering(s: &Session, slot: Slot) -> Option<*mut libc::c_void> {
     let st = state_in(s, slot)?;
@@ -100,7 +100,7 @@ pub fn registering(s: &Session, slot: Slot) -> Option<*mut libc::c_void> {
         return None;
     }
     if st.tid != sys::getpid() && s.is_solo() {
-        crate::stream::leave_solo();
+        s.want_writer();
     }
     st.exit_registered = true;
     let p = st as *mut ThreadState as usize;
@@ -260,7 +260,7 @@ pub trait Event {
     fn write(self, enc: &mut Encoder, out: &mut Vec<u8>, time_ns: u64, stack: u32);
     /// The block, [start, end), that the real call returned and this
     /// event records: until it is recorded, nothing of the program's
-    /// holds it and its bytes are stale (stream's `Session::solo_due`).
+    /// holds it and its bytes are stale (`Session::round_due`, session/solo.rs).
     fn block(&self) -> Option<(u64, u64)> {
         None
     }
@@ -343,19 +343,34 @@ impl Event for FreeEvent {
     }
 }
 
+/// The writer's round a hook hands the recorder, for a process with one
+/// thread (no writer thread): run by [`push_in`] before an event of the
+/// malloc family when the stream says one is due (`Session::round_due`),
+/// with the event's stamp (ns), the block it allocates and does not
+/// record yet ([start, end)), and whether the stamp is taken again after
+/// the round's collection. The hooks hand down the session's
+/// (`session::solo::round`): the session room sits above this one, which
+/// never names it.
+pub type Round = fn(&Session, u64, Option<(u64, u64)>, bool);
+
+/// The [`Round`] of events that make none (closures, which are of no
+/// block of the malloc family).
+pub fn no_round(_: &Session, _: u64, _: Option<(u64, u64)>, _: bool) {}
+
 /// [`push`] with a backtrace from `bt`.
 pub fn push_as(s: &Session, when: When, bt: Backtrace, make: impl FnOnce(u64, u32) -> Record) {
-    // No event of a closure registers the thread's exit.
-    let _ = push_in(Slot::current(), s, when, bt, make);
+    // No event of a closure registers the thread's exit or makes a round.
+    let _ = push_in(Slot::current(), no_round, s, when, bt, make);
 }
 
 /// [`push_as`] of any [`Event`] by a hook that found this thread's `slot`
-/// on entering, stamped `when`. True when the event is the thread's first
-/// made outside the allocator ([`Event::REGISTERS`]): the caller then has
-/// its exit registered (thread_end.rs), which calls the allocator.
+/// on entering, stamped `when`, `round` the writer's round it hands down
+/// (see [`Round`]). True when the event is the thread's first made outside
+/// the allocator ([`Event::REGISTERS`]): the caller then has its exit
+/// registered (thread_end.rs), which calls the allocator.
 #[inline(always)]
 #[must_use = "the thread's exit is registered by the caller"]
-pub fn push_in<E: Event>(slot: Slot, s: &Session, when: When, bt: Backtrace, make: E) -> bool {
+pub fn push_in<E: Event>(slot: Slot, round: Round, s: &Session, when: When, bt: Backtrace, make: E) -> bool {
     // Written outside the buffer: stamped again, marked first
     // (stream/order.rs), unless marked already.
     let stamp = || match when {
@@ -371,9 +386,12 @@ pub fn push_in<E: Event>(slot: Slot, s: &Session, when: When, bt: Backtrace, mak
         // leaves it out (an Early stamp is taken again after the round's
         // collection, stream/order.rs). Before the thread's state is
         // borrowed: the round may write the hook's nested events.
-        match when {
-            When::Early(t) => s.solo_due(t, make.block(), true),
-            When::Marked(t) => s.solo_due(t, make.block(), false),
+        let (t, restamped) = match when {
+            When::Early(t) => (t, true),
+            When::Marked(t) => (t, false),
+        };
+        if s.round_due(t) {
+            round(s, t, make.block(), restamped);
         }
     }
     let Some(st) = state_in(s, slot) else {

@@ -357,7 +357,10 @@ fn write(s: &Session, by: By, held: &Held, locks: &Locks) -> u64 {
 /// returns whether the report was written.
 pub fn scan_point(s: &Session, by: By, out: Option<&str>, wait: bool) -> bool {
     take(s, by);
-    s.report_point(crate::stream::SCAN_REPORT, out, wait)
+    match wait {
+        true => crate::record::guard::report_waited(s, crate::stream::SCAN_REPORT, out),
+        false => s.report_point(crate::stream::SCAN_REPORT, out),
+    }
 }
 
 #[cfg(test)]

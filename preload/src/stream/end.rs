@@ -21,7 +21,7 @@ impl Session {
     pub fn final_flush(&self, reason: EndReason, in_signal: bool, last_free: Option<(u64, u64, u32)>) {
         // A report asked for just before the end still gets made.
         if !in_signal && !self.is_finished() && self.reporter.take_request() {
-            self.report_point(SIGNAL_REPORT, None, false);
+            self.report_point(SIGNAL_REPORT, None);
         }
         // The loader is asked before the file is locked (see
         // modules_if_changed).

@@ -1,6 +1,9 @@
 //! One trace stream: its file, the registry of per-thread buffers, the
-//! writer thread, and the final flush. A process has one session; a forked
-//! child starts a new one.
+//! order of their records, what a writer's round writes, and the final
+//! flush. A process has one session; a forked child starts a new one. What
+//! drives the stream (its creation, the writer thread's and a solo
+//! process's rounds, the commands) is the session room above (session/),
+//! which calls down into this one and the rooms between.
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -15,14 +18,14 @@ pub(crate) use end::lock;
 pub mod order;
 mod output;
 pub mod reports;
-mod solo;
+mod rounds;
 pub mod spawned;
 mod writer;
 mod zstd;
 
 pub use buffer::{BufInner, Handoff, ThreadBuf};
 pub use order::Mark;
-pub use solo::leave_solo;
+pub use rounds::Rounds;
 pub use writer::FileHold;
 
 use crate::platform::clock::Clock;
@@ -36,19 +39,19 @@ pub const BUF_CAP: usize = 64 * 1024;
 /// wait for it: the tracer's memory stays bounded when the program makes
 /// events faster than the writer compresses them (two threads on two cores
 /// reached 76 MiB of peak RSS without this, 15 MiB natively).
-const PENDING_MAX: usize = 8 << 20;
+pub const PENDING_MAX: usize = 8 << 20;
 /// Full buffers, bytes, beyond which a process with one thread writes
 /// them at its next event of the malloc family rather than at its next
-/// round (stream/solo.rs).
+/// round (session/solo.rs).
 const SOLO_PENDING: usize = 1 << 20;
 /// Marker name of the reports the report signal asks for.
-const SIGNAL_REPORT: &str = mtrace_format::protocol::marker::SIGNAL;
+pub const SIGNAL_REPORT: &str = mtrace_format::protocol::marker::SIGNAL;
 /// Marker name that follows an on-demand leak scan: its report covers
 /// everything live, classified (not the change since the last report).
 pub const SCAN_REPORT: &str = mtrace_format::protocol::marker::SCAN;
 /// How often the writer thread wakes (commands, report and scan requests,
 /// RSS samples, full buffers), ms.
-const WRITER_POLL_MS: u64 = 5;
+pub const WRITER_POLL_MS: u64 = 5;
 /// The longest the writer goes without collecting every thread's buffer
 /// while none is full, ms. A collection interrupts every running thread
 /// of the program (`membarrier`, buffer.rs), so a quiet or sampled
@@ -56,13 +59,13 @@ const WRITER_POLL_MS: u64 = 5;
 /// native with a collection every 5 ms and 1.037x with one every 50 ms
 /// (`scripts/ab_preload --runs 31`, docs/SAMPLING.md). It bounds what a
 /// SIGKILL loses of a quiet program and how far a live reader lags.
-const QUIET_COLLECT_MS: u64 = 50;
+pub const QUIET_COLLECT_MS: u64 = 50;
 /// RSS is sampled every this many writer rounds (10 ms).
-const SAMPLE_EVERY: u64 = 2;
+pub const SAMPLE_EVERY: u64 = 2;
 /// Writer rounds between two looks for threads that ended before their
 /// exit was registered (record/thread.rs; a system call per such thread):
 /// about a second.
-const REAP_EVERY: u64 = 1000 / WRITER_POLL_MS;
+pub const REAP_EVERY: u64 = 1000 / WRITER_POLL_MS;
 
 pub struct Session {
     /// Bumped for every new session (fork): thread state of an older one is reset.
@@ -92,18 +95,22 @@ pub struct Session {
     /// The writer thread's stack, [low, high): the tracer's, never scanned.
     pub writer_stack: [AtomicU64; 2],
     /// No writer thread: the process has had one thread so far, and that
-    /// thread does the writer's rounds at its events ([`Session::solo_due`]).
+    /// thread does the writer's rounds at its events (`Session::round_due`,
+    /// session/solo.rs).
     /// Some processes must stay single-threaded (a zygote that forks,
     /// `unshare(CLONE_NEWUSER)`); the writer starts with the second thread.
-    solo: AtomicBool,
+    pub(crate) solo: AtomicBool,
     /// While solo, the time (ns) from which an event does the next round;
     /// `u64::MAX` once the writer runs.
-    next_round: AtomicU64,
+    pub(crate) next_round: AtomicU64,
+    /// A thread not seen being created wants the writer thread started
+    /// (see [`Session::want_writer`]).
+    writer_wanted: AtomicBool,
     /// The rounds' state while solo.
-    solo_rounds: Mutex<writer::Rounds>,
+    pub(crate) solo_rounds: Mutex<Rounds>,
     /// The block of the allocation whose hook makes a solo round (see
     /// [`Session::unrecorded_block`]).
-    round_block: [AtomicU64; 2],
+    pub(crate) round_block: [AtomicU64; 2],
     /// Trace forked children (`MTRACE_FOLLOW_FORK`).
     pub follow_fork: bool,
     /// Trace programs this one execs (`MTRACE_FOLLOW_EXEC`).
@@ -113,7 +120,7 @@ pub struct Session {
     out: output::Output,
     /// Held while anything writes to `out`, so that buffers never
     /// interleave, and while the hooks of `close` and `dup2` move it.
-    file: Mutex<()>,
+    pub(crate) file: Mutex<()>,
     /// Threads other than the writer waiting for `file` (writer.rs,
     /// `lock_file`): the writer lets them go first.
     file_wanted: AtomicU32,
@@ -127,11 +134,11 @@ pub struct Session {
     /// The latest watermark written, ns (order.rs).
     last_watermark: AtomicU64,
     /// Every record written so far is stamped before this, ns.
-    written_until: AtomicU64,
+    pub(crate) written_until: AtomicU64,
     /// Test-only perturbations of the order (`MTRACE_TEST_ORDER`).
     pub test: mtrace_format::recording::TestOrder,
     /// Bytes in threads' full buffers (see [`PENDING_MAX`]).
-    pending: AtomicUsize,
+    pub(crate) pending: AtomicUsize,
     /// Set when a wait for the writer timed out: threads no longer wait.
     throttle_off: AtomicBool,
     next_stack: AtomicU32,
@@ -161,9 +168,12 @@ static EXIT_GATE: AtomicU32 = AtomicU32::new(0);
 static SESSION: AtomicPtr<Session> = AtomicPtr::new(std::ptr::null_mut());
 static GEN: AtomicU64 = AtomicU64::new(0);
 
-/// The current session, created on first use; `None` when tracing is off
-/// (the trace file could not be created).
-pub fn get() -> Option<&'static Session> {
+/// The current session, made by `start` on first use (the session room's
+/// creation: `crate::session::get`); `None` when tracing is off (the trace
+/// file could not be created, a detach). A thread of the program that asks
+/// after the end of `exit` began stops here ([`close_the_gate`]).
+pub fn get_or_start(start: impl FnOnce() -> Option<Session>) -> Option<&'static Session> {
+    let mut start = Some(start);
     loop {
         match STATE.load(Ordering::Acquire) {
             READY => {
@@ -177,9 +187,7 @@ pub fn get() -> Option<&'static Session> {
             DISABLED => return None,
             UNINIT => {
                 if STATE.compare_exchange(UNINIT, INITIALIZING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                    // The first event of a process that loaded the library
-                    // at its start: the stream has all of its heap.
-                    install(Session::create(true, None));
+                    install(start.take().and_then(|f| f()));
                 }
             }
             _ => std::thread::yield_now(),
@@ -292,12 +300,26 @@ fn open_output(cfg: &config::Recording, pid: u32, prog: &str) -> Option<(output:
     None
 }
 
-/// The trace was lost or detached: no more events are recorded, the
-/// writer stops, and after `mtrace attach` the calls go where they went
-/// before.
-fn stop_tracing() {
+/// Tracing stopped for good with the trace lost (its file or socket
+/// failed), and `mtrace attach`'s redirections were not undone yet: the
+/// session undoes them when it finds this ([`stopped_by_loss`]).
+static LOST: AtomicBool = AtomicBool::new(false);
+
+/// The trace was lost (`lost`) or detached: no more events are recorded,
+/// the writer stops. After a loss, the session room puts back the calls
+/// `mtrace attach` redirected at the next hook or writer round
+/// ([`stopped_by_loss`]); a detach does it itself, first.
+fn stop_tracing(lost: bool) {
     STATE.store(DISABLED, Ordering::Release);
-    (crate::UP.stopped)();
+    if lost {
+        LOST.store(true, Ordering::Release);
+    }
+}
+
+/// True once after the trace was lost ([`stop_tracing`]): the caller
+/// undoes `mtrace attach`'s redirections.
+pub fn stopped_by_loss() -> bool {
+    LOST.load(Ordering::Relaxed) && LOST.swap(false, Ordering::AcqRel)
 }
 
 impl Session {
@@ -308,15 +330,13 @@ impl Session {
     /// unknown address invalid. With `MTRACE_START=off` it says that
     /// allocations are not collected. `parent`: a fork child's parent pid,
     /// for its header (else the kernel's `getppid`).
-    fn create(from_start: bool, parent: Option<u32>) -> Option<Session> {
-        crate::platform::real::init();
-        let cfg = config::load();
+    /// `cfg`: the settings read, already given to the rooms that keep them.
+    pub fn create(cfg: &config::Recording, from_start: bool, parent: Option<u32>) -> Option<Session> {
         let pid = sys::getpid();
         let cmdline = naming::cmdline_args(&sys::read_file(c"/proc/self/cmdline").unwrap_or_default());
-        (crate::UP.starting)(&cfg);
         let exe = sys::readlink(c"/proc/self/exe").unwrap_or_default();
         let prog = naming::program_name(&cmdline, &exe);
-        let (out_file, path) = open_output(&cfg, pid, &prog)?;
+        let (out_file, path) = open_output(cfg, pid, &prog)?;
         sys::open_statm();
         unwind::init();
         let start_mono = sys::monotonic_ns();
@@ -375,7 +395,8 @@ impl Session {
             writer_stack: [AtomicU64::new(0), AtomicU64::new(0)],
             solo: AtomicBool::new(true),
             next_round: AtomicU64::new(0),
-            solo_rounds: Mutex::new(writer::Rounds::new()),
+            writer_wanted: AtomicBool::new(false),
+            solo_rounds: Mutex::new(Rounds::new()),
             round_block: [AtomicU64::new(0), AtomicU64::new(0)],
             follow_fork: cfg.follow_fork,
             follow_exec: cfg.follow_exec,
@@ -512,27 +533,24 @@ impl Session {
     }
 
     /// An incremental report: every thread's buffer is written, then a
-    /// Marker, then the analyzer makes the .memlog (or `out`) from the file.
-    /// With `wait`, returns whether the report was written.
-    pub fn report_point(&self, name: &str, out: Option<&str>, wait: bool) -> bool {
+    /// Marker, then the analyzer makes the .memlog (or `out`) from the
+    /// file; nobody waits for it. False when no report was started.
+    pub fn report_point(&self, name: &str, out: Option<&str>) -> bool {
+        self.report_started(name, out).map(|started| self.reporter.keep(started)).is_some()
+    }
+
+    /// [`Session::report_point`], the report under way returned for the
+    /// caller to wait for ([`reports::Reporter::wait`]): a thread inside
+    /// a hook takes back its mark on the order first (the report reads up
+    /// to the marker once a watermark passes it: `record::guard`'s
+    /// `report_waited`).
+    pub fn report_started(&self, name: &str, out: Option<&str>) -> Option<reports::Started> {
         let seq = self.reporter.next_seq();
         self.marker(seq, name);
         if name == SIGNAL_REPORT {
             self.reporter.marked();
         }
-        match self.reporter.start(seq, out, name != SCAN_REPORT) {
-            Some(started) if wait => {
-                // The report reads up to the marker once a watermark
-                // passes it: this thread must not hold it back meanwhile.
-                (crate::UP.unmark)();
-                self.reporter.wait(started)
-            }
-            Some(started) => {
-                self.reporter.keep(started);
-                true
-            }
-            None => false,
-        }
+        self.reporter.start(seq, out, name != SCAN_REPORT)
     }
 }
 
@@ -557,28 +575,24 @@ impl Session {
     }
 }
 
-/// A session for `mtrace attach` (settings from `config::set_overrides`),
-/// in a process with none: the first attach, or one after a detach.
-/// False when it could not start.
-pub fn start_attached() -> bool {
+/// A session made by `start` (`mtrace attach`'s), in a process with none:
+/// the first attach, or one after a detach. False when it could not start.
+pub fn start_late(start: impl FnOnce() -> Option<Session>) -> bool {
     let state = STATE.load(Ordering::Acquire);
     if state == READY || STATE.compare_exchange(state, INITIALIZING, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return false;
     }
-    install(Session::create(false, None));
+    install(start());
     STATE.load(Ordering::Acquire) == READY
 }
 
-/// In a forked child: a session of its own (its own file), or tracing off;
-/// `parent` is the pid of the process it was forked from.
-pub fn restart_in_child(follow: bool, parent: u32) {
+/// In a forked child: the session `start` makes (its own file), or,
+/// without one, tracing off.
+pub fn restart_in_child(start: Option<impl FnOnce() -> Option<Session>>) {
     // A fork made after the gate closed: the child's own threads go on.
     EXIT_GATE.store(0, Ordering::Release);
-    if !follow {
-        STATE.store(DISABLED, Ordering::Release);
-        return;
+    match start {
+        Some(start) => install(start()),
+        None => STATE.store(DISABLED, Ordering::Release),
     }
-    // The parent's blocks are the child's too, unseen by its stream. The
-    // child has one thread: solo, as at a process's start.
-    install(Session::create(false, Some(parent)));
 }

@@ -228,7 +228,7 @@ impl Output {
         if !self.lost.swap(true, Ordering::AcqRel) {
             let path = self.path.to_string_lossy();
             sys::warn(&format!("{} {path} {why}; tracing stops here", self.sink.name()));
-            super::stop_tracing();
+            super::stop_tracing(true);
         }
         false
     }

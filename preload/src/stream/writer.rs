@@ -1,7 +1,6 @@
-//! The writer thread: every 5 ms it notices loaded and unloaded libraries,
-//! samples the RSS, carries out commands and makes the reports asked for,
-//! and collects every thread's buffer, compresses them and writes them:
-//! in that round if a buffer is full, else every 50 ms.
+//! Writing the trace: every thread's buffer collected, compressed and
+//! written under the file lock (by the writer's rounds, session/, and by
+//! whoever writes out of turn: a marker, the snapshot, the end).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -9,50 +8,9 @@ use std::sync::Arc;
 use mtrace_format::{Encoder, Record};
 use parking_lot::MutexGuard;
 
-use super::{
-    current, order, Session, ThreadBuf, BUF_CAP, PENDING_MAX, QUIET_COLLECT_MS, REAP_EVERY, SAMPLE_EVERY,
-    SIGNAL_REPORT, WRITER_POLL_MS,
-};
+use super::{order, Session, ThreadBuf, BUF_CAP};
 
 use crate::{platform::config, platform::modules, platform::sys};
-
-/// While idle, an RSS sample at least every this many sampling rounds (1 s).
-const IDLE_SAMPLE_EVERY: u64 = 100;
-
-/// What the writer's rounds carry from one to the next.
-pub(super) struct Rounds {
-    round: u64,
-    /// Bytes of a command line not complete yet.
-    commands: Vec<u8>,
-    /// RSS samples: every SAMPLE_EVERY rounds while events come or the
-    /// RSS changes; while the program is idle, at twice the interval
-    /// each time up to once a second (an idle daemon's trace grew 5 MB
-    /// an hour with a sample every 10 ms).
-    active: bool,
-    last_rss: u64,
-    idle_rounds: u64,
-    idle_every: u64,
-    /// When the buffers were last collected, ns.
-    last_collect: u64,
-    /// The last round wrote records after its collection (a marker, a
-    /// scan): no watermark covers them yet.
-    pub(super) late: bool,
-}
-
-impl Rounds {
-    pub(super) const fn new() -> Rounds {
-        Rounds {
-            round: 0,
-            commands: Vec::new(),
-            active: false,
-            last_rss: 0,
-            idle_rounds: 0,
-            idle_every: 1,
-            last_collect: 0,
-            late: false,
-        }
-    }
-}
 
 impl Session {
     /// Holds the trace file for one writer of many pieces in a row (the
@@ -103,7 +61,7 @@ impl Session {
     /// a waiter trying once a millisecond (`lock_unparked`) could wait for
     /// ever: CI saw the scan at exit of ctests/scan_busy.c wait 12 minutes
     /// while its four threads allocated.
-    fn let_waiters_first(&self) {
+    pub(super) fn let_waiters_first(&self) {
         for _ in 0..20 {
             if self.file_wanted.load(Ordering::SeqCst) == 0 {
                 return;
@@ -119,7 +77,7 @@ impl Session {
     /// buffers), the watermark this collection
     /// establishes (order.rs). The caller holds the file lock. Returns the
     /// bytes of records written.
-    pub(super) fn collect(&self, exited_only: bool) -> usize {
+    pub(crate) fn collect(&self, exited_only: bool) -> usize {
         self.collect_with(exited_only, true)
     }
 
@@ -229,92 +187,6 @@ impl Session {
         }
     }
 
-    fn writer_loop(&self) {
-        let gen = self.gen;
-        let mut rounds = Rounds::new();
-        loop {
-            // Behind (threads may be waiting): no pause between rounds.
-            if self.pending.load(Ordering::Relaxed) <= PENDING_MAX / 4 {
-                sys::sleep_ms(WRITER_POLL_MS);
-            }
-            if current().map(|s| s.gen) != Some(gen) {
-                return;
-            }
-            if !self.round(&mut rounds, QUIET_COLLECT_MS * 1_000_000, SAMPLE_EVERY) {
-                return;
-            }
-        }
-    }
-
-    /// One round of the writer's work, by the writer thread or, while
-    /// the process has one thread, by that thread at its events
-    /// ([`Session::solo_round`]): module changes, the buffers (collected
-    /// when one is full, else `quiet_ns` after the last collection), an
-    /// RSS sample every `sample_every` rounds, commands, scan and report
-    /// requests. False once tracing stopped (a detach).
-    pub(super) fn round(&self, r: &mut Rounds, quiet_ns: u64, sample_every: u64) -> bool {
-        r.round += 1;
-        if self.is_finished() {
-            return true;
-        }
-        self.clock.refit();
-        // Asked of the loader before the file is locked: a thread the
-        // leak scan holds may hold the loader's lock, and the scan
-        // waits for the file.
-        let modules = self.modules_if_changed();
-        {
-            self.let_waiters_first();
-            // A program's thread comes here from a hook (platform/spin.rs: why not park).
-            let _f = crate::platform::spin::lock_unparked(&self.file);
-            if self.is_finished() {
-                return true;
-            }
-            if let Some(m) = modules {
-                self.write_unordered(&m);
-            }
-            let now = self.now();
-            if self.pending.load(Ordering::Relaxed) > 0 || now >= r.last_collect + quiet_ns {
-                r.active |= self.collect(false) > 0;
-                r.last_collect = now;
-            }
-            if r.round.is_multiple_of(sample_every) {
-                let rss = sys::rss_bytes();
-                r.idle_rounds += 1;
-                let busy = r.active || rss != Some(r.last_rss);
-                if busy || r.idle_rounds >= r.idle_every {
-                    if let Some(rss) = rss {
-                        self.write_sample(rss);
-                        r.last_rss = rss;
-                    }
-                    r.idle_every = if busy { 1 } else { (r.idle_every * 2).min(IDLE_SAMPLE_EVERY) };
-                    (r.active, r.idle_rounds) = (false, 0);
-                }
-            }
-        }
-        let spawned = self.spawned_records();
-        if !spawned.is_empty() {
-            self.let_waiters_first();
-            let _f = crate::platform::spin::lock_unparked(&self.file);
-            self.write_unordered(&spawned);
-        }
-        let collected_until = self.written_until.load(Ordering::Relaxed);
-        if r.round.is_multiple_of(REAP_EVERY) {
-            (crate::UP.reap)();
-        }
-        if !self.poll_commands(&mut r.commands) {
-            return false;
-        }
-        if crate::stream::reports::take_scan_request() {
-            (crate::UP.scan)(self);
-        }
-        if self.reporter.take_request() {
-            self.report_point(SIGNAL_REPORT, None, false);
-        }
-        self.reporter.reap();
-        r.late = self.written_until.load(Ordering::Relaxed) > collected_until;
-        true
-    }
-
     /// The records of the programs started since the last call that the
     /// hooks may not follow (spawned.rs), encoded; empty for none. The
     /// caller writes them under the file lock.
@@ -333,7 +205,7 @@ impl Session {
 
     /// Writes the resident set size (the heap is known to the analyzer).
     /// The caller holds the file lock.
-    fn write_sample(&self, rss: u64) {
+    pub(super) fn write_sample(&self, rss: u64) {
         let now = self.now();
         let mut buf = Vec::with_capacity(32);
         let mut enc = Encoder::new();
@@ -343,13 +215,14 @@ impl Session {
     }
 
     /// The module list's records when a library was loaded or unloaded
-    /// since it was last written (dlopen is noticed here, not hooked: see
+    /// since it was last written (the session then redirects the new
+    /// modules' calls after `mtrace attach`) (dlopen is noticed here, not hooked: see
     /// hooks/process.rs), to write with the file lock held. Asks the
     /// loader, so the caller must not hold the file lock: a thread may
     /// wait for it while holding the loader's lock (a hook in a
     /// `dl_iterate_phdr` callback), and a thread the leak scan holds may
     /// hold the loader's lock while the scan waits for the file.
-    pub(super) fn modules_if_changed(&self) -> Option<Vec<u8>> {
+    pub fn modules_if_changed(&self) -> Option<Vec<u8>> {
         if self.loader_off.load(Ordering::Acquire) {
             return None;
         }
@@ -361,7 +234,6 @@ impl Session {
         *last = g;
         #[cfg(target_arch = "x86_64")]
         crate::unwind::fast::refresh();
-        (crate::UP.modules_changed)();
         let now = self.now();
         let mut out = Vec::with_capacity(4096);
         let mut enc = Encoder::new();
@@ -383,19 +255,6 @@ impl FileHold<'_> {
     pub fn write(&self, bytes: &[u8]) {
         self.s.write_unordered(bytes);
     }
-}
-
-pub(super) extern "C" fn writer_main(_: *mut libc::c_void) -> *mut libc::c_void {
-    (crate::UP.hold_guard)();
-    if let Some(s) = current() {
-        if let Some((lo, hi)) = sys::own_stack() {
-            s.writer_stack[0].store(lo, Ordering::Relaxed);
-            s.writer_stack[1].store(hi, Ordering::Relaxed);
-        }
-        s.writer_tid.store(sys::gettid(), Ordering::Release);
-        s.writer_loop();
-    }
-    std::ptr::null_mut()
 }
 
 impl Session {

@@ -1,7 +1,7 @@
 //! The tracer's side of live streams (crate::live): every tick it hands
 //! what it collected to the writers, so that the console sees the program
 //! as it is, and carries out the commands that came back — what
-//! preload/src/lifecycle/commands.rs does for libmtrace.so.
+//! preload/src/session/commands.rs does for libmtrace.so.
 
 use std::sync::atomic::Ordering;
 

@@ -1,16 +1,16 @@
 //! Tracing a process that is already running: `mtrace attach` loads this
 //! library into it with `dlopen` (its constructor then stays dormant: the
-//! library is not in `LD_PRELOAD`) and calls [`mtrace_attach_init`], which
+//! library is not in `LD_PRELOAD`) and calls `mtrace_attach_init` (session/attach.rs), which
 //! starts a session with the attacher's settings and redirects the
 //! process's calls to the hooks by rewriting GOT entries (got.rs). Modules
 //! loaded later are redirected when the writer notices them. [`undo`] puts
 //! every entry back (detach): the library stays mapped but inert, and a
-//! later attach calls [`mtrace_attach_init`] again.
+//! later attach calls `mtrace_attach_init` (session/attach.rs) again.
 
 mod got;
 
 use std::collections::HashMap;
-use std::ffi::{c_char, CStr, CString};
+use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use mtrace_format::functions::{ENTRY_POINTS, INTERPOSED};
@@ -37,7 +37,7 @@ pub fn attached() -> bool {
 }
 
 /// Whether this library is named in `LD_PRELOAD` (else it was loaded by
-/// `dlopen`, and waits for [`mtrace_attach_init`]). Read once, by the
+/// `dlopen`, and waits for `mtrace_attach_init` (session/attach.rs)). Read once, by the
 /// constructor, while the environment is the one the process started with.
 pub fn preloaded() -> bool {
     let Some(me) = modules::own_path() else { return true };
@@ -244,96 +244,23 @@ pub fn undo() {
     st.done.clear();
 }
 
-/// Called by `mtrace attach` in a process whose tracing has no writer
-/// thread (one thread: it answers commands at its next allocation call)
-/// when the `detach` it sent was not answered: the leak scan first when
-/// `scan` is not 0, then the detach, on the calling thread (the program's
-/// own, stopped outside the tracer, libc and the loader). Returns 0, or 1
-/// when there was nothing to do (no solo session: its writer answers).
-#[no_mangle]
-pub extern "C" fn mtrace_attach_detach(scan: i32) -> i32 {
-    let _g = crate::record::guard::Guard::enter();
-    let Some(s) = crate::stream::current().filter(|s| attached() && s.is_solo() && !s.is_finished()) else {
-        return 1;
-    };
-    if scan != 0 {
-        crate::lifecycle::commands::carry_out(s, mtrace_format::protocol::Command::Scan);
-    }
-    crate::lifecycle::commands::carry_out(s, mtrace_format::protocol::Command::Detach);
-    0
-}
-
-/// Called by the reader of a process whose tracing has no writer thread
-/// (`mtrace attach`, `mtrace server`), by ptrace, when a command it sent
-/// or its console's views need what the program buffered (an idle
-/// program with one thread makes no round of its own: docs/PROCESSES.md):
-/// a round now on the calling thread (the program's, stopped outside the
-/// tracer, libc and the loader), its commands read and carried out, its
-/// buffer written. Makes no `nanosleep` (platform/sys.rs's sleeps): the
-/// call the thread was stopped in goes on from its restart block, for its
-/// own time. Returns 0, or 1 when there was nothing to do (no session, or
-/// one with a writer thread).
-#[no_mangle]
-pub extern "C" fn mtrace_round_now() -> i32 {
-    let Some(_g) = crate::record::guard::Guard::enter() else { return 1 };
-    let Some(s) = crate::stream::current().filter(|s| s.is_solo() && !s.is_finished()) else {
-        return 1;
-    };
-    if s.pid != sys::getpid() {
-        return 1;
-    }
-    s.solo_round_now();
-    0
-}
-
-/// Starts tracing with `settings` (`NAME=value` lines, as the `MTRACE_*`
-/// environment variables; `MTRACE_OUTPUT` the attacher's socket) and
-/// redirects the process's calls to the hooks. Called by `mtrace attach`
-/// inside the process. Returns 0, or -1 when no session could start (the
-/// reason is on the program's stderr), -2 when another attach traces it,
-/// -3 when it runs with the library preloaded (`mtrace run`,
-/// `LD_PRELOAD`) and traced.
-///
-/// # Safety
-/// `settings` is a NUL-terminated string.
-#[no_mangle]
-pub unsafe extern "C" fn mtrace_attach_init(settings: *const c_char) -> i32 {
-    let _g = crate::record::guard::Guard::enter();
+/// Whether `mtrace_attach_init` (session/attach.rs) may start: not when another
+/// attach traces the process, or it runs with the library preloaded and a
+/// session (returned as its -2 and -3).
+pub fn may_start() -> Result<(), i32> {
     if attached() {
-        return -2;
+        return Err(-2);
     }
     if PRELOADED.load(Ordering::Acquire) && crate::stream::current().is_some() {
-        return -3;
+        return Err(-3);
     }
-    // SAFETY: per the contract.
-    let text = unsafe { CStr::from_ptr(settings) }.to_string_lossy().into_owned();
-    crate::platform::config::set_overrides(&text);
-    crate::platform::real::resolve_from_default();
-    // Before anything resolves the malloc family: an allocator in the
-    // executable gets its trampolines, its hooks their originals (the
-    // jumps come with mtrace_attach_patch, the other threads held).
-    crate::lifecycle::patch::prepare_attached();
-    if !crate::stream::start_attached() {
-        return -1;
-    }
-    // Tells the analyzer that blocks from before this point are unknown.
-    if let Some(s) = crate::stream::current() {
-        s.marker(0, mtrace_format::protocol::marker::ATTACH);
-    }
-    // A writer thread only where the process has more than one thread: one
-    // with a single thread keeps it (docs/PROCESSES.md); it answers the
-    // console at its events, and an idle one is detached by a call
-    // `mtrace attach` makes in it (mtrace_attach_detach).
-    if sys::numbered_entries(c"/proc/self/task").len() > 1 {
-        crate::stream::leave_solo();
-    }
-    crate::lifecycle::fork::install_once();
-    if let Some(s) = crate::stream::current() {
-        // Its reports go to the attacher's socket as markers: `mtrace
-        // attach` writes their .memlog files.
-        crate::lifecycle::requests::install(s);
-    }
+    Ok(())
+}
+
+/// The attach's session started: the process's calls go to the hooks
+/// from now on (the modules loaded now; later ones at the writer's
+/// rounds).
+pub fn started() {
     ATTACHED.store(true, Ordering::Release);
     redirect_new();
-    0
 }
