@@ -4,9 +4,10 @@
 //!
 //! Rooms, from the top down; a room names only rooms below it. The one
 //! thing a lower room takes from above is a hook's address (to install it
-//! in a GOT or a patched allocator), from the table the crate root wires
-//! ([`UP`]). `scripts/module_cycles` checks both: no two rooms reach each
-//! other, and each address read through `UP` is a room above its reader.
+//! in a GOT or a patched allocator), from the tables the crate root sets
+//! ([`UP`], data). `scripts/module_cycles` checks both: no two rooms reach
+//! each other, and each table read through `UP` is a room above its
+//! reader.
 //! - `hooks`: the exported entry points (malloc, new, mmap, fork, the C API);
 //! - `session`: what drives the stream — its creation, the writer
 //!   thread's rounds and a solo process's, the console's commands, the
@@ -48,47 +49,29 @@ mod unwind;
 static ALLOC: platform::allocator::TracerHeap = platform::allocator::TracerHeap;
 
 /// The hooks' addresses the rooms below the hooks install (`mtrace
-/// attach`'s GOT redirection, the executable's patched allocator), wired
-/// here once (the crate root), since the hooks are the top room. Each is
-/// read when a module is redirected or an allocator patched, never on a
-/// hook's path. Nothing else calls up: the session (session/), which
+/// attach`'s GOT redirection, the executable's patched allocator): data,
+/// set here once at compile time (the crate root), since the hooks are
+/// the top room. Nothing else goes up: the session (session/), which
 /// drives the stream, sits above the rooms it calls.
 pub(crate) struct Up {
-    /// The hook of an allocator's own entry point, by the entry point's
-    /// name (`mtrace_format::functions::ENTRY_POINTS`), for the GOT
-    /// redirection (`lifecycle::attach`).
-    pub entry_hook: fn(&str) -> Option<usize>,
-    /// The hook of a free that several families share (tcmalloc's `free`
-    /// is its `operator delete`), patched into the executable: (its
-    /// arguments, its original) → the hook, in a slot of its own.
-    pub shared_free_hook: fn(usize, usize) -> Option<usize>,
+    /// The hook of each allocator's own entry point, by its index in
+    /// `mtrace_format::functions::ENTRY_POINTS` (`lifecycle::attach`,
+    /// `lifecycle::patch`).
+    pub entry_hooks: &'static [platform::hook_addresses::HookAddress],
+    /// The hooks of a free that several families share (tcmalloc's `free`
+    /// is its `operator delete`), patched into the executable: by count
+    /// of arguments (1 to 3, at 0 to 2), then by slot
+    /// (`platform::hook_addresses::claim_shared_free`).
+    pub shared_free_hooks:
+        &'static [[platform::hook_addresses::HookAddress; platform::hook_addresses::SHARED_FREE_SLOTS]],
 }
 
-/// The wiring of [`Up`].
-pub(crate) static UP: Up = Up { entry_hook: hook_of_entry_point, shared_free_hook: hook_of_shared_free };
-
-/// [`Up::shared_free_hook`]: `hooks::shared_free`; none in the unit tests.
-fn hook_of_shared_free(args: usize, original: usize) -> Option<usize> {
-    #[cfg(not(test))]
-    return hooks::shared_free::hook(args, original);
-    #[cfg(test)]
-    {
-        let _ = (args, original);
-        None
-    }
-}
-
-/// [`Up::entry_hook`]: `hooks::entry_points`; none in the unit tests,
-/// which have no hooks.
-fn hook_of_entry_point(name: &str) -> Option<usize> {
-    #[cfg(not(test))]
-    return hooks::entry_points::hook_of(name);
-    #[cfg(test)]
-    {
-        let _ = name;
-        None
-    }
-}
+/// The wiring of [`Up`]; none in the unit tests, which have no hooks.
+#[cfg(not(test))]
+pub(crate) static UP: Up =
+    Up { entry_hooks: &hooks::entry_points::HOOKS, shared_free_hooks: &hooks::shared_free::HOOKS };
+#[cfg(test)]
+pub(crate) static UP: Up = Up { entry_hooks: &[], shared_free_hooks: &[] };
 
 #[cfg(not(test))]
 #[used]

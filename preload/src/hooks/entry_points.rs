@@ -13,6 +13,7 @@ use mtrace_format::Family;
 
 use super::alloc::traced_realloc;
 use super::{traced_free_told, traced_sampled};
+use crate::platform::hook_addresses::HookAddress;
 use crate::platform::real;
 use crate::record::recorder;
 
@@ -144,22 +145,28 @@ macro_rules! hook {
 }
 
 /// Every entry point's hook, from the one table: each row's hook is
-/// defined in the branch of [`hook_of`] that names it, so that no row is
-/// without its hook and no hook without its row.
+/// defined in the element of [`HOOKS`] that holds its address, so that no
+/// row is without its hook and no hook without its row.
 macro_rules! entry_point_hooks {
     ($(($alloc:ident $p:literal ($kind:ident $name:ident $($row:tt)*)))*) => {
-        /// The hook of entry point `name` (for the GOT redirection and
-        /// the patching of the executable's, through the root's table),
-        /// `None` for a name of no entry point.
-        pub fn hook_of(name: &str) -> Option<usize> {
-            $(
-                if name == concat!($p, stringify!($name)) {
-                    hook!($p ($kind $name $($row)*));
-                    return Some(hook as *const () as usize);
-                }
-            )*
-            None
-        }
+        /// The hook of each entry point, by its index in `ENTRY_POINTS`
+        /// (both made from the one table, in its order), for the GOT
+        /// redirection and the patching of the executable's (through
+        /// the root's table).
+        pub static HOOKS: [HookAddress; ENTRY_POINTS.len()] = [$({
+            hook!($p ($kind $name $($row)*));
+            HookAddress(hook as *const ())
+        }),*];
+
+        // Each hook's index is its row's.
+        const _: () = {
+            let names = [$(concat!($p, stringify!($name))),*];
+            let mut i = 0;
+            while i < names.len() {
+                assert!(at(names[i]) == i);
+                i += 1;
+            }
+        };
     };
 }
 

@@ -11,19 +11,12 @@
 //! were, as an alias of the function would leave them.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mtrace_format::Family;
 
 use super::traced_free;
+use crate::platform::hook_addresses::{shared_free_original, HookAddress, SHARED_FREE_SLOTS as SLOTS};
 use crate::platform::real;
-
-/// Functions of this kind one process may have (tcmalloc has two: the
-/// plain and the sized free).
-const SLOTS: usize = 8;
-
-/// Each slot's original function (0: free slot).
-static ORIGINAL: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
 
 /// The original of slot `i` as `F`.
 ///
@@ -31,7 +24,7 @@ static ORIGINAL: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
 /// `F` is the signature of the function slot `i` holds.
 #[inline(always)]
 unsafe fn original<F: Copy>(i: usize) -> Option<F> {
-    let a = ORIGINAL[i].load(Ordering::Acquire);
+    let a = shared_free_original(i);
     // SAFETY: per the contract; an address is one word, like F.
     (a != 0).then(|| unsafe { std::mem::transmute_copy::<usize, F>(&a) })
 }
@@ -72,29 +65,17 @@ unsafe extern "C" fn free3<const I: usize>(p: *mut c_void, a: usize, b: usize) {
     })
 }
 
-type Free1 = unsafe extern "C" fn(*mut c_void);
-type Free2 = unsafe extern "C" fn(*mut c_void, usize);
-type Free3 = unsafe extern "C" fn(*mut c_void, usize, usize);
-
-const FREE1: [Free1; SLOTS] =
-    [free1::<0>, free1::<1>, free1::<2>, free1::<3>, free1::<4>, free1::<5>, free1::<6>, free1::<7>];
-const FREE2: [Free2; SLOTS] =
-    [free2::<0>, free2::<1>, free2::<2>, free2::<3>, free2::<4>, free2::<5>, free2::<6>, free2::<7>];
-const FREE3: [Free3; SLOTS] =
-    [free3::<0>, free3::<1>, free3::<2>, free3::<3>, free3::<4>, free3::<5>, free3::<6>, free3::<7>];
-
-/// The hook of a shared free of `args` arguments (1 to 3) whose original
-/// is `original`, in a slot of its own; `None` when `args` is out of range
-/// or every slot is taken.
-pub fn hook(args: usize, original: usize) -> Option<usize> {
-    if !(1..=3).contains(&args) {
-        return None;
-    }
-    let i =
-        ORIGINAL.iter().position(|s| s.compare_exchange(0, original, Ordering::AcqRel, Ordering::Acquire).is_ok())?;
-    Some(match args {
-        1 => FREE1[i] as *const () as usize,
-        2 => FREE2[i] as *const () as usize,
-        _ => FREE3[i] as *const () as usize,
-    })
+/// One hook address per slot, from `free::<I>` for each I (as many as
+/// the array's type asks: [`SLOTS`]).
+macro_rules! slots {
+    ($free:ident, $($i:literal)*) => {
+        [$(HookAddress($free::<$i> as *const ())),*]
+    };
 }
+
+/// The hooks by count of arguments (1 to 3, at 0 to 2) and slot: the
+/// patch of a shared free with `n` arguments claims a slot `i`
+/// (`platform::hook_addresses::claim_shared_free`) and jumps to
+/// `HOOKS[n - 1][i]`, which calls that slot's original.
+pub static HOOKS: [[HookAddress; SLOTS]; 3] =
+    [slots!(free1, 0 1 2 3 4 5 6 7), slots!(free2, 0 1 2 3 4 5 6 7), slots!(free3, 0 1 2 3 4 5 6 7)];

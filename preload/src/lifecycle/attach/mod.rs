@@ -130,7 +130,7 @@ fn entry_hooks() -> HashMap<Vec<u8>, (usize, u64)> {
     ENTRY_POINTS
         .iter()
         .enumerate()
-        .filter_map(|(i, &(name, _))| Some((name.as_bytes().to_vec(), (i, (crate::UP.entry_hook)(name)? as u64))))
+        .filter_map(|(i, &(name, _))| Some((name.as_bytes().to_vec(), (i, crate::UP.entry_hooks.get(i)?.get() as u64))))
         .collect()
 }
 

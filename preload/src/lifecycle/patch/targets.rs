@@ -106,7 +106,11 @@ pub fn order(name: &str) -> usize {
 /// The hook of `name`: this library's export of that name (`own`), or an
 /// allocator entry point's hook.
 pub fn hook_of(name: &str, own: &BTreeMap<String, u64>) -> Option<u64> {
-    own.get(name).copied().or_else(|| (crate::UP.entry_hook)(name).map(|a| a as u64))
+    let entry_hook = || {
+        let i = ENTRY_POINTS.iter().position(|(n, _)| *n == name)?;
+        crate::UP.entry_hooks.get(i).map(|h| h.get() as u64)
+    };
+    own.get(name).copied().or_else(entry_hook)
 }
 
 /// `name`'s hook calls `original` from now on.
