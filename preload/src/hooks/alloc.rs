@@ -6,11 +6,9 @@ use std::ffi::c_void;
 use mtrace_format::functions::{interposed, interposed_family, Call};
 use mtrace_format::Family;
 
-use super::{traced_free, traced_knowing, traced_sampled};
+use super::{traced_free, traced_realloc, traced_sampled};
 use crate::platform::real::{self, cstr, next, NextFn};
-use crate::record::guard::{self, Quiet};
-use crate::record::{recorder, sample, sampled};
-use crate::unwind::Here;
+use crate::record::recorder;
 
 // Each hook's family is the functions' table's
 // (`mtrace_format::functions::INTERPOSED`), read at compile time.
@@ -56,82 +54,6 @@ pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     // SAFETY: forwarded under the caller's contract.
     traced_realloc(p, size, |p, size| unsafe { real::realloc(p, size) })
-}
-
-/// [`realloc`]'s recording around `resize`, the real function: glibc's
-/// realloc, or an allocator's own (`rallocx`, `mi_realloc`), called with
-/// the caller's block and size. Inlined into each hook, whose frame the
-/// backtrace starts at.
-#[inline(always)]
-pub(super) fn traced_realloc(
-    p: *mut c_void,
-    size: usize,
-    resize: impl Fn(*mut c_void, usize) -> *mut c_void,
-) -> *mut c_void {
-    // The hook's frame, for a backtrace taken before the real call.
-    let here = Here::now();
-    let t0 = std::cell::Cell::new(0);
-    let known = std::cell::Cell::new(0);
-    // Under sampling (record/sample.rs) a realloc is a free and an
-    // allocation, each judged on its own: the free is recorded if the old
-    // block was sampled (else `old` becomes null), the new block if it is
-    // picked by its size (`new_sampled`), so that every block's weight
-    // follows from its size alone.
-    let old = std::cell::Cell::new(if real::in_arena(p) { std::ptr::null_mut() } else { p });
-    let new_sampled = std::cell::Cell::new(true);
-    // Under sampling, (old block sampled, new block picked), once decided.
-    let decided = std::cell::Cell::new(None);
-    let rate = sample::rate();
-    if rate != 0 {
-        let skip = |slot| {
-            let both = (!old.get().is_null() && sampled::remove(p as u64), sample::pick(slot, size, rate));
-            decided.set(Some(both));
-            both == (false, false)
-        };
-        let call = |(), _| resize(p, size);
-        if let Quiet::Ran(r) = guard::quiet(false, skip, (), call) {
-            return r;
-        }
-    }
-    traced_knowing(
-        false,
-        |slot| {
-            if rate != 0 {
-                let (old_sampled, picked) = decided.take().unwrap_or_else(|| {
-                    (
-                        !old.get().is_null() && sampled::remove(p as u64),
-                        slot.is_none_or(|s| sample::pick(s, size, rate)),
-                    )
-                });
-                if !old_sampled {
-                    old.set(std::ptr::null_mut());
-                }
-                new_sampled.set(picked);
-            }
-            if old.get().is_null() {
-                return resize(p, size);
-            }
-            t0.set(recorder::now());
-            if slot.is_some() {
-                known.set(recorder::realloc_stack(here));
-            }
-            // glibc may abort inside on a pointer that is no live block:
-            // the fatal signal's flush then writes this free.
-            recorder::realloc_begins(p, t0.get(), known.get());
-            let r = resize(p, size);
-            recorder::realloc_ends();
-            if rate != 0 && r.is_null() && size != 0 {
-                // Failed: the block is still the program's, and sampled.
-                sampled::insert(p as u64);
-            }
-            r
-        },
-        |&r, at| {
-            // An arena block moving to real memory is a new allocation.
-            let new = if new_sampled.get() { r } else { std::ptr::null_mut() };
-            recorder::realloc(at, old.get(), new, r, size, t0.get(), known.get())
-        },
-    )
 }
 
 /// # Safety

@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use mtrace_format::functions::{entry_point_index as at, ENTRY_POINTS};
 use mtrace_format::Family;
 
-use super::alloc::traced_realloc;
+use super::traced_realloc;
 use super::{traced_free_told, traced_sampled};
 use crate::platform::hook_addresses::HookAddress;
 use crate::platform::real;

@@ -1,5 +1,7 @@
 //! A call made a record. Its files, from the top down (each names only
 //! files below it; `scripts/module_cycles` checks it):
+//! - `traced`: the path of every allocation hook, from its entry (the
+//!   guard, the session, the real call) to its event recorded;
 //! - `recorder`: turns a hooked call into records;
 //! - `thread_end`: a thread's exit registered, its state torn down;
 //! - `guard`: the reentrancy guard, which writes the nested calls as the
@@ -23,3 +25,4 @@ pub mod slot;
 pub mod stack_ids;
 pub mod thread;
 pub mod thread_end;
+pub mod traced;
