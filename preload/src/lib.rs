@@ -2,12 +2,11 @@
 //! into, with its backtrace, to an mtrace stream (see the `mtrace-format`
 //! crate and docs/FORMAT.md).
 //!
-//! Rooms, from the top down; a room names only rooms below it. The one
-//! thing a lower room takes from above is a hook's address (to install it
-//! in a GOT or a patched allocator), from the tables the crate root sets
-//! ([`UP`], data). `scripts/module_cycles` checks both: no two rooms reach
-//! each other, and each table read through `UP` is a room above its
-//! reader.
+//! Rooms, from the top down; a room names only rooms below it
+//! (`scripts/module_cycles` checks it). The one thing a lower room takes
+//! from above is a hook's address (to install it in a GOT or a patched
+//! allocator): the constructor registers the hooks' tables once, in
+//! `platform::hook_addresses`.
 //! - `hooks`: the exported entry points (malloc, new, mmap, fork, the C API);
 //! - `session`: what drives the stream — its creation, the writer
 //!   thread's rounds and a solo process's, the console's commands, the
@@ -48,35 +47,23 @@ mod unwind;
 #[global_allocator]
 static ALLOC: platform::allocator::TracerHeap = platform::allocator::TracerHeap;
 
-/// The hooks' addresses the rooms below the hooks install (`mtrace
-/// attach`'s GOT redirection, the executable's patched allocator): data,
-/// set here once at compile time (the crate root), since the hooks are
-/// the top room. Nothing else goes up: the session (session/), which
-/// drives the stream, sits above the rooms it calls.
-pub(crate) struct Up {
-    /// The hook of each allocator's own entry point, by its index in
-    /// `mtrace_format::functions::ENTRY_POINTS` (`lifecycle::attach`,
-    /// `lifecycle::patch`).
-    pub entry_hooks: &'static [platform::hook_addresses::HookAddress],
-    /// The hooks of a free that several families share (tcmalloc's `free`
-    /// is its `operator delete`), patched into the executable: by count
-    /// of arguments (1 to 3, at 0 to 2), then by slot
-    /// (`platform::hook_addresses::claim_shared_free`).
-    pub shared_free_hooks:
-        &'static [[platform::hook_addresses::HookAddress; platform::hook_addresses::SHARED_FREE_SLOTS]],
-}
-
-/// The wiring of [`Up`]; none in the unit tests, which have no hooks.
+/// The library's constructor: the hooks' addresses registered for the
+/// rooms below that install them (`platform::hook_addresses`: the GOT
+/// redirection, the executable's patched allocator), then the session's
+/// constructor.
 #[cfg(not(test))]
-pub(crate) static UP: Up =
-    Up { entry_hooks: &hooks::entry_points::HOOKS, shared_free_hooks: &hooks::shared_free::HOOKS };
-#[cfg(test)]
-pub(crate) static UP: Up = Up { entry_hooks: &[], shared_free_hooks: &[] };
+extern "C" fn init() {
+    platform::hook_addresses::register(platform::hook_addresses::Tables {
+        entry_points: &hooks::entry_points::HOOKS,
+        shared_frees: &hooks::shared_free::HOOKS,
+    });
+    session::init();
+}
 
 #[cfg(not(test))]
 #[used]
 #[link_section = ".init_array"]
-static INIT: extern "C" fn() = session::init;
+static INIT: extern "C" fn() = init;
 
 #[cfg(not(test))]
 #[used]

@@ -151,8 +151,8 @@ macro_rules! entry_point_hooks {
     ($(($alloc:ident $p:literal ($kind:ident $name:ident $($row:tt)*)))*) => {
         /// The hook of each entry point, by its index in `ENTRY_POINTS`
         /// (both made from the one table, in its order), for the GOT
-        /// redirection and the patching of the executable's (through
-        /// the root's table).
+        /// redirection and the patching of the executable's (registered
+        /// by the constructor: `platform::hook_addresses`).
         pub static HOOKS: [HookAddress; ENTRY_POINTS.len()] = [$({
             hook!($p ($kind $name $($row)*));
             HookAddress(hook as *const ())

@@ -1,11 +1,12 @@
-//! The hooks' addresses as data, for the rooms below the hooks that
-//! install them (`mtrace attach`'s GOT redirection, the executable's
-//! patched allocator): the crate root's table (`crate::UP`) holds the
-//! hooks' tables of [`HookAddress`]es, set once at compile time. And the
-//! slots of the shared frees' originals, which a patch claims and the
-//! hooks of hooks/shared_free.rs call.
+//! The hooks' addresses, for the rooms below the hooks that install them
+//! (`mtrace attach`'s GOT redirection, the executable's patched
+//! allocator): the hooks' tables of [`HookAddress`]es, registered once by
+//! the crate root's constructor (lib.rs), before anything installs a hook.
+//! And the slots of the shared frees' originals, which a patch claims and
+//! the hooks of hooks/shared_free.rs call.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 /// The address of an exported hook function (`f as *const ()`, which a
 /// static's initializer may take where `f as usize` it may not).
@@ -21,6 +22,39 @@ impl HookAddress {
     pub fn get(self) -> usize {
         self.0 as usize
     }
+}
+
+/// The hooks' tables ([`register`]ed once).
+pub struct Tables {
+    /// The hook of each allocator's own entry point, by its index in
+    /// `mtrace_format::functions::ENTRY_POINTS` (`hooks::entry_points::HOOKS`).
+    pub entry_points: &'static [HookAddress],
+    /// The hooks of a free that several families share (tcmalloc's `free`
+    /// is its `operator delete`), patched into the executable: by count
+    /// of arguments (1 to 3, at 0 to 2), then by slot
+    /// ([`claim_shared_free`]; `hooks::shared_free::HOOKS`).
+    pub shared_frees: &'static [[HookAddress; SHARED_FREE_SLOTS]],
+}
+
+static TABLES: OnceLock<Tables> = OnceLock::new();
+
+/// Registers the hooks' tables: by the library's constructor, first (a
+/// later call changes nothing).
+pub fn register(tables: Tables) {
+    let _ = TABLES.set(tables);
+}
+
+/// The hook of entry point `i` (its index in `ENTRY_POINTS`); `None`
+/// before [`register`] or for an index of no entry point.
+pub fn entry_point(i: usize) -> Option<usize> {
+    Some(TABLES.get()?.entry_points.get(i)?.get())
+}
+
+/// The hook of a shared free of `args` arguments (1 to 3) in slot `slot`
+/// (from [`claim_shared_free`]); `None` before [`register`] or for an
+/// argument count out of range.
+pub fn shared_free(args: usize, slot: usize) -> Option<usize> {
+    Some(TABLES.get()?.shared_frees.get(args.checked_sub(1)?)?.get(slot)?.get())
 }
 
 /// Shared frees one process may have (tcmalloc has two: the plain and the

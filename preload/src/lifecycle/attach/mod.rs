@@ -121,8 +121,8 @@ pub fn follow_entry_points() {
     redirect_new();
 }
 
-/// The hooks of allocators' own entry points, by name (through the
-/// root's table: the hooks are the room above). Found without the loader:
+/// The hooks of allocators' own entry points, by name (registered by the
+/// constructor: the hooks are the room above). Found without the loader:
 /// a failed `dlsym` (most entry points are nowhere) leaves glibc's
 /// per-thread error block allocated, which a fork's child frees as a
 /// block its trace never saw.
@@ -130,7 +130,9 @@ fn entry_hooks() -> HashMap<Vec<u8>, (usize, u64)> {
     ENTRY_POINTS
         .iter()
         .enumerate()
-        .filter_map(|(i, &(name, _))| Some((name.as_bytes().to_vec(), (i, crate::UP.entry_hooks.get(i)?.get() as u64))))
+        .filter_map(|(i, &(name, _))| {
+            Some((name.as_bytes().to_vec(), (i, crate::platform::hook_addresses::entry_point(i)? as u64)))
+        })
         .collect()
 }
 

@@ -240,10 +240,10 @@ fn place(
     };
     let site = tramp.add(d, hook)?;
     if let Some(args) = shared {
-        let hooks = crate::UP.shared_free_hooks.get(args.wrapping_sub(1)).ok_or("no hook for a shared free")?;
-        let slot = crate::platform::hook_addresses::claim_shared_free(site.original as usize)
-            .ok_or("no slot left for another shared free")?;
-        let hook = hooks[slot].get() as u64;
+        use crate::platform::hook_addresses as hooks;
+        hooks::shared_free(args, 0).ok_or("no hook for a shared free")?;
+        let slot = hooks::claim_shared_free(site.original as usize).ok_or("no slot left for another shared free")?;
+        let hook = hooks::shared_free(args, slot).ok_or("no hook for a shared free")? as u64;
         tramp.set_thunk(&site, hook);
     }
     Ok(site)

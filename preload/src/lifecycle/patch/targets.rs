@@ -108,7 +108,7 @@ pub fn order(name: &str) -> usize {
 pub fn hook_of(name: &str, own: &BTreeMap<String, u64>) -> Option<u64> {
     let entry_hook = || {
         let i = ENTRY_POINTS.iter().position(|(n, _)| *n == name)?;
-        crate::UP.entry_hooks.get(i).map(|h| h.get() as u64)
+        crate::platform::hook_addresses::entry_point(i).map(|a| a as u64)
     };
     own.get(name).copied().or_else(entry_hook)
 }
