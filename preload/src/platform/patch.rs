@@ -282,45 +282,36 @@ unsafe fn write_code(writes: &[(u64, [u8; 16], usize)], prot: impl Fn(u64) -> Op
     const PAGE: u64 = 4096;
     // No signal handler of the program may run on a page made writable
     // and not executable.
-    // SAFETY: plain signal masks, restored below.
-    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: valid set pointers.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-    }
-    let out = writes
-        .iter()
-        .map(|&(addr, bytes, len)| {
-            let first = addr & !(PAGE - 1);
-            let last = (addr + len as u64 - 1) & !(PAGE - 1);
-            let span = (last - first + PAGE) as usize;
-            let before = prot(first).ok_or("its page's protection is unknown")?;
-            // SAFETY: the pages of the function, made writable for the
-            // write below and put back; no thread executes them meanwhile
-            // (the contract), so plain read-write is enough where the
-            // kernel refuses writable code.
-            let writable = unsafe {
-                let p = first as *mut libc::c_void;
-                libc::mprotect(p, span, before | libc::PROT_WRITE) == 0
-                    || libc::mprotect(p, span, libc::PROT_READ | libc::PROT_WRITE) == 0
-            };
-            if !writable {
-                return Err(format!("mprotect: errno {}", super::sys::errno()));
-            }
-            // SAFETY: [addr, addr + len) is writable now and replaced as a
-            // whole.
-            unsafe {
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, len);
-                libc::mprotect(first as *mut libc::c_void, span, before);
-            }
-            Ok(())
-        })
-        .collect();
-    // SAFETY: the mask saved above.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
-    out
+    super::sys::with_signals_blocked(|| {
+        writes
+            .iter()
+            .map(|&(addr, bytes, len)| {
+                let first = addr & !(PAGE - 1);
+                let last = (addr + len as u64 - 1) & !(PAGE - 1);
+                let span = (last - first + PAGE) as usize;
+                let before = prot(first).ok_or("its page's protection is unknown")?;
+                // SAFETY: the pages of the function, made writable for the
+                // write below and put back; no thread executes them meanwhile
+                // (the contract), so plain read-write is enough where the
+                // kernel refuses writable code.
+                let writable = unsafe {
+                    let p = first as *mut libc::c_void;
+                    libc::mprotect(p, span, before | libc::PROT_WRITE) == 0
+                        || libc::mprotect(p, span, libc::PROT_READ | libc::PROT_WRITE) == 0
+                };
+                if !writable {
+                    return Err(format!("mprotect: errno {}", super::sys::errno()));
+                }
+                // SAFETY: [addr, addr + len) is writable now and replaced as a
+                // whole.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, len);
+                    libc::mprotect(first as *mut libc::c_void, span, before);
+                }
+                Ok(())
+            })
+            .collect()
+    })
 }
 
 #[cfg(test)]

@@ -240,26 +240,58 @@ pub fn futex_wait_forever(word: &std::sync::atomic::AtomicU32, value: u32) {
     };
 }
 
-/// Starts `f` on a new pthread with every signal blocked, so that the
-/// program's signals keep going to its own threads. Uses pthread_create
-/// directly: std's thread start would make calls (sigaltstack setup) before
-/// the thread could mark itself as the tracer's.
+/// Runs `f` with every signal blocked in the calling thread but glibc's
+/// SIGCANCEL and SIGSETXID (which glibc never blocks for the program: a
+/// `setuid` waits for every thread to take SIGSETXID), then puts the
+/// thread's mask back exactly as it was. By the `rt_sigprocmask` system
+/// call: glibc's `pthread_sigmask` leaves those two out of what it sets,
+/// so a thread that had SIGCANCEL blocked came back with it unblocked.
+/// glibc's SIGEV_THREAD timer helper blocks it (it is also SIGTIMER) and
+/// waits for it with `sigwaitinfo`; unblocked there, the next expiry killed
+/// the process (ctests/unseen_thread.c, glibc 2.36).
+pub fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
+    // Signal n is bit n - 1; SIGCANCEL is the kernel's first real-time
+    // signal (32), SIGSETXID the next (glibc's nptl/pthreadP.h).
+    const KEEP: u64 = (1 << 31) | (1 << 32);
+    let block: u64 = !KEEP;
+    let mut old: u64 = 0;
+    // SAFETY: rt_sigprocmask with valid pointers to 8-byte kernel sigsets.
+    let saved = unsafe {
+        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_BLOCK, &block as *const u64, &mut old as *mut u64, 8usize)
+    } == 0;
+    let r = f();
+    if saved {
+        let errno = errno();
+        // SAFETY: as above; the mask saved before `f`.
+        unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigprocmask,
+                libc::SIG_SETMASK,
+                &old as *const u64,
+                std::ptr::null_mut::<u64>(),
+                8usize,
+            )
+        };
+        set_errno(errno);
+    }
+    r
+}
+
+/// Starts `f` on a new pthread with every signal blocked (but glibc's own:
+/// [`with_signals_blocked`]), so that the program's signals keep going to
+/// its own threads. Uses pthread_create directly: std's thread start would
+/// make calls (sigaltstack setup) before the thread could mark itself as
+/// the tracer's.
 pub fn spawn_blocked(f: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void) -> bool {
-    // SAFETY: plain pthread calls with valid out-pointers; the old signal
-    // mask is restored before returning.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+    with_signals_blocked(|| {
         let mut t: libc::pthread_t = 0;
         let rc = super::real::pthread_create(&mut t, f, std::ptr::null_mut());
         if rc == 0 {
-            libc::pthread_detach(t);
+            // SAFETY: `t` is the thread just made, never joined.
+            unsafe { libc::pthread_detach(t) };
         }
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         rc == 0
-    }
+    })
 }
 
 /// The calling thread's stack: [low, high) addresses.

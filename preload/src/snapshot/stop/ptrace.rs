@@ -211,21 +211,15 @@ fn exited(pid: i32) -> bool {
 /// Starts the helper on `stack` with every signal blocked (it inherits
 /// the mask: no signal handler of the program ever runs in it); its pid.
 fn spawn(stack: *mut u8) -> i32 {
-    // SAFETY: the mask is restored before returning; clone gets the top of
-    // a fresh mapping as the stack and a function that uses nothing but
-    // that stack, raw system calls and static atomics.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let top = stack.add(STACK + PAGE).cast::<libc::c_void>();
-        let pid = libc::clone(helper::run, top, libc::CLONE_VM | libc::CLONE_UNTRACED, std::ptr::null_mut());
-        let errno = sys::errno();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        sys::set_errno(errno);
-        pid
-    }
+    sys::with_signals_blocked(|| {
+        // SAFETY: clone gets the top of a fresh mapping as the stack and a
+        // function that uses nothing but that stack, raw system calls and
+        // static atomics.
+        unsafe {
+            let top = stack.add(STACK + PAGE).cast::<libc::c_void>();
+            libc::clone(helper::run, top, libc::CLONE_VM | libc::CLONE_UNTRACED, std::ptr::null_mut())
+        }
+    })
 }
 
 /// Why ptrace refused (`errno`, under Yama's scope `yama`), for the report.
