@@ -1,7 +1,7 @@
 //! Hooks of deallocation functions that several families share: gperftools'
 //! tcmalloc and mimalloc define `free` and `operator delete` as one
 //! function (aliases at one address). Patched into an executable that
-//! defines such a function (lifecycle/patch.rs), its hook cannot tell which
+//! defines such a function (lifecycle/patch/), its hook cannot tell which
 //! of the names the program called, so the free is recorded with
 //! `Family::Shared`, never judged mismatched. One slot per such function,
 //! holding its original, by the most arguments its names take: the
