@@ -229,13 +229,14 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     // Each warning of the tracer once for the whole run, not per process.
     cmd.env(settings::WARN_DIR.name(), &dir);
     let error_kinds = parse_kinds(&a.errors_for_leak_kinds)?;
+    let mut following = None;
     let (pid, status) = if a.rec.ptrace {
         match trace_with_ptrace(&a, rec)? {
             (pid, Some(status)) => (pid, status),
             (pid, None) => {
                 eprintln!("mtrace: detached from process {pid}: it runs on, untraced");
                 let how = Reporting { kept: a.keep_traces || a.trace_dir.trace_dir.is_some(), ..reporting(&a) };
-                let _ = mtrace_analysis::pipeline::report_processes(&dir, pid, &a.opts, how, &mut out)?;
+                let _ = mtrace_analysis::pipeline::report_processes(&dir, pid, &a.opts, how, None, &mut out)?;
                 out.flush()?;
                 return Ok(ExitCode::SUCCESS);
             }
@@ -244,8 +245,14 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
         // Before the spawn (the program's exec resets the handlers): mtrace
         // stays to report, and passes on what was sent to it.
         forward_signals(&rec);
+        let since = monotonic_ns();
         let mut child =
             cmd.spawn().map_err(|error| mtrace_ptrace::ExecFailed { program: a.program.command[0].clone(), error })?;
+        // The program's trace read while it runs, so that its report is
+        // ready when it ends; not a bounded one, which its keeper cuts.
+        if keepers.is_none() {
+            following = a.opts.follow(&dir, child.id(), since);
+        }
         let status = wait_forwarding(&mut child)?;
         (child.id(), status)
     };
@@ -266,7 +273,8 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     }
     let show_paths = a.keep_traces || a.trace_dir.trace_dir.is_some();
     let how = Reporting { kept: show_paths, ..reporting(&a) };
-    let reported = mtrace_analysis::pipeline::report_processes(&dir, pid, &a.opts, how, &mut out)?;
+    let kept = following.and_then(|f| f.finish());
+    let reported = mtrace_analysis::pipeline::report_processes(&dir, pid, &a.opts, how, kept, &mut out)?;
     let r = reported.report;
     // From the kind totals (after suppressions): the entry list leaves out
     // reachable blocks unless --show-reachable.
@@ -305,6 +313,12 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
         }
         _ => ExitCode::FAILURE,
     })
+}
+
+/// CLOCK_MONOTONIC now, ns: a trace's header says its start so.
+fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map_or(0, |t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
 }
 
 /// The report's writer under `mtrace run`: when its file fails (a full

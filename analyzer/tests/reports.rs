@@ -394,3 +394,43 @@ fn an_idle_program_is_sampled_rarely() {
     let n = r["timeline"].as_array().unwrap().len();
     assert!((2..=12).contains(&n), "{n} samples");
 }
+
+/// A report's JSON without the fields that time the analyzer (`*_s`).
+fn untimed(v: serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(m) => {
+            m.into_iter().filter(|(k, _)| !k.ends_with("_s")).map(|(k, v)| (k, untimed(v))).collect()
+        }
+        serde_json::Value::Array(a) => a.into_iter().map(untimed).collect(),
+        v => v,
+    }
+}
+
+/// `mtrace run` reads the program's trace while the program writes it
+/// (pipeline/following.rs) and reports those books when it ends: the
+/// report is the one `mtrace report` gives of the same file, for a leak
+/// scan's kinds, threads, and an exec (whose first image was read while
+/// the second one ran: the report reads the second's file then).
+#[test]
+fn run_reports_the_books_it_read_while_the_program_ran() {
+    let dir = scratch("run-followed");
+    for (src, extra) in [("scan.c", &["--scan"][..]), ("threads.c", &[][..]), ("exec.c", &[][..])] {
+        let stem = src.trim_end_matches(".c");
+        let prog = build(src, &dir.join(stem), &["-g", "-O0", "-pthread"]);
+        let tdir = dir.join(format!("{stem}.traces"));
+        let _ = std::fs::remove_dir_all(&tdir);
+        let mut args = vec!["--sections", "--trace-dir", tdir.to_str().unwrap()];
+        args.extend(extra);
+        let (run, _) = run_json(&dir, &args, &prog, &[]);
+        // The program's last image: its pid's newest trace.
+        let mut images: Vec<_> = trace_headers(&tdir).into_iter().filter(|(_, h)| h.pid == run["pid"]).collect();
+        images.sort_by_key(|(_, h)| h.start_monotonic_ns);
+        assert_eq!(images.len(), if src == "exec.c" { 2 } else { 1 }, "{src}: images");
+        let trace = &images.last().unwrap().0;
+        assert_eq!(run["trace"].as_str(), trace.to_str(), "{src}");
+        let out = Command::new(mtrace()).args(["report", "--json", "--sections"]).arg(trace).output().unwrap();
+        let after: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(after["summary"]["allocations"].as_u64() > Some(0), "{src}: {after}");
+        assert_eq!(untimed(run), untimed(after), "{src}");
+    }
+}

@@ -12,6 +12,7 @@ use crate::trace::{Trace, Window};
 
 mod ahead;
 pub mod glibc_log;
+pub mod growing;
 mod keeper;
 pub mod live;
 mod release;

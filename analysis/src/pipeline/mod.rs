@@ -18,7 +18,9 @@ use crate::scan;
 use crate::symbolize::{kept_beside, SearchPaths, Symbolizer};
 use crate::trace::{MarkerSel, Trace, Window};
 
+mod following;
 mod processes;
+pub use following::{Followed, Following};
 pub use processes::{report_processes, Reporting};
 
 /// What a report reads, shows and writes: the report options that
@@ -329,7 +331,17 @@ impl ReportOpts {
         out: Option<&mut dyn Write>,
         add: impl FnOnce(&Trace, &mut Symbolizer, &mut Report),
     ) -> anyhow::Result<Reported> {
-        let (t, mut sym) = self.load(trace)?;
+        self.report_loaded(self.load(trace)?, out, add)
+    }
+
+    /// [`ReportOpts::report_with`] of a trace already read, with its
+    /// symbolizer ([`ReportOpts::load`], or a [`Followed`] trace's).
+    pub fn report_loaded(
+        &self,
+        (t, mut sym): (Trace, Symbolizer),
+        out: Option<&mut dyn Write>,
+        add: impl FnOnce(&Trace, &mut Symbolizer, &mut Report),
+    ) -> anyhow::Result<Reported> {
         let needed = out.is_some() || self.files().iter().any(|(f, _)| f.needs_report());
         let classes_shown = self.files.iter().any(|(f, _)| f.output().needs_classes);
         let (classes, marking_s) = match needed || classes_shown {
@@ -430,4 +442,4 @@ pub fn build(
 /// (medians of 9): cxx_work's 3.9 MB trace 0.24 → 0.21 s, python3-malloc's
 /// 4.0 MB 0.49 → 0.44 s, jq's 1.2 MB 0.37 → 0.35 s, sqlite3's 295 KB 0.09
 /// → 0.08 s.
-const WARM_FROM_BYTES: u64 = 1 << 18;
+pub(crate) const WARM_FROM_BYTES: u64 = 1 << 18;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
-use super::{ReportOpts, Reported};
+use super::{Followed, ReportOpts, Reported};
 use crate::report::processes::{self, ImageFacts, ProcessNode};
 use crate::report::{allocators, Report};
 use crate::symbolize::Symbolizer;
@@ -36,16 +36,25 @@ pub struct Reporting {
 /// Writes the report of process `pid`'s trace in `dir` (its last image,
 /// after any exec), preceded by the tree of every process traced there
 /// when there was more than one. Returns the report, if `pid` wrote a
-/// trace, and the files asked for that could not be written.
+/// trace, and the files asked for that could not be written. `kept`: a
+/// trace already read ([`super::Following`]), reported instead of reading
+/// its file again when it is that last image.
 pub fn report_processes(
     dir: &Path,
     pid: u32,
     opts: &ReportOpts,
     how: Reporting,
+    kept: Option<Followed>,
     out: &mut dyn Write,
 ) -> Result<Reported> {
     let traces = traces_in(dir)?;
     let main = traces.iter().filter(|i| i.pid == pid).max_by_key(|i| i.start).map(|i| i.path.clone());
+    // The program's trace as read while it ran, unless it went on in
+    // another image (an exec) after the one read.
+    let load = |path: &Path| match kept.filter(|k| k.path == path) {
+        Some(k) => k.into_loaded(),
+        None => opts.load(path),
+    };
     let name = |r: &mut Report| {
         if let Some(n) = &how.main_trace {
             r.trace = n.clone();
@@ -54,7 +63,10 @@ pub fn report_processes(
         }
     };
     if traces.iter().all(|i| i.pid == pid) {
-        return report_one(main.as_deref(), pid, opts, name, out);
+        return match main {
+            Some(path) => opts.report_loaded(load(&path)?, Some(out), |_, _, r| name(r)),
+            None => no_trace(pid, out).map(|()| Reported::default()),
+        };
     }
     // The other images' facts (each trace read whole), the program's
     // last image's from its report's reading below.
@@ -66,7 +78,7 @@ pub fn report_processes(
         .filter_map(|i| crate::input::load(&i.path).ok().map(|t| facts(&t, &i.path, &sym)))
         .collect();
     let mut reported = match &main {
-        Some(path) => opts.report_with(path, Some(&mut *out), |t, sym, r| {
+        Some(path) => opts.report_loaded(load(path)?, Some(&mut *out), |t, sym, r| {
             let mut all = others.clone();
             all.push(facts(t, path, sym));
             r.processes = Some(processes::tree(all, pid));
@@ -80,7 +92,7 @@ pub fn report_processes(
             } else {
                 crate::output::processes::write_tree(&tree, out)?;
             }
-            writeln!(out, "mtrace: no trace was written for pid {pid} (static executable, or preloading failed)")?;
+            no_trace(pid, out)?;
             Reported::default()
         }
     };
@@ -107,21 +119,9 @@ pub fn report_processes(
     Ok(reported)
 }
 
-/// The report of the one process traced (no tree), or why there is none.
-fn report_one(
-    main: Option<&Path>,
-    pid: u32,
-    opts: &ReportOpts,
-    name: impl FnOnce(&mut Report),
-    out: &mut dyn Write,
-) -> Result<Reported> {
-    match main {
-        Some(path) => opts.report_with(path, Some(out), |_, _, r| name(r)),
-        None => {
-            writeln!(out, "mtrace: no trace was written for pid {pid} (static executable, or preloading failed)")?;
-            Ok(Reported::default())
-        }
-    }
+/// Says that process `pid` wrote no trace, and the likely causes.
+fn no_trace(pid: u32, out: &mut dyn Write) -> Result<()> {
+    Ok(writeln!(out, "mtrace: no trace was written for pid {pid} (static executable, or preloading failed)")?)
 }
 
 /// Every node of `tree`, depth first.
@@ -155,18 +155,27 @@ fn facts(t: &Trace, path: &Path, sym: &Symbolizer) -> ImageFacts {
 
 /// One trace in the folder: a process's image from a start or an exec,
 /// as its header says.
-struct Image {
-    pid: u32,
+pub(super) struct Image {
+    pub(super) pid: u32,
     /// `start_monotonic_ns` of the header.
-    start: u64,
-    path: PathBuf,
+    pub(super) start: u64,
+    pub(super) path: PathBuf,
 }
 
 /// The traces in `dir`, oldest first.
-fn traces_in(dir: &Path) -> Result<Vec<Image>> {
+pub(super) fn traces_in(dir: &Path) -> Result<Vec<Image>> {
+    traces_named(dir, "")
+}
+
+/// [`traces_in`], of the files whose name contains `part` only (the
+/// others are not opened).
+pub(super) fn traces_named(dir: &Path, part: &str) -> Result<Vec<Image>> {
     let mut v = Vec::new();
     for e in std::fs::read_dir(dir)? {
         let path = e?.path();
+        if !path.file_name().is_some_and(|n| n.to_string_lossy().contains(part)) {
+            continue;
+        }
         let Ok(f) = std::fs::File::open(&path) else { continue };
         let mut r = mtrace_format::Reader::new(f);
         if let Ok(h) = r.header() {

@@ -142,7 +142,7 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
                 None => "received, not kept (--save FILE keeps it)".to_owned(),
             });
             let how = mtrace_analysis::pipeline::Reporting { main_trace, ..Default::default() };
-            let reported = mtrace_analysis::pipeline::report_processes(dir.path(), pid, &a.opts, how, &mut *out)?;
+            let reported = mtrace_analysis::pipeline::report_processes(dir.path(), pid, &a.opts, how, None, &mut *out)?;
             if !reported.unwritten.is_empty() && a.save.save.is_none() {
                 // Not lost with the files that could not be written.
                 eprintln!("mtrace: the received traces are kept in {}", dir.path().display());
