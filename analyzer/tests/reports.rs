@@ -395,17 +395,6 @@ fn an_idle_program_is_sampled_rarely() {
     assert!((2..=12).contains(&n), "{n} samples");
 }
 
-/// A report's JSON without the fields that time the analyzer (`*_s`).
-fn untimed(v: serde_json::Value) -> serde_json::Value {
-    match v {
-        serde_json::Value::Object(m) => {
-            m.into_iter().filter(|(k, _)| !k.ends_with("_s")).map(|(k, v)| (k, untimed(v))).collect()
-        }
-        serde_json::Value::Array(a) => a.into_iter().map(untimed).collect(),
-        v => v,
-    }
-}
-
 /// `mtrace run` reads the program's trace while the program writes it
 /// (pipeline/following.rs) and reports those books when it ends: the
 /// report is the one `mtrace report` gives of the same file, for a leak

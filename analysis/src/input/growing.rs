@@ -10,9 +10,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How long the reader sleeps at the file's end before it looks again: a
-/// program's writer round comes every 5 to 50 ms.
+/// How long the reader sleeps at the file's end before it looks again, at
+/// first: a program's writer round comes every 5 to 50 ms.
 const POLL: Duration = Duration::from_millis(2);
+/// The longest sleep, after the file has not grown for a while (an idle
+/// server's trace is looked at 30 times a second, not 500).
+const POLL_IDLE: Duration = Duration::from_millis(32);
 
 /// A file that grows while it is read (see the module's doc).
 pub struct Growing {
@@ -20,13 +23,15 @@ pub struct Growing {
     /// Set once nothing more will be written: the end of the file is then
     /// the end of the stream.
     done: Arc<AtomicBool>,
+    /// The next sleep at the file's end: doubled while it does not grow.
+    wait: Duration,
 }
 
 impl Growing {
     /// Reads `file` from its current offset, waiting at its end until
     /// `done` is set.
     pub fn new(file: File, done: Arc<AtomicBool>) -> Growing {
-        Growing { file, done }
+        Growing { file, done, wait: POLL }
     }
 }
 
@@ -35,13 +40,15 @@ impl Read for Growing {
         loop {
             let n = self.file.read(buf)?;
             if n > 0 || buf.is_empty() {
+                self.wait = POLL;
                 return Ok(n);
             }
             if self.done.load(Ordering::Acquire) {
                 // What was written between the read above and the flag.
                 return self.file.read(buf);
             }
-            std::thread::sleep(POLL);
+            std::thread::sleep(self.wait);
+            self.wait = (self.wait * 2).min(POLL_IDLE);
         }
     }
 }

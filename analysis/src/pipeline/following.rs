@@ -47,6 +47,13 @@ impl Followed {
     pub fn into_loaded(self) -> anyhow::Result<(Trace, Symbolizer)> {
         Ok((self.trace?, self.sym))
     }
+
+    /// The books alone (a symbolizer made after the reading searches
+    /// what was kept beside the trace since: `mtrace attach`'s modules of
+    /// a container).
+    pub fn into_trace(self) -> anyhow::Result<Trace> {
+        self.trace
+    }
 }
 
 impl ReportOpts {
@@ -57,15 +64,29 @@ impl ReportOpts {
     /// placed by wall-clock time (`--from`/`--to` as a time of day, which
     /// the trace's header places): it is read when the program has ended.
     pub fn follow(&self, dir: &Path, pid: u32, since_ns: u64) -> Option<Following> {
+        let dir = dir.to_owned();
+        self.follow_found(move |done| image(&dir, pid, since_ns, done))
+    }
+
+    /// [`ReportOpts::follow`] of the trace at `path`, which its writer
+    /// (`mtrace attach`'s copy of the stream) has made.
+    pub fn follow_file(&self, path: &Path) -> Option<Following> {
+        let path = path.to_owned();
+        self.follow_found(move |_| Some(path))
+    }
+
+    /// [`ReportOpts::follow`] of the trace `find` finds (it is given the
+    /// flag set once the writer is done, and `None` means no trace).
+    fn follow_found(&self, find: impl FnOnce(&AtomicBool) -> Option<PathBuf> + Send + 'static) -> Option<Following> {
         if matches!(self.from, Some(TraceTime::At(_))) || matches!(self.to, Some(TraceTime::At(_))) {
             return None;
         }
         let window = self.window(0).ok()?;
         let done = Arc::new(AtomicBool::new(false));
-        let (opts, dir, flag) = (self.clone(), dir.to_owned(), done.clone());
+        let (opts, flag) = (self.clone(), done.clone());
         let thread = std::thread::spawn(move || {
             yield_to_the_program();
-            let path = image(&dir, pid, since_ns, &flag)?;
+            let path = find(&flag)?;
             let file = File::open(&path).ok()?;
             let warm_stop = AtomicBool::new(false);
             let (trace, sym) = std::thread::scope(|sc| {

@@ -171,6 +171,11 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     );
     let mut control = stream.try_clone()?;
     let (trace, copier) = save::start(&a, dir.path(), stream)?;
+    // The window's books read as its stream arrives: the report is ready
+    // at the detach. Not a bounded one, which its keeper cuts, nor where
+    // the console or the views keep books of their own (`LiveBooks`).
+    let own_books = a.bound.bound()?.is_some() || a.interval.is_some() || a.interactive.interactive;
+    let following = if own_books { None } else { a.opts.follow_file(&trace) };
     // The report points' .memlog files (the report signal, mtrace_report())
     // into the process's working directory, as the library writes them.
     let points = mtrace_analysis::bounded::follow_report_points(&trace, None);
@@ -193,19 +198,26 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     detach(&a, &copier, &lib, &mut control);
     let copied = copier.join().map_err(|_| anyhow!("the stream reader failed"))??;
     points.finish_within(Duration::from_secs(10));
+    let followed = following.and_then(|f| f.finish());
     if copied == 0 {
         bail!("process {} ended before libmtrace.so sent anything", a.pid);
     }
     eprintln!("mtrace: detached from process {} ({} bytes of trace)", a.pid, copied);
-    report_window(&a, &trace, dir)
+    report_window(&a, &trace, followed, dir)
 }
 
 /// Writes the report of the window's `trace` (in the temporary folder
-/// `dir`, unless `--save` named it) as `a` asks. A file asked for that
+/// `dir`, unless `--save` named it) as `a` asks: of `followed`'s books
+/// when it was read as it arrived. A file asked for that
 /// could not be written is said in one line; the window's trace is then
 /// kept (its folder left) and named, for `mtrace report` to write it
 /// again, and the status is 2.
-fn report_window(a: &AttachArgs, trace: &std::path::Path, dir: tempfile::TempDir) -> Result<ExitCode> {
+fn report_window(
+    a: &AttachArgs,
+    trace: &std::path::Path,
+    followed: Option<mtrace_analysis::pipeline::Followed>,
+    dir: tempfile::TempDir,
+) -> Result<ExitCode> {
     // A container's modules, for the symbols of this report and later ones.
     let kept = kept_modules::keep(a.pid as u32, trace);
     if !kept.is_empty() && a.save.save.is_some() {
@@ -219,7 +231,12 @@ fn report_window(a: &AttachArgs, trace: &std::path::Path, dir: tempfile::TempDir
     let mut out = mtrace_analysis::output::open(a.report_to.output.as_deref())?;
     // The window's trace is in a temporary folder unless --save named it.
     let temporary = a.save.save.is_none();
-    let r = a.opts.report_with(trace, Some(&mut *out), |_, _, r| {
+    // The symbolizer made now: it searches the modules just kept.
+    let loaded = match followed {
+        Some(f) => (f.into_trace()?, a.opts.symbolizer_for(trace)),
+        None => a.opts.load(trace)?,
+    };
+    let r = a.opts.report_loaded(loaded, Some(&mut *out), |_, _, r| {
         if temporary {
             r.trace = format!("{} (removed at the end; --save FILE keeps it)", r.trace);
         }

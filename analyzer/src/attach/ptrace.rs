@@ -41,7 +41,7 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
         mtrace_ptrace::Outcome::Detached(_) => eprintln!("mtrace: detached from process {}", a.pid),
         o => eprintln!("mtrace: process {} ended ({o:?})", a.pid),
     }
-    super::report_window(&a, &PathBuf::from(trace), dir)
+    super::report_window(&a, &PathBuf::from(trace), None, dir)
 }
 
 /// `mtrace attach --ptrace` with `-i` or `--interval`: the tracer (a
@@ -107,5 +107,5 @@ fn live(a: AttachArgs) -> Result<ExitCode> {
     if copied == 0 {
         bail!("the tracer sent nothing for process {pid}");
     }
-    super::report_window(&a, &trace, dir)
+    super::report_window(&a, &trace, None, dir)
 }

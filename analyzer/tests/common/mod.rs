@@ -184,6 +184,15 @@ pub fn report_json(trace: &Path) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)))
 }
 
+/// A report's JSON without the fields that time the analyzer (`*_s`).
+pub fn untimed(v: Value) -> Value {
+    match v {
+        Value::Object(m) => m.into_iter().filter(|(k, _)| !k.ends_with("_s")).map(|(k, v)| (k, untimed(v))).collect(),
+        Value::Array(a) => a.into_iter().map(untimed).collect(),
+        v => v,
+    }
+}
+
 /// A leak as the tests compare it: bytes, blocks, family, and the first
 /// frame inside the given source file (function, line).
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Clone)]
