@@ -85,6 +85,9 @@ fn client_reports_equal_run_over_unix_and_tcp() {
         assert_eq!(leaks_in(&report_json(&saved), "families.c"), want, "{addr}");
         // The report names the saved trace, not the deleted received one.
         assert_eq!(r["trace"].as_str(), saved.to_str(), "{addr}");
+        // Its books, read as the stream arrived, are those of the saved
+        // trace read afterwards.
+        assert_eq!(untimed(r), untimed(report_json(&saved)), "{addr}");
         assert!(s.wait().unwrap().success());
     }
     let mut s = server(&sock, &["--wait"], &prog, false);

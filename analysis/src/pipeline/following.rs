@@ -75,9 +75,14 @@ impl ReportOpts {
         self.follow_found(move |_| Some(path))
     }
 
-    /// [`ReportOpts::follow`] of the trace `find` finds (it is given the
-    /// flag set once the writer is done, and `None` means no trace).
-    fn follow_found(&self, find: impl FnOnce(&AtomicBool) -> Option<PathBuf> + Send + 'static) -> Option<Following> {
+    /// [`ReportOpts::follow`] of the trace `find` finds, on the follower's
+    /// thread (it is given the flag set once the writer is done, and
+    /// `None` means no trace): `mtrace client`'s first stream, once it
+    /// has a file.
+    pub fn follow_found(
+        &self,
+        find: impl FnOnce(&AtomicBool) -> Option<PathBuf> + Send + 'static,
+    ) -> Option<Following> {
         if matches!(self.from, Some(TraceTime::At(_))) || matches!(self.to, Some(TraceTime::At(_))) {
             return None;
         }

@@ -98,6 +98,16 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
     let reader = conn.try_clone()?;
     let (st, d) = (streams.clone(), dir.path().to_owned());
     let receiver = std::thread::spawn(move || receive(reader, &d, &st, bound));
+    // The program's stream (the first) read as it arrives, so that its
+    // report is ready when it ends; not a bounded one, which its keeper
+    // cuts, nor under the console, which keeps books of its own.
+    let following = match bound.is_none() && !a.interactive.interactive {
+        true => {
+            let st = streams.clone();
+            a.opts.follow_found(move |done| first_stream(&st, done))
+        }
+        false => None,
+    };
     if a.interactive.interactive {
         let mut live = Live { conn: conn.try_clone()?, streams: streams.clone() };
         if live.wait_first().is_some() && crate::console::run(&mut live, &a.opts)? == crate::console::Leave::Quit {
@@ -110,6 +120,7 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
         }
     }
     let res = receiver.join().map_err(|_| anyhow!("the receiving thread failed"))?;
+    let followed = following.and_then(|f| f.finish());
     let s = streams.lock().expect("streams lock");
     let Some(code) = s.exit else {
         res?;
@@ -142,7 +153,8 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
                 None => "received, not kept (--save FILE keeps it)".to_owned(),
             });
             let how = mtrace_analysis::pipeline::Reporting { main_trace, ..Default::default() };
-            let reported = mtrace_analysis::pipeline::report_processes(dir.path(), pid, &a.opts, how, None, &mut *out)?;
+            let reported =
+                mtrace_analysis::pipeline::report_processes(dir.path(), pid, &a.opts, how, followed, &mut *out)?;
             if !reported.unwritten.is_empty() && a.save.save.is_none() {
                 // Not lost with the files that could not be written.
                 eprintln!("mtrace: the received traces are kept in {}", dir.path().display());
@@ -155,6 +167,21 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
     }
     out.flush()?;
     Ok(ExitCode::from(code as u8))
+}
+
+/// The file of the program's stream (the first), once it has one; `None`
+/// when none came before `done` (the connection ended).
+fn first_stream(st: &Mutex<Streams>, done: &std::sync::atomic::AtomicBool) -> Option<PathBuf> {
+    loop {
+        let last = done.load(std::sync::atomic::Ordering::Acquire);
+        if let Some((path, _)) = st.lock().unwrap_or_else(|e| e.into_inner()).files.get(&1) {
+            return Some(path.clone());
+        }
+        if last {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }
 
 /// The pid in a stream's header.
