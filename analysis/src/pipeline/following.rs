@@ -1,5 +1,6 @@
 //! `mtrace run`'s report when the program ends, not after its trace is
-//! read again: the program's trace is read into the books while the
+//! read again (and `attach`'s at the detach, `client`'s at the program's
+//! end): the program's trace is read into the books while the
 //! program writes it, on threads of mtrace's own (a second core), and its
 //! modules' debug info opened meanwhile; at its end only the last records
 //! are left to read before the report is built. The books are the same a
@@ -90,7 +91,7 @@ impl ReportOpts {
         let done = Arc::new(AtomicBool::new(false));
         let (opts, flag) = (self.clone(), done.clone());
         let thread = std::thread::spawn(move || {
-            yield_to_the_program();
+            super::priority::yield_to_the_program();
             let path = find(&flag)?;
             let file = File::open(&path).ok()?;
             let warm_stop = AtomicBool::new(false);
@@ -113,22 +114,6 @@ impl Following {
     pub fn finish(self) -> Option<Followed> {
         self.done.store(true, Ordering::Release);
         self.thread.join().ok().flatten()
-    }
-}
-
-/// The follower's niceness: its threads (the decoder and the warm-up
-/// inherit it) give way to the program where they share a core. cfrac
-/// under `mtrace run` (`farm-bench -n 3`, medians): 25.0 s with it, 27.3 s
-/// at the program's own niceness; the preload alone, 24.7 s.
-const NICENESS: i32 = 10;
-
-/// Lowers the calling thread's priority to [`NICENESS`] (Linux's nice
-/// value is a thread's: `setpriority(PRIO_PROCESS, 0, …)` sets the
-/// caller's, and the threads it starts inherit it). Nothing when refused.
-fn yield_to_the_program() {
-    // SAFETY: setpriority takes no pointer.
-    unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, 0, NICENESS);
     }
 }
 

@@ -19,6 +19,7 @@ use crate::symbolize::{kept_beside, SearchPaths, Symbolizer};
 use crate::trace::{MarkerSel, Trace, Window};
 
 mod following;
+mod priority;
 mod processes;
 pub use following::{Followed, Following};
 pub use processes::{report_processes, Reporting};
