@@ -202,6 +202,15 @@ pub fn detach_after(d: std::time::Duration) {
     });
 }
 
+/// Whether thread `tid` of process `pid` has exited: it is gone, or a
+/// zombie (proc(5): state Z or X in `/proc/PID/task/TID/stat`, after the
+/// command's closing parenthesis).
+fn exited(pid: Pid, tid: Pid) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) else { return true };
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+    matches!(state, Some('Z' | 'X') | None)
+}
+
 /// Seizes every thread of running process `pid` and stops them; the
 /// threads, stopped. Errors in one line: no such process, not permitted.
 pub fn seize_all(pid: Pid) -> Result<Vec<Pid>> {
@@ -213,8 +222,13 @@ pub fn seize_all(pid: Pid) -> Result<Vec<Pid>> {
     for &tid in &tids {
         match ptrace::seize(tid, options()) {
             Ok(()) => seized.push(tid),
-            // A thread that ended meanwhile.
+            // A thread that ended meanwhile; or one ending: the kernel
+            // refuses to trace a task that has exited (EPERM while it is
+            // a zombie, before it is gone), as a thread that returned in
+            // the middle of the seizing is (ctests/waits.c's waiters,
+            // attached to as they time out).
             Err(nix::errno::Errno::ESRCH) => {}
+            Err(nix::errno::Errno::EPERM) if tid != pid && exited(pid, tid) => {}
             Err(e) => {
                 for &t in &seized {
                     let _ = ptrace::detach(t, None);
