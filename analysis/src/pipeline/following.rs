@@ -67,8 +67,8 @@ impl ReportOpts {
     /// The reading gives way to the program (`priority.rs`): nothing of
     /// the program's is left to compete with it at the end.
     pub fn follow(&self, dir: &Path, pid: u32, since_ns: u64) -> Option<Following> {
-        let dir = dir.to_owned();
-        self.start_following(move |done| image(&dir, pid, since_ns, done), true)
+        let (dir, named) = (dir.to_owned(), format!(".{pid}."));
+        self.start_following(move || first_image(&dir, &named, pid, since_ns), true)
     }
 
     /// [`ReportOpts::follow`] of the trace at `path`, which its writer
@@ -79,25 +79,21 @@ impl ReportOpts {
     /// against 33 s for the whole file before).
     pub fn follow_file(&self, path: &Path) -> Option<Following> {
         let path = path.to_owned();
-        self.start_following(move |_| Some(path), false)
+        self.start_following(move || Some(path.clone()), false)
     }
 
-    /// [`ReportOpts::follow_file`] of the trace `find` finds, on the
-    /// follower's thread (it is given the flag set once the writer is
-    /// done, and `None` means no trace): `mtrace client`'s first stream,
-    /// once it has a file.
-    pub fn follow_found(
-        &self,
-        find: impl FnOnce(&AtomicBool) -> Option<PathBuf> + Send + 'static,
-    ) -> Option<Following> {
-        self.start_following(find, false)
+    /// [`ReportOpts::follow_file`] of the trace `look` finds, asked on the
+    /// follower's thread until it finds one ([`wait_for`]): `mtrace
+    /// client`'s first stream, once it has a file.
+    pub fn follow_found(&self, look: impl FnMut() -> Option<PathBuf> + Send + 'static) -> Option<Following> {
+        self.start_following(look, false)
     }
 
-    /// The follower of the trace `find` finds, its threads at a lower
+    /// The follower of the trace `look` finds, its threads at a lower
     /// priority when `yields`.
     fn start_following(
         &self,
-        find: impl FnOnce(&AtomicBool) -> Option<PathBuf> + Send + 'static,
+        look: impl FnMut() -> Option<PathBuf> + Send + 'static,
         yields: bool,
     ) -> Option<Following> {
         if matches!(self.from, Some(TraceTime::At(_))) || matches!(self.to, Some(TraceTime::At(_))) {
@@ -110,7 +106,7 @@ impl ReportOpts {
             if yields {
                 super::priority::yield_to_the_program();
             }
-            let path = find(&flag)?;
+            let path = wait_for(look, &flag)?;
             let file = File::open(&path).ok()?;
             let warm_stop = AtomicBool::new(false);
             let (trace, sym) = std::thread::scope(|sc| {
@@ -135,21 +131,16 @@ impl Following {
     }
 }
 
-/// The path of the first trace in `dir` of process `pid` started at or
-/// after `since_ns`, once its header is there; `None` when there is none
-/// once `done` is set. Only files named for the pid are opened (`run`
-/// names each `%e.%p.mtrace`): a build's thousands of traces are not read
-/// again at each look, which comes every 5 ms at first, then every 100.
-fn image(dir: &Path, pid: u32, since_ns: u64, done: &AtomicBool) -> Option<PathBuf> {
-    let named = format!(".{pid}.");
+/// Asks `look` for the trace to follow until it finds one: every 5 ms at
+/// first, then every 100; `None` when it finds none once `done` is set.
+fn wait_for(mut look: impl FnMut() -> Option<PathBuf>, done: &AtomicBool) -> Option<PathBuf> {
     let mut wait = LOOK;
     loop {
-        // Read before the look: a trace whose header came before the end
-        // is found by the look after it.
+        // Read before the look: a trace that came before the end is found
+        // by the look after it.
         let last = done.load(Ordering::Acquire);
-        let images = traces_named(dir, &named).ok()?;
-        if let Some(i) = images.into_iter().find(|i| i.pid == pid && i.start >= since_ns) {
-            return Some(i.path);
+        if let Some(path) = look() {
+            return Some(path);
         }
         if last {
             return None;
@@ -157,6 +148,15 @@ fn image(dir: &Path, pid: u32, since_ns: u64, done: &AtomicBool) -> Option<PathB
         std::thread::sleep(wait);
         wait = (wait * 2).min(Duration::from_millis(100));
     }
+}
+
+/// The first trace in `dir` of process `pid` started at or after
+/// `since_ns` whose header is there. Only files whose name holds `named`
+/// (`.PID.`: `run` names each `%e.%p.mtrace`) are opened: a build's
+/// thousands of traces are not read again at each look.
+fn first_image(dir: &Path, named: &str, pid: u32, since_ns: u64) -> Option<PathBuf> {
+    let images = traces_named(dir, named).ok()?;
+    images.into_iter().find(|i| i.pid == pid && i.start >= since_ns).map(|i| i.path)
 }
 
 /// A symbolizer for the trace at `path`, with the debug info of the

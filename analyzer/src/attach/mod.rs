@@ -231,8 +231,10 @@ fn report_window(
     let mut out = mtrace_analysis::output::open(a.report_to.output.as_deref())?;
     // The window's trace is in a temporary folder unless --save named it.
     let temporary = a.save.save.is_none();
-    // The symbolizer made now: it searches the modules just kept.
+    // The follower's symbolizer, warmed while the stream came, unless
+    // modules were kept just now: a new one searches them.
     let loaded = match followed {
+        Some(f) if kept.is_empty() => f.into_loaded()?,
         Some(f) => (f.into_trace()?, a.opts.symbolizer_for(trace)),
         None => a.opts.load(trace)?,
     };

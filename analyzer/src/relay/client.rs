@@ -103,8 +103,9 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
     // cuts, nor under the console, which keeps books of its own.
     let following = match bound.is_none() && !a.interactive.interactive {
         true => {
+            // The program's process is the first to connect.
             let st = streams.clone();
-            a.opts.follow_found(move |done| first_stream(&st, done))
+            a.opts.follow_found(move || st.lock().unwrap_or_else(|e| e.into_inner()).files.get(&1).map(|f| f.0.clone()))
         }
         false => None,
     };
@@ -167,21 +168,6 @@ pub fn client(a: ClientArgs) -> Result<ExitCode> {
     }
     out.flush()?;
     Ok(ExitCode::from(code as u8))
-}
-
-/// The file of the program's stream (the first), once it has one; `None`
-/// when none came before `done` (the connection ended).
-fn first_stream(st: &Mutex<Streams>, done: &std::sync::atomic::AtomicBool) -> Option<PathBuf> {
-    loop {
-        let last = done.load(std::sync::atomic::Ordering::Acquire);
-        if let Some((path, _)) = st.lock().unwrap_or_else(|e| e.into_inner()).files.get(&1) {
-            return Some(path.clone());
-        }
-        if last {
-            return None;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
 }
 
 /// The pid in a stream's header.
