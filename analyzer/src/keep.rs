@@ -54,7 +54,7 @@ pub fn keep(a: KeepArgs) -> Result<ExitCode> {
     tempfile::tempfile_in(&dir).with_context(|| format!("{}: cannot write trace files there", dir.display()))?;
     let l = Listener::bind(&Address::Unix(sock.display().to_string()), false)?;
     crate::attach::catch_stop_signals();
-    let how = Keeping { bound, reports: a.report_dir.clone(), depth: a.frames.depth, books: None, yields: false };
+    let how = Keeping { bound, reports: a.report_dir.clone(), depth: a.frames.depth, books: None };
     let keepers = Keepers::listen(l, &dir, how)?;
     eprintln!("mtrace keep: listening on unix:{}; traces go to {} (Ctrl-C stops)", sock.display(), dir.display());
     while !crate::attach::stop_asked() {

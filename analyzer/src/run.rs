@@ -213,24 +213,23 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     rec.output = Some(dir.join("%e.%p.mtrace").display().to_string());
     // The processes stream to mtrace, which writes their traces: it
     // compresses their records on its own threads (the program's thread
-    // wrote and compressed them itself while it had one: cfrac 28 s with
-    // its trace compressed there, 21 s without), bounds them if asked, and
-    // keeps the report's books of the program's own stream as it comes,
-    // so that the report is ready when the program ends. Not under
-    // --ptrace: the tracer writes the files.
+    // wrote and compressed them itself while it had one: cfrac under the
+    // preload alone 28 s with its trace compressed there, 21 s without),
+    // bounds them if asked, and keeps the report's books of the program's
+    // own stream as it comes, so that the report is ready when the
+    // program ends; a program that makes events faster than mtrace reads
+    // them waits for it, rather than leave it a backlog to read at its
+    // end (docs/PERFORMANCE.md). At the program's own priority: a lower
+    // one made the program wait the longer (larson 2.34x the preload
+    // alone's time against 1.42x). Not under --ptrace: the tracer writes
+    // the files.
     let keepers = match a.rec.ptrace {
         true => None,
         false => {
             let bound = a.bound.bound()?;
             let books = bound.is_none().then(|| ReportOpts::clone(&a.opts));
             let reports = rec.report_dir.as_ref().map(PathBuf::from);
-            let how = keepers::Keeping {
-                bound: bound.unwrap_or_default(),
-                reports,
-                depth: a.opts.depth,
-                books,
-                yields: true,
-            };
+            let how = keepers::Keeping { bound: bound.unwrap_or_default(), reports, depth: a.opts.depth, books };
             let (k, addr) = Keepers::start(&dir, how)?;
             rec.output = Some(addr);
             // Bounded, the stream still comes compressed: the keeper finds

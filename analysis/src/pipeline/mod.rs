@@ -19,10 +19,8 @@ use crate::symbolize::{kept_beside, SearchPaths, Symbolizer};
 use crate::trace::{MarkerSel, Trace, Window};
 
 pub(crate) mod following;
-mod priority;
 mod processes;
 pub use following::{Followed, Following};
-pub use priority::yield_to_the_program;
 pub use processes::{report_processes, Reporting};
 
 /// What a report reads, shows and writes: the report options that

@@ -43,9 +43,6 @@ pub struct Keeping {
     /// Without a bound, the books of this report are kept for the streams
     /// of this process's children (`mtrace run`'s program, [`Kept::books`]).
     pub books: Option<ReportOpts>,
-    /// The keepers give way to the program where they share a core
-    /// (`mtrace_analysis::pipeline::yield_to_the_program`).
-    pub yields: bool,
 }
 
 impl Keepers {
@@ -74,9 +71,6 @@ impl Keepers {
                 lock(&p).push(pid);
                 let (o, p, d, dir, how) = (o.clone(), p.clone(), d.clone(), dir.clone(), how.clone());
                 std::thread::spawn(move || {
-                    if how.yields {
-                        mtrace_analysis::pipeline::yield_to_the_program();
-                    }
                     let mut points = ReportPoints::new(how.reports, how.depth);
                     let books = how.books.as_ref().map(|opts| (opts, std::process::id()));
                     let k = keep(s, Dest::Dir(&dir), how.bound, Some(&mut points), books);
