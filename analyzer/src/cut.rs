@@ -27,7 +27,7 @@ pub fn cut(a: CutArgs) -> Result<ExitCode> {
     let bound = a.bound.bound()?.unwrap_or_default();
     let f = std::fs::File::open(&a.trace).with_context(|| format!("{}: cannot open", a.trace.display()))?;
     let len = f.metadata().map_or(0, |m| m.len());
-    let kept = bounded::keep(f, Dest::File(&a.output), bound, None, None)?;
+    let kept = bounded::keep(f, Dest::File(&a.output), bound, None)?;
     let out_len = std::fs::metadata(&a.output).map_or(0, |m| m.len());
     eprintln!(
         "mtrace: {} ({len} bytes) -> {} ({out_len} bytes, {} checkpoints{})",

@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use mtrace_format::address::Address;
 
-use crate::arriving::keepers::{Keepers, Keeping};
-use crate::arriving::listen::Listener;
+use crate::arriving::{keepers::Keepers, listen::Listener};
 use crate::flags::bound::BoundArgs;
 
 #[derive(clap::Args)]
@@ -54,8 +53,7 @@ pub fn keep(a: KeepArgs) -> Result<ExitCode> {
     tempfile::tempfile_in(&dir).with_context(|| format!("{}: cannot write trace files there", dir.display()))?;
     let l = Listener::bind(&Address::Unix(sock.display().to_string()), false)?;
     crate::attach::catch_stop_signals();
-    let how = Keeping { bound, reports: a.report_dir.clone(), depth: a.frames.depth, books: None };
-    let keepers = Keepers::listen(l, &dir, how)?;
+    let keepers = Keepers::listen(l, &dir, bound, a.report_dir.clone(), a.frames.depth)?;
     eprintln!("mtrace keep: listening on unix:{}; traces go to {} (Ctrl-C stops)", sock.display(), dir.display());
     while !crate::attach::stop_asked() {
         std::thread::sleep(Duration::from_millis(100));

@@ -10,11 +10,9 @@ use anyhow::{bail, Context, Result};
 use mtrace_format::recording::Recording;
 use mtrace_format::settings;
 
-use crate::arriving::keepers::{self, Keepers};
 use crate::flags::report::ReportFlags;
 use crate::recording::{self, find_lib, AtExitArgs, RecordingArgs};
-use mtrace_analysis::bounded::Kept;
-use mtrace_analysis::pipeline::{ReportOpts, Reporting};
+use mtrace_analysis::pipeline::Reporting;
 use mtrace_analysis::scan::Kind;
 
 #[derive(clap::Args)]
@@ -211,33 +209,14 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
         _ => lib.display().to_string(),
     };
     rec.output = Some(dir.join("%e.%p.mtrace").display().to_string());
-    // The processes stream to mtrace, which writes their traces: it
-    // compresses their records on its own threads (the program's thread
-    // wrote and compressed them itself while it had one: cfrac under the
-    // preload alone 28 s with its trace compressed there, 21 s without),
-    // bounds them if asked, and keeps the report's books of the program's
-    // own stream as it comes, so that the report is ready when the
-    // program ends; a program that makes events faster than mtrace reads
-    // them waits for it, rather than leave it a backlog to read at its
-    // end (docs/PERFORMANCE.md). At the program's own priority: a lower
-    // one made the program wait the longer (larson 2.34x the preload
-    // alone's time against 1.42x). Not under --ptrace: the tracer writes
-    // the files.
-    let keepers = match a.rec.ptrace {
-        true => None,
-        false => {
-            let bound = a.bound.bound()?;
-            let books = bound.is_none().then(|| ReportOpts::clone(&a.opts));
+    let keepers = match a.bound.bound()? {
+        Some(bound) => {
             let reports = rec.report_dir.as_ref().map(PathBuf::from);
-            let how = keepers::Keeping { bound: bound.unwrap_or_default(), reports, depth: a.opts.depth, books };
-            let (k, addr) = Keepers::start(&dir, how)?;
+            let (k, addr) = crate::arriving::keepers::Keepers::start(&dir, bound, reports, a.opts.depth)?;
             rec.output = Some(addr);
-            // Bounded, the stream still comes compressed: the keeper finds
-            // the places for its checkpoints between compressed blocks
-            // (plain, `tests/bounded.rs` kept 2.3 s of a run for 1 s).
-            rec.compress = bound.is_some();
             Some(k)
         }
+        None => None,
     };
     a.at_exit.apply(&mut rec);
     let mut cmd = Command::new(&a.program.command[0]);
@@ -250,6 +229,7 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     // Each warning of the tracer once for the whole run, not per process.
     cmd.env(settings::WARN_DIR.name(), &dir);
     let error_kinds = parse_kinds(&a.errors_for_leak_kinds)?;
+    let mut following = None;
     let (pid, status) = if a.rec.ptrace {
         match trace_with_ptrace(&a, rec)? {
             (pid, Some(status)) => (pid, status),
@@ -265,26 +245,26 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
         // Before the spawn (the program's exec resets the handlers): mtrace
         // stays to report, and passes on what was sent to it.
         forward_signals(&rec);
+        let since = monotonic_ns();
         let mut child =
             cmd.spawn().map_err(|error| mtrace_ptrace::ExecFailed { program: a.program.command[0].clone(), error })?;
+        // The program's trace read while it runs, so that its report is
+        // ready when it ends; not a bounded one, which its keeper cuts.
+        if keepers.is_none() {
+            following = a.opts.follow(&dir, child.id(), since);
+        }
         let status = wait_forwarding(&mut child)?;
         (child.id(), status)
     };
 
-    // The books of the program's last image, as its stream came.
-    let mut kept: Option<Kept> = None;
     if let Some(k) = keepers {
         // A process that outlives the program keeps its stream open: it
         // is reported as far as it got.
-        for k in k.finish(std::time::Duration::ZERO) {
-            match k {
+        for kept in k.finish(std::time::Duration::from_secs(5)) {
+            match kept {
                 Ok(k) => {
                     for p in k.problems.iter().chain(&k.error) {
                         eprintln!("mtrace: {}: {p}", k.path.display());
-                    }
-                    let later = kept.as_ref().is_none_or(|o| o.start_ns <= k.start_ns);
-                    if k.pid == pid && k.books.is_some() && later {
-                        kept = Some(k);
                     }
                 }
                 Err(e) => eprintln!("mtrace: {e:#}"),
@@ -293,7 +273,7 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     }
     let show_paths = a.keep_traces || a.trace_dir.trace_dir.is_some();
     let how = Reporting { kept: show_paths, ..reporting(&a) };
-    let kept = kept.and_then(|k| k.books);
+    let kept = following.and_then(|f| f.finish());
     let reported = mtrace_analysis::pipeline::report_processes(&dir, pid, &a.opts, how, kept, &mut out)?;
     let r = reported.report;
     // From the kind totals (after suppressions): the entry list leaves out
@@ -333,6 +313,12 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
         }
         _ => ExitCode::FAILURE,
     })
+}
+
+/// CLOCK_MONOTONIC now, ns: a trace's header says its start so.
+fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map_or(0, |t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
 }
 
 /// The report's writer under `mtrace run`: when its file fails (a full

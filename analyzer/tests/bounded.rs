@@ -56,7 +56,7 @@ fn cut(whole: &std::path::Path, into: &std::path::Path, max: u64) -> bounded::Ke
 /// The trace `whole` kept within `bound` into the folder `into`.
 fn keep(whole: &std::path::Path, into: &std::path::Path, bound: bounded::Bound) -> bounded::Kept {
     std::fs::create_dir_all(into).unwrap();
-    bounded::keep(std::fs::File::open(whole).unwrap(), bounded::Dest::Dir(into), bound, None, None).unwrap()
+    bounded::keep(std::fs::File::open(whole).unwrap(), bounded::Dest::Dir(into), bound, None).unwrap()
 }
 
 /// `mtrace report --json` of `trace`, without the fields that name the file.

@@ -15,15 +15,12 @@ fn report(trace: &std::path::Path, json: bool) -> std::process::Output {
     c.output().unwrap()
 }
 
-/// A real trace of realloc.c, and the offsets where its records start:
-/// the preload's own file (compressed blocks, then plain records written
-/// at the exit), not `run`'s, which holds so few records in one block.
+/// A real trace of realloc.c, and the offsets where its records start.
 fn sample(dir: &std::path::Path) -> (Vec<u8>, Vec<u64>) {
     let prog = build("realloc.c", &dir.join("realloc"), &["-g", "-O0"]);
-    let path = dir.join("realloc.trace");
-    let _ = std::fs::remove_file(&path);
-    let st = Command::new(&prog).env("LD_PRELOAD", lib()).env("MTRACE_OUTPUT", &path).status().unwrap();
-    assert!(st.success());
+    let tdir = dir.join("t");
+    run_json(dir, &["--trace-dir", tdir.to_str().unwrap()], &prog, &[]);
+    let (path, _) = traces(&tdir).pop().unwrap();
     let bytes = std::fs::read(&path).unwrap();
     let mut r = mtrace_format::Reader::new(&bytes[..]);
     r.header().unwrap();

@@ -100,8 +100,6 @@ pub struct Reader<R> {
     dctx: Option<zstd::bulk::Decompressor<'static>>,
     /// Compressed blocks are passed over ([`Reader::skip_blocks`]).
     skip_blocks: bool,
-    /// Compressed blocks met so far ([`Reader::blocks`]).
-    blocks: u64,
 }
 
 type Res<T> = Result<T, ReadErrorKind>;
@@ -127,7 +125,6 @@ impl<R: Read> Reader<R> {
             spare: Vec::new(),
             dctx: None,
             skip_blocks: false,
-            blocks: 0,
         }
     }
 
@@ -193,20 +190,6 @@ impl<R: Read> Reader<R> {
     /// level, as a checkpoint's start (docs/FORMAT.md, record 28).
     pub fn skip_blocks(&mut self, skip: bool) {
         self.skip_blocks = skip;
-    }
-
-    /// Every byte the reader took from its source is decoded: the next
-    /// record waits for the source's next read. A reader of a live stream
-    /// (a socket) hands on what it has before it waits.
-    pub fn drained(&self) -> bool {
-        self.pos >= self.end
-    }
-
-    /// How many compressed blocks the reader has met (read or passed
-    /// over): a keeper of the stream's bytes tells by it whether those it
-    /// takes hold any (it compresses the plain ones itself).
-    pub fn blocks(&self) -> u64 {
-        self.blocks
     }
 
     /// The source, for a wrapper of it that must be told something (what
@@ -436,7 +419,6 @@ impl<R: Read> Reader<R> {
         if self.pos <= self.spliced_end {
             return Err(ReadErrorKind::Corrupt("compressed block inside a compressed block".into()));
         }
-        self.blocks += 1;
         let raw_len = self.len(MAX_BLOCK, "block")?;
         let comp_len = self.len(MAX_BLOCK, "compressed block")?;
         while self.end - self.pos < comp_len {

@@ -378,26 +378,6 @@ pub fn encode_compressed(out: &mut Vec<u8>, raw: &[u8], level: i32) -> std::io::
     Ok(())
 }
 
-/// [`encode_compressed`] with one zstd context for every block: a
-/// context made per block was a fifth of `mtrace run`'s compressing
-/// (`ZSTD_createCCtx`, 8.5% of its samples against 11% compressing).
-pub struct BlockCompressor(zstd::bulk::Compressor<'static>);
-
-impl BlockCompressor {
-    /// A compressor at zstd `level`. Errors: zstd could not make its context.
-    pub fn new(level: i32) -> std::io::Result<BlockCompressor> {
-        Ok(BlockCompressor(zstd::bulk::Compressor::new(level)?))
-    }
-
-    /// Appends `raw` (whole records) to `out` as one compressed block.
-    pub fn encode(&mut self, out: &mut Vec<u8>, raw: &[u8]) -> std::io::Result<()> {
-        let comp = self.0.compress(raw)?;
-        compressed_header(out, raw.len(), comp.len());
-        out.extend_from_slice(&comp);
-        Ok(())
-    }
-}
-
 /// Appends the header of a compressed block whose zstd frame of
 /// `comp_len` bytes (decompressing to `raw_len` bytes) follows; for writers
 /// that compress elsewhere.

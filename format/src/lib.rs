@@ -26,7 +26,7 @@ pub mod sparse;
 mod varint;
 
 pub use decode::{ReadError, ReadErrorKind, Reader};
-pub use encode::{compressed_header, encode_compressed, encode_header, BlockCompressor, Encoder};
+pub use encode::{compressed_header, encode_compressed, encode_header, Encoder};
 pub use record::{region_kind, EndReason, Family, Header, Module, Patch, Record, Segment, StackSum};
 pub use varint::{put_varint, put_varint_at, unzigzag, zigzag};
 

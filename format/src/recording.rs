@@ -438,13 +438,6 @@ recording! {
     report_dir: Option<String> = None,
         REPORT_DIR c"MTRACE_REPORT_DIR" "DIR" "", text, "a folder",
         "where <program>-<pid>-<n>.memlog reports go (default: cwd)";
-    /// The stream's records are compressed (zstd) by the process; off:
-    /// they go out plain, for a reader that compresses them on its own
-    /// core (`run` sets it: the program's thread, which writes the stream
-    /// while the process has one, spent a quarter of cfrac's run in zstd).
-    compress: bool = true,
-        COMPRESS c"MTRACE_COMPRESS" "on|off" "", switch, "on (1) or off (0)",
-        "off: the stream goes out uncompressed (`run` sets it: it compresses)";
     /// The unwinder that records backtraces.
     unwinder: Unwinder = Unwinder::Fast,
         UNWINDER c"MTRACE_UNWINDER" "U" "", unwinder, "\"fast\", \"libgcc\" or \"check\"",
@@ -552,7 +545,6 @@ mod tests {
             follow_exec: false,
             report_signal: None,
             report_dir: Some("/tmp".into()),
-            compress: false,
             unwinder: Unwinder::Check,
             clock: Clock::Monotonic,
             test_order: TestOrder { stall_every: 7, stall_us: 300, collect: CollectOrder::ExitedLast },

@@ -17,14 +17,7 @@
 //! with those after). One thread decodes and
 //! merges, another keeps the books and the file: `mtrace cut` of a 2-thread
 //! churn's 119 M events took 7.6 s (13.2 s on one thread re-encoding).
-//!
-//! Without a bound, [`keep`] is `mtrace run`'s consumer of every stream:
-//! its program's processes send their records uncompressed
-//! (`MTRACE_COMPRESS=off`), the reading thread compresses them into the
-//! file, and the books of the program's own stream are the report's,
-//! handed on when the stream ends ([`Kept::books`]).
 
-mod books;
 mod checkpoint;
 mod file;
 mod report_points;
@@ -36,10 +29,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Result;
-use mtrace_format::{encode_compressed, naming, BlockCompressor, Encoder, Reader, Record};
+use mtrace_format::{encode_compressed, naming, Encoder, Reader, Record};
 
 use crate::input::{Keeper, Sections};
-use crate::pipeline::{Followed, ReportOpts};
 use crate::trace::{Trace, Window};
 use file::TraceFile;
 
@@ -97,20 +89,12 @@ pub struct Kept {
     pub error: Option<String>,
     /// Report points whose .memlog could not be written, and why.
     pub problems: Vec<String>,
-    /// The process the stream came from.
-    pub pid: u32,
-    /// When its stream started (CLOCK_MONOTONIC, ns: its header's).
-    pub start_ns: u64,
-    /// The books of the report asked for, read as the stream came
-    /// ([`keep`]'s `books`), with its symbolizer.
-    pub books: Option<Followed>,
 }
 
 /// What the reading thread hands the keeping one, in stream order.
 enum Item {
-    /// A record, in the merge's order, for the books: its thread, and
-    /// the books' promise for it (`crate::input::ahead`).
-    Rec(u32, Record, u64),
+    /// A record, in the merge's order, for the books.
+    Rec(u32, Record),
     /// The stream's bytes, as they came, for the file.
     Bytes(Vec<u8>),
     /// The books will hold every record before the bytes handed so far
@@ -163,25 +147,13 @@ pub enum Dest<'a> {
 
 /// Reads one process's stream from `src` and writes it to a trace file at
 /// `dest` that stays within `bound` (bytes, plus a checkpoint and a block;
-/// age): the stream's own bytes (those that came plain, compressed into
-/// blocks), with checkpoints between them. Decoding
+/// age): the stream's own bytes, with checkpoints between them. Decoding
 /// and the merge on one thread, the books and the file on another.
 /// Returns what it did; errors only when the file cannot be written (a
 /// stream that breaks off ends the file where it broke, as the preload's
 /// would). With `points`, writes the .memlog of each report point as it
-/// passes. With `books` = (options, ppid), no bound, and a process whose
-/// parent is `ppid` (`mtrace run`'s program, each of its images), the
-/// books are those of the report the options ask for, handed on in
-/// [`Kept::books`] with a symbolizer whose modules were opened meanwhile;
-/// not for a report of part of the trace (a marker or a time range:
-/// [`ReportOpts::window_while_recording`]).
-pub fn keep(
-    src: impl Read + Send,
-    dest: Dest,
-    bound: Bound,
-    mut points: Option<&mut ReportPoints>,
-    books: Option<(&ReportOpts, u32)>,
-) -> Result<Kept> {
+/// passes.
+pub fn keep(src: impl Read + Send, dest: Dest, bound: Bound, mut points: Option<&mut ReportPoints>) -> Result<Kept> {
     let mut r = Reader::new(Tee { src: std::io::BufReader::with_capacity(1 << 16, src), copy: Vec::new(), base: 0 });
     let header = match r.header() {
         Ok(h) => h,
@@ -204,16 +176,9 @@ pub fn keep(
     if let Some(p) = points.as_deref_mut() {
         p.started(header.pid);
     }
-    let mut kept =
-        Kept { path: f.path().to_owned(), pid: header.pid, start_ns: header.start_monotonic_ns, ..Default::default() };
-    let report = books
-        .filter(|&(_, ppid)| bound == Bound::default() && header.ppid == ppid)
-        .and_then(|(opts, _)| Some((opts, opts.window_while_recording()?)));
-    if let Some((opts, window)) = report {
-        return books::keep(r, header, f, (opts, &window), points, kept);
-    }
     let mut t = Trace::new(f.path(), header);
     let mut keeper = Keeper::new(&EVERYTHING);
+    let mut kept = Kept { path: f.path().to_owned(), ..Default::default() };
     // A checkpoint every quarter of the size, or of the age, whichever
     // comes first; at least twice the last checkpoint's size between two:
     // a large live set against a small bound would write little but
@@ -236,15 +201,14 @@ pub fn keep(
         for batch in rx {
             for item in batch {
                 match item {
-                    Item::Rec(tid, Record::Marker { time_ns, seq, name }, _) => {
+                    Item::Rec(tid, Record::Marker { time_ns, seq, name }) => {
                         let point = (seq, name.clone());
                         let _ = keeper.apply(&mut t, tid, Record::Marker { time_ns, seq, name });
                         if let Some(p) = points.as_deref_mut() {
                             p.marker(&mut t, point.0, &point.1);
                         }
                     }
-                    Item::Rec(tid, rec, until) => {
-                        t.books.promise(tid, until);
+                    Item::Rec(tid, rec) => {
                         let _ = keeper.apply(&mut t, tid, rec);
                     }
                     Item::Bytes(b) => {
@@ -303,23 +267,7 @@ fn read<R: Read>(mut r: Reader<Tee<R>>, version: u64, tx: std::sync::mpsc::SyncS
     let mut sections = Sections::default();
     let mut batch = Vec::with_capacity(BATCH);
     let mut gone = false;
-    let (in_order, mut last) = (version >= crate::order::WATERMARKS_SINCE, 0);
-    let (mut tids, mut until) = (Vec::new(), Vec::new());
-    let mut send = |batch: &mut Vec<Item>, gone: &mut bool| {
-        // The books' promises, worked out here, off their thread.
-        let mut times = Vec::with_capacity(batch.len());
-        tids.clear();
-        for i in batch.iter() {
-            if let Item::Rec(tid, rec, _) = i {
-                tids.push(*tid);
-                times.push(rec.time_ns());
-            }
-        }
-        crate::input::ahead::promises_by(&tids, |i| times[i], in_order, &mut last, &mut until);
-        let promised = batch.iter_mut().filter_map(|i| if let Item::Rec(_, _, u) = i { Some(u) } else { None });
-        for (u, &p) in promised.zip(&until) {
-            *u = p;
-        }
+    let send = |batch: &mut Vec<Item>, gone: &mut bool| {
         let full = std::mem::replace(batch, Vec::with_capacity(BATCH));
         if !*gone {
             *gone = tx.send(full).is_err();
@@ -332,9 +280,6 @@ fn read<R: Read>(mut r: Reader<Tee<R>>, version: u64, tx: std::sync::mpsc::SyncS
     // Where the last place was offered; a watermark was read since the
     // last place between two of the stream's own records.
     let (mut offered, mut since_watermark) = (0, false);
-    // The reader's count of compressed blocks where the bytes were last
-    // taken, and where `quiet_at` was.
-    let (mut taken, mut quiet_blocks) = (Taken::default(), 0);
     loop {
         let rec = match r.next_record() {
             Ok(Some(rec)) => rec,
@@ -348,7 +293,7 @@ fn read<R: Read>(mut r: Reader<Tee<R>>, version: u64, tx: std::sync::mpsc::SyncS
             // A chunk starts there: a reader that starts after a
             // checkpoint needs no time or address from before it.
             if matches!(rec, Record::Thread { .. }) {
-                batch.push(Item::Bytes(take(&mut r, at, quiet_blocks, &mut taken)));
+                batch.push(Item::Bytes(r.source_mut().take(at)));
                 batch.push(Item::Quiet(merge.pending()));
                 offered = at;
             }
@@ -356,7 +301,7 @@ fn read<R: Read>(mut r: Reader<Tee<R>>, version: u64, tx: std::sync::mpsc::SyncS
         // A producer writes no checkpoints; a trace cut before (`mtrace
         // cut` of a bounded trace) starts with one: its books are restored.
         let watermark = matches!(rec, Record::Watermark { .. });
-        if !sections.pass(&mut merge, r.tid(), rec, &mut |tid, rec| batch.push(Item::Rec(tid, rec, 0))) {
+        if !sections.pass(&mut merge, r.tid(), rec, &mut |tid, rec| batch.push(Item::Rec(tid, rec))) {
             continue;
         }
         since_watermark |= watermark;
@@ -365,12 +310,9 @@ fn read<R: Read>(mut r: Reader<Tee<R>>, version: u64, tx: std::sync::mpsc::SyncS
             // little (what was stamped after it).
             if std::mem::take(&mut since_watermark) && r.offset() - offered >= gap.load(Ordering::Relaxed) {
                 quiet_at = Some(r.offset());
-                quiet_blocks = r.blocks();
-            } else if r.source_mut().copy.len() >= BLOCK || r.drained() {
-                // (Drained: the process has sent nothing more yet; what
-                // it sent is in the file, for a report of it running.)
-                let (at, blocks) = (r.offset(), r.blocks());
-                batch.push(Item::Bytes(take(&mut r, at, blocks, &mut taken)));
+            } else if r.source_mut().copy.len() >= BLOCK {
+                let at = r.offset();
+                batch.push(Item::Bytes(r.source_mut().take(at)));
             }
         }
         // A watermark comes every 5 to 50 ms while the program runs: what
@@ -380,51 +322,9 @@ fn read<R: Read>(mut r: Reader<Tee<R>>, version: u64, tx: std::sync::mpsc::SyncS
             send(&mut batch, &mut gone);
         }
     }
-    merge.finish(&mut |tid, rec| batch.push(Item::Rec(tid, rec, 0)));
-    let blocks = r.blocks();
-    batch.push(Item::Bytes(take(&mut r, u64::MAX, blocks, &mut taken)));
+    merge.finish(&mut |tid, rec| batch.push(Item::Rec(tid, rec)));
+    batch.push(Item::Bytes(r.source_mut().take(u64::MAX)));
     send(&mut batch, &mut gone);
-}
-
-/// The stream's bytes before offset `at` (whole records), for the file:
-/// compressed into one block (zstd level 1, as the preload's writer) when
-/// they came plain, that is when the reader's count of compressed blocks
-/// is `blocks` at `at` as it was at the last take (`taken`, set to
-/// `blocks`). A producer with `MTRACE_COMPRESS=off` sends every record
-/// so; one that compresses sends only its last ones plain.
-fn take<R: Read>(r: &mut Reader<Tee<R>>, at: u64, blocks: u64, taken: &mut Taken) -> Vec<u8> {
-    let bytes = r.source_mut().take(at);
-    let plain = std::mem::replace(&mut taken.blocks, blocks) == blocks;
-    match plain {
-        true => compress(bytes, &mut taken.zstd),
-        false => bytes,
-    }
-}
-
-/// Plain records `bytes` as one compressed block (zstd level 1, as the
-/// preload's writer makes them), with the compressor made at the first
-/// call (`None` inside: zstd could not make one); as they are when that
-/// fails or they are too many for a block.
-fn compress(bytes: Vec<u8>, zstd: &mut Option<Option<BlockCompressor>>) -> Vec<u8> {
-    if bytes.is_empty() || bytes.len() > mtrace_format::MAX_BLOCK_RAW {
-        return bytes;
-    }
-    let Some(z) = zstd.get_or_insert_with(|| BlockCompressor::new(1).ok()) else { return bytes };
-    let mut out = Vec::with_capacity(bytes.len() / 3 + 16);
-    match z.encode(&mut out, &bytes) {
-        Ok(()) => out,
-        Err(_) => bytes,
-    }
-}
-
-/// What [`take`] keeps from one take to the next.
-#[derive(Default)]
-struct Taken {
-    /// The reader's count of compressed blocks at the last take.
-    blocks: u64,
-    /// The compressor of plain bytes, made at the first (`None` inside:
-    /// zstd could not make one, and the bytes go as they came).
-    zstd: Option<Option<BlockCompressor>>,
 }
 
 /// Writes a checkpoint of `t`'s books, and of the records `pending` in
@@ -456,6 +356,3 @@ fn write_checkpoint(t: &mut Trace, f: &mut TraceFile, pending: &[(u32, Record)])
     result?;
     f.append(&out)
 }
-
-#[cfg(test)]
-mod tests;

@@ -1,10 +1,9 @@
 //! The .memlog of each report point of a stream whose reader keeps the
-//! books (`mtrace run`, `mtrace keep`): the preload writes the point's
+//! books (`mtrace run --max-trace-size`): the preload writes the point's
 //! Marker and no report (it has no trace file to read), and the keeper
 //! writes what `mtrace report TRACE --since-marker N-1 --until-marker N`
 //! would: the first report everything live, each later one the change
-//! since the one before (a scan's, everything live and classified, as
-//! `--until-marker N`), in the same file (`<program>-<pid>-<N>.memlog`,
+//! since the one before, in the same file (`<program>-<pid>-<N>.memlog`,
 //! docs/FORMAT.md "Files" and docs/GUIDE.md "Reports while the program runs").
 
 use std::io::Write;
@@ -18,14 +17,9 @@ use crate::symbolize::{SearchPaths, Symbolizer};
 use crate::trace::Trace;
 
 /// The marker names of report points whose .memlog the keeper writes: a
-/// report signal's and `mtrace_report()`'s (protocol.rs), and a scan's
-/// (the scan signal's, `mtrace_scan()`'s: the snapshot before it in the
-/// stream, classified as `mtrace report --until-marker N` would).
-const POINTS: &[&str] = &[
-    mtrace_format::protocol::marker::SIGNAL,
-    mtrace_format::protocol::marker::REPORT,
-    mtrace_format::protocol::marker::SCAN,
-];
+/// report signal's and `mtrace_report()`'s (protocol.rs). A scan's needs
+/// the scan, which the preload does not make on a socket stream.
+const POINTS: &[&str] = &[mtrace_format::protocol::marker::SIGNAL, mtrace_format::protocol::marker::REPORT];
 
 /// Where and how the report points' .memlog files are written.
 pub struct ReportPoints {
@@ -81,15 +75,12 @@ impl ReportPoints {
         };
         let path = dir.join(format!("{prog}-{pid}-{seq}.memlog"));
         // As the report of the trace up to the marker reads it: no End
-        // record is missing, the change since the previous point; a
-        // scan's, everything live, classified by its snapshot.
+        // record is missing, the change since the previous point.
         let (sym, depth) = (&mut self.sym, self.depth);
-        let scan = name == mtrace_format::protocol::marker::SCAN;
-        let since = if scan { None } else { self.last.take() };
-        let mut r = crate::pipeline::view(t, since, scan, |t| {
+        let mut r = crate::pipeline::view(t, self.last.take(), false, |t| {
             crate::pipeline::build(t, sym, SortKey::Bytes, depth, false, View::default())
         });
-        r.summary.since_marker = (seq > 1 && !scan).then(|| (seq - 1).to_string());
+        r.summary.since_marker = (seq > 1).then(|| (seq - 1).to_string());
         r.summary.until_marker = Some(seq.to_string());
         self.last = Some(t.books.live_by_stack());
         let written = crate::output::create_private(&path).and_then(|f| {

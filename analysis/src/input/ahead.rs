@@ -22,28 +22,16 @@ use mtrace_format::Record;
 /// `crate::order::MAX_QUEUED`), nor when `in_order` is false; `last` is the
 /// latest stamp of the batches before, updated.
 pub fn promises(tids: &[u32], recs: &[Record], in_order: bool, last: &mut u64, until: &mut Vec<u64>) {
-    promises_by(tids, |i| recs[i].time_ns(), in_order, last, until)
-}
-
-/// [`promises`] of records given by their threads (`tids`) and their
-/// stamps (`time(i)` of the `i`th, `None` for an untimed record).
-pub fn promises_by(
-    tids: &[u32],
-    time: impl Fn(usize) -> Option<u64>,
-    in_order: bool,
-    last: &mut u64,
-    until: &mut Vec<u64>,
-) {
     until.clear();
     let mut prev = *last;
     let mut sorted = in_order;
     // Each record's stamp, the one the merge ordered it by.
-    for t in (0..tids.len()).filter_map(&time) {
+    for t in recs.iter().filter_map(Record::time_ns) {
         sorted &= t >= prev;
         prev = t;
     }
     *last = prev;
-    until.resize(tids.len(), 0);
+    until.resize(recs.len(), 0);
     if !sorted {
         return;
     }
@@ -53,14 +41,14 @@ pub fn promises_by(
     let mut bound = prev;
     let mut run: Option<u32> = None;
     let mut run_first = u64::MAX;
-    for (i, &tid) in tids.iter().enumerate().rev() {
+    for (i, (&tid, rec)) in tids.iter().zip(recs).enumerate().rev() {
         if run != Some(tid) {
             bound = bound.min(run_first);
             run = Some(tid);
             run_first = u64::MAX;
         }
         until[i] = bound;
-        if let Some(t) = time(i) {
+        if let Some(t) = rec.time_ns() {
             run_first = t;
         }
     }

@@ -10,7 +10,7 @@ use mtrace_format::{Module, ReadError, Reader, Record};
 
 use crate::trace::{Trace, Window};
 
-pub(crate) mod ahead;
+mod ahead;
 pub mod glibc_log;
 pub mod growing;
 mod keeper;
@@ -151,7 +151,6 @@ fn decode_batches<R: std::io::Read>(
     version: u64,
     tx: std::sync::mpsc::SyncSender<Batch>,
     back: std::sync::mpsc::Receiver<EmptyBatch>,
-    mut at_top: Option<AtTop<'_, R>>,
 ) {
     let mut merge = crate::order::Merge::new(version).snapshots_at_once();
     let mut sections = Sections::default();
@@ -162,14 +161,9 @@ fn decode_batches<R: std::io::Read>(
     // after the RING are written ([`Reader::next_into`]).
     const RING: usize = 64;
     let mut ring: Vec<(u32, Record)> = (0..RING).map(|_| (0, Record::EMPTY)).collect();
-    // A live stream's (one whose bytes are kept as they come): what was
-    // read goes on before the reader waits for more (a report point's
-    // marker in an idle program, answered by `at_top`'s owner).
-    let live = at_top.is_some();
     loop {
         let mut n = 0;
         let mut end = Ok(true);
-        let mut waits = false;
         while n < RING {
             end = r.next_into(&mut ring[n].1);
             if !matches!(end, Ok(true)) {
@@ -177,22 +171,12 @@ fn decode_batches<R: std::io::Read>(
             }
             ring[n].0 = r.tid();
             n += 1;
-            if live && r.drained() {
-                waits = true;
-                break;
-            }
         }
         for (tid, rec) in &mut ring[..n] {
             let rec = std::mem::replace(rec, Record::EMPTY);
             sections.pass(&mut merge, *tid, rec, &mut |tid, rec| out.push(tid, rec));
         }
-        if waits && !out.recs.is_empty() {
-            out.send(None);
-        }
-        if let Some(f) = at_top.as_mut().filter(|_| r.at_top() || !matches!(end, Ok(true))) {
-            f(&mut r, !matches!(end, Ok(true)));
-        }
-        if out.gone && at_top.is_none() {
+        if out.gone {
             return;
         }
         match end {
@@ -262,41 +246,7 @@ pub fn checkpoint_before(path: &Path, time_ns: u64) -> Option<(Vec<u8>, u64)> {
 pub fn load_from<R: std::io::Read + Send>(src: R, path: &Path, w: &Window) -> Result<Trace> {
     let mut r = Reader::new(src);
     let header = r.header().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    load_along(r, header, path, w, None)
-}
-
-/// Called on the decoding thread between two of the stream's own records
-/// (every byte before the reader's offset belongs to the records read),
-/// every few records, and once at the stream's end or break (`true`).
-pub type AtTop<'a, R> = Box<dyn FnMut(&mut Reader<R>, bool) + Send + 'a>;
-
-/// Told of a marker (its seq and name) with the books: [`Along::marker`].
-pub type OnMarker<'a> = Box<dyn FnMut(&mut Trace, u64, &str) + 'a>;
-
-/// What a reading does beside the books: a consumer that writes the
-/// trace as it reads the stream (`bounded::keep`).
-pub struct Along<'a, R> {
-    /// Takes the stream's bytes as they are read ([`AtTop`]); the
-    /// stream is read to its end even when the books stopped at a marker.
-    pub at_top: AtTop<'a, R>,
-    /// Told of each marker (its seq and name) once the books hold every
-    /// event before it: report points.
-    pub marker: OnMarker<'a>,
-}
-
-/// [`load_from`] of reader `r`, whose `header` was read, with `along`.
-pub fn load_along<R: std::io::Read + Send>(
-    r: Reader<R>,
-    header: mtrace_format::Header,
-    path: &Path,
-    w: &Window,
-    along: Option<Along<'_, R>>,
-) -> Result<Trace> {
     let version = header.version;
-    let (at_top, mut marker) = match along {
-        Some(a) => (Some(a.at_top), Some(a.marker)),
-        None => (None, None),
-    };
     let mut t = Trace::new(path, header);
     if w.lifetimes {
         t.books.lifetimes = Some(Box::default());
@@ -307,7 +257,7 @@ pub fn load_along<R: std::io::Read + Send>(
     std::thread::scope(|sc| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(BATCHES_AHEAD);
         let (back_tx, back) = std::sync::mpsc::channel::<EmptyBatch>();
-        sc.spawn(move || decode_batches(r, version, tx, back, at_top));
+        sc.spawn(move || decode_batches(r, version, tx, back));
         let mut addrs = Vec::with_capacity(BATCH);
         'outer: for Batch { mut tids, mut recs, mut until, error } in rx {
             // The heap's lines for a record's address are asked for
@@ -332,15 +282,6 @@ pub fn load_along<R: std::io::Read + Send>(
                     }
                     Record::Free { time_ns, family, addr, stack, size, align } => {
                         keeper.free(&mut t, tid, *time_ns, *family, *addr, *stack, (*size, *align))
-                    }
-                    Record::Marker { time_ns, seq, name } if marker.is_some() => {
-                        let point = (*seq, name.clone());
-                        let rec = Record::Marker { time_ns: *time_ns, seq: *seq, name: std::mem::take(name) };
-                        let flow = keeper.apply(&mut t, tid, rec);
-                        if let Some(m) = marker.as_mut() {
-                            m(&mut t, point.0, &point.1);
-                        }
-                        flow
                     }
                     rec => keeper.apply(&mut t, tid, std::mem::replace(rec, Record::EMPTY)),
                 };
@@ -409,7 +350,7 @@ mod tests {
         let mut r = Reader::new(&out[..]);
         let version = r.header().unwrap().version;
         let (tx, rx) = std::sync::mpsc::sync_channel(100);
-        decode_batches(r, version, tx, std::sync::mpsc::channel().1, None);
+        decode_batches(r, version, tx, std::sync::mpsc::channel().1);
         let regions = |b: &Batch| b.recs.iter().filter(|r| matches!(r, Record::ScanRegion { .. })).count();
         let batches: Vec<usize> = rx.iter().map(|b| regions(&b)).collect();
         // The first batch holds the Thread and Alloc records too.

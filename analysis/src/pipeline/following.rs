@@ -1,14 +1,11 @@
-//! `mtrace attach`'s report at the detach, and `client`'s at the
-//! program's end, not after the trace is read again: the trace is read
-//! into the books while its writer (attach's copy of the window, the
-//! client's of the stream) writes it, on threads of mtrace's own (a
-//! second core), and its modules' debug info opened meanwhile; at the end
-//! only the last records are left to read before the report is built. The
-//! books are the same a report of the file builds
-//! ([`crate::input::load_from`], the same code, reading the file as it
-//! grows: `input/growing.rs`), so the report is too. (`mtrace run` keeps
-//! its program's books as the stream comes, before any file:
-//! `bounded::keep`.)
+//! `mtrace run`'s report when the program ends, not after its trace is
+//! read again (and `attach`'s at the detach, `client`'s at the program's
+//! end): the program's trace is read into the books while the
+//! program writes it, on threads of mtrace's own (a second core), and its
+//! modules' debug info opened meanwhile; at its end only the last records
+//! are left to read before the report is built. The books are the same a
+//! report of the file builds ([`crate::input::load_from`], the same code,
+//! reading the file as it grows: `input/growing.rs`), so the report is too.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -17,11 +14,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::processes::traces_named;
 use super::{ReportOpts, WARM_FROM_BYTES};
 use crate::input::{self, growing::Growing};
 use crate::report::trace_time::TraceTime;
 use crate::symbolize::Symbolizer;
-use crate::trace::{Trace, Window};
+use crate::trace::Trace;
 
 /// How often the follower first looks for the program's trace in its
 /// folder, and the warm-up at the trace's size.
@@ -44,20 +42,7 @@ pub struct Followed {
     sym: Symbolizer,
 }
 
-impl std::fmt::Debug for Followed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Followed").field("path", &self.path).finish_non_exhaustive()
-    }
-}
-
 impl Followed {
-    /// The books of the trace at `path` (or why its reading failed) and
-    /// their symbolizer, read as its stream came by another reader
-    /// (`bounded::keep`).
-    pub(crate) fn new(path: PathBuf, trace: anyhow::Result<Trace>, sym: Symbolizer) -> Followed {
-        Followed { path, trace, sym }
-    }
-
     /// The books and the symbolizer, as [`ReportOpts::load`] gives them;
     /// its errors are those of reading the trace's header.
     pub fn into_loaded(self) -> anyhow::Result<(Trace, Symbolizer)> {
@@ -73,31 +58,44 @@ impl Followed {
 }
 
 impl ReportOpts {
-    /// Starts reading the trace at `path`, which its writer (`mtrace
-    /// attach`'s copy of the stream) has made, into the books of the
-    /// report these options ask for. `None` when that report's part of
-    /// the trace is placed by wall-clock time (`--from`/`--to` as a time
-    /// of day, which the trace's header places): it is read when the
-    /// program has ended. At the program's own priority: an attached
-    /// program runs on after the window, and the rest of the reading,
-    /// after the detach, at a lower one waited for two busy threads
-    /// (`analyzer/tests/attach.rs`'s twenty attaches: 49 s against 33 s
-    /// for the whole file before). (`mtrace run` reads its program's
-    /// stream as it comes instead: `bounded::keep`.)
+    /// Starts reading the trace that process `pid` writes into `dir`, its
+    /// first image started at or after `since_ns` (CLOCK_MONOTONIC, as the
+    /// trace's header says its start), into the books of the report these
+    /// options ask for. `None` when that report's part of the trace is
+    /// placed by wall-clock time (`--from`/`--to` as a time of day, which
+    /// the trace's header places): it is read when the program has ended.
+    /// The reading gives way to the program (`priority.rs`): nothing of
+    /// the program's is left to compete with it at the end.
+    pub fn follow(&self, dir: &Path, pid: u32, since_ns: u64) -> Option<Following> {
+        let (dir, named) = (dir.to_owned(), format!(".{pid}."));
+        self.start_following(move || first_image(&dir, &named, pid, since_ns), true)
+    }
+
+    /// [`ReportOpts::follow`] of the trace at `path`, which its writer
+    /// (`mtrace attach`'s copy of the stream) has made; at the program's
+    /// own priority: the program runs on after the window, and the rest
+    /// of the reading, after the detach, at a lower one waited for two
+    /// busy threads (`analyzer/tests/attach.rs`'s twenty attaches: 49 s
+    /// against 33 s for the whole file before).
     pub fn follow_file(&self, path: &Path) -> Option<Following> {
         let path = path.to_owned();
-        self.start_following(move || Some(path.clone()))
+        self.start_following(move || Some(path.clone()), false)
     }
 
     /// [`ReportOpts::follow_file`] of the trace `look` finds, asked on the
     /// follower's thread until it finds one ([`wait_for`]): `mtrace
     /// client`'s first stream, once it has a file.
     pub fn follow_found(&self, look: impl FnMut() -> Option<PathBuf> + Send + 'static) -> Option<Following> {
-        self.start_following(look)
+        self.start_following(look, false)
     }
 
-    /// The follower of the trace `look` finds.
-    fn start_following(&self, look: impl FnMut() -> Option<PathBuf> + Send + 'static) -> Option<Following> {
+    /// The follower of the trace `look` finds, its threads at a lower
+    /// priority when `yields`.
+    fn start_following(
+        &self,
+        look: impl FnMut() -> Option<PathBuf> + Send + 'static,
+        yields: bool,
+    ) -> Option<Following> {
         if matches!(self.from, Some(TraceTime::At(_))) || matches!(self.to, Some(TraceTime::At(_))) {
             return None;
         }
@@ -105,6 +103,9 @@ impl ReportOpts {
         let done = Arc::new(AtomicBool::new(false));
         let (opts, flag) = (self.clone(), done.clone());
         let thread = std::thread::spawn(move || {
+            if yields {
+                super::priority::yield_to_the_program();
+            }
             let path = wait_for(look, &flag)?;
             let file = File::open(&path).ok()?;
             let warm_stop = AtomicBool::new(false);
@@ -117,17 +118,6 @@ impl ReportOpts {
             Some(Followed { path, trace, sym })
         });
         Some(Following { done, thread })
-    }
-}
-
-impl ReportOpts {
-    /// The window of the report these options ask for, when its books can
-    /// be kept by the consumer of a stream (`bounded::keep`, which writes
-    /// the .memlog of report points from the same books): the whole trace
-    /// (HTML's lifetimes or not); `None` for a marker or a time range.
-    pub fn window_while_recording(&self) -> Option<Window> {
-        let w = self.window(0).ok()?;
-        (w.since.is_none() && w.until.is_none() && w.from_ns.is_none() && w.to_ns.is_none()).then_some(w)
     }
 }
 
@@ -160,11 +150,20 @@ fn wait_for(mut look: impl FnMut() -> Option<PathBuf>, done: &AtomicBool) -> Opt
     }
 }
 
+/// The first trace in `dir` of process `pid` started at or after
+/// `since_ns` whose header is there. Only files whose name holds `named`
+/// (`.PID.`: `run` names each `%e.%p.mtrace`) are opened: a build's
+/// thousands of traces are not read again at each look.
+fn first_image(dir: &Path, named: &str, pid: u32, since_ns: u64) -> Option<PathBuf> {
+    let images = traces_named(dir, named).ok()?;
+    images.into_iter().find(|i| i.pid == pid && i.start >= since_ns).map(|i| i.path)
+}
+
 /// A symbolizer for the trace at `path`, with the debug info of the
 /// modules it starts with opened once the trace has grown past
 /// [`WARM_FROM_BYTES`] (a short run's report would wait for a module
 /// being opened), until `stop` is set.
-pub(crate) fn warm(opts: &ReportOpts, path: &Path, stop: &AtomicBool) -> Symbolizer {
+fn warm(opts: &ReportOpts, path: &Path, stop: &AtomicBool) -> Symbolizer {
     let mut sym = opts.symbolizer_for(path);
     while !stop.load(Ordering::Relaxed) {
         if std::fs::metadata(path).is_ok_and(|m| m.len() >= WARM_FROM_BYTES) {
@@ -177,14 +176,14 @@ pub(crate) fn warm(opts: &ReportOpts, path: &Path, stop: &AtomicBool) -> Symboli
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use mtrace_format::{EndReason, Family, Header, Record};
     use std::io::Write;
 
     /// A stream in three parts: its header and a block kept, 1,000 blocks
     /// made and freed, then the end, with one 24-byte block never freed.
-    pub(crate) fn stream(pid: u32) -> [Vec<u8>; 3] {
+    fn stream(pid: u32) -> [Vec<u8>; 3] {
         let mut enc = mtrace_format::Encoder::new();
         let mut head = Vec::new();
         let h = Header { pointer_size: 8, arch: "x86_64".into(), pid, start_monotonic_ns: 1_000, ..Default::default() };
@@ -207,7 +206,7 @@ pub(crate) mod tests {
     }
 
     /// The JSON of a report, without the fields that time the analyzer.
-    pub(crate) fn untimed(r: &crate::report::Report) -> serde_json::Value {
+    fn untimed(r: &crate::report::Report) -> serde_json::Value {
         fn drop(v: serde_json::Value) -> serde_json::Value {
             match v {
                 serde_json::Value::Object(m) => {
@@ -225,11 +224,18 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let opts = ReportOpts::default();
         let parts = stream(77);
-        let path = dir.path().join("prog.77.mtrace");
-        // Found once it is there, as `mtrace client` finds its first.
-        let p = path.clone();
-        let following = opts.follow_found(move || p.exists().then(|| p.clone())).unwrap();
+        // Another process's trace, and one of the same pid from before
+        // the start: neither is the one followed.
+        for (name, pid, start) in [("other.5.mtrace", 5, 2_000), ("old.77.mtrace", 77, 10)] {
+            let mut h = Vec::new();
+            let hd =
+                Header { pointer_size: 8, arch: "x86_64".into(), pid, start_monotonic_ns: start, ..Default::default() };
+            mtrace_format::encode_header(&mut h, &hd);
+            std::fs::write(dir.path().join(name), h).unwrap();
+        }
+        let following = opts.follow(dir.path(), 77, 500).unwrap();
         // The process writes its trace part by part while it is read.
+        let path = dir.path().join("prog.77.mtrace");
         let mut f = File::create(&path).unwrap();
         for part in &parts {
             std::thread::sleep(Duration::from_millis(40));
@@ -249,8 +255,7 @@ pub(crate) mod tests {
     #[test]
     fn no_trace_of_the_process_is_none() {
         let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("prog.77.mtrace");
-        let following = ReportOpts::default().follow_found(move || p.exists().then(|| p.clone())).unwrap();
+        let following = ReportOpts::default().follow(dir.path(), 77, 0).unwrap();
         assert!(following.finish().is_none());
     }
 }

@@ -18,7 +18,8 @@ use crate::scan;
 use crate::symbolize::{kept_beside, SearchPaths, Symbolizer};
 use crate::trace::{MarkerSel, Trace, Window};
 
-pub(crate) mod following;
+mod following;
+mod priority;
 mod processes;
 pub use following::{Followed, Following};
 pub use processes::{report_processes, Reporting};

@@ -149,8 +149,7 @@ fn facts(t: &Trace, path: &Path, sym: &Symbolizer) -> ImageFacts {
         not_freed,
         // Not the whole answer where mtrace was blind to an allocator.
         blind: !allocators::notices(t, &allocators::survey(t, sym)).is_empty(),
-        running: t.end.is_none()
-            && crate::report::processes::still_runs(t.header.pid, path, t.header.start_monotonic_ns),
+        running: t.end.is_none() && crate::report::processes::holds_open(t.header.pid, path),
     }
 }
 

@@ -522,9 +522,7 @@ pub fn build_view(
             truncated: t.error.is_some() || (t.end.is_none() && !t.reached_until),
             error: t.error.as_ref().map(|e| format!("{}: {e}", t.path.display())),
             ended_by: t.end.map(end_text),
-            running: t.end.is_none()
-                && t.error.is_none()
-                && processes::still_runs(h.pid, &t.path, h.start_monotonic_ns),
+            running: t.end.is_none() && t.error.is_none() && processes::holds_open(h.pid, &t.path),
             exit_status: match t.end {
                 Some(mtrace_format::EndReason::Exit(s) | mtrace_format::EndReason::UnderscoreExit(s)) => s,
                 _ => None,

@@ -111,38 +111,6 @@ pub fn holds_open(pid: u32, path: &Path) -> bool {
     fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l == want))
 }
 
-/// Whether the process of a trace at `path` without an End record, of
-/// process `pid` started at `start_ns` (its header's), still runs: it
-/// holds the file open ([`holds_open`]: the preload writes it), or it
-/// lives since then ([`lives_since`]: it streams to `mtrace run`).
-pub fn still_runs(pid: u32, path: &Path, start_ns: u64) -> bool {
-    holds_open(pid, path) || lives_since(pid, start_ns)
-}
-
-/// Whether process `pid` runs (is there, not a zombie) since at least
-/// `start_ns` (CLOCK_MONOTONIC, a trace header's start): the process a
-/// trace of that start came from, which streams it to `mtrace run` over
-/// a socket and so holds no file ([`holds_open`]). A pid used again since
-/// started after the trace did. The kernel counts a process's start
-/// (`/proc/PID/stat`'s 22nd field) in clock ticks since boot, suspended
-/// time included, where CLOCK_MONOTONIC leaves it out: after a suspend
-/// this says false.
-pub fn lives_since(pid: u32, start_ns: u64) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    // The fields after the command's closing parenthesis: state first,
-    // the start time 20th.
-    let Some((_, rest)) = stat.rsplit_once(')') else { return false };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let (Some(state), Some(Ok(ticks))) = (fields.first(), fields.get(19).map(|t| t.parse::<u64>())) else {
-        return false;
-    };
-    // In USER_HZ, 100 a second on every architecture mtrace runs on (the
-    // kernel's `sysconf(_SC_CLK_TCK)`), rounded down: never later than
-    // the true start.
-    let started = ticks.saturating_mul(10_000_000);
-    !matches!(*state, "Z" | "X") && started <= start_ns
-}
-
 /// The processes of `images` (any order) as a forest: each process under
 /// the one whose pid is its parent's, roots those whose parent was not
 /// traced; `reported` is the pid reported in full.

@@ -72,7 +72,7 @@ fn copy(mut s: UnixStream, mut file: std::fs::File) -> Result<u64> {
 /// process closes it; bytes received.
 fn keep(s: UnixStream, path: &Path, bound: Bound) -> Result<u64> {
     let mut src = Counted { inner: s, n: 0 };
-    let kept = bounded::keep(&mut src, Dest::File(path), bound, None, None)?;
+    let kept = bounded::keep(&mut src, Dest::File(path), bound, None)?;
     if let Some(e) = kept.error.filter(|_| src.n > 0) {
         eprintln!("mtrace: the stream broke off: {e}");
     }

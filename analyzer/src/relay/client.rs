@@ -214,7 +214,6 @@ fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>, bound: Option<Bound>)
                                         mtrace_analysis::bounded::Dest::File(&p),
                                         bound,
                                         Some(&mut points),
-                                        None,
                                     )
                                 }));
                                 Box::new(w)

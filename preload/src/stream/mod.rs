@@ -92,9 +92,6 @@ pub struct Session {
     pub check_frees: bool,
     /// glibc frees what it keeps at exit (`MTRACE_FREERES`).
     pub freeres: bool,
-    /// Records are compressed before they are written
-    /// (`MTRACE_COMPRESS`; off when the reader compresses them).
-    compress: bool,
     /// Kernel thread id of the writer thread (0 until it runs): it is the
     /// tracer's, never stopped or scanned.
     pub writer_tid: AtomicU32,
@@ -277,7 +274,6 @@ impl Session {
             scan: cfg.scan,
             check_frees: cfg.check_frees,
             freeres: cfg.freeres,
-            compress: cfg.compress,
             writer_tid: AtomicU32::new(0),
             writer_started: AtomicBool::new(false),
             writer_stack: [AtomicU64::new(0), AtomicU64::new(0)],

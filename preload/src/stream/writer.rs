@@ -162,16 +162,11 @@ impl Session {
     }
 
     /// Writes whole records as one zstd block (level 1: the writer must keep
-    /// up with the program), or as they are if compression fails or the
-    /// reader compresses them (`MTRACE_COMPRESS=off`). Runs in
+    /// up with the program), or as they are if compression fails. Runs in
     /// the writer (or a thread holding the file lock), so compression costs
     /// the program no time on its own threads.
     fn write_compressed(&self, raw: &[u8]) {
         if raw.is_empty() {
-            return;
-        }
-        if !self.compress {
-            self.out.write(raw);
             return;
         }
         // A hook's write_sync comes here (platform/spin.rs: why not park).
