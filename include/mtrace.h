@@ -30,17 +30,19 @@ void mtrace_marker(const char *name) __attribute__((weak));
 /* Writes an incremental report now, to PATH or, when PATH is NULL, to
    <program>-<pid>-<n>.memlog; the first lists everything live, each later one
    the change since the one before. Returns 0 when the report was written.
-   When the trace goes to a socket (mtrace server, mtrace keep, mtrace run
-   --max-trace-size) the process has no file to report from: the report
-   point is only a marker in the stream, and it returns -1 (mtrace keep and
-   run --max-trace-size write <program>-<pid>-<n>.memlog themselves a moment
-   later, whatever PATH says). */
+   When the trace goes to a socket, the reader makes the report: mtrace run
+   --max-trace-size and mtrace keep write it (to PATH, relative to the
+   working directory at the call) and this returns 0 once they have; a
+   reader that makes none (mtrace server's client) leaves only a marker in
+   the stream, and this returns -1 (the first time after up to a second,
+   waiting for the reader to say whether it makes reports). */
 int mtrace_report(const char *path) __attribute__((weak));
 
 /* Scans memory for leaks now (the other threads are stopped meanwhile) and
    writes a report of everything live, classified as definitely, indirectly
    or possibly lost or still reachable, to PATH or, when PATH is NULL, to
-   <program>-<pid>-<n>.memlog. Returns 0 when the report was written. */
+   <program>-<pid>-<n>.memlog. Returns 0 when the report was written (on a
+   socket, as mtrace_report). */
 int mtrace_scan(const char *path) __attribute__((weak));
 
 /* Records a block of a pool the program manages itself (an arena, a

@@ -613,6 +613,7 @@ impl<R: Read> Reader<R> {
                 }
                 Record::Patched { time_ns, patch: Box::new(crate::Patch { path, hooked, refused }) }
             }
+            tag::REPORT_TO => Record::ReportTo { time_ns: self.time()?, seq: self.varint()?, path: self.string()? },
             tag::EXEC => Record::Exec { time_ns: self.time()?, path: self.string()? },
             tag::SPAWNED => Record::Spawned { time_ns: self.time()?, pid: self.u32("pid")?, path: self.string()? },
             tag::SAMPLING => Record::Sampling { time_ns: self.time()?, rate: self.varint()? },

@@ -67,6 +67,7 @@ fn sample() -> (Vec<u8>, Vec<Record>) {
         // below is still from the ScanEnd's.
         Record::Watermark { time_ns: 2400 << 6 },
         Record::Exec { time_ns: 2493 << 6, path: "sh".into() },
+        Record::ReportTo { time_ns: 2493 << 6, seq: 2, path: "/tmp/x.memlog".into() },
         Record::Spawned { time_ns: 2494 << 6, pid: 4321, path: "/bin/busybox".into() },
         // Absolute times, like the watermark's.
         Record::Checkpoint {

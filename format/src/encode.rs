@@ -323,6 +323,12 @@ impl Encoder {
                     put_bytes(out, why.as_bytes());
                 }
             }
+            Record::ReportTo { time_ns, seq, ref path } => {
+                out.push(tag::REPORT_TO);
+                self.time(out, time_ns);
+                put_varint(out, seq);
+                put_bytes(out, path.as_bytes());
+            }
             Record::Exec { time_ns, ref path } => {
                 out.push(tag::EXEC);
                 self.time(out, time_ns);

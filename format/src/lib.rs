@@ -35,7 +35,7 @@ pub use varint::{put_varint, put_varint_at, unzigzag, zigzag};
 pub const MAGIC: [u8; 8] = *b"MTRACE\0\x1a";
 
 /// Format version written in the header. Readers reject newer versions.
-pub const VERSION: u64 = 13;
+pub const VERSION: u64 = 14;
 
 /// Writers of this version record times in units of 2^TIME_SHIFT ns (64
 /// ns; the header says which unit a stream uses). Finer than anything a

@@ -49,6 +49,18 @@ pub enum Command {
     Scan,
     /// Stop tracing for good; the process goes on.
     Detach,
+    /// The reader writes the report of every report point of the stream
+    /// and answers each with [`Command::Reported`]: a program's
+    /// `mtrace_report()` and `mtrace_scan()` wait for that answer (without
+    /// it they return -1 at once). Sent first, as the connection opens.
+    Answering,
+    /// The reader is done with the report of report point `seq`.
+    Reported {
+        /// The report point's number (its Marker's `seq`).
+        seq: u64,
+        /// The report was written; false: it could not be.
+        written: bool,
+    },
 }
 
 impl Command {
@@ -68,6 +80,12 @@ impl Command {
             ("marker", name) if !name.is_empty() => Command::Marker(name.to_owned()),
             ("scan", "") => Command::Scan,
             ("detach", "") => Command::Detach,
+            ("answering", "") => Command::Answering,
+            ("reported", a) => match a.split_once(' ').map(|(n, w)| (n.parse::<u64>(), w.trim())) {
+                Some((Ok(seq), "ok")) => Command::Reported { seq, written: true },
+                Some((Ok(seq), "failed")) => Command::Reported { seq, written: false },
+                _ => return Err(line.to_owned()),
+            },
             _ => return Err(line.to_owned()),
         }))
     }
@@ -87,6 +105,10 @@ impl fmt::Display for Command {
             Command::Marker(name) => write!(f, "marker {name}"),
             Command::Scan => write!(f, "scan"),
             Command::Detach => write!(f, "detach"),
+            Command::Answering => write!(f, "answering"),
+            Command::Reported { seq, written } => {
+                write!(f, "reported {seq} {}", if *written { "ok" } else { "failed" })
+            }
         }
     }
 }
@@ -120,11 +142,24 @@ mod tests {
             Command::Marker("before load".into()),
             Command::Scan,
             Command::Detach,
+            Command::Answering,
+            Command::Reported { seq: 1, written: true },
+            Command::Reported { seq: u64::MAX, written: false },
         ] {
             assert_eq!(Command::parse(&c.line()), Ok(Some(c.clone())), "{c}");
         }
         assert_eq!(Command::parse("  "), Ok(None));
-        for bad in ["depth 0", "depth 257", "depth x", "marker", "scan now", "jump"] {
+        for bad in [
+            "depth 0",
+            "depth 257",
+            "depth x",
+            "marker",
+            "scan now",
+            "jump",
+            "reported 1",
+            "reported x ok",
+            "reported 2 yes",
+        ] {
             assert_eq!(Command::parse(bad), Err(bad.to_owned()));
         }
     }

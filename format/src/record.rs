@@ -266,6 +266,14 @@ pub enum Record {
     /// (`mtrace_marker()`). Records of other threads written before it may
     /// be up to one writer round (5 ms) older or newer.
     Marker { time_ns: u64, seq: u64, name: String },
+    /// The report of the report point `seq` that follows is to be written
+    /// to `path` (absolute, on the producer's machine), where the program
+    /// asked (`mtrace_report(PATH)`, `mtrace_scan(PATH)`). Written just
+    /// before that point's [`Record::Marker`], and only on a socket stream,
+    /// whose reader writes the report and answers the program
+    /// ([`crate::protocol::Command::Reported`]); a file's report points
+    /// are written by the producer's own analyzer. Since version 14.
+    ReportTo { time_ns: u64, seq: u64, path: String },
     /// The process's resident set size, bytes (from /proc/self/statm),
     /// sampled by the writer every 10 ms.
     Sample { time_ns: u64, rss: u64 },
@@ -394,6 +402,7 @@ impl Record {
             | Record::Modules { time_ns, .. }
             | Record::End { time_ns, .. }
             | Record::Marker { time_ns, .. }
+            | Record::ReportTo { time_ns, .. }
             | Record::Sample { time_ns, .. }
             | Record::PoolAlloc { time_ns, .. }
             | Record::PoolFree { time_ns, .. }
@@ -477,6 +486,7 @@ pub(crate) mod tag {
     pub const SPAWNED: u8 = 27;
     pub const CHECKPOINT: u8 = 28;
     pub const CHECKPOINT_END: u8 = 29;
+    pub const REPORT_TO: u8 = 30;
 }
 
 #[cfg(test)]

@@ -334,6 +334,12 @@ impl<'w> Keeper<'w> {
                 *now = time_ns;
                 t.exec = Some(path);
             }
+            // For the reader that makes the report point's report
+            // (bounded::ReportPoints); nothing for the books.
+            Record::ReportTo { time_ns, seq, path } => {
+                *now = time_ns;
+                t.report_to.push((seq, path));
+            }
             Record::Spawned { time_ns, pid, path } => {
                 *now = time_ns;
                 t.spawned.push((time_ns, pid, path));

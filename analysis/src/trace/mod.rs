@@ -138,6 +138,11 @@ pub struct Trace {
     /// ([`mtrace_format::Record::Spawned`]): (when, ns since the start;
     /// pid; what they were to run).
     pub spawned: Vec<(u64, u32, String)>,
+    /// Where the program asked for the report of a report point to go
+    /// ([`mtrace_format::Record::ReportTo`], on a socket stream): (seq,
+    /// path), until the reader that writes it takes it
+    /// (`bounded::ReportPoints`).
+    pub report_to: Vec<(u64, String)>,
     /// The stream starts at a checkpoint of this time (ns since the
     /// start): a bounded trace (`mtrace run --max-trace-size`) whose older
     /// part was dropped; its books were restored from it.
@@ -177,6 +182,7 @@ impl Trace {
             patched: Vec::new(),
             exec: None,
             spawned: Vec::new(),
+            report_to: Vec::new(),
             kept_from: None,
         }
     }

@@ -61,6 +61,11 @@ impl Keepers {
                 let (o, d, dir, reports) = (o.clone(), d.clone(), dir.clone(), reports.clone());
                 std::thread::spawn(move || {
                     let mut points = ReportPoints::new(reports, depth);
+                    // The program's mtrace_report()/mtrace_scan() wait for
+                    // the report it asked for: answered on its socket.
+                    if let Ok(back) = s.try_clone() {
+                        points.answer_on(Box::new(back), peer_is_us(&s));
+                    }
                     let k = keep(s, Dest::Dir(&dir), bound, Some(&mut points));
                     d.lock().unwrap_or_else(|e| e.into_inner()).push(k);
                     o.fetch_sub(1, Ordering::AcqRel);
@@ -93,4 +98,12 @@ impl Keepers {
         }
         std::mem::take(&mut *self.done.lock().unwrap_or_else(|e| e.into_inner()))
     }
+}
+
+/// The process at the other end of `s` runs as our effective user
+/// (SO_PEERCRED, as it connected): the paths it asks its reports to go to
+/// are its own to ask for.
+fn peer_is_us(s: &std::os::unix::net::UnixStream) -> bool {
+    use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+    getsockopt(s, PeerCredentials).is_ok_and(|c| c.uid() == nix::unistd::geteuid().as_raw())
 }

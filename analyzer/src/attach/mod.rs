@@ -13,12 +13,12 @@
 
 mod interval;
 mod kept_modules;
+mod owner;
 mod ptrace;
 mod save;
 mod unseen;
 
 use std::io::Write;
-use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -147,7 +147,7 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     let listener = if unseen::sees(a.pid, &lib) {
         let listener = Listener::private("mtrace-attach.", "stream.sock")?;
         listener.set_nonblocking(true)?;
-        give_to_owner_of(a.pid, &listener.files())?;
+        owner::give_to_owner_of(a.pid, &listener.files())?;
         Some(listener)
     } else {
         unseen::check_proc(a.pid)?;
@@ -177,8 +177,11 @@ pub fn attach(a: AttachArgs) -> Result<ExitCode> {
     let own_books = a.bound.bound()?.is_some() || a.interval.is_some() || a.interactive.interactive;
     let following = if own_books { None } else { a.opts.follow_file(&trace) };
     // The report points' .memlog files (the report signal, mtrace_report())
-    // into the process's working directory, as the library writes them.
-    let points = mtrace_analysis::bounded::follow_report_points(&trace, None);
+    // into the process's working directory, as the library writes them,
+    // each answered to the process (which waits in mtrace_report()).
+    let same_user = owner::runs_as_us(a.pid);
+    let answer = control.try_clone().ok().map(|s| (Box::new(s) as Box<dyn std::io::Write + Send>, same_user));
+    let points = mtrace_analysis::bounded::follow_report_points(&trace, None, answer);
     // Events an idle process with one thread made just before it went
     // idle are written within about 50 ms, as a writer thread would.
     let detaching = AtomicBool::new(false);
@@ -383,22 +386,6 @@ impl crate::console::Live for Session<'_> {
     fn ended(&self) -> bool {
         self.copier.is_finished()
     }
-}
-
-/// The process connects to the socket as its own user: when that is not
-/// us (we are root), the folder and the socket become its user's, still
-/// closed to everybody else (0700, 0600).
-fn give_to_owner_of(pid: i32, files: &[&std::path::Path]) -> Result<()> {
-    let owner = std::fs::metadata(format!("/proc/{pid}")).map_err(|e| anyhow!("process {pid}: {e}"))?;
-    // SAFETY: geteuid has no preconditions.
-    if owner.uid() == unsafe { libc::geteuid() } {
-        return Ok(());
-    }
-    for p in files {
-        std::os::unix::fs::chown(p, Some(owner.uid()), Some(owner.gid()))
-            .with_context(|| format!("{}: cannot give it to the process's user", p.display()))?;
-    }
-    Ok(())
 }
 
 /// `dlopen`s `lib` in process `pid` and calls its `mtrace_attach_init`

@@ -221,7 +221,11 @@ fn receive(mut c: Socket, dir: &Path, st: &Mutex<Streams>, bound: Option<Bound>)
                             None => {
                                 let f =
                                     std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&path)?;
-                                points.push(mtrace_analysis::bounded::follow_report_points(&path, reports.clone()));
+                                points.push(mtrace_analysis::bounded::follow_report_points(
+                                    &path,
+                                    reports.clone(),
+                                    None,
+                                ));
                                 Box::new(f)
                             }
                         };

@@ -39,7 +39,7 @@ pub unsafe extern "C" fn mtrace_report(path: *const c_char) -> i32 {
     let Some(_g) = Guard::enter() else { return -1 };
     let out = text(path);
     match session::get() {
-        Some(s) if guard::report_waited(s, "mtrace_report", out.as_deref()) => 0,
+        Some(s) if guard::report_waited(s, "mtrace_report", out.as_deref(), session::solo::round_now) => 0,
         _ => -1,
     }
 }
@@ -62,7 +62,7 @@ pub unsafe extern "C" fn mtrace_scan(path: *const c_char) -> i32 {
                 s,
                 crate::snapshot::By::program_calling(mtrace_scan as *const () as usize),
                 out.as_deref(),
-                true,
+                Some(session::solo::round_now),
             ) =>
         {
             0
@@ -109,7 +109,7 @@ pub extern "C" fn glibc_mtrace() {
         session::get();
         recorder::set_collecting(true);
     } else if let Some(s) = session::get() {
-        guard::report_waited(s, "mtrace()", None);
+        guard::report_waited(s, "mtrace()", None, session::solo::round_now);
     }
 }
 
@@ -120,7 +120,7 @@ pub extern "C" fn glibc_muntrace() {
     let s = session::get();
     recorder::set_collecting(false);
     if let Some(s) = s {
-        guard::report_waited(s, "muntrace()", None);
+        guard::report_waited(s, "muntrace()", None, session::solo::round_now);
     }
 }
 

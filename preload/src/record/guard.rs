@@ -221,10 +221,18 @@ pub fn unmark_now() {
 /// .memlog) that the calling hook waits for: its marker written and the
 /// report started by the stream, then this thread's mark taken back
 /// ([`unmark_now`]) while it waits. True when the report was written.
-pub fn report_waited(s: &crate::stream::Session, name: &str, out: Option<&str>) -> bool {
+/// `round` runs while it waits for a socket's reader to answer (a solo
+/// process's round, which reads the answer: the session room's
+/// `solo::round_now`, handed down since this room never names it).
+pub fn report_waited(
+    s: &crate::stream::Session,
+    name: &str,
+    out: Option<&str>,
+    round: fn(&crate::stream::Session),
+) -> bool {
     s.report_started(name, out).is_some_and(|started| {
         unmark_now();
-        s.reporter.wait(started)
+        s.reporter.wait(started, &|| round(s), &|| s.is_finished())
     })
 }
 

@@ -10,6 +10,8 @@
 //! | `marker NAME` | a Marker record (report point 0) named NAME |
 //! | `scan` | a leak scan now: snapshot records, then a Marker named `scan` |
 //! | `detach` | stop tracing for good: the End record (reason detach), the connection closed; the program goes on |
+//! | `answering` | the reader writes every report point's report and answers each (stream/answers.rs) |
+//! | `reported SEQ ok\|failed` | its answer for report point SEQ, which `mtrace_report()`/`mtrace_scan()` wait for |
 //!
 //! The reader closing the connection means `detach`. Unknown lines are
 //! ignored, with one warning.
@@ -66,6 +68,8 @@ pub fn carry_out(s: &Session, c: Command) -> bool {
             detach(s);
             return false;
         }
+        Command::Answering => s.reporter.answers.answering(),
+        Command::Reported { seq, written } => s.reporter.answers.answered(seq, written),
     }
     true
 }

@@ -59,7 +59,7 @@ fn create(from_start: bool, parent: Option<u32>) -> Option<Session> {
 /// The writer thread (or a solo process's thread) was asked for a leak
 /// scan: a snapshot taken by it, then the scan's report point.
 pub fn scan_by_writer(s: &Session) {
-    snapshot::scan_point(s, snapshot::By::asked(s), None, false);
+    snapshot::scan_point(s, snapshot::By::asked(s), None, None);
 }
 
 /// Library constructor. Events before it (other libraries' constructors)

@@ -63,7 +63,7 @@ fn answer(s: &Session, ctx: *mut libc::c_void) {
     if reports::take_scan_request() {
         // The thread's roots: the registers the signal interrupted, and
         // its stack from there up.
-        snapshot::scan_point(s, By::Interrupted { regs, len: regs.len(), live_from }, None, false);
+        snapshot::scan_point(s, By::Interrupted { regs, len: regs.len(), live_from }, None, None);
     }
     super::solo::round_now(s);
 }

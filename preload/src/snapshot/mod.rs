@@ -353,13 +353,14 @@ fn write(s: &Session, by: By, held: &Held, locks: &Locks) -> u64 {
 
 /// A leak scan now (the program's threads stopped while memory is read),
 /// then its report like [`Session::report_point`]'s. `by` says whether the
-/// calling thread is the program's (its stack is a root). With `wait`,
+/// calling thread is the program's (its stack is a root). With `wait`
+/// (the round to run while waiting: `record::guard::report_waited`),
 /// returns whether the report was written.
-pub fn scan_point(s: &Session, by: By, out: Option<&str>, wait: bool) -> bool {
+pub fn scan_point(s: &Session, by: By, out: Option<&str>, wait: Option<fn(&Session)>) -> bool {
     take(s, by);
     match wait {
-        true => crate::record::guard::report_waited(s, crate::stream::SCAN_REPORT, out),
-        false => s.report_point(crate::stream::SCAN_REPORT, out),
+        Some(round) => crate::record::guard::report_waited(s, crate::stream::SCAN_REPORT, out, round),
+        None => s.report_point(crate::stream::SCAN_REPORT, out),
     }
 }
 

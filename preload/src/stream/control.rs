@@ -19,16 +19,31 @@ impl Session {
         self.write_now(|time_ns| Record::Marker { time_ns, seq, name: name.to_owned() });
     }
 
+    /// Writes report point `seq`'s Marker after a Report to record that
+    /// sends its report to `path` (a socket stream's reader makes it).
+    pub fn marker_to(&self, seq: u64, name: &str, path: String) {
+        self.write_all_now(|time_ns| {
+            [Record::ReportTo { time_ns, seq, path }, Record::Marker { time_ns, seq, name: name.to_owned() }]
+        });
+    }
+
     /// Writes the record `make` builds from the time now after everything
     /// the threads buffered so far.
     pub fn write_now(&self, make: impl FnOnce(u64) -> Record) {
+        self.write_all_now(|now| [make(now)]);
+    }
+
+    /// [`Session::write_now`] of the records `make` builds, in their order.
+    fn write_all_now<const N: usize>(&self, make: impl FnOnce(u64) -> [Record; N]) {
         let _f = self.file.lock();
         self.collect(false);
         let now = self.now();
         let mut buf = Vec::with_capacity(128);
         let mut enc = Encoder::new();
         enc.encode(&mut buf, &Record::Thread { tid: sys::gettid(), time_ns: now });
-        enc.encode(&mut buf, &make(now));
+        for r in make(now) {
+            enc.encode(&mut buf, &r);
+        }
         self.write_unordered(&buf);
     }
 

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use mtrace_format::{encode_header, naming, Encoder, Header, Record};
 use parking_lot::Mutex;
 
+pub mod answers;
 mod buffer;
 mod control;
 mod end;
@@ -428,9 +429,15 @@ impl Session {
     /// a hook takes back its mark on the order first (the report reads up
     /// to the marker once a watermark passes it: `record::guard`'s
     /// `report_waited`).
+    /// On a socket, a path asked for goes before the Marker (a Report to
+    /// record, made absolute: the reader does not share our working
+    /// directory), for the reader that makes the report.
     pub fn report_started(&self, name: &str, out: Option<&str>) -> Option<reports::Started> {
         let seq = self.reporter.next_seq();
-        self.marker(seq, name);
+        match out.filter(|_| self.reporter.on_socket()) {
+            Some(path) => self.marker_to(seq, name, absolute(path)),
+            None => self.marker(seq, name),
+        }
         if name == SIGNAL_REPORT {
             self.reporter.marked();
         }
@@ -456,5 +463,14 @@ impl Session {
             self.file.force_unlock();
             self.threads.force_unlock();
         }
+    }
+}
+
+/// `path` from the working directory when it is relative (as it stands,
+/// should the directory be unknown).
+fn absolute(path: &str) -> String {
+    match std::env::current_dir() {
+        Ok(cwd) if !path.starts_with('/') => cwd.join(path).display().to_string(),
+        _ => path.to_owned(),
     }
 }

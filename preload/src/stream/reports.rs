@@ -79,15 +79,20 @@ pub struct Reporter {
     /// handler, which must not read `environ` while the program's
     /// `setenv` may be replacing it).
     env: Vec<CString>,
+    /// On a socket: what its reader said of the report points.
+    pub answers: super::answers::Answers,
 }
 
-/// A report under way: the read end of the pipe its analyzer's exit
-/// status comes through, with the pipe's identity (the program may close
-/// the descriptor and reuse its number: a descriptor that is no longer
-/// that pipe is never read or closed).
-pub struct Started {
-    fd: i32,
-    ino: u64,
+/// A report under way.
+pub enum Started {
+    /// Made by an analyzer of our own: the read end of the pipe its exit
+    /// status comes through, with the pipe's identity (the program may
+    /// close the descriptor and reuse its number: a descriptor that is no
+    /// longer that pipe is never read or closed).
+    Child { fd: i32, ino: u64 },
+    /// Made by the socket's reader, which answers report point `seq`
+    /// (answers.rs).
+    Answer(u64),
 }
 
 const WCLONE: i32 = 0x8000_0000u32 as i32;
@@ -124,6 +129,7 @@ impl Reporter {
             handled: AtomicU64::new(0),
             children: Mutex::new(Vec::new()),
             env: analyzer_env(),
+            answers: Default::default(),
         }
     }
 
@@ -149,7 +155,11 @@ impl Reporter {
     /// Writes to `out`, or the default .memlog name. With
     /// `since_previous`, the report is the change since report `seq - 1`.
     /// The caller waits for it ([`Reporter::wait`]) or [`Reporter::keep`]s it.
+    /// On a socket, the report is the reader's: its answer is waited for.
     pub fn start(&self, seq: u64, out: Option<&str>, since_previous: bool) -> Option<Started> {
+        if self.on_socket {
+            return Some(Started::Answer(seq));
+        }
         let Some(analyzer) = &self.analyzer else {
             if seq == 1 && !self.on_socket && sys::getenv(mtrace_format::settings::BIN.var).is_none() {
                 sys::warn("no mtrace binary next to libmtrace.so (set MTRACE_BIN); report points are only markers");
@@ -164,7 +174,9 @@ impl Reporter {
     /// Report `r` goes on without anybody waiting: [`Reporter::reap`]
     /// lets it go when it is done.
     pub fn keep(&self, r: Started) {
-        self.children.lock().push(r);
+        if let Started::Child { .. } = r {
+            self.children.lock().push(r);
+        }
     }
 
     /// Lets go of the reports that ended, without blocking.
@@ -172,9 +184,19 @@ impl Reporter {
         self.children.lock().retain(|c| c.status(false).is_none());
     }
 
-    /// Waits for report `r`; true when its analyzer exited with status 0.
-    pub fn wait(&self, r: Started) -> bool {
-        r.status(true) == Some(0)
+    /// Waits for report `r`; true when its analyzer exited with status 0,
+    /// or the socket's reader answered that it wrote it. `round` and
+    /// `gone` as [`super::answers::Answers::wait`]'s.
+    pub fn wait(&self, r: Started, round: &dyn Fn(), gone: &dyn Fn() -> bool) -> bool {
+        match r {
+            Started::Child { .. } => r.status(true) == Some(0),
+            Started::Answer(seq) => self.answers.wait(seq, round, gone),
+        }
+    }
+
+    /// The stream goes to a socket, whose reader makes the reports.
+    pub fn on_socket(&self) -> bool {
+        self.on_socket
     }
 }
 
@@ -183,25 +205,26 @@ impl Started {
     /// `block`); 127 when it could not tell (the program closed the
     /// descriptor). Closes the pipe once it answered.
     fn status(&self, block: bool) -> Option<u8> {
-        if pipe_ino(self.fd) != Some(self.ino) {
+        let &Started::Child { fd, ino } = self else { return Some(0) };
+        if pipe_ino(fd) != Some(ino) {
             return Some(127);
         }
         let mut code = [127u8];
         // SAFETY: poll and read on our pipe with buffers of their size.
         let n = unsafe {
-            let mut p = libc::pollfd { fd: self.fd, events: libc::POLLIN, revents: 0 };
+            let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
             if !block && libc::poll(&mut p, 1, 0) == 0 {
                 return None;
             }
             loop {
-                let n = libc::read(self.fd, code.as_mut_ptr().cast(), 1);
+                let n = libc::read(fd, code.as_mut_ptr().cast(), 1);
                 if n >= 0 || sys::errno() != libc::EINTR {
                     break n;
                 }
             }
         };
         // SAFETY: our pipe's read end, checked above.
-        unsafe { libc::close(self.fd) };
+        unsafe { libc::close(fd) };
         Some(if n == 1 { code[0] } else { 127 })
     }
 }
@@ -292,7 +315,7 @@ fn spawn(path: &CString, args: &[String], env: &[CString]) -> Option<Started> {
             && sys::errno() == libc::EINTR
         {}
     }
-    Some(Started { fd: rd, ino })
+    Some(Started::Child { fd: rd, ino })
 }
 
 /// The waiter of [`spawn`]: starts the analyzer, waits for it, writes its

@@ -58,6 +58,9 @@ impl Tracer {
             Command::Scan => self.scan_now(pid),
             // Every process: the tracer leaves as a whole.
             Command::Detach => DETACH.store(true, Ordering::Relaxed),
+            // The tracer's report points spawn their own report (reports.rs):
+            // a reader's answers have nobody waiting for them.
+            Command::Answering | Command::Reported { .. } => {}
         }
     }
 
